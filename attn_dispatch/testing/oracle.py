@@ -1,0 +1,112 @@
+"""The float64 oracle: plain attention differentiated by PyTorch autograd.
+
+Nothing clever: scores, a boolean mask, a softmax, a matmul, then ``torch.autograd.grad``.
+K/V heads are expanded for GQA (autograd sums the expanded gradients back). A row that sees
+no key gets ``lse = -inf``, output 0 and zero gradients, as the input contract states.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class OracleResult(NamedTuple):
+    """Float64 results of :func:`oracle`; grads are None when no grad_out was given."""
+
+    out: Tensor
+    lse: Tensor
+    dq: Tensor | None
+    dk: Tensor | None
+    dv: Tensor | None
+
+
+def visible_mask(sq: int, sk: int, causal: bool, causal_align: str, device=None) -> Tensor:
+    """Boolean [sq, sk]: True where query row i may see key j."""
+    if not causal:
+        return torch.ones(sq, sk, dtype=torch.bool, device=device)
+    offset = 0 if causal_align == "top_left" else sk - sq
+    rows = torch.arange(sq, device=device)[:, None]
+    cols = torch.arange(sk, device=device)[None, :]
+    return cols <= rows + offset
+
+
+def _dense(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """out [B, Sq, H, Dv] and lse [B, H, Sq] for float64 BSHD tensors (differentiable)."""
+    group = q.shape[2] // k.shape[2]
+    kx = k.repeat_interleave(group, dim=2)
+    vx = v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, kx) * scale
+    sees_any = mask.any(dim=-1)  # [Sq]
+    # Masked keys get -inf; rows that see nothing get all-zero scores (so no NaN) and are
+    # zeroed after the softmax, which also zeroes their gradients.
+    s = s.masked_fill(~mask, float("-inf")).masked_fill(~sees_any[:, None], 0.0)
+    p = torch.softmax(s, dim=-1) * sees_any[:, None].to(s.dtype)
+    lse = torch.logsumexp(s, dim=-1).masked_fill(~sees_any, float("-inf"))
+    out = torch.einsum("bhij,bjhd->bihd", p, vx)
+    return out, lse
+
+
+def oracle(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grad_out: Tensor | None = None,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+) -> OracleResult:
+    """Exact attention in float64 on the inputs' device: (out, lse, dq, dk, dv).
+
+    Layouts follow the library contract: dense q [B, Sq, H, D] (lse [B, H, Sq]) or, when
+    cu_seqlens are given, varlen q [Tq, H, D] (lse [H, Tq]). Inputs of any float dtype are
+    upcast exactly to float64; results stay float64.
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    leaves = [t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v)]
+    q64, k64, v64 = leaves
+    with torch.enable_grad():
+        if cu_seqlens_q is None:
+            mask = visible_mask(q.shape[1], k.shape[1], causal, causal_align, q.device)
+            out, lse = _dense(q64, k64, v64, scale, mask)
+        else:
+            out, lse = _varlen(q64, k64, v64, scale, causal, causal_align, cu_seqlens_q,
+                               cu_seqlens_k)  # fmt: skip
+        if grad_out is None:
+            return OracleResult(out.detach(), lse.detach(), None, None, None)
+        grads = torch.autograd.grad(
+            out, leaves, grad_out.detach().to(torch.float64), allow_unused=True
+        )
+    grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)]
+    return OracleResult(out.detach(), lse.detach(), *grads)
+
+
+def _varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    causal: bool,
+    causal_align: str,
+    cu_q: Tensor,
+    cu_k: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    if cu_k is None:
+        raise ValueError("cu_seqlens_k: expected a tensor when cu_seqlens_q is given, got None")
+    oq, ok = cu_q.tolist(), cu_k.tolist()  # a host read: fine for an oracle
+    outs, lses = [], []
+    for i in range(len(oq) - 1):
+        q0, q1, k0, k1 = oq[i], oq[i + 1], ok[i], ok[i + 1]
+        mask = visible_mask(q1 - q0, k1 - k0, causal, causal_align, q.device)
+        o, lse = _dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], scale, mask)
+        outs.append(o[0])
+        lses.append(lse[0])
+    out = torch.cat(outs, dim=0) if outs else q.new_zeros(0, q.shape[1], v.shape[-1])
+    lse = torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0)
+    return out, lse
