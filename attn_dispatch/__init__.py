@@ -1,0 +1,42 @@
+"""attn_dispatch: one call for the attention backward pass on every accelerator.
+
+The core discovers backends through pluggy entry points (group ``attn_dispatch.backends``), asks
+each implementation ``supports(inputs, arch)``, and runs the best by per-arch priority. It never
+imports a backend or a kernel runtime itself.
+"""
+
+from ._api import BackendInfo, ImplementationInfo, backends, backward, explain, forward
+from ._arch import Arch, detect_arch
+from ._errors import NoBackendError, UnknownBackendError
+from ._hookspecs import hookimpl
+from ._implementation import Gradients, Implementation
+from ._inputs import BackwardInputs, ForwardInputs
+from ._report import Candidate, Report
+from ._requirements import missing_requirement
+from ._settings import enable, reload, use_backend
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Arch",
+    "BackendInfo",
+    "BackwardInputs",
+    "Candidate",
+    "ForwardInputs",
+    "Gradients",
+    "Implementation",
+    "ImplementationInfo",
+    "NoBackendError",
+    "Report",
+    "UnknownBackendError",
+    "backends",
+    "backward",
+    "detect_arch",
+    "enable",
+    "explain",
+    "forward",
+    "hookimpl",
+    "missing_requirement",
+    "reload",
+    "use_backend",
+]

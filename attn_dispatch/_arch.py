@@ -1,0 +1,80 @@
+"""What chip a tensor lives on: ``Arch`` values, parsing, detection and the env override."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+ARCH_ENV = "ATTN_DISPATCH_ARCH"
+_SM = re.compile(r"sm_?(\d+)")
+_GFX = re.compile(r"gfx[0-9a-f]+")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A target: ``vendor`` is cpu/cuda/rocm; ``name`` is ``cpu``, ``sm_90``, ``gfx950``, …
+
+    ``full`` keeps the original string (``gfx950:sramecc+:xnack-`` on ROCm).
+    """
+
+    vendor: str
+    name: str
+    full: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, text: str) -> Arch:
+        """Parse ``cpu``, ``sm_90`` / ``sm90``, or a gfx name with optional feature suffixes."""
+        if not isinstance(text, str):
+            raise TypeError(
+                f"arch must be a str such as 'sm_90' or 'gfx950', got {type(text).__name__}"
+            )
+        raw = text.strip()
+        lowered = raw.lower()
+        if lowered == "cpu":
+            return cls("cpu", "cpu", raw)
+        if m := _SM.fullmatch(lowered):
+            return cls("cuda", f"sm_{m.group(1)}", raw)
+        base = lowered.split(":", 1)[0]
+        if _GFX.fullmatch(base):
+            return cls("rocm", base, raw)
+        raise ValueError(
+            f"arch={text!r} is not a known arch; expected 'cpu', 'sm_<major><minor>' "
+            "(e.g. 'sm_90') or a gfx name (e.g. 'gfx942', 'gfx950:sramecc+:xnack-')"
+        )
+
+
+CPU = Arch("cpu", "cpu", "cpu")
+
+
+@functools.cache
+def _gpu_arch(index: int) -> Arch:
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip:
+        full = getattr(props, "gcnArchName", "") or ""
+        return Arch("rocm", full.split(":", 1)[0], full)
+    name = f"sm_{props.major}{props.minor}"
+    return Arch("cuda", name, name)
+
+
+def detect_arch(device: torch.device | str | None = None) -> Arch:
+    """The arch of ``device`` (default: the current CUDA/ROCm device if any, else CPU).
+
+    ``ATTN_DISPATCH_ARCH`` overrides detection; it changes the arch, not where tensors live.
+    """
+    override = os.environ.get(ARCH_ENV)
+    if override:
+        return Arch.parse(override)
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _gpu_arch(index)
+    return CPU

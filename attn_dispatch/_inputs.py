@@ -1,0 +1,433 @@
+"""The input contract: ``ForwardInputs`` / ``BackwardInputs`` and their one-time validation.
+
+Validation runs once per input *signature* (shapes, strides, dtypes, devices, flags); the
+dispatcher caches the resulting ``Facts`` so repeated calls only rebuild the light inputs object.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from typing import NamedTuple
+
+import torch
+
+CAUSAL_ALIGNS = ("top_left", "bottom_right")
+QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DEBUG_ENV = "ATTN_DISPATCH_DEBUG"
+
+
+class Facts(NamedTuple):
+    """Derived, validated facts about one input signature (shared by every call with it)."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    dtype: torch.dtype
+    device: torch.device
+    is_varlen: bool
+    scale: float
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+class ForwardInputs:
+    """Validated inputs of a forward call. Treat as read-only.
+
+    Tensors: ``q``, ``k``, ``v``, ``cu_seqlens_q``, ``cu_seqlens_k`` (``None`` when dense).
+    Flags: ``causal``, ``causal_align``, ``scale`` (resolved), ``deterministic`` (resolved),
+    ``max_seqlen_q`` / ``max_seqlen_k`` (the sequence lengths when dense).
+    Derived: ``batch``, ``seqlen_q``, ``seqlen_k`` (max lengths when varlen), ``heads``,
+    ``kv_heads``, ``head_dim``, ``head_dim_v``, ``dtype``, ``device``, ``is_varlen``,
+    ``group_size``.
+    """
+
+    __slots__ = (
+        "q",
+        "k",
+        "v",
+        "cu_seqlens_q",
+        "cu_seqlens_k",
+        "causal",
+        "causal_align",
+        "deterministic",
+        "facts",
+    )
+
+    def __init__(
+        self, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts: Facts
+    ) -> None:
+        self.q = q
+        self.k = k
+        self.v = v
+        self.cu_seqlens_q = cu_seqlens_q
+        self.cu_seqlens_k = cu_seqlens_k
+        self.causal = causal
+        self.causal_align = causal_align
+        self.deterministic = deterministic
+        self.facts = facts
+
+    scale = property(lambda self: self.facts.scale)
+    max_seqlen_q = property(lambda self: self.facts.max_seqlen_q)
+    max_seqlen_k = property(lambda self: self.facts.max_seqlen_k)
+    batch = property(lambda self: self.facts.batch)
+    seqlen_q = property(lambda self: self.facts.seqlen_q)
+    seqlen_k = property(lambda self: self.facts.seqlen_k)
+    heads = property(lambda self: self.facts.heads)
+    kv_heads = property(lambda self: self.facts.kv_heads)
+    head_dim = property(lambda self: self.facts.head_dim)
+    head_dim_v = property(lambda self: self.facts.head_dim_v)
+    dtype = property(lambda self: self.facts.dtype)
+    device = property(lambda self: self.facts.device)
+    is_varlen = property(lambda self: self.facts.is_varlen)
+    group_size = property(lambda self: self.facts.heads // self.facts.kv_heads)
+
+    def device_vendor(self, arch) -> str:
+        """``cpu``, ``cuda`` or ``rocm`` for where the tensors live (another device type as is).
+
+        A ``meta`` tensor stands for a tensor on ``arch``'s device, so it answers ``arch.vendor``.
+        """
+        kind = self.facts.device.type
+        if kind == "meta":
+            return arch.vendor
+        if kind == "cuda":
+            return "rocm" if torch.version.hip else "cuda"
+        return kind
+
+    def describe(self) -> str:
+        """One line per tensor: shape, dtype, strides, device; then the flags."""
+        lines = [_describe_tensor(name, getattr(self, name)) for name in self._tensor_names()]
+        lines.append(
+            f"causal={self.causal} causal_align={self.causal_align!r} scale={self.scale:.6g} "
+            f"deterministic={self.deterministic} max_seqlen_q={self.max_seqlen_q} "
+            f"max_seqlen_k={self.max_seqlen_k}"
+        )
+        return "\n".join(lines)
+
+    def _tensor_names(self) -> tuple[str, ...]:
+        names = ("q", "k", "v")
+        return names + (("cu_seqlens_q", "cu_seqlens_k") if self.is_varlen else ())
+
+    def __repr__(self) -> str:
+        f = self.facts
+        layout = "varlen" if f.is_varlen else "dense"
+        return (
+            f"{type(self).__name__}({layout}, batch={f.batch}, seqlen_q={f.seqlen_q}, "
+            f"seqlen_k={f.seqlen_k}, heads={f.heads}, kv_heads={f.kv_heads}, "
+            f"head_dim={f.head_dim}, "
+            f"head_dim_v={f.head_dim_v}, dtype={f.dtype}, device={f.device}, causal={self.causal}, "
+            f"causal_align={self.causal_align!r}, scale={f.scale:.6g}, "
+            f"deterministic={self.deterministic})"
+        )
+
+
+class BackwardInputs(ForwardInputs):
+    """Validated inputs of a backward call: ``ForwardInputs`` plus out, lse, grad_out."""
+
+    __slots__ = ("out", "lse", "grad_out")
+
+    def __init__(
+        self,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        causal,
+        causal_align,
+        deterministic,
+        facts: Facts,
+    ) -> None:
+        ForwardInputs.__init__(
+            self, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
+        )
+        self.out = out
+        self.lse = lse
+        self.grad_out = grad_out
+
+    def _tensor_names(self) -> tuple[str, ...]:
+        names = ("q", "k", "v", "out", "lse", "grad_out")
+        return names + (("cu_seqlens_q", "cu_seqlens_k") if self.is_varlen else ())
+
+
+def _describe_tensor(name: str, t: torch.Tensor) -> str:
+    return (
+        f"{name}: shape={tuple(t.shape)} dtype={str(t.dtype).replace('torch.', '')} "
+        f"stride={tuple(t.stride())} device={t.device}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation (runs once per signature)
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _require_tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"argument '{name}': expected a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _require_rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
+    if t.dim() != rank:
+        raise ValueError(
+            f"argument '{name}': expected a {rank}-D tensor {layout}, got shape {_shape(t)}"
+        )
+
+
+def _require_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], layout: str) -> None:
+    if _shape(t) != expected:
+        raise ValueError(f"argument '{name}': expected shape {expected} {layout}, got {_shape(t)}")
+
+
+def _int_arg(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"argument '{name}': expected a Python int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"argument '{name}': expected a non-negative int, got {value}")
+    return int(value)
+
+
+def resolve_scale(scale, head_dim: int) -> float:
+    """``1/sqrt(head_dim)`` when ``scale`` is None; else ``scale`` checked finite and positive."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"argument 'scale': expected a float, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"argument 'scale': expected a finite positive float, got {scale}")
+    return scale
+
+
+def check_flags(causal, causal_align, deterministic) -> None:
+    if not isinstance(causal, bool):
+        raise TypeError(f"argument 'causal': expected a bool, got {type(causal).__name__}")
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(
+            f"argument 'causal_align': expected one of {CAUSAL_ALIGNS}, got {causal_align!r}"
+        )
+    if not isinstance(deterministic, bool):
+        raise TypeError(
+            f"argument 'deterministic': expected a bool or None, got {type(deterministic).__name__}"
+        )
+
+
+def validate(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    causal_align,
+    scale,
+    deterministic,
+) -> Facts:
+    """Check every argument of a forward (``out``/``lse``/``grad_out`` None) or backward call.
+
+    Raises ``TypeError``/``ValueError`` naming the argument, the expectation and what was given.
+    """
+    backward = out is not None or lse is not None or grad_out is not None
+    q = _require_tensor("q", q)
+    k = _require_tensor("k", k)
+    v = _require_tensor("v", v)
+    if backward:
+        out = _require_tensor("out", out)
+        lse = _require_tensor("lse", lse)
+        grad_out = _require_tensor("grad_out", grad_out)
+    check_flags(causal, causal_align, deterministic)
+
+    if q.dtype not in QUERY_DTYPES:
+        raise TypeError(
+            f"argument 'q': expected dtype float16, bfloat16, float32 or float64, got {q.dtype}"
+        )
+    named = [("k", k), ("v", v)] + ([("out", out), ("grad_out", grad_out)] if backward else [])
+    for name, t in named:
+        if t.dtype != q.dtype:
+            raise TypeError(
+                f"argument '{name}': expected dtype {q.dtype} (same as q), got {t.dtype}"
+            )
+    if backward:
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if lse.dtype != lse_dtype:
+            raise TypeError(f"argument 'lse': expected dtype {lse_dtype}, got {lse.dtype}")
+    for name, t in named + ([("lse", lse)] if backward else []):
+        if t.device != q.device:
+            raise ValueError(
+                f"argument '{name}': expected device {q.device} (same as q), got {t.device}"
+            )
+
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen:
+        facts = _validate_varlen(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            grad_out,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            backward,
+        )
+    else:
+        facts = _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, backward)
+    batch, sq, sk, heads, kv_heads, d, dv, msq, msk = facts
+    if heads == 0 or kv_heads == 0:
+        raise ValueError(
+            f"argument 'q'/'k': expected at least one head, got H={heads}, Hkv={kv_heads}"
+        )
+    if heads % kv_heads:
+        raise ValueError(
+            f"argument 'k': expected its head count Hkv to divide q's head count H (GQA/MQA), "
+            f"got H={heads}, Hkv={kv_heads}"
+        )
+    if d == 0 or dv == 0:
+        raise ValueError(f"argument 'q'/'v': expected non-empty head dims, got D={d}, Dv={dv}")
+    return Facts(
+        batch,
+        sq,
+        sk,
+        heads,
+        kv_heads,
+        d,
+        dv,
+        q.dtype,
+        q.device,
+        varlen,
+        resolve_scale(scale, d),
+        msq,
+        msk,
+    )
+
+
+def _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, backward):
+    layout = "[B, S, H, D] (dense BSHD layout; pass cu_seqlens_q/_k for varlen)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _require_rank(name, t, 4, layout)
+    b, sq, h, d = q.shape
+    if k.shape[0] != b:
+        raise ValueError(f"argument 'k': expected batch {b} (same as q), got shape {_shape(k)}")
+    _, sk, hkv, dk = k.shape
+    if dk != d:
+        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"argument 'v': expected shape ({b}, {sk}, {hkv}, Dv) to match k, got {_shape(v)}"
+        )
+    dv = v.shape[3]
+    if backward:
+        _require_shape("out", out, (b, sq, h, dv), "[B, Sq, H, Dv]")
+        _require_shape("grad_out", grad_out, (b, sq, h, dv), "[B, Sq, H, Dv]")
+        _require_shape("lse", lse, (b, h, sq), "[B, H, Sq]")
+    for name, given, actual in (
+        ("max_seqlen_q", max_seqlen_q, sq),
+        ("max_seqlen_k", max_seqlen_k, sk),
+    ):
+        if given is not None and _int_arg(name, given) != actual:
+            raise ValueError(
+                f"argument '{name}': dense inputs have sequence length {actual}, got {given} "
+                "(leave it None unless passing cu_seqlens)"
+            )
+    return b, sq, sk, h, hkv, d, dv, sq, sk
+
+
+def _validate_varlen(q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_seqlen_k, backward):
+    if cu_q is None or cu_k is None:
+        missing = "cu_seqlens_k" if cu_q is not None else "cu_seqlens_q"
+        raise ValueError(
+            f"argument '{missing}': varlen needs both cu_seqlens_q and cu_seqlens_k, "
+            f"got {missing}=None"
+        )
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        _require_tensor(name, cu)
+        if cu.dtype != torch.int32:
+            raise TypeError(f"argument '{name}': expected dtype torch.int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(
+                f"argument '{name}': expected a 1-D tensor [B+1] with B >= 1, "
+                f"got shape {_shape(cu)}"
+            )
+        if cu.device != q.device:
+            raise ValueError(
+                f"argument '{name}': expected device {q.device} (same as q), got {cu.device}"
+            )
+    if cu_k.shape[0] != cu_q.shape[0]:
+        raise ValueError(
+            f"argument 'cu_seqlens_k': expected shape {_shape(cu_q)} (same batch as "
+            f"cu_seqlens_q), got {_shape(cu_k)}"
+        )
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is None:
+            raise ValueError(
+                f"argument '{name}': varlen inputs need it as a Python int "
+                "(the longest sequence), got None"
+            )
+    max_seqlen_q = _int_arg("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _int_arg("max_seqlen_k", max_seqlen_k)
+    layout = "[T, H, D] (varlen layout, since cu_seqlens are given)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _require_rank(name, t, 3, layout)
+    tq, h, d = q.shape
+    tk, hkv, dk = k.shape
+    if dk != d:
+        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
+    if v.shape[:2] != k.shape[:2]:
+        raise ValueError(
+            f"argument 'v': expected shape ({tk}, {hkv}, Dv) to match k, got {_shape(v)}"
+        )
+    dv = v.shape[2]
+    if backward:
+        _require_shape("out", out, (tq, h, dv), "[Tq, H, Dv]")
+        _require_shape("grad_out", grad_out, (tq, h, dv), "[Tq, H, Dv]")
+        _require_shape("lse", lse, (h, tq), "[H, Tq]")
+    check_cu_seqlens(cu_q, cu_k, tq, tk, max_seqlen_q, max_seqlen_k)
+    return cu_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, h, hkv, d, dv, max_seqlen_q, max_seqlen_k
+
+
+def check_cu_seqlens(cu_q, cu_k, tq: int, tk: int, max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """Check cu_seqlens values: on the CPU always; on a GPU only with ``ATTN_DISPATCH_DEBUG=1``
+    (that check waits for the device)."""
+    if cu_q.device.type == "meta":
+        return
+    if cu_q.device.type != "cpu" and os.environ.get(DEBUG_ENV, "") in ("", "0"):
+        return
+    for name, cu, total, max_len, max_name in (
+        ("cu_seqlens_q", cu_q, tq, max_seqlen_q, "max_seqlen_q"),
+        ("cu_seqlens_k", cu_k, tk, max_seqlen_k, "max_seqlen_k"),
+    ):
+        values = cu.tolist()
+        if values[0] != 0:
+            raise ValueError(f"argument '{name}': expected to start at 0, got {values[0]}")
+        lengths = [b - a for a, b in zip(values, values[1:])]
+        if min(lengths) < 0:
+            raise ValueError(f"argument '{name}': expected non-decreasing offsets, got {values}")
+        if values[-1] != total:
+            raise ValueError(
+                f"argument '{name}': expected to end at {total} (the token count of "
+                f"the packed tensor), got {values[-1]}"
+            )
+        if max(lengths) > max_len:
+            raise ValueError(
+                f"argument '{max_name}': expected at least the longest sequence "
+                f"({max(lengths)}), got {max_len}"
+            )

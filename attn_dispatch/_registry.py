@@ -1,0 +1,116 @@
+"""Plugin discovery: entry points in ``attn_dispatch.backends``, each loaded and called alone.
+
+pluggy's bulk hook calls stop at the first exception, so every plugin is imported, registered
+and asked for its implementations on its own: a broken plugin is recorded with its error and
+costs only itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass, field
+from importlib import metadata
+
+import pluggy
+
+from . import _hookspecs
+from ._implementation import Implementation
+
+log = logging.getLogger("attn_dispatch")
+
+
+@dataclass
+class BackendRecord:
+    """One backend plugin: where it came from, what it provides, or why it failed."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    implementations: list[Implementation] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class Registry:
+    """Every discovered backend (loaded or failed) and the implementations by full name."""
+
+    backends: dict[str, BackendRecord] = field(default_factory=dict)
+    implementations: dict[str, Implementation] = field(default_factory=dict)
+    entry_point_names: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> list[BackendRecord]:
+        return [b for b in self.backends.values() if b.error is not None]
+
+    def known_names(self) -> list[str]:
+        """Backend names and ``backend:impl`` names, sorted."""
+        return sorted(set(self.backends) | set(self.implementations))
+
+
+def _describe_error(exc: BaseException) -> str:
+    frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" (at {frame[0].filename}:{frame[0].lineno})" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def discover(allowlist: list[str] | None) -> Registry:
+    """Load the entry points of group ``attn_dispatch.backends`` (only ``allowlist`` if given)."""
+    manager = pluggy.PluginManager(_hookspecs.PROJECT)
+    manager.add_hookspecs(_hookspecs)
+    registry = Registry()
+    entry_points = sorted(
+        metadata.entry_points(group=_hookspecs.ENTRY_POINT_GROUP), key=lambda ep: ep.name
+    )
+    registry.entry_point_names = tuple(ep.name for ep in entry_points)
+    for ep in entry_points:
+        if allowlist is not None and ep.name not in allowlist:
+            continue
+        if ep.name in registry.backends:
+            log.warning(
+                "attn_dispatch: entry point %r is declared twice; keeping the first", ep.name
+            )
+            continue
+        dist = getattr(ep, "dist", None)
+        record = BackendRecord(ep.name, dist.name if dist else None, dist.version if dist else None)
+        registry.backends[ep.name] = record
+        _load_one(manager, ep, record, registry)
+    return registry
+
+
+def _load_one(
+    manager: pluggy.PluginManager,
+    ep: metadata.EntryPoint,
+    record: BackendRecord,
+    registry: Registry,
+) -> None:
+    try:
+        module = ep.load()
+        manager.register(module, name=ep.name)
+        others = [p for p in manager.get_plugins() if p is not module]
+        call = manager.subset_hook_caller("attn_dispatch_implementations", remove_plugins=others)
+        provided = [impl for batch in call() for impl in (batch or [])]
+    except Exception as exc:  # a broken plugin costs only itself
+        record.error = _describe_error(exc)
+        log.warning("attn_dispatch: backend plugin %r failed to load: %s", ep.name, record.error)
+        return
+    problems = []
+    for impl in provided:
+        if not isinstance(impl, Implementation):
+            problems.append(f"returned {impl!r}, which is not an attn_dispatch.Implementation")
+        elif impl.backend != ep.name:
+            problems.append(
+                f"{impl!r} declares backend {impl.backend!r}, but its entry point "
+                f"is named {ep.name!r}"
+            )
+        elif not impl.name:
+            problems.append(f"{impl!r} has an empty name")
+        elif impl.full_name in registry.implementations:
+            problems.append(f"{impl.full_name} is provided twice")
+    if problems:
+        record.error = "; ".join(problems)
+        log.warning("attn_dispatch: backend plugin %r is invalid: %s", ep.name, record.error)
+        return
+    record.implementations = list(provided)
+    for impl in provided:
+        registry.implementations[impl.full_name] = impl

@@ -1,0 +1,78 @@
+"""Selection outcomes as data (``Candidate``, ``Report``), formatted last."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._arch import Arch
+
+SELECTED, SUPPORTED, REJECTED = "selected", "supported", "rejected"
+OPT_IN, BLOCKED, FAILED = "opt-in", "blocked", "failed"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One implementation's verdict for one input signature."""
+
+    name: str
+    priority: int | None
+    opt_in: bool
+    status: str
+    reasons: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "priority": self.priority,
+            "opt_in": self.opt_in,
+            "status": self.status,
+            "reasons": list(self.reasons),
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    """What ``explain`` returns: the arch, the choice (or ``None``) and every candidate.
+
+    ``str(report)`` is a readable table; ``to_dict()`` is the JSON form of ``explain --json``.
+    """
+
+    arch: Arch
+    selected: str | None
+    candidates: tuple[Candidate, ...]
+    inputs: str = ""
+    forced: str | None = None
+    mode: str = "backward"
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return {
+            "arch": self.arch.name,
+            "selected": self.selected,
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+    def __str__(self) -> str:
+        head = f"attn_dispatch {self.mode} on arch {self.arch.full}"
+        head += f" (forced: {self.forced})" if self.forced else ""
+        lines = [head]
+        if self.inputs:
+            lines += ["inputs:"] + [f"  {line}" for line in self.inputs.splitlines()]
+        lines.append(f"selected: {self.selected or 'none'}")
+        lines += [f"note: {note}" for note in self.notes]
+        lines.append(format_table(self.candidates))
+        return "\n".join(lines)
+
+
+def format_table(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
+    """A fixed-width table: name, priority, status, reasons."""
+    rows = [("implementation", "priority", "status", "reasons")]
+    for c in candidates:
+        prio = "-" if c.priority is None else str(c.priority)
+        status = c.status + (" (opt-in)" if c.opt_in and c.status != OPT_IN else "")
+        rows.append((c.name, prio, status, "; ".join(c.reasons)))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3]
+        for row in rows
+    ).rstrip()
