@@ -5,6 +5,8 @@ each implementation ``supports(inputs, arch)``, and runs the best by per-arch pr
 imports a backend or a kernel runtime itself.
 """
 
+import logging as _logging
+
 from ._api import BackendInfo, ImplementationInfo, backends, backward, explain, forward
 from ._arch import Arch, detect_arch
 from ._errors import NoBackendError, UnknownBackendError
@@ -16,6 +18,9 @@ from ._requirements import missing_requirement
 from ._settings import enable, reload, use_backend
 
 __version__ = "0.1.0"
+
+# A library logs to its own logger and leaves handlers to the application.
+_logging.getLogger("attn_dispatch").addHandler(_logging.NullHandler())
 
 __all__ = [
     "Arch",

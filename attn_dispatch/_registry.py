@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 
@@ -54,6 +55,11 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def _report_failure(message: str) -> None:
+    log.warning("attn_dispatch: %s", message)
+    warnings.warn(message, stacklevel=2)
+
+
 def discover(allowlist: list[str] | None) -> Registry:
     """Load the entry points of group ``attn_dispatch.backends`` (only ``allowlist`` if given)."""
     manager = pluggy.PluginManager(_hookspecs.PROJECT)
@@ -92,7 +98,7 @@ def _load_one(
         provided = [impl for batch in call() for impl in (batch or [])]
     except Exception as exc:  # a broken plugin costs only itself
         record.error = _describe_error(exc)
-        log.warning("attn_dispatch: backend plugin %r failed to load: %s", ep.name, record.error)
+        _report_failure(f"backend plugin {ep.name!r} failed to load: {record.error}")
         return
     problems = []
     for impl in provided:
@@ -109,7 +115,7 @@ def _load_one(
             problems.append(f"{impl.full_name} is provided twice")
     if problems:
         record.error = "; ".join(problems)
-        log.warning("attn_dispatch: backend plugin %r is invalid: %s", ep.name, record.error)
+        _report_failure(f"backend plugin {ep.name!r} is invalid: {record.error}")
         return
     record.implementations = list(provided)
     for impl in provided:

@@ -1,0 +1,7 @@
+"""``python -m attn_dispatch`` is the ``attn-dispatch`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

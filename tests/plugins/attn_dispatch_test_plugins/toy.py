@@ -1,0 +1,75 @@
+"""Toy implementations whose results say which one ran: every output is filled with its tag."""
+
+from __future__ import annotations
+
+import torch
+
+import attn_dispatch as ad
+
+from . import active
+
+
+class _Tagged(ad.Implementation):
+    backend = "toy"
+    tag = 0.0
+
+    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+        return ad.Gradients(*(torch.full_like(t, self.tag) for t in (inp.q, inp.k, inp.v)))
+
+    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        out = inp.q.new_full(inp.q.shape[:-1] + (inp.head_dim_v,), self.tag)
+        lse_shape = (
+            (inp.heads, inp.q.shape[0]) if inp.is_varlen else (inp.batch, inp.heads, inp.seqlen_q)
+        )
+        return out, torch.full(lse_shape, self.tag, dtype=torch.float32, device=inp.q.device)
+
+
+class Fast(_Tagged):
+    name, tag = "fast", 1.0
+    priority = {"cpu": 50, "sm_90": 50}
+
+    def supports(self, inp, arch):
+        return [] if inp.head_dim <= 64 else [f"head_dim={inp.head_dim} > 64"]
+
+
+class Slow(_Tagged):
+    name, tag = "slow", 2.0
+    priority = {"cpu": 10, "sm_*": 10}
+
+
+class NonDeterministic(_Tagged):
+    name, tag = "nondet", 3.0
+    priority = {"cpu": 70}
+    deterministic = False
+
+
+class Experimental(_Tagged):
+    name, tag = "experimental", 4.0
+    priority = {"*": 100}
+    opt_in = True
+
+
+class GpuOnly(_Tagged):
+    """Accepts anything but has a priority only on sm_90: on the CPU it runs only when forced."""
+
+    name, tag = "gpu_only", 5.0
+    priority = {"sm_90": 80}
+
+
+class Trivial(ad.Implementation):
+    """Returns its inputs untouched: used to measure the dispatcher's own overhead."""
+
+    backend, name = "toy", "trivial"
+
+    def backward(self, inp):
+        return ad.Gradients(inp.q, inp.k, inp.v)
+
+
+TAGS = {cls.name: cls.tag for cls in (Fast, Slow, NonDeterministic, Experimental, GpuOnly)}
+
+
+@ad.hookimpl
+def attn_dispatch_implementations():
+    if not active():
+        return []
+    return [Fast(), Slow(), NonDeterministic(), Experimental(), GpuOnly(), Trivial()]
