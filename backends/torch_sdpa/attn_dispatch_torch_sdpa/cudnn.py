@@ -1,0 +1,75 @@
+"""``torch_sdpa:cudnn``: cuDNN's fused attention (through PyTorch's private SDPA ops).
+
+Layout: cuDNN takes BHSD *views*; our BSHD tensors are passed as ``transpose(1, 2)`` (no copy)
+and the gradients come back in the inputs' memory order, so transposing them back is free.
+GQA: native (cuDNN reads K/V with Hkv heads and writes Hkv-head dK/dV).
+lse: cuDNN's softmax statistics are the natural-log logsumexp, shape [B, H, Sq, 1].
+Non-goals, each rejected with a reason: varlen, bottom-right causal with Sq != Sk (PyTorch's
+cuDNN op only knows top-left), deterministic requests (dQ is accumulated with atomics and the
+op exposes no deterministic mode), ROCm, head dims above 128, float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import attn_dispatch as ad
+
+from . import _common as c
+from ._ops import CUDNN_BWD, CUDNN_FWD, aten, empty_long, ops_problems
+
+
+class Cudnn(ad.Implementation):
+    """cuDNN SDPA forward/backward (NVIDIA sm80+)."""
+
+    backend = "torch_sdpa"
+    name = "cudnn"
+    priority = {"sm_90": 50, "sm_10*": 50, "sm_8*": 35}
+    opt_in = False
+    deterministic = False
+    max_head_dim = 128
+
+    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+        """Reasons, each naming the offending value."""
+        reasons = c.vendor_reasons(inp, arch, ("cuda",))
+        if reasons:
+            return reasons
+        cap = c.cuda_capability(arch)
+        if cap is None or cap < 80:
+            reasons.append(f"arch={arch.name}: cuDNN attention needs sm_80 or newer")
+        reasons += c.dtype_reasons(inp, c.HALF_DTYPES)
+        reasons += c.head_dim_reasons(inp, self.max_head_dim, same_dv=False)
+        if inp.is_varlen:
+            reasons.append("varlen (cu_seqlens given): not supported through this cuDNN op")
+        if not c.causal_matches(inp, "top_left"):
+            reasons.append(f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
+                           f"Sk={inp.seqlen_k}: cuDNN's causal mask is top-left only")
+        if inp.seqlen_k == 0:
+            reasons.append("Sk=0: cuDNN needs at least one key")
+        reasons += c.stride_reasons(inp)
+        reasons += ops_problems(CUDNN_FWD, CUDNN_BWD)
+        return reasons
+
+    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out [B,Sq,H,Dv], lse [B,H,Sq])``."""
+        if c.is_empty(inp):
+            return c.empty_forward(inp)
+        res = aten(CUDNN_FWD)(
+            inp.q.transpose(1, 2), inp.k.transpose(1, 2), inp.v.transpose(1, 2), None,
+            True, 0.0, inp.causal, False, scale=inp.scale,
+        )  # fmt: skip
+        out, lse = res[0], res[1]
+        lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()
+        return out.transpose(1, 2), lse
+
+    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+        """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
+        if c.is_empty(inp):
+            return c.zero_gradients(inp)
+        seed = empty_long(inp.q.device)
+        dq, dk, dv = aten(CUDNN_BWD)(
+            inp.grad_out.transpose(1, 2), inp.q.transpose(1, 2), inp.k.transpose(1, 2),
+            inp.v.transpose(1, 2), inp.out.transpose(1, 2), inp.lse.contiguous(), seed, seed,
+            None, None, None, inp.seqlen_q, inp.seqlen_k, 0.0, inp.causal, scale=inp.scale,
+        )  # fmt: skip
+        return ad.Gradients(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2))

@@ -1,0 +1,146 @@
+"""``torch_sdpa:efficient``: PyTorch memory-efficient attention (``aten::_efficient_attention_*``).
+
+Layout: the ops take BSHD tensors (ours); varlen runs as batch 1 with cu_seqlens. Its lse is
+[B, H, Sq rounded up to 32] (varlen: [num_seqs, H, max_seqlen_q rounded up], per sequence);
+the backward reads it through strides, so a dense lse of ours is passed as is, and varlen lse is
+scattered into / gathered from the per-sequence layout with index ops (no host sync).
+GQA: not native (the op needs equal head counts): K/V are expanded to H heads (a copy) and
+dK/dV are summed over each group; extra traffic about 2·(H/Hkv)·(|K| + |V|) plus the same for
+the gradients.
+Causal: both alignments natively on CUDA (mask types 1 = top-left, 2 = bottom-right, per
+sequence for varlen).
+Determinism: ``num_splits_key=1`` makes the backward deterministic (one block per (batch, head)
+walks all keys, no atomics), at a loss of parallelism; it is passed when determinism is asked.
+ROCm (AOTriton): top-left causal only, no varlen, no deterministic mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import attn_dispatch as ad
+
+from . import _common as c
+from ._ops import EFFICIENT_BWD, EFFICIENT_FWD, aten, empty_long, ops_problems
+from .flash import ROCM_ARCHS
+
+MASK_NONE, MASK_TOP_LEFT, MASK_BOTTOM_RIGHT = 0, 1, 2
+LSE_ALIGN = 32
+
+
+def _mask_type(inp: ad.ForwardInputs) -> int:
+    if not inp.causal:
+        return MASK_NONE
+    if inp.causal_align == "top_left" or (not inp.is_varlen and inp.seqlen_q == inp.seqlen_k):
+        return MASK_TOP_LEFT
+    return MASK_BOTTOM_RIGHT
+
+
+def _token_positions(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each query token: its sequence index and its position inside that sequence."""
+    cu = inp.cu_seqlens_q
+    tokens = torch.arange(inp.q.shape[0], dtype=cu.dtype, device=cu.device)
+    seq = torch.searchsorted(cu[1:].contiguous(), tokens, right=True)
+    return seq, (tokens - cu[seq]).long()
+
+
+def _padded_lse(inp: ad.BackwardInputs, lse: torch.Tensor) -> torch.Tensor:
+    """Our varlen lse [H, Tq] -> the kernel's [num_seqs, H, max_seqlen_q padded]."""
+    nseq = inp.cu_seqlens_q.shape[0] - 1
+    width = -(-inp.max_seqlen_q // LSE_ALIGN) * LSE_ALIGN
+    padded = lse.new_full((nseq, inp.heads, width), c.INF)
+    seq, pos = _token_positions(inp)
+    padded[seq, :, pos] = lse.t()
+    return padded
+
+
+class Efficient(ad.Implementation):
+    """Memory-efficient attention forward/backward (NVIDIA sm50+, AMD through AOTriton)."""
+
+    backend = "torch_sdpa"
+    name = "efficient"
+    priority = {"sm_*": 30, "gfx9*": 15, "gfx1*": 15}
+    opt_in = False
+    deterministic = True
+    max_head_dim = 256
+
+    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+        """Reasons, each naming the offending value."""
+        reasons = c.vendor_reasons(inp, arch, ("cuda", "rocm"))
+        if reasons:
+            return reasons
+        rocm = arch.vendor == "rocm"
+        if rocm:
+            if arch.name not in ROCM_ARCHS:
+                reasons.append(f"arch={arch.name}: AOTriton attention runs on "
+                               f"{', '.join(ROCM_ARCHS)}")
+            if inp.deterministic:
+                reasons.append("deterministic=True on ROCm: AOTriton's backward exposes no "
+                               "deterministic mode")
+            if inp.is_varlen:
+                reasons.append("varlen on ROCm: not supported by this backend")
+            if not c.causal_matches(inp, "top_left"):
+                reasons.append(f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
+                               f"Sk={inp.seqlen_k} on ROCm: AOTriton's mask is top-left only")
+            reasons += c.dtype_reasons(inp, c.HALF_DTYPES)
+        else:
+            cap = c.cuda_capability(arch)
+            if cap is None or cap < 50:
+                reasons.append(f"arch={arch.name}: memory-efficient attention needs sm_50+")
+            elif inp.dtype == torch.bfloat16 and cap < 80:
+                reasons.append(f"dtype=bfloat16 on {arch.name}: needs sm_80 or newer")
+            reasons += c.dtype_reasons(inp, (*c.HALF_DTYPES, torch.float32))
+        reasons += c.head_dim_reasons(inp, self.max_head_dim, same_dv=False)
+        reasons += c.stride_reasons(inp)
+        reasons += ops_problems(EFFICIENT_FWD, EFFICIENT_BWD)
+        return reasons
+
+    def _kernel_views(self, inp: ad.ForwardInputs):
+        """q, k, v as the op takes them: batch 1 for varlen, K/V expanded to H heads."""
+        group = inp.group_size
+        q, k, v = inp.q, c.expand_kv(inp.k, group), c.expand_kv(inp.v, group)
+        if inp.is_varlen:
+            q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        return q, k, v
+
+    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out, lse)`` in our layout."""
+        if c.is_empty(inp):
+            return c.empty_forward(inp)
+        q, k, v = self._kernel_views(inp)
+        varlen = inp.is_varlen
+        res = aten(EFFICIENT_FWD)(
+            q, k, v, None, inp.cu_seqlens_q, inp.cu_seqlens_k,
+            inp.max_seqlen_q if varlen else None, inp.max_seqlen_k if varlen else None,
+            0.0, _mask_type(inp), True, scale=inp.scale,
+        )  # fmt: skip
+        out, lse = res[0], res[1]
+        if varlen:
+            seq, pos = _token_positions(inp)
+            lse = lse[seq, :, pos].t().contiguous()
+            out = out.squeeze(0)
+        else:
+            lse = lse[:, :, : inp.seqlen_q].contiguous()
+        return out, c.lse_from_kernel(lse, inp)
+
+    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+        """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
+        if c.is_empty(inp):
+            return c.zero_gradients(inp)
+        q, k, v = self._kernel_views(inp)
+        lse = c.lse_to_kernel(inp)
+        out, grad_out = inp.out, inp.grad_out
+        if inp.is_varlen:
+            lse = _padded_lse(inp, lse)
+            out, grad_out = out.unsqueeze(0), grad_out.unsqueeze(0)
+        seed = empty_long(inp.q.device)
+        splits = 1 if inp.deterministic else None
+        dq, dk, dv, _ = aten(EFFICIENT_BWD)(
+            grad_out, q, k, v, None, out, inp.cu_seqlens_q, inp.cu_seqlens_k,
+            inp.max_seqlen_q, inp.max_seqlen_k, lse, 0.0, seed, seed, _mask_type(inp), False,
+            scale=inp.scale, num_splits_key=splits,
+        )  # fmt: skip
+        if inp.is_varlen:
+            dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
+        group = inp.group_size
+        return ad.Gradients(dq, c.reduce_group(dk, group), c.reduce_group(dv, group))

@@ -1,0 +1,106 @@
+"""``torch_sdpa:flash``: PyTorch's vendored FlashAttention-2 (``aten::_flash_attention_*``).
+
+Layout: the ops take BSHD (dense) and THD (varlen) tensors, exactly our layouts: no copies.
+lse: natural log, [B, H, Sq] dense and [H, Tq] varlen (unpadded), as ours; rows that see no
+key hold ``+inf`` (converted at the boundary, see ``_common``).
+GQA: native; the kernel writes H-head dK/dV and sums each group (an extra 2·(H/Hkv)·|dK|
+written and read inside the op).
+Causal: the kernel's mask is bottom-right; top-left is accepted only where the two agree
+(Sq == Sk, or varlen with ``cu_seqlens_q is cu_seqlens_k``).
+Determinism: dQ is accumulated with atomics unless torch's deterministic mode is on
+(``torch.use_deterministic_algorithms(True)`` without ``warn_only``), which the op reads itself;
+``deterministic`` follows that flag.
+ROCm builds route these ops to AOTriton; there only Sq == Sk causal masks are accepted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import attn_dispatch as ad
+
+from . import _common as c
+from ._ops import FLASH_BWD, FLASH_FWD, aten, empty_long, ops_problems
+
+ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
+
+
+def _torch_deterministic() -> bool:
+    return torch.are_deterministic_algorithms_enabled() and not (
+        torch.is_deterministic_algorithms_warn_only_enabled()
+    )
+
+
+class Flash(ad.Implementation):
+    """FlashAttention-2 forward/backward (NVIDIA sm80+, AMD through AOTriton)."""
+
+    backend = "torch_sdpa"
+    name = "flash"
+    priority = {"sm_90": 40, "sm_8*": 40, "sm_1*": 40, "gfx9*": 20, "gfx1*": 20}
+    opt_in = False
+    max_head_dim = 256
+
+    @property
+    def deterministic(self) -> bool:  # type: ignore[override]
+        """True while torch's deterministic mode (not warn-only) is on: the op reads it."""
+        return _torch_deterministic()
+
+    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+        """Reasons, each naming the offending value."""
+        reasons = c.vendor_reasons(inp, arch, ("cuda", "rocm"))
+        if reasons:
+            return reasons
+        rocm = arch.vendor == "rocm"
+        if rocm:
+            if arch.name not in ROCM_ARCHS:
+                reasons.append(f"arch={arch.name}: AOTriton flash attention runs on "
+                               f"{', '.join(ROCM_ARCHS)}")
+        else:
+            cap = c.cuda_capability(arch)
+            if cap is None or cap < 80:
+                reasons.append(f"arch={arch.name}: FlashAttention-2 needs sm_80 or newer")
+            elif inp.head_dim > 192 and cap not in (80, 90):
+                reasons.append(f"head_dim={inp.head_dim} > 192 on {arch.name}: the backward "
+                               "needs sm_80 or sm_90")
+        reasons += c.dtype_reasons(inp, c.HALF_DTYPES)
+        reasons += c.head_dim_reasons(inp, self.max_head_dim, same_dv=True)
+        native = "top_left" if rocm else "bottom_right"
+        if rocm and inp.causal and not c.causal_matches(inp, "never"):
+            reasons.append(f"causal with Sq={inp.seqlen_q} != Sk={inp.seqlen_k} on ROCm: "
+                           "the alignment of AOTriton's mask is not relied on")
+        elif not c.causal_matches(inp, native):
+            reasons.append(f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
+                           f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the "
+                           f"kernel's causal mask is {native}")
+        if rocm and inp.is_varlen:
+            reasons.append("varlen on ROCm: not supported by this backend")
+        reasons += c.stride_reasons(inp)
+        reasons += ops_problems(FLASH_FWD, FLASH_BWD)
+        return reasons
+
+    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out, lse)`` in our layout."""
+        if c.is_empty(inp):
+            return c.empty_forward(inp)
+        res = aten(FLASH_FWD)(
+            inp.q, inp.k, inp.v, inp.cu_seqlens_q, inp.cu_seqlens_k,
+            inp.max_seqlen_q, inp.max_seqlen_k, 0.0, inp.causal, False, scale=inp.scale,
+        )  # fmt: skip
+        out, lse = res[0], res[1]
+        expected = 2 if inp.is_varlen else 3
+        if lse.dim() != expected:
+            raise RuntimeError(f"aten::_flash_attention_forward returned lse of shape "
+                               f"{tuple(lse.shape)}; this backend expects the unpadded layout")
+        return out, c.lse_from_kernel(lse, inp)
+
+    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+        """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
+        if c.is_empty(inp):
+            return c.zero_gradients(inp)
+        rng = empty_long(inp.q.device)
+        dq, dk, dv = aten(FLASH_BWD)(
+            inp.grad_out, inp.q, inp.k, inp.v, inp.out, c.lse_to_kernel(inp),
+            inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k,
+            0.0, inp.causal, rng, rng, scale=inp.scale,
+        )  # fmt: skip
+        return ad.Gradients(dq, dk, dv)

@@ -1,0 +1,20 @@
+"""Entry point of the torch_sdpa backend: ``torch_sdpa:cudnn``, ``:flash``, ``:efficient``.
+
+Cheap to import: the op modules only import torch and the core. Priorities on sm_90 follow the
+H200 measurements in docs/benchmarks_gpu.md (cuDNN fastest at every seed shape, then
+FlashAttention-2, then memory-efficient); the triton backend sits between cuDNN and flash.
+"""
+
+from __future__ import annotations
+
+import attn_dispatch as ad
+
+from .cudnn import Cudnn
+from .efficient import Efficient
+from .flash import Flash
+
+
+@ad.hookimpl
+def attn_dispatch_implementations() -> list[ad.Implementation]:
+    """The torch_sdpa backend's implementations."""
+    return [Cudnn(), Flash(), Efficient()]
