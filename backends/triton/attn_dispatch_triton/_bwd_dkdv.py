@@ -1,0 +1,143 @@
+r"""Backward, key side: dK and dV for one block of keys, summed over the whole GQA group.
+
+With :math:`P_{ij} = e^{s_{ij} - \mathrm{lse}_i}`, :math:`dP_{ij} = dO_i \cdot v_j` and
+:math:`dS_{ij} = P_{ij}(dP_{ij} - \delta_i)`:
+
+.. math::
+
+    dV_j = \sum_{h \in G(j)} \sum_i P^h_{ij}\, dO^h_i, \qquad
+    dK_j = \text{scale} \sum_{h \in G(j)} \sum_i dS^h_{ij}\, q^h_i ,
+
+where :math:`G(j)` is the set of query heads that read kv head ``h // group``. One program owns
+BLOCK_N keys of one (sequence, kv head): it loads K and V once, keeps them in registers, and walks
+every query head of its group and every query block that sees those keys, accumulating dK/dV in
+fp32 registers. So GQA needs no expanded K/V and no separate reduction over heads, and nothing is
+written twice: no atomics.
+
+The tile is computed transposed (``s^T = K Q^T``, ``BLOCK_N x BLOCK_M``) so ``P^T`` and ``dS^T``
+feed the two accumulating products without a transpose. With causal masking, query blocks that
+see none of these keys are skipped; the blocks crossing the diagonal (and a partial last query
+block) take the masked path, the rest none.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import causal_offset, load_tile, seq_bounds, store_tile
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base,
+                         stride_qs, stride_dos,
+                         stride_ts, lo, hi, offs_n, off, q_len, qk_scale,
+                         D, DV, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Accumulate query blocks [lo, hi) of one head into dk, dv (fp32)."""
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for m0 in range(lo, hi, BLOCK_M):
+        offs_m = m0 + offs_m0
+        q = load_tile(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], offs_m, q_len,
+                      offs_d, D, MASKED, BLOCK_D != D)
+        if MASKED:
+            lse2 = tl.load(lse2_base + offs_m * stride_ts, mask=offs_m < q_len,
+                           other=float("inf"))
+        else:
+            lse2 = tl.load(lse2_base + offs_m * stride_ts)
+        # -- P^T = exp2(K Q^T * qk_scale - lse2)
+        pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
+        if MASKED:
+            keep = offs_m[None, :] < q_len
+            if CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :] + off)
+            pT = tl.where(keep, pT, 0.0)
+        # -- dV += P^T dO
+        do = load_tile(do_base + offs_m[:, None] * stride_dos + offs_dv[None, :], offs_m, q_len,
+                       offs_dv, DV, MASKED, BLOCK_DV != DV)
+        dv += tl.dot(pT.to(do.dtype), do)
+        # -- dS^T = P^T * (V dO^T - delta);  dK += dS^T Q
+        if MASKED:
+            delta = tl.load(delta_base + offs_m * stride_ts, mask=offs_m < q_len, other=0.0)
+        else:
+            delta = tl.load(delta_base + offs_m * stride_ts)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - delta[None, :])
+        dk += tl.dot(dsT.to(q.dtype), q)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, Lse2, Delta, CU_Q, CU_K,
+                   stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                   stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
+                   stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                   stride_tb, stride_th, stride_ts,
+                   seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
+                   D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
+                   BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // kv_heads
+    hk = bh % kv_heads
+    q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 >= k_len:
+        return
+    b64 = b.to(tl.int64)
+    qrow0 = q_start.to(tl.int64)
+    krow0 = k_start.to(tl.int64)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    k = load_tile(K + b64 * stride_kb + krow0 * stride_ks + hk * stride_kh
+                  + offs_n[:, None] * stride_ks + offs_d[None, :],
+                  offs_n, k_len, offs_d, D, True, BLOCK_D != D)
+    v = load_tile(V + b64 * stride_vb + krow0 * stride_vs + hk * stride_vh
+                  + offs_n[:, None] * stride_vs + offs_dv[None, :],
+                  offs_n, k_len, offs_dv, DV, True, BLOCK_DV != DV)
+
+    # Query ranges: [lo, diag_hi) crosses the diagonal (masked); [diag_hi, full_hi) is plain;
+    # [tail_lo, q_len) is the partial last block (masked).
+    off = causal_offset(q_len, k_len, BOTTOM_RIGHT)
+    if CAUSAL:
+        lo = tl.minimum(tl.maximum(n0 - off, 0), q_len) // BLOCK_M * BLOCK_M
+        diag_hi = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - off, lo), q_len)
+        diag_hi = (diag_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        diag_hi = tl.maximum(diag_hi, lo)
+    else:
+        lo = q_len * 0
+        diag_hi = lo
+    full_hi = tl.maximum(q_len // BLOCK_M * BLOCK_M, diag_hi)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    for g in range(0, group):
+        h = hk * group + g
+        q_base = Q + b64 * stride_qb + qrow0 * stride_qs + h * stride_qh
+        do_base = DO + b64 * stride_dob + qrow0 * stride_dos + h * stride_doh
+        t_off = b64 * stride_tb + qrow0 * stride_ts + h * stride_th
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
+                                      Delta + t_off, stride_qs,
+                                      stride_dos, stride_ts, lo, diag_hi, offs_n, off, q_len,
+                                      qk_scale, D, DV, True, CAUSAL, BLOCK_M, BLOCK_D, BLOCK_DV)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
+                                      Delta + t_off, stride_qs,
+                                      stride_dos, stride_ts, diag_hi, full_hi, offs_n, off, q_len,
+                                      qk_scale, D, DV, False, CAUSAL, BLOCK_M, BLOCK_D, BLOCK_DV)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
+                                      Delta + t_off, stride_qs,
+                                      stride_dos, stride_ts, full_hi, q_len, offs_n, off, q_len,
+                                      qk_scale, D, DV, True, CAUSAL, BLOCK_M, BLOCK_D, BLOCK_DV)
+
+    dk = dk * scale
+    dk_base = DK + b64 * stride_dkb + krow0 * stride_dks + hk * stride_dkh
+    dv_base = DV_ + b64 * stride_dvb + krow0 * stride_dvs + hk * stride_dvh
+    store_tile(dk_base + offs_n[:, None] * stride_dks + offs_d[None, :],
+               dk.to(DK.dtype.element_ty), offs_n, k_len, offs_d, D, BLOCK_D != D)
+    store_tile(dv_base + offs_n[:, None] * stride_dvs + offs_dv[None, :],
+               dv.to(DV_.dtype.element_ty), offs_n, k_len, offs_dv, DV, BLOCK_DV != DV)

@@ -1,0 +1,110 @@
+r"""Backward, query side: dQ for one block of query rows of one head.
+
+.. math::
+
+    dQ_i = \text{scale} \sum_{j \in V(i)} dS_{ij}\, k_j, \qquad
+    dS_{ij} = P_{ij}\,(dO_i \cdot v_j - \delta_i), \qquad
+    P_{ij} = 2^{\,s_{ij}\,\text{qk\_scale} - \mathrm{lse2}_i}.
+
+This is the "split" design: the key-side kernel computes dK/dV and this kernel recomputes ``P``
+and ``dP`` for dQ (two extra products per tile: 7 instead of 5), in exchange for writing dQ once,
+in the input dtype, with no fp32 accumulator, no atomics and no conversion pass. Results are
+therefore bitwise reproducible: the deterministic mode is the only mode.
+
+Key blocks are walked like the forward: the fully visible ones without masks, then the diagonal
+and the partial last block with masks; blocks above the diagonal are skipped.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import causal_offset, load_tile, seq_bounds, store_tile
+
+
+@triton.jit
+def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, lo, hi,
+                       offs_m, off, k_len, qk_scale, D, DV, MASKED: tl.constexpr,
+                       CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_DV: tl.constexpr):
+    """Accumulate key blocks [lo, hi) into dq (fp32)."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + offs_n0
+        k = load_tile(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], offs_n, k_len,
+                      offs_d, D, MASKED, BLOCK_D != D)
+        v = load_tile(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :], offs_n, k_len,
+                      offs_dv, DV, MASKED, BLOCK_DV != DV)
+        # -- P = exp2(Q K^T * qk_scale - lse2)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        if MASKED:
+            keep = offs_n[None, :] < k_len
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None] + off)
+            p = tl.where(keep, p, 0.0)
+        # -- dS = P * (dO V^T - delta);  dQ += dS K
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, DQ, Lse2, Delta, CU_Q, CU_K,
+                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                 stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
+                 stride_dqb, stride_dqs, stride_dqh, stride_tb, stride_th, stride_ts,
+                 seqlen_q, seqlen_k, heads, group, qk_scale, scale,
+                 D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
+                 BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    hk = h // group
+    q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    b64 = b.to(tl.int64)
+    qrow0 = q_start.to(tl.int64)
+    krow0 = k_start.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q = load_tile(Q + b64 * stride_qb + qrow0 * stride_qs + h * stride_qh
+                  + offs_m[:, None] * stride_qs + offs_d[None, :],
+                  offs_m, q_len, offs_d, D, True, BLOCK_D != D)
+    do = load_tile(DO + b64 * stride_dob + qrow0 * stride_dos + h * stride_doh
+                   + offs_m[:, None] * stride_dos + offs_dv[None, :],
+                   offs_m, q_len, offs_dv, DV, True, BLOCK_DV != DV)
+    t_off = b64 * stride_tb + qrow0 * stride_ts + h * stride_th + offs_m * stride_ts
+    lse2 = tl.load(Lse2 + t_off, mask=offs_m < q_len, other=float("inf"))
+    delta = tl.load(Delta + t_off, mask=offs_m < q_len, other=0.0)
+    k_base = K + b64 * stride_kb + krow0 * stride_ks + hk * stride_kh
+    v_base = V + b64 * stride_vb + krow0 * stride_vs + hk * stride_vh
+
+    off = causal_offset(q_len, k_len, BOTTOM_RIGHT)
+    if CAUSAL:
+        hi = tl.minimum(k_len, m0 + BLOCK_M + off)
+        full_hi = tl.minimum(tl.maximum(m0 + off + 1, 0), k_len) // BLOCK_N * BLOCK_N
+    else:
+        hi = k_len
+        full_hi = k_len // BLOCK_N * BLOCK_N
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
+                            0, full_hi, offs_m, off, k_len, qk_scale, D, DV,
+                            False, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
+                            full_hi, hi, offs_m, off, k_len, qk_scale, D, DV,
+                            True, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV)
+    dq = dq * scale
+    store_tile(DQ + b64 * stride_dqb + qrow0 * stride_dqs + h * stride_dqh
+               + offs_m[:, None] * stride_dqs + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+               offs_m, q_len, offs_d, D, BLOCK_D != D)

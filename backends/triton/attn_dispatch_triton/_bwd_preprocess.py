@@ -1,0 +1,52 @@
+r"""Backward preprocess: per query row, ``delta_i = rowsum(dO_i * O_i)`` and ``lse2_i``.
+
+``delta_i = \sum_d dO_{id} O_{id}`` equals :math:`\sum_j P_{ij} dP_{ij}`, the term the softmax
+backward subtracts (``dS = P * (dP - delta)``); computing it once per row saves a reduction in
+every backward tile.
+
+``lse2_i = lse_i * log2(e)`` moves the lse to the base-2 domain the backward kernels use
+(``P = exp2(s * qk_scale - lse2)``). A row that sees no key has ``lse = -inf``; it gets
+``lse2 = +inf`` so its ``P`` is exactly 0 and its gradients vanish, without a test in the loops.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import load_tile, seq_bounds
+
+
+@triton.jit
+def _attn_bwd_preprocess(Out, DO, Lse, Delta, Lse2, CU_Q,
+                         stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh,
+                         stride_lb, stride_lh, stride_ls, stride_tb, stride_th, stride_ts,
+                         seqlen_q, heads,
+                         DV: tl.constexpr, IS_VARLEN: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    q_start, q_len, _, _ = seq_bounds(CU_Q, CU_Q, b, seqlen_q, seqlen_q, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    b64 = b.to(tl.int64)
+    row0 = q_start.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    o = load_tile(Out + b64 * stride_ob + row0 * stride_os + h * stride_oh
+                  + offs_m[:, None] * stride_os + offs_dv[None, :],
+                  offs_m, q_len, offs_dv, DV, True, BLOCK_DV != DV)
+    do = load_tile(DO + b64 * stride_dob + row0 * stride_dos + h * stride_doh
+                   + offs_m[:, None] * stride_dos + offs_dv[None, :],
+                   offs_m, q_len, offs_dv, DV, True, BLOCK_DV != DV)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    row_ok = offs_m < q_len
+    lse = tl.load(Lse + b64 * stride_lb + row0 * stride_ls + h * stride_lh + offs_m * stride_ls,
+                  mask=row_ok, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    t_off = b64 * stride_tb + row0 * stride_ts + h * stride_th + offs_m * stride_ts
+    tl.store(Delta + t_off, delta, mask=row_ok)
+    tl.store(Lse2 + t_off, lse2, mask=row_ok)

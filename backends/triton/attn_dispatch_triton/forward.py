@@ -1,0 +1,180 @@
+r"""Fused attention forward: ``(out, lse)`` in one pass over the keys (online softmax).
+
+For one query row :math:`q_i` and the keys it may see (:math:`j \in V(i)`):
+
+.. math::
+
+    s_{ij} = \text{scale}\; q_i \cdot k_j, \qquad
+    \mathrm{lse}_i = \log \sum_{j \in V(i)} e^{s_{ij}}, \qquad
+    o_i = \sum_{j \in V(i)} e^{s_{ij} - \mathrm{lse}_i}\, v_j .
+
+The kernel works in base 2: ``qk_scale = scale * log2(e)`` turns every ``exp`` into ``exp2``,
+and the running max ``m_i`` and sum ``l_i`` live in that domain; the stored lse is converted back
+to the natural log, ``lse = (m_i + log2 l_i) * ln 2``. A row that sees no key (possible with
+``causal_align="bottom_right"`` when Sq > Sk, or an empty key sequence) gets ``lse = -inf`` and
+``o = 0``.
+
+One program owns BLOCK_M query rows of one (sequence, head). It walks the key blocks that need no
+mask first (fully visible, fully in bounds), then the few that do (the causal diagonal and the
+last partial block); key blocks entirely above the diagonal are never visited.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    LOG2E,
+    causal_offset,
+    last_dim_contiguous,
+    load_tile,
+    lse_strides,
+    padded_dim,
+    seq_bounds,
+    store_tile,
+    token_strides,
+)
+
+
+@triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, lo, hi, offs_m, off,
+                    k_len, qk_scale, D, DV, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Accumulate key blocks [lo, hi) into (acc, l_i, m_i); MASKED applies bounds + causal."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + offs_n0
+        # -- s = q k^T, in the log2 domain
+        k = load_tile(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], offs_n, k_len,
+                      offs_d, D, MASKED, BLOCK_D != D)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        if MASKED:
+            keep = offs_n[None, :] < k_len
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None] + off)
+            qk = tl.where(keep, qk, float("-inf"))
+        # -- online softmax update; a row with no key so far keeps m = -inf, guard the shift
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- o += p v
+        v = load_tile(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :], offs_n, k_len,
+                      offs_dv, DV, MASKED, BLOCK_DV != DV)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, Out, Lse, CU_Q, CU_K,
+              stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+              stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+              stride_lb, stride_lh, stride_ls,
+              seqlen_q, seqlen_k, heads, group, qk_scale,
+              D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
+              BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    hk = h // group
+    q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    b64 = b.to(tl.int64)
+    q_base = Q + b64 * stride_qb + q_start.to(tl.int64) * stride_qs + h * stride_qh
+    k_base = K + b64 * stride_kb + k_start.to(tl.int64) * stride_ks + hk * stride_kh
+    v_base = V + b64 * stride_vb + k_start.to(tl.int64) * stride_vs + hk * stride_vh
+    o_base = Out + b64 * stride_ob + q_start.to(tl.int64) * stride_os + h * stride_oh
+    l_base = Lse + b64 * stride_lb + q_start.to(tl.int64) * stride_ls + h * stride_lh
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q = load_tile(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], offs_m, q_len,
+                  offs_d, D, True, BLOCK_D != D)
+
+    # Key ranges: [0, full_hi) needs no mask; [full_hi, hi) is the diagonal / partial tail.
+    off = causal_offset(q_len, k_len, BOTTOM_RIGHT)
+    if CAUSAL:
+        hi = tl.minimum(k_len, m0 + BLOCK_M + off)
+        full_hi = tl.minimum(tl.maximum(m0 + off + 1, 0), k_len) // BLOCK_N * BLOCK_N
+    else:
+        hi = k_len
+        full_hi = k_len // BLOCK_N * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs,
+                                    0, full_hi, offs_m, off, k_len, qk_scale, D, DV,
+                                    False, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs,
+                                    full_hi, hi, offs_m, off, k_len, qk_scale, D, DV,
+                                    True, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV)
+
+    # Epilogue: normalise; rows that saw no key get out = 0 and lse = -inf.
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    store_tile(o_base + offs_m[:, None] * stride_os + offs_dv[None, :],
+               out.to(Out.dtype.element_ty), offs_m, q_len, offs_dv, DV, BLOCK_DV != DV)
+    tl.store(l_base + offs_m * stride_ls, lse, mask=offs_m < q_len)
+
+
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                      bottom_right: bool, scale: float,
+                      cu_seqlens_q: torch.Tensor | None = None,
+                      cu_seqlens_k: torch.Tensor | None = None,
+                      max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                      config: dict | None = None, out: torch.Tensor | None = None,
+                      lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the forward kernel; returns ``(out, lse)`` in our layout (BSHD / THD, lse fp32).
+
+    ``config`` holds BLOCK_M, BLOCK_N, num_warps, num_stages (default: the tuning table).
+    ``out`` / ``lse`` may be given preallocated (tests poison them).
+    """
+    varlen = cu_seqlens_q is not None
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        heads, kv_heads = q.shape[1], k.shape[1]
+        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+        lse_shape = (heads, q.shape[0])
+    else:
+        batch, seqlen_q, heads = q.shape[0], q.shape[1], q.shape[2]
+        seqlen_k, kv_heads = k.shape[1], k.shape[2]
+        lse_shape = (batch, heads, seqlen_q)
+    d, dv = q.shape[-1], v.shape[-1]
+    if out is None:
+        out = torch.empty((*q.shape[:-1], dv), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if config is None:
+        from .tuning import get_config
+
+        config = get_config("fwd", q.device, d, causal, heads // kv_heads)
+    block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
+    cu_k = cu_seqlens_k if varlen else q
+    grid = (triton.cdiv(max(seqlen_q, 1), block_m), batch * heads)
+    _attn_fwd[grid](
+        q, k, v, out, lse, cu_q, cu_k,
+        *token_strides(q, varlen), *token_strides(k, varlen), *token_strides(v, varlen),
+        *token_strides(out, varlen), *lse_strides(lse, varlen),
+        seqlen_q, seqlen_k, heads, heads // kv_heads, scale * LOG2E,
+        D=d, DV=dv, CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=padded_dim(d), BLOCK_DV=padded_dim(dv),
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )
+    return out, lse

@@ -1,0 +1,152 @@
+"""Kernel configurations per arch and shape class, with an on-disk cache of tuned choices.
+
+A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` per kernel (``fwd``, ``pre``,
+``dkdv``, ``dq``). Lookup, first hit wins:
+
+1. the on-disk cache written by :func:`tune` on this machine
+   (``$ATTN_DISPATCH_TRITON_CACHE`` or ``~/.cache/attn_dispatch_triton/``, one JSON per arch and
+   triton version, keyed by shape class);
+2. the built-in table below (sm_90 measured on an NVIDIA H200, see docs/triton_notes.md; sm_80,
+   gfx942 and gfx950 are untuned defaults);
+3. a generic default.
+
+Lookups are memoised per process, so after the first call the hot path is a dict lookup. Nothing
+tunes implicitly: :func:`tune` runs only when called (e.g. from ``bench_kernels.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+
+Config = dict[str, int]
+
+
+def _cfg(bm: int, bn: int, warps: int, stages: int) -> Config:
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+
+
+_PRE = _cfg(64, 0, 4, 1)
+
+# shape class: (head-dim bucket: padded D <= 64 / <= 128 / <= 256, causal, gqa)
+_GENERIC = {
+    "fwd": _cfg(64, 64, 4, 2),
+    "pre": _PRE,
+    "dkdv": _cfg(32, 64, 4, 2),
+    "dq": _cfg(64, 32, 4, 2),
+}
+
+_TABLES: dict[str, dict[str, dict[str, Config]]] = {
+    # Interpreter on the CPU: small tiles so tests cross several tiles and the diagonal.
+    "cpu": {"*": {"fwd": _cfg(16, 16, 4, 1), "pre": _cfg(16, 0, 4, 1),
+                  "dkdv": _cfg(16, 16, 4, 1), "dq": _cfg(16, 16, 4, 1)}},
+    "sm_90": {
+        "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
+              "dkdv": _cfg(64, 128, 8, 2), "dq": _cfg(128, 64, 8, 2)},
+    },
+    "sm_80": {
+        "*": {"fwd": _cfg(128, 64, 4, 3), "pre": _PRE,
+              "dkdv": _cfg(32, 128, 8, 2), "dq": _cfg(128, 32, 8, 2)},
+    },
+    "gfx942": {
+        "*": {"fwd": _cfg(128, 64, 4, 1), "pre": _PRE,
+              "dkdv": _cfg(32, 128, 4, 1), "dq": _cfg(128, 32, 4, 1)},
+    },
+    "gfx950": {
+        "*": {"fwd": _cfg(128, 64, 4, 1), "pre": _PRE,
+              "dkdv": _cfg(64, 128, 8, 1), "dq": _cfg(128, 64, 8, 1)},
+    },
+}
+
+
+def shape_class(head_dim: int, causal: bool, group: int) -> str:
+    """The key configurations are chosen by, e.g. ``"d128-causal-gqa"``."""
+    bucket = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
+    return f"d{bucket}-{'causal' if causal else 'full'}-{'gqa' if group > 1 else 'mha'}"
+
+
+def arch_of(device: torch.device) -> str:
+    """``cpu``, ``sm_XY`` or the base gfx name of a device."""
+    if device.type != "cuda":
+        return "cpu"
+    props = torch.cuda.get_device_properties(device)
+    gcn = getattr(props, "gcnArchName", "")
+    if gcn:
+        return gcn.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+def cache_path(arch: str) -> Path:
+    """The JSON file holding tuned configurations for ``arch`` and this triton version."""
+    import triton
+
+    root = os.environ.get("ATTN_DISPATCH_TRITON_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "attn_dispatch_triton"
+    return base / f"configs-{arch}-triton{triton.__version__}.json"
+
+
+@functools.cache
+def _tuned(arch: str) -> dict[str, dict[str, Config]]:
+    path = cache_path(arch)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _table_for(arch: str) -> dict[str, dict[str, Config]]:
+    if arch in _TABLES:
+        return _TABLES[arch]
+    if arch.startswith("sm_9") or arch.startswith("sm_1"):
+        return _TABLES["sm_90"]
+    if arch.startswith("sm_"):
+        return _TABLES["sm_80"]
+    return _TABLES.get(arch, {"*": _GENERIC})
+
+
+@functools.cache
+def lookup(arch: str, head_dim: int, causal: bool, group: int) -> dict[str, Config]:
+    """All four kernel configs for one arch and shape class (memoised)."""
+    key = shape_class(head_dim, causal, group)
+    table = _table_for(arch)
+    base = dict(_GENERIC)
+    base.update(table.get("*", {}))
+    base.update(table.get(key, {}))
+    base.update(_tuned(arch).get(key, {}))
+    if arch != "cpu" and head_dim > 128:  # keep register tiles in budget for D=256
+        for name in ("dkdv", "dq", "fwd"):
+            c = dict(base[name])
+            c["BLOCK_M"], c["BLOCK_N"] = min(c["BLOCK_M"], 64), min(c["BLOCK_N"], 64)
+            c["num_stages"] = min(c["num_stages"], 2)
+            base[name] = c
+    return base
+
+
+def get_config(kernel: str, device: torch.device, head_dim: int, causal: bool,
+               group: int) -> Config:
+    """The configuration of one kernel."""
+    return lookup(arch_of(device), head_dim, causal, group)[kernel]
+
+
+def get_backward_config(device: torch.device, head_dim: int, causal: bool,
+                        group: int) -> dict[str, Config]:
+    """The configurations of the three backward kernels."""
+    return lookup(arch_of(device), head_dim, causal, group)
+
+
+def save_tuned(arch: str, key: str, configs: dict[str, Config]) -> Path:
+    """Record tuned configurations for one shape class in the on-disk cache."""
+    path = cache_path(arch)
+    data = dict(_tuned(arch))
+    data[key] = configs
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+    _tuned.cache_clear()
+    lookup.cache_clear()
+    return path

@@ -1,0 +1,130 @@
+"""Numerics of every Triton kernel (forward, preprocess, dK/dV, dQ) on the CPU.
+
+The kernels run under ``TRITON_INTERPRET=1`` in one subprocess per suite (see
+``triton_interp_worker.py``) and are compared with a float64 autograd oracle computed from the
+same dtype-rounded inputs. Outputs are poisoned with NaN before each run.
+
+Tolerances (relative Frobenius error): the kernels round P and dS to the input dtype before the
+matrix products, as every flash-style kernel does, so bf16 lands near 2-4e-3 and f16 near 3e-4;
+we allow 1.2e-2 (bf16) and 2e-3 (f16). lse is fp32 throughout: absolute error 1e-3.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+pytest.importorskip("numpy")
+
+WORKER = Path(__file__).with_name("triton_interp_worker.py")
+TOL = {"bfloat16": 1.2e-2, "float16": 2e-3}
+LSE_TOL = 1e-3
+SMALL_TILES = {  # BLOCK_M != BLOCK_N, so diagonal ranges cover several tiles of the other side
+    "fwd": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    "pre": {"BLOCK_M": 16, "BLOCK_N": 0, "num_warps": 4, "num_stages": 1},
+    "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+    "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+}
+
+
+def case(cid: str, *, dtype="bfloat16", batch=1, sq=37, sk=45, heads=2, kv_heads=2, d=64,
+         dv=None, causal=False, align="top_left", varlen=None, **extra) -> dict:
+    c = {"id": cid, "dtype": dtype, "batch": batch, "seqlen_q": sq, "seqlen_k": sk,
+         "heads": heads, "kv_heads": kv_heads, "head_dim": d, "head_dim_v": dv or d,
+         "causal": causal, "bottom_right": align == "bottom_right", "scale": 0.7 / math.sqrt(d),
+         "seed": zlib.crc32(cid.encode())}
+    if varlen:
+        c["seqlens_q"], c["seqlens_k"] = varlen
+    c.update(extra)
+    return c
+
+
+DEFAULT_CASES = [
+    case("mha-full-bf16-d64", batch=2, sq=37, sk=45),
+    case("gqa4-causal-tl-f16-d128", dtype="float16", sq=50, sk=50, heads=4, kv_heads=1, d=128),
+    case("gqa4-causal-br-bf16-sq>sk", sq=50, sk=33, heads=8, kv_heads=2, causal=True,
+         align="bottom_right", repeat=True),
+    case("mha-causal-tl-f16-sq<sk", dtype="float16", sq=33, sk=50, causal=True),
+    case("gqa2-causal-br-f16-sq<sk-tiles", dtype="float16", sq=20, sk=53, heads=4, kv_heads=2,
+         causal=True, align="bottom_right", config=SMALL_TILES),
+    case("varlen-empty-gqa4-causal-br-bf16", heads=4, kv_heads=1, causal=True,
+         align="bottom_right", varlen=([17, 0, 33, 5], [20, 11, 29, 0])),
+    case("varlen-gqa2-full-f16-d128-tiles", dtype="float16", heads=4, kv_heads=2, d=128,
+         varlen=([9, 40, 1], [30, 7, 18]), config=SMALL_TILES),
+    case("mha-causal-tl-bf16-d80-dv48-strided", sq=29, sk=29, d=80, dv=48, causal=True,
+         strided=True),
+]
+
+
+def _slow_cases() -> list[dict]:
+    out = []
+    for dtype, d, (h, hk), (causal, align), (sq, sk) in itertools.product(
+        ("bfloat16", "float16"), (32, 64, 96, 128, 256), ((2, 2), (4, 1), (6, 2)),
+        ((False, "top_left"), (True, "top_left"), (True, "bottom_right")),
+        ((1, 1), (19, 64), (64, 19), (70, 70)),
+    ):
+        out.append(case(f"slow-{dtype}-d{d}-h{h}/{hk}-{causal}-{align}-{sq}x{sk}", dtype=dtype,
+                        sq=sq, sk=sk, heads=h, kv_heads=hk, d=d, causal=causal, align=align))
+    for dtype, causal, align in itertools.product(
+        ("bfloat16", "float16"), (False, True), ("top_left", "bottom_right")
+    ):
+        out.append(case(f"slow-varlen-{dtype}-{causal}-{align}", dtype=dtype, heads=4, kv_heads=2,
+                        causal=causal, align=align,
+                        varlen=([0, 31, 64, 3, 17], [5, 0, 64, 40, 17]), config=SMALL_TILES))
+    return out
+
+
+SLOW_CASES = _slow_cases()
+
+
+def _run_worker(cases: list[dict]) -> dict[str, dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(WORKER)], input=json.dumps(cases), env=env,
+                          capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"interpreter worker failed:\n{proc.stderr[-4000:]}")
+    return {r["id"]: r for r in json.loads(proc.stdout)}
+
+
+@pytest.fixture(scope="module")
+def default_results() -> dict[str, dict]:
+    return _run_worker(DEFAULT_CASES)
+
+
+@pytest.fixture(scope="module")
+def slow_results() -> dict[str, dict]:
+    return _run_worker(SLOW_CASES)
+
+
+def _check(c: dict, r: dict) -> None:
+    assert "error" not in r, r.get("error")
+    tol = TOL[c["dtype"]]
+    for name in ("out", "dq", "dk", "dv"):
+        assert r[name] <= tol, f"{name}: rel err {r[name]} > {tol} ({r})"  # NaN fails too
+    assert not r["lse_nan"], r
+    assert r["lse_inf_match"], f"-inf rows of lse differ from the oracle's ({r})"
+    assert r["lse_abs"] <= LSE_TOL, r
+    if "dq_empty_rows_zero" in r:
+        assert r["dq_empty_rows_zero"], "rows that see no key must get dq == 0"
+    if c.get("repeat"):
+        assert r["bitwise_repeat"], "backward is not bitwise reproducible"
+
+
+@pytest.mark.parametrize("c", DEFAULT_CASES, ids=[c["id"] for c in DEFAULT_CASES])
+def test_triton_kernels_match_oracle(c: dict, default_results: dict) -> None:
+    _check(c, default_results[c["id"]])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("c", SLOW_CASES, ids=[c["id"] for c in SLOW_CASES])
+def test_triton_kernels_match_oracle_matrix(c: dict, slow_results: dict) -> None:
+    _check(c, slow_results[c["id"]])
