@@ -9,6 +9,7 @@ import logging as _logging
 
 from ._api import BackendInfo, ImplementationInfo, backends, backward, explain, forward
 from ._arch import Arch, detect_arch
+from ._autograd import attention
 from ._errors import NoBackendError, UnknownBackendError
 from ._hookspecs import hookimpl
 from ._implementation import Gradients, Implementation
@@ -34,6 +35,7 @@ __all__ = [
     "NoBackendError",
     "Report",
     "UnknownBackendError",
+    "attention",
     "backends",
     "backward",
     "detect_arch",

@@ -1,0 +1,162 @@
+"""``attention``: the differentiable op, forward and backward both by dispatch.
+
+Two custom operators carry the work, so ``torch.compile`` sees them as opaque nodes whose output
+shapes come from fake (meta) implementations:
+
+* ``attn_dispatch::fwd(q, k, v, ...) -> (out, lse)`` calls :func:`attn_dispatch.forward`;
+* ``attn_dispatch::bwd(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)`` calls
+  :func:`attn_dispatch.backward`.
+
+Autograd links them: the forward saves ``q, k, v, out, lse`` (and the cu_seqlens) and the
+backward of ``fwd`` calls ``bwd``. Selection happens inside the operators, in Python, cached per
+input signature, so nothing in the hot path waits for the device: varlen lengths travel as
+Python ints and no tensor value is read on the host (CUDA-graph capturable once warmed up).
+
+Outputs are always fresh, contiguous tensors. The fake implementations promise exactly that,
+and a compiler plans the following kernels on the promised strides.
+"""
+
+import torch
+from torch import Tensor
+
+from ._api import backward as _dispatch_backward
+from ._api import forward as _dispatch_forward
+
+_FLAGS = (
+    "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, "
+    "bool causal, str causal_align, float? scale, bool deterministic, str? backend"
+)
+FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, {_FLAGS}) -> (Tensor, Tensor)"
+BWD_SCHEMA = (
+    f"(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_FLAGS}) "
+    "-> (Tensor, Tensor, Tensor)"
+)
+
+
+def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
+    """``t`` as a contiguous tensor that shares no memory with any of ``inputs``."""
+    t = t.contiguous()
+    if any(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for x in inputs):
+        t = t.clone()
+    return t
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("attn_dispatch::fwd", mutates_args=(), schema=FWD_SCHEMA)
+def _fwd(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    causal, causal_align, scale, deterministic, backend,
+):  # fmt: skip
+    out, lse = _dispatch_forward(
+        q, k, v,
+        causal=causal, causal_align=causal_align, scale=scale,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        deterministic=deterministic, backend=backend,
+    )  # fmt: skip
+    inputs = (q, k, v)
+    return _fresh(out, inputs), _fresh(lse, inputs)
+
+
+@_fwd.register_fake
+def _fwd_fake(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    causal, causal_align, scale, deterministic, backend,
+):  # fmt: skip
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if cu_seqlens_q is None:  # dense: q [B, Sq, H, D] -> lse [B, H, Sq]
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    else:  # varlen: q [Tq, H, D] -> lse [H, Tq]
+        lse_shape = (q.shape[1], q.shape[0])
+    return out, q.new_empty(lse_shape, dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("attn_dispatch::bwd", mutates_args=(), schema=BWD_SCHEMA)
+def _bwd(
+    grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    causal, causal_align, scale, deterministic, backend,
+):  # fmt: skip
+    dq, dk, dv = _dispatch_backward(
+        q, k, v, out, lse, grad_out,
+        causal=causal, causal_align=causal_align, scale=scale,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        deterministic=deterministic, backend=backend,
+    )  # fmt: skip
+    inputs = (grad_out, q, k, v, out, lse)
+    return _fresh(dq, inputs), _fresh(dk, inputs), _fresh(dv, inputs)
+
+
+@_bwd.register_fake
+def _bwd_fake(
+    grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+    causal, causal_align, scale, deterministic, backend,
+):  # fmt: skip
+    return (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        v.new_empty(v.shape),
+    )
+
+
+_FLAG_NAMES = (
+    "max_seqlen_q", "max_seqlen_k", "causal", "causal_align", "scale", "deterministic", "backend",
+)  # fmt: skip
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *flags = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.flags = flags
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    if grad_out is None:
+        return (None,) * 12
+    # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
+    # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
+    grad_out = grad_out.contiguous()
+    dq, dk, dv = _bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.flags)
+    return (dq, dk, dv) + (None,) * 9
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    deterministic: bool | None = None,
+    backend: str | None = None,
+) -> Tensor:
+    """Attention output, differentiable: forward by :func:`forward`, backward by :func:`backward`.
+
+    Layouts and flags are those of :func:`backward` (dense BSHD, or THD with ``cu_seqlens`` and
+    ``max_seqlen`` as Python ints). Works under autograd, ``torch.compile(fullgraph=True)`` and
+    CUDA graph capture. ``backend`` (or ``use_backend``) forces both passes; the latter is read
+    where each pass runs. ``lse`` is not returned and carries no gradient.
+    """
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    if scale is not None:
+        scale = float(scale)
+    out, _ = _fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        causal, causal_align, scale, deterministic, backend,
+    )  # fmt: skip
+    return out
