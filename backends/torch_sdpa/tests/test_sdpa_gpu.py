@@ -1,0 +1,55 @@
+"""torch_sdpa numerics on a CUDA GPU against the float64 oracle (skipped without one).
+
+Each implementation runs the core's conformance kit: backward on the oracle's own out/lse,
+forward (out and lse, -inf rows included), and bitwise-repeatable backward when
+``deterministic=True`` is accepted. Cases an implementation rejects are skipped with its
+reasons. Tolerances are the kit's per-dtype defaults (bf16: max_err 2e-2, rel_l2 1e-2;
+f16: 4e-3, 2e-3); float32 through the memory-efficient kernel is held to TF32 bounds
+(max_err 1e-2, rel_l2 4e-3), since its float32 path may use TF32 tensor cores.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_dispatch.testing import TF32, make_conformance_tests
+
+pytestmark = pytest.mark.gpu
+
+test_cudnn = make_conformance_tests(
+    "torch_sdpa:cudnn", dtypes=("bfloat16", "float16"), device="cuda"
+)
+test_flash = make_conformance_tests(
+    "torch_sdpa:flash", dtypes=("bfloat16", "float16"), device="cuda"
+)
+test_efficient = make_conformance_tests(
+    "torch_sdpa:efficient", dtypes=("bfloat16", "float32"), device="cuda",
+    tol={torch.float32: TF32},
+)  # fmt: skip
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("impl", ["cudnn", "flash", "efficient"])
+def test_seed_shape_gqa_against_reference(impl):
+    """A seed-sized GQA problem (H=64, Hkv=8, D=128, 1K, causal) against float32 math."""
+    import attn_dispatch as ad
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape_q, shape_k = (1, 1024, 64, 128), (1, 1024, 8, 128)
+    q, do = (torch.randn(shape_q, generator=gen, device="cuda", dtype=torch.bfloat16)
+             for _ in range(2))  # fmt: skip
+    k, v = (torch.randn(shape_k, generator=gen, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))  # fmt: skip
+    out, lse = ad.forward(q, k, v, causal=True, backend=f"torch_sdpa:{impl}")
+    ref_out, ref_lse = ad.forward(q.float(), k.float(), v.float(), causal=True,
+                                  backend="reference")  # fmt: skip
+    assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
+    assert (lse - ref_lse).abs().max() < 2e-2
+    grads = ad.backward(q, k, v, out, lse, do, causal=True, backend=f"torch_sdpa:{impl}")
+    ref = ad.backward(q.float(), k.float(), v.float(), out.float(), lse, do.float(),
+                      causal=True, backend="reference")  # fmt: skip
+    for name, got, want in zip("qkv", grads, ref, strict=True):
+        assert got.shape == want.shape, name
+        err = ((got.float() - want).norm() / want.norm()).item()
+        assert err < 1e-2, f"d{name}: rel_l2 {err:.2e}"

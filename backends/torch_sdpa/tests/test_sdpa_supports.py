@@ -1,0 +1,195 @@
+"""torch_sdpa on the CPU: what each implementation accepts and why it declines.
+
+Tensors live on the ``meta`` device and ``arch=`` names a hypothetical chip, so these run
+without a GPU. The numerics are in test_sdpa_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attn_dispatch_torch_sdpa import _ops
+from attn_dispatch_torch_sdpa.cudnn import Cudnn
+from attn_dispatch_torch_sdpa.efficient import Efficient
+from attn_dispatch_torch_sdpa.flash import Flash
+
+import attn_dispatch as ad
+
+NAMES = ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient")
+
+
+def _dense(sq=1024, sk=None, h=64, hkv=8, d=128, dv=None, dtype=torch.bfloat16, device="meta"):
+    sk = sq if sk is None else sk
+    dv = d if dv is None else dv
+    q = torch.empty(1, sq, h, d, dtype=dtype, device=device)
+    k = torch.empty(1, sk, hkv, d, dtype=dtype, device=device)
+    v = torch.empty(1, sk, hkv, dv, dtype=dtype, device=device)
+    out = torch.empty(1, sq, h, dv, dtype=dtype, device=device)
+    lse = torch.empty(1, h, sq, dtype=torch.float32, device=device)
+    return q, k, v, out, lse, out
+
+
+def _varlen(same_offsets: bool):
+    tq, h, d = 96, 8, 64
+    q = torch.empty(tq, h, d, dtype=torch.float16, device="meta")
+    k = torch.empty(tq, 2, d, dtype=torch.float16, device="meta")
+    out = torch.empty_like(q)
+    lse = torch.empty(h, tq, device="meta")
+    cu_q = torch.empty(4, dtype=torch.int32, device="meta")
+    cu_k = cu_q if same_offsets else torch.empty(4, dtype=torch.int32, device="meta")
+    flags = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40, max_seqlen_k=40)
+    return (q, k, k, out, lse, out), flags
+
+
+def _status(report: ad.Report) -> dict[str, tuple[str, tuple[str, ...]]]:
+    return {c.name: (c.status, c.reasons) for c in report.candidates if c.name in NAMES}
+
+
+def _reasons(report: ad.Report, name: str) -> str:
+    return " | ".join(_status(report)[name][1])
+
+
+def test_registered_with_priorities():
+    infos = {b.name: b for b in ad.backends()}
+    assert "torch_sdpa" in infos
+    names = [i.name for i in infos["torch_sdpa"].implementations]
+    assert names == list(NAMES)
+    assert Cudnn().priority_for(ad.Arch.parse("sm_90")) > Flash().priority_for(
+        ad.Arch.parse("sm_90")) > Efficient().priority_for(ad.Arch.parse("sm_90")) > 0
+
+
+def test_sm90_seed_shape_picks_cudnn():
+    report = ad.explain(*_dense(), causal=True, arch="sm_90")
+    assert report.selected == "torch_sdpa:cudnn"
+    assert all(s[0] in ("selected", "supported") for s in _status(report).values())
+
+
+def test_gfx942_has_no_cudnn_but_flash_and_efficient():
+    report = ad.explain(*_dense(), arch="gfx942")
+    st = _status(report)
+    assert st["torch_sdpa:cudnn"][0] == "rejected"
+    assert "NVIDIA" in _reasons(report, "torch_sdpa:cudnn")
+    assert st["torch_sdpa:flash"][0] in ("selected", "supported")
+    assert st["torch_sdpa:efficient"][0] in ("selected", "supported")
+
+
+@pytest.mark.parametrize("device_arch", [("meta", "cpu"), ("cpu", None)])
+def test_cpu_is_rejected_with_a_reason(device_arch):
+    device, arch = device_arch
+    args = _dense(sq=16, h=2, hkv=2, d=64, dtype=torch.float32, device=device)
+    report = ad.explain(*args, arch=arch)
+    for name in NAMES:
+        status, reasons = _status(report)[name]
+        assert status == "rejected"
+        assert any("GPU" in r and "'cpu'" in r for r in reasons), reasons
+    assert report.selected == "reference:chunked"
+
+
+def test_old_gpu_arch_rejected():
+    report = ad.explain(*_dense(), arch="sm_75")
+    assert "sm_80" in _reasons(report, "torch_sdpa:cudnn")
+    assert "sm_80" in _reasons(report, "torch_sdpa:flash")
+    assert "bfloat16" in _reasons(report, "torch_sdpa:efficient")
+
+
+def test_bottom_right_causal_with_sq_ne_sk():
+    args = _dense(sq=256, sk=512)
+    br = ad.explain(*args, causal=True, causal_align="bottom_right", arch="sm_90")
+    assert "top-left" in _reasons(br, "torch_sdpa:cudnn")
+    assert _status(br)["torch_sdpa:flash"][0] in ("selected", "supported")
+    assert _status(br)["torch_sdpa:efficient"][0] in ("selected", "supported")
+    tl = ad.explain(*args, causal=True, causal_align="top_left", arch="sm_90")
+    assert "bottom_right" in _reasons(tl, "torch_sdpa:flash")
+    assert tl.selected == "torch_sdpa:cudnn"
+    # Sq == Sk: the two alignments agree, so every kernel takes both.
+    sq = ad.explain(*_dense(sq=256), causal=True, causal_align="bottom_right", arch="sm_90")
+    assert sq.selected == "torch_sdpa:cudnn"
+
+
+def test_varlen_support():
+    args, flags = _varlen(same_offsets=False)
+    report = ad.explain(*args, **flags, arch="sm_90")
+    assert "varlen" in _reasons(report, "torch_sdpa:cudnn")
+    assert report.selected == "torch_sdpa:flash"
+    causal = ad.explain(*args, **flags, causal=True, arch="sm_90")
+    assert "bottom_right" in _reasons(causal, "torch_sdpa:flash")
+    assert causal.selected == "torch_sdpa:efficient"
+    args, flags = _varlen(same_offsets=True)
+    same = ad.explain(*args, **flags, causal=True, arch="sm_90")
+    assert same.selected == "torch_sdpa:flash"
+    rocm = ad.explain(*args, **flags, arch="gfx942")
+    assert "ROCm" in _reasons(rocm, "torch_sdpa:flash")
+
+
+def test_deterministic_requests():
+    report = ad.explain(*_dense(), deterministic=True, arch="sm_90")
+    st = _status(report)
+    assert st["torch_sdpa:cudnn"][0] == "rejected"
+    assert st["torch_sdpa:flash"][0] == "rejected"  # torch's deterministic mode is off
+    assert report.selected == "torch_sdpa:efficient"
+    assert not Flash().deterministic
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert Flash().deterministic
+        report = ad.explain(*_dense(), arch="sm_90")
+        assert report.selected == "torch_sdpa:flash"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    rocm = ad.explain(*_dense(), deterministic=True, arch="gfx942")
+    assert "deterministic" in _reasons(rocm, "torch_sdpa:efficient")
+
+
+def test_dtype_and_head_dim_limits():
+    f32 = ad.explain(*_dense(sq=64, h=4, hkv=4, d=64, dtype=torch.float32), arch="sm_90")
+    assert "dtype=float32" in _reasons(f32, "torch_sdpa:cudnn")
+    assert "dtype=float32" in _reasons(f32, "torch_sdpa:flash")
+    assert f32.selected == "torch_sdpa:efficient"
+    big = ad.explain(*_dense(sq=64, h=4, hkv=4, d=192), arch="sm_90")
+    assert "head_dim=192" in _reasons(big, "torch_sdpa:cudnn")
+    assert big.selected == "torch_sdpa:flash"
+    odd = ad.explain(*_dense(sq=64, h=4, hkv=4, d=60), arch="sm_90")
+    for name in NAMES:
+        assert "multiple of 8" in _reasons(odd, name)
+    dv = ad.explain(*_dense(sq=64, h=4, hkv=4, d=64, dv=32), arch="sm_90")
+    assert "head_dim_v=32" in _reasons(dv, "torch_sdpa:flash")
+
+
+def test_strides_rejected_with_reason():
+    q, k, v, out, lse, do = _dense(sq=64, h=4, hkv=4, d=64)
+    wide = torch.empty(1, 64, 4, 128, dtype=q.dtype, device="meta")
+    strided_q = wide[..., ::2]  # last dim stride 2
+    report = ad.explain(strided_q, k, v, out, lse, do, arch="sm_90")
+    for name in NAMES:
+        assert "q.stride()" in _reasons(report, name)
+    odd_pitch = torch.empty(1, 64, 4, 68, dtype=q.dtype, device="meta")[..., :64]
+    report = ad.explain(odd_pitch, k, v, out, lse, do, arch="sm_90")
+    assert "16 bytes" in _reasons(report, "torch_sdpa:flash")
+    transposed = torch.empty(1, 4, 64, 64, dtype=q.dtype, device="meta").transpose(1, 2)
+    report = ad.explain(transposed, k, v, out, lse, do, arch="sm_90")
+    assert report.selected == "torch_sdpa:cudnn"
+
+
+def test_schema_gate_reports_mismatch(monkeypatch):
+    changed = _ops.OpSpec(_ops.FLASH_BWD.name, ("Tensor",) * 3 + ("bool",))
+    problem = _ops.op_problem(changed)
+    assert problem is not None and "_flash_attention_backward" in problem
+    absent = _ops.op_problem(_ops.OpSpec("_no_such_attention_op", ("Tensor",)))
+    assert absent is not None and "has no op" in absent
+    assert _ops.op_problem(_ops.OpSpec(_ops.EFFICIENT_BWD.name, _ops.EFFICIENT_BWD.positional,
+                                       ("scale", "no_such_kw"))) is not None
+    for spec in (_ops.CUDNN_FWD, _ops.CUDNN_BWD, _ops.FLASH_FWD, _ops.FLASH_BWD,
+                 _ops.EFFICIENT_FWD, _ops.EFFICIENT_BWD):
+        assert _ops.op_problem(spec) is None, spec.name
+
+
+def test_old_torch_is_rejected(monkeypatch):
+    from packaging.version import Version
+
+    monkeypatch.setattr(_ops, "torch_version", lambda: Version("2.3.1"))
+    _ops.op_problem.cache_clear()
+    try:
+        report = ad.explain(*_dense(), arch="sm_90")
+        for name in NAMES:
+            assert "torch 2.3.1 is older than 2.5" in _reasons(report, name)
+    finally:
+        _ops.op_problem.cache_clear()
