@@ -5,6 +5,10 @@ Each result tensor is compared as a whole, with two scale-free metrics (``ref`` 
 * ``max_err = max|x - ref| / max|ref|``  — the worst element, relative to the tensor's scale;
 * ``rel_l2  = ||x - ref||₂ / ||ref||₂``  — the typical error.
 
+For gradients the scale is floored at a tenth of the largest of ``max|dq|, max|dk|, max|dv|``
+(see :func:`error_metrics`): a gradient that is zero in exact arithmetic (a query that sees a
+single key has ``dq = 0``) is otherwise compared against its own rounding noise.
+
 Element-wise ``rtol`` is not used for gradients: long sums make values cross zero, where any
 relative bound fails for a correct kernel. ``lse`` is log-domain and compared element-wise with
 ``|x - ref| <= lse_atol + lse_rtol·|ref|``; its ``-inf`` entries must match exactly.
@@ -60,18 +64,21 @@ def tolerance_for(dtype: torch.dtype) -> Tolerance:
         raise ValueError(f"dtype: expected one of {list(_BY_DTYPE)}, got {dtype}") from None
 
 
-def error_metrics(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+def error_metrics(x: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> tuple[float, float]:
     """``(max_err, rel_l2)`` of ``x`` against ``ref`` (both as float64).
 
-    An all-zero reference gives 0 when ``x`` is all zero too, else ``inf``.
+    ``floor`` bounds the normalising scale from below (``max|ref|`` by ``floor``, ``||ref||₂`` by
+    ``floor·sqrt(numel)``), so a gradient that is exactly zero in theory but only ~1e-14 in
+    practice is judged against the scale of its siblings. With a zero scale, ``x`` must be all
+    zero (else the metrics are ``inf``).
     """
     x = x.detach().to(torch.float64)
     ref = ref.detach().to(torch.float64)
     if ref.numel() == 0:
         return 0.0, 0.0
     diff = x - ref
-    scale = ref.abs().max().item()
-    norm = ref.norm().item()
+    scale = max(ref.abs().max().item(), floor)
+    norm = max(ref.norm().item(), floor * ref.numel() ** 0.5)
     if scale == 0.0:
         worst = diff.abs().max().item()
         return (0.0, 0.0) if worst == 0.0 else (float("inf"), float("inf"))

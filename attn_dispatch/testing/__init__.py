@@ -1,0 +1,57 @@
+"""Conformance kit for attn_dispatch backends: oracle, tolerances, cases, checks, pytest suite.
+
+A backend package tests itself against the float64 oracle with::
+
+    from attn_dispatch.testing import make_conformance_tests
+    test_conformance = make_conformance_tests("mybackend", dtypes=("bfloat16",), device="cuda")
+
+or calls the checks directly: ``check_backward("mybackend", case, dtype=..., device=...)``.
+pytest is imported only by :func:`make_conformance_tests`.
+"""
+
+from .cases import LAYOUTS, Case, CaseInputs, place, random_cases, standard_cases
+from .conformance import (
+    Unsupported,
+    check_backward,
+    check_deterministic,
+    check_forward,
+    default_cases,
+)
+from .oracle import OracleResult, oracle, visible_mask
+from .suite import make_conformance_tests
+from .tolerances import (
+    BFLOAT16,
+    FLOAT16,
+    FLOAT32,
+    FLOAT64,
+    TF32,
+    Tolerance,
+    error_metrics,
+    tolerance_for,
+)
+
+__all__ = [
+    "BFLOAT16",
+    "FLOAT16",
+    "FLOAT32",
+    "FLOAT64",
+    "LAYOUTS",
+    "TF32",
+    "Case",
+    "CaseInputs",
+    "OracleResult",
+    "Tolerance",
+    "Unsupported",
+    "check_backward",
+    "check_deterministic",
+    "check_forward",
+    "default_cases",
+    "error_metrics",
+    "make_conformance_tests",
+    "oracle",
+    "place",
+    "random_cases",
+    "standard_cases",
+    "tolerance_for",
+    "visible_mask",
+]
