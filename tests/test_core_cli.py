@@ -1,0 +1,76 @@
+"""The attn-dispatch command: list, explain (JSON contracts), demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from attn_dispatch import cli
+
+
+def test_list_json_contract(toys, capsys):
+    assert cli.main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"backends", "failed"}
+    toy = next(b for b in data["backends"] if b["name"] == "toy")
+    assert {"name", "distribution", "version", "implementations"} <= set(toy)
+    fast = next(i for i in toy["implementations"] if i["name"] == "toy:fast")
+    assert fast["priority"] == {"cpu": 50, "sm_90": 50}
+    assert {"name", "opt_in", "deterministic", "priority"} <= set(fast)
+    assert {f["name"] for f in data["failed"]} == {"broken_import", "broken_hook"}
+    assert all(f["error"] for f in data["failed"])
+
+
+def test_list_text(env, capsys):
+    assert cli.main(["list"]) == 0
+    assert "reference:chunked" in capsys.readouterr().out
+
+
+def test_explain_json_contract_on_any_arch(toys, capsys):
+    argv = [
+        "explain",
+        "--arch",
+        "sm_90",
+        "--seqlen",
+        "1024",
+        "--heads",
+        "8",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "128",
+        "--causal",
+        "--json",
+    ]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["arch"] == "sm_90" and data["selected"] == "toy:gpu_only"
+    statuses = {c["name"]: c["status"] for c in data["candidates"]}
+    assert statuses["toy:fast"] == "rejected" and statuses["broken_hook"] == "failed"
+    assert set(statuses.values()) <= {
+        "selected",
+        "supported",
+        "rejected",
+        "opt-in",
+        "blocked",
+        "failed",
+    }
+
+
+def test_explain_bad_arguments_are_clear_errors(env, capsys):
+    argv = ["explain", "--seqlen", "16", "--heads", "6", "--kv-heads", "4", "--head-dim", "64"]
+    assert cli.main(argv) == 2
+    assert "'k'" in capsys.readouterr().err
+
+
+def test_demo_runs_verifies_and_reports(env):
+    done = subprocess.run(
+        [sys.executable, "-m", "attn_dispatch", "demo", "--cpu"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "selected: reference:chunked" in done.stdout
+    assert "PASS" in done.stdout and "median" in done.stdout

@@ -1,0 +1,87 @@
+"""use_backend isolation across threads and tasks; no kernel runtime imported by the core."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+
+from conftest import make_inputs, tag_of
+
+import attn_dispatch as ad
+
+
+def test_use_backend_does_not_leak_between_threads(toys):
+    results: dict[str, list[float]] = {"a": [], "b": []}
+    barrier = threading.Barrier(2)
+
+    def worker(label: str, forced: str | None) -> None:
+        inputs = make_inputs()
+        barrier.wait()
+        for _ in range(50):
+            if forced is None:
+                results[label].append(tag_of(ad.backward(*inputs)))
+            else:
+                with ad.use_backend(forced):
+                    results[label].append(tag_of(ad.backward(*inputs)))
+
+    threads = [
+        threading.Thread(target=worker, args=("a", "toy:slow")),
+        threading.Thread(target=worker, args=("b", None)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(results["a"]) == {2.0}  # toy:slow, forced in thread a only
+    assert set(results["b"]) == {3.0}  # thread b keeps automatic choice (toy:nondet)
+
+
+def test_use_backend_does_not_leak_between_asyncio_tasks(toys):
+    async def task(forced: str | None) -> float:
+        if forced is None:
+            await asyncio.sleep(0.01)
+            return tag_of(ad.backward(*make_inputs()))
+        with ad.use_backend(forced):
+            await asyncio.sleep(0.01)
+            return tag_of(ad.backward(*make_inputs()))
+
+    async def main():
+        return await asyncio.gather(task("toy:fast"), task(None))
+
+    assert asyncio.run(main()) == [1.0, 3.0]
+
+
+def test_use_backend_nests_and_restores(toys):
+    with ad.use_backend("toy:fast"):
+        with ad.use_backend("toy:slow"):
+            assert tag_of(ad.backward(*make_inputs())) == 2.0
+        assert tag_of(ad.backward(*make_inputs())) == 1.0
+    assert tag_of(ad.backward(*make_inputs())) == 3.0
+
+
+PROBE = """
+import sys, torch
+import attn_dispatch as ad
+meta = lambda *s, dt=torch.bfloat16: torch.empty(s, dtype=dt, device="meta")
+args = (meta(1, 128, 8, 128), meta(1, 128, 2, 128), meta(1, 128, 2, 128), meta(1, 128, 8, 128),
+        meta(1, 8, 128, dt=torch.float32), meta(1, 128, 8, 128))
+for arch in ("cpu", "sm_80", "sm_90", "gfx942", "gfx950"):
+    str(ad.explain(*args, arch=arch, causal=True))
+    str(ad.explain(*args[:3], arch=arch))
+ad.backends()
+heavy = sorted(m for m in ("triton", "flydsl") if m in sys.modules)
+print("HEAVY:" + ",".join(heavy))
+print("BACKENDS:" + ",".join(sorted(b.name for b in ad.backends())))
+"""
+
+
+def test_core_and_selection_import_no_kernel_runtime():
+    """Every installed plugin loads and answers supports/explain without triton or flydsl."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY:\n" in done.stdout, done.stdout
+    assert "reference" in done.stdout

@@ -1,0 +1,236 @@
+"""Discovery through real entry points, priority, forcing, opt-in, blocking, allowlist,
+broken plugins and explain, with the third-party-style plugins in tests/plugins."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from conftest import make_inputs, tag_of
+
+import attn_dispatch as ad
+
+FAST, SLOW, NONDET, EXPERIMENTAL, GPU_ONLY = 1.0, 2.0, 3.0, 4.0, 5.0
+
+
+def run(**flags):
+    return tag_of(ad.backward(*make_inputs(d=flags.pop("d", 16)), **flags))
+
+
+def statuses(report: ad.Report) -> dict[str, str]:
+    return {c.name: c.status for c in report.candidates}
+
+
+def test_discovery_lists_every_plugin_with_versions(toys):
+    infos = {b.name: b for b in ad.backends()}
+    assert {"toy", "reference", "broken_import", "broken_hook", "broken_supports"} <= set(infos)
+    toy = infos["toy"]
+    assert toy.distribution == "attn-dispatch-test-plugins" and toy.version == "0.0.1"
+    assert {i.name for i in toy.implementations} >= {"toy:fast", "toy:experimental"}
+    assert "ImportError" in infos["broken_import"].error
+    assert "RuntimeError" in infos["broken_hook"].error
+
+
+def test_highest_priority_wins_and_rejection_moves_on(toys):
+    assert run() == NONDET  # 70 beats fast 50 and slow 10; experimental (100) is opt-in
+    toys.set(ATTN_DISPATCH_DISABLE="toy:nondet")
+    assert run() == FAST
+    assert run(d=128) == SLOW  # fast rejects head_dim > 64
+
+
+def test_deterministic_request_rejects_non_deterministic(toys):
+    assert run(deterministic=True) == FAST
+    with pytest.raises(ad.NoBackendError, match="not deterministic"):
+        run(deterministic=True, backend="toy:nondet")
+
+
+def test_forcing_precedence_argument_context_env(toys):
+    toys.set(ATTN_DISPATCH_BACKEND="toy:slow")
+    assert run() == SLOW
+    with ad.use_backend("toy:fast"):
+        assert run() == FAST
+        assert run(backend="toy:gpu_only") == GPU_ONLY  # no priority on cpu: forcing still works
+    assert run() == SLOW
+
+
+def test_bare_backend_name_means_its_best_implementation(toys):
+    assert run(backend="toy") == EXPERIMENTAL  # forcing a backend admits its opt-in kernels
+    toys.set(ATTN_DISPATCH_DISABLE="toy:experimental")
+    assert run(backend="toy") == NONDET
+    assert run(backend="toy", d=128, deterministic=True) == SLOW
+
+
+def test_forced_choice_never_falls_back(toys):
+    with pytest.raises(ad.NoBackendError) as info:
+        run(backend="toy:fast", d=128)
+    message = str(info.value)
+    assert "head_dim=128 > 64" in message and "never falls back" in message
+    assert "q: shape=(1, 8, 4, 128)" in message  # the inputs are shown
+
+
+def test_unknown_names_are_errors_that_list_known_names(toys):
+    with pytest.raises(ad.UnknownBackendError, match="toy:fast"):
+        run(backend="toy:fastest")
+    with pytest.raises(ValueError, match="unknown backend"):
+        with ad.use_backend("nope"):
+            pass
+    toys.set(ATTN_DISPATCH_BACKEND="nope")
+    with pytest.raises(ValueError, match="ATTN_DISPATCH_BACKEND"):
+        run()
+
+
+def test_opt_in_needs_enabling_but_forcing_works(toys):
+    assert run() != EXPERIMENTAL
+    assert run(backend="toy:experimental") == EXPERIMENTAL
+    ad.enable("toy:experimental")
+    assert run() == EXPERIMENTAL
+    toys.set(ATTN_DISPATCH_ENABLE="toy:experimental")
+    assert run() == EXPERIMENTAL
+    toys.unset("ATTN_DISPATCH_ENABLE")
+    assert run() != EXPERIMENTAL
+    toys.set(ATTN_DISPATCH_ENABLE="toy")  # a bare backend name enables all its implementations
+    assert run() == EXPERIMENTAL
+
+
+def test_enable_survives_reload_unless_reset(toys):
+    ad.enable("toy")
+    ad.reload()
+    assert run() == EXPERIMENTAL
+    ad.reload(reset_enabled=True)
+    assert run() != EXPERIMENTAL
+
+
+def test_blocking_wins_over_forcing(toys):
+    toys.set(ATTN_DISPATCH_DISABLE="toy:fast,toy:nondet")
+    assert run() == SLOW
+    with pytest.raises(ad.NoBackendError, match="blocked"):
+        run(backend="toy:fast")
+    toys.set(ATTN_DISPATCH_DISABLE="toy")
+    assert run() == 0.0 or True  # the reference runs: real gradients, not a tag
+    report = ad.explain(*make_inputs())
+    assert report.selected == "reference:chunked"
+    assert statuses(report)["toy:fast"] == "blocked"
+
+
+def test_allowlist_loads_only_named_plugins(env):
+    env.set(ATTN_DISPATCH_TEST_PLUGINS="1", ATTN_DISPATCH_PLUGINS="toy")
+    assert {b.name for b in ad.backends()} == {"toy"}
+    assert run() == NONDET
+    env.set(ATTN_DISPATCH_PLUGINS="")
+    assert ad.backends() == []
+    with pytest.raises(ad.NoBackendError, match="no backend plugin is installed"):
+        run()
+
+
+def test_unknown_names_in_lists_warn(env):
+    with pytest.warns(UserWarning, match="'nosuch'"):
+        env.set(ATTN_DISPATCH_PLUGINS="reference,nosuch")
+    with pytest.warns(UserWarning, match="ATTN_DISPATCH_DISABLE names 'gone'"):
+        env.set(ATTN_DISPATCH_DISABLE="gone")
+    with pytest.warns(UserWarning, match="ATTN_DISPATCH_ENABLE names 'ghost:impl'"):
+        env.set(ATTN_DISPATCH_ENABLE="ghost:impl")
+
+
+def test_broken_plugins_cost_only_themselves(toys):
+    report = ad.explain(*make_inputs())
+    status = statuses(report)
+    assert status["broken_import"] == status["broken_hook"] == "failed"
+    assert status["broken_supports:explodes"] == "failed"
+    reasons = {c.name: c.reasons for c in report.candidates}
+    assert "ZeroDivisionError" in reasons["broken_supports:explodes"][0]
+    assert report.selected == "toy:nondet"
+    assert run() == NONDET
+    with pytest.raises(ad.NoBackendError, match="ZeroDivisionError"):
+        run(backend="broken_supports")
+
+
+def test_explain_report_statuses_and_text(toys):
+    report = ad.explain(*make_inputs())
+    status = statuses(report)
+    assert status["toy:nondet"] == "selected"
+    assert status["toy:fast"] == status["toy:slow"] == "supported"
+    assert status["toy:experimental"] == "opt-in"
+    assert status["toy:gpu_only"] == "supported"
+    assert (
+        "no priority entry for cpu"
+        in dict((c.name, c.reasons) for c in report.candidates)["toy:gpu_only"][0]
+    )
+    assert status["reference:chunked"] == "supported"
+    text = str(report)
+    assert text.splitlines()[0].startswith("attn_dispatch backward on arch cpu")
+    assert "selected: toy:nondet" in text
+    data = report.to_dict()
+    assert set(data) == {"arch", "selected", "candidates"}
+    assert set(data["candidates"][0]) == {"name", "priority", "opt_in", "status", "reasons"}
+    json.dumps(data)
+
+
+def test_explain_rejection_reasons_and_hypothetical_arch(toys):
+    meta = [t.to("meta") for t in make_inputs(d=128)]
+    report = ad.explain(*meta, arch="sm_90")
+    status = statuses(report)
+    assert report.arch == ad.Arch("cuda", "sm_90", "sm_90")
+    assert status["toy:gpu_only"] == "selected"  # 80 on sm_90
+    assert status["toy:fast"] == "rejected"
+    assert status["toy:nondet"] == "supported"  # no sm_90 entry
+    forced = ad.explain(*meta, arch="sm_90", backend="toy:fast")
+    assert forced.selected is None and forced.forced == "toy:fast"
+
+
+def test_arch_env_override_changes_arch_not_device(toys):
+    toys.set(ATTN_DISPATCH_ARCH="sm_90")
+    report = ad.explain(*make_inputs())
+    assert report.arch.name == "sm_90" and report.selected == "toy:gpu_only"
+    assert run() == GPU_ONLY
+
+
+def test_forward_dispatch_requires_a_forward(toys):
+    q, k, v, *_ = make_inputs()
+    out, lse = ad.forward(q, k, v)
+    assert out.flatten()[0] == NONDET and lse.shape == (1, 4, 8)
+    report = ad.explain(q, k, v)
+    assert report.mode == "forward"
+    reasons = {c.name: c.reasons for c in report.candidates}
+    assert reasons["toy:trivial"] == ("provides no forward",)
+
+
+def test_decision_is_cached_and_logged_once(toys, caplog):
+    with caplog.at_level("INFO", logger="attn_dispatch"):
+        inputs = make_inputs()
+        for _ in range(3):
+            ad.backward(*inputs)
+    assert sum("-> toy:nondet" in r.getMessage() for r in caplog.records) == 1
+    settings = ad._settings.current()
+    assert len(settings.decisions) == 1
+
+
+def test_cache_key_includes_strides(toys):
+    """A non-contiguous view must be re-validated and re-selected, not reuse a decision."""
+    q, k, v, out, lse, do = make_inputs(sq=8)
+    ad.backward(q, k, v, out, lse, do)
+    wide = torch.randn(1, 8, 4, 32)[..., :16]
+    ad.backward(wide, k, v, out, lse, do)
+    assert len(ad._settings.current().decisions) == 2
+
+
+def test_implementation_returning_wrong_shapes_is_reported(env, tmp_path):
+    class Wrong(ad.Implementation):
+        backend, name = "reference", "wrong"
+
+        def backward(self, inp):
+            return ad.Gradients(inp.q, inp.k, inp.q)  # dv has q's shape
+
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    registry = ad._settings.current().registry
+    registry.implementations["reference:wrong"] = Wrong()
+    with pytest.raises(ValueError, match="reference:wrong returned dv"):
+        ad.backward(*make_inputs(h=4, hkv=2), backend="reference:wrong")
+
+
+def test_no_warnings_without_test_plugins(env):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ad.reload()
+        assert "toy" not in {i.name.split(":")[0] for b in ad.backends() for i in b.implementations}
