@@ -1,0 +1,511 @@
+"""``attn-dispatch bench``: time every installed implementation of the backward on a shape sweep.
+
+For each shape the harness
+
+1. draws fresh random inputs (several sets, rotated, so their total exceeds twice the L2 cache)
+   and gets ``out``/``lse`` from ``ad.forward`` (automatic choice);
+2. checks every implementation that accepts the shape against the reference backend run in
+   higher precision (float32 math on bf16/f16 inputs, float64 for float32 inputs or small
+   problems): ``max|x-ref|/max|ref|`` and ``||x-ref||/||ref||`` within the dtype's bounds from
+   ``attn_dispatch.testing.tolerances`` (bf16: 2e-2 / 1e-2);
+3. times each one forced (``ad.backward(..., backend=name)``), the automatic choice
+   (``ad.backward(...)``) and a direct call of the chosen implementation's ``.backward(inputs)``
+   (host overhead = automatic vs direct), with CUDA events around every call (warm-up first,
+   median of the repeats; ``time.perf_counter`` on the CPU);
+4. prints µs, TFLOP/s (backward FLOPs = 10·B·H·Sq·Sk·D, halved when causal) and the ratio to
+   the fastest, and writes JSON / CSV / a PNG plot on request (matplotlib is optional).
+
+It also measures the bf16 matmul ceiling (8192³) in the same run on a GPU. Progress goes to
+stderr, the table to stdout. Only torch, the standard library and ``attn_dispatch`` are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import fnmatch
+import importlib.metadata as md
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+import attn_dispatch as ad
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
+L2_FALLBACK_BYTES = 60 * 2**20
+AUTO, DIRECT = "auto", "direct"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One benchmark problem (dense, Sq == Sk)."""
+
+    batch: int
+    seqlen: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool
+    dtype: str
+
+    @property
+    def label(self) -> str:
+        kind = "MHA" if self.heads == self.kv_heads else "GQA"
+        heads = f"{self.heads}" if kind == "MHA" else f"{self.heads}/{self.kv_heads}"
+        return (f"{kind} {heads} B={self.batch} S={self.seqlen} D={self.head_dim}"
+                f"{' causal' if self.causal else ''}")
+
+    @property
+    def flops(self) -> float:
+        f = 10.0 * self.batch * self.heads * self.seqlen * self.seqlen * self.head_dim
+        return f / 2 if self.causal else f
+
+
+@dataclasses.dataclass
+class Row:
+    """One measured (shape, implementation) pair."""
+
+    shape: Shape
+    impl: str
+    kind: str  # "forced", AUTO or DIRECT
+    us: float | None = None
+    host_us: float | None = None
+    tflops: float | None = None
+    ratio: float | None = None
+    max_err: float | None = None
+    rel_l2: float | None = None
+    status: str = "ok"
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(dataclasses.asdict(self.shape))
+        del d["shape"]
+        d["shape"] = self.shape.label
+        return d
+
+
+# ----------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attn-dispatch bench", description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seqlens", type=_ints, default=_ints(DEFAULT_SEQLENS),
+                   help=f"comma list of Sq=Sk (default {DEFAULT_SEQLENS})")
+    p.add_argument("--heads", type=_ints, default=[64, 8],
+                   help="comma list of query head counts (default 64,8)")
+    p.add_argument("--kv-heads", type=_ints, default=None,
+                   help="comma list paired with --heads, or one value for all (default 8)")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    causal = p.add_mutually_exclusive_group()
+    causal.add_argument("--causal", dest="causal", action="store_const", const=[True],
+                        help="causal only (default: both)")
+    causal.add_argument("--no-causal", dest="causal", action="store_const", const=[False],
+                        help="non-causal only (default: both)")
+    p.add_argument("--impls", default=None,
+                   help="comma list of names or fnmatch patterns (e.g. 'torch_sdpa:*,triton')")
+    p.add_argument("--include-reference", action="store_true",
+                   help="also time the reference backend (always timed on the CPU)")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    p.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--csv", metavar="PATH")
+    p.add_argument("--plot", metavar="PATH", help="PNG of TFLOP/s vs seqlen (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def shapes_from(args: argparse.Namespace) -> list[Shape]:
+    kv = args.kv_heads if args.kv_heads is not None else [8]
+    if len(kv) == 1:
+        kv = kv * len(args.heads)
+    if len(kv) != len(args.heads):
+        raise SystemExit(f"--kv-heads: expected 1 or {len(args.heads)} values, got {len(kv)}")
+    pairs = [(h, min(k, h)) for h, k in zip(args.heads, kv)]
+    causals = args.causal if args.causal is not None else [False, True]
+    return [Shape(args.batch, s, h, k, args.head_dim, c, args.dtype)
+            for h, k in pairs for c in causals for s in args.seqlens]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing
+
+
+class Timer:
+    """Per-call device time (CUDA events) or wall time (CPU), plus host time of the call."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def run(self, calls: Sequence[Callable[[], object]], warmup: int, repeats: int):
+        """Median µs per call and median host µs per call, rotating over ``calls``."""
+        for i in range(max(warmup, len(calls))):
+            calls[i % len(calls)]()
+        self.sync()
+        host = []
+        if self.cuda:
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(repeats)]  # fmt: skip
+            for i, (start, end) in enumerate(events):
+                start.record()
+                t0 = time.perf_counter()
+                calls[i % len(calls)]()
+                host.append(time.perf_counter() - t0)
+                end.record()
+            torch.cuda.synchronize()
+            times = [s.elapsed_time(e) * 1e3 for s, e in events]
+        else:
+            times = []
+            for i in range(repeats):
+                t0 = time.perf_counter()
+                calls[i % len(calls)]()
+                times.append((time.perf_counter() - t0) * 1e6)
+            host = [t / 1e6 for t in times]
+        return statistics.median(times), statistics.median(host) * 1e6
+
+
+def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
+    """bf16 n×n×n matmul TFLOP/s on random data (median of ``repeats``); None on the CPU."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    us, _ = Timer(device).run([lambda: a @ b], warmup=3, repeats=repeats)
+    return 2 * n**3 / (us * 1e-6) / 1e12
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs, candidates, checks
+
+
+def _l2_bytes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return L2_FALLBACK_BYTES
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+               or L2_FALLBACK_BYTES)  # fmt: skip
+
+
+def make_sets(shape: Shape, device: torch.device, gen: torch.Generator) -> list[dict]:
+    """Input sets (q, k, v, grad_out, out, lse) whose total exceeds twice the L2 cache."""
+    dtype = DTYPES[shape.dtype]
+    b, s, h, hkv, d = shape.batch, shape.seqlen, shape.heads, shape.kv_heads, shape.head_dim
+    per_set = (3 * b * s * h * d + 2 * b * s * hkv * d) * torch.finfo(dtype).bits // 8
+    n_sets = max(1, min(8, math.ceil(2 * _l2_bytes(device) / max(per_set, 1))))
+    sets = []
+    for _ in range(n_sets):
+        def rnd(*size):
+            return torch.randn(size, generator=gen, device=device, dtype=dtype)
+
+        q, k, v, do = rnd(b, s, h, d), rnd(b, s, hkv, d), rnd(b, s, hkv, d), rnd(b, s, h, d)
+        out, lse = ad.forward(q, k, v, causal=shape.causal)
+        sets.append(dict(q=q, k=k, v=v, out=out, lse=lse, grad_out=do))
+    return sets
+
+
+def _args(t: dict) -> tuple:
+    return t["q"], t["k"], t["v"], t["out"], t["lse"], t["grad_out"]
+
+
+def candidates(shape: Shape, tensors: dict, patterns: list[str] | None,
+               include_reference: bool) -> tuple[list[str], str | None, dict[str, str]]:
+    """(implementations to time, the automatic choice, rejected name -> reasons)."""
+    report = ad.explain(*_args(tensors), causal=shape.causal)
+    names, rejected = [], {}
+    for c in report.candidates:
+        if c.status in ("selected", "supported"):
+            names.append(c.name)
+        elif c.status == "rejected":
+            rejected[c.name] = "; ".join(c.reasons)
+    if not include_reference:
+        names = [n for n in names if not n.startswith("reference:")] or names
+    if patterns:
+        names = [n for n in names if any(fnmatch.fnmatchcase(n, p) or n.split(":")[0] == p
+                                         for p in patterns)]  # fmt: skip
+    return names, report.selected, rejected
+
+
+def reference_grads(shape: Shape, t: dict) -> tuple[torch.Tensor, ...]:
+    """Gradients from the reference backend in higher precision on the same inputs."""
+    small = shape.batch * shape.heads * shape.seqlen**2 <= 2**24
+    ref_dtype = torch.float64 if (shape.dtype == "fp32" or small) else torch.float32
+    up = {k: t[k].to(ref_dtype) for k in ("q", "k", "v", "out", "grad_out")}
+    lse = t["lse"].to(ref_dtype)
+    return tuple(ad.backward(up["q"], up["k"], up["v"], up["out"], lse, up["grad_out"],
+                             causal=shape.causal, backend="reference"))  # fmt: skip
+
+
+def compare(grads, ref) -> tuple[float, float]:
+    """Worst ``max|x-ref|/max|ref|`` and ``||x-ref||/||ref||`` over dq, dk, dv."""
+    worst_max, worst_l2 = 0.0, 0.0
+    for g, r in zip(grads, ref, strict=True):
+        diff = g.to(r.dtype) - r
+        scale = r.abs().max().clamp_min(1e-30)
+        worst_max = max(worst_max, float(diff.abs().max() / scale))
+        worst_l2 = max(worst_l2, float(diff.norm() / r.norm().clamp_min(1e-30)))
+        if not bool(torch.isfinite(g).all()):
+            return math.inf, math.inf
+    return worst_max, worst_l2
+
+
+def _tolerance(dtype: str) -> tuple[float, float]:
+    from attn_dispatch.testing.tolerances import tolerance_for
+
+    tol = tolerance_for(DTYPES[dtype])
+    return tol.max_err, tol.rel_l2
+
+
+def capture_direct(name: str, sets: list[dict], causal: bool):
+    """Calls of ``name``'s ``.backward(inputs)`` on the inputs the dispatcher builds, per set.
+
+    The implementation's class is found through the backend's entry point; its ``backward`` is
+    wrapped for one dispatched call per set to record the instance and the inputs object.
+    """
+    backend = name.split(":")[0]
+    eps = [e for e in md.entry_points(group="attn_dispatch.backends") if e.name == backend]
+    if not eps:
+        return None
+    impls = eps[0].load().attn_dispatch_implementations()
+    cls = next((type(i) for i in impls if i.full_name == name), None)
+    if cls is None:
+        return None
+    seen: list = []
+    original = cls.backward
+
+    def spy(self, inp):
+        seen.append((self, inp))
+        return original(self, inp)
+
+    cls.backward = spy
+    try:
+        for t in sets:
+            ad.backward(*_args(t), causal=causal)
+    finally:
+        cls.backward = original
+    if len(seen) != len(sets):
+        return None
+    return [lambda s=s, i=i: s.backward(i) for s, i in seen]
+
+
+# ----------------------------------------------------------------------------------------------
+# The sweep
+
+
+def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
+    sets = make_sets(shape, device, gen)
+    include_ref = args.include_reference or device.type == "cpu"
+    patterns = [p.strip() for p in args.impls.split(",")] if args.impls else None
+    names, chosen, rejected = candidates(shape, sets[0], patterns, include_ref)
+    timer = Timer(device)
+    rows: list[Row] = []
+    ref = None if args.no_check else reference_grads(shape, sets[0])
+    max_tol, l2_tol = _tolerance(shape.dtype)
+    for name in names:
+        row = Row(shape, name, "forced")
+        if ref is not None:
+            grads = ad.backward(*_args(sets[0]), causal=shape.causal, backend=name)
+            row.max_err, row.rel_l2 = compare(grads, ref)
+            del grads
+            if not (row.max_err <= max_tol and row.rel_l2 <= l2_tol):
+                row.status = "WRONG"
+                row.note = f"outside tolerance (max_err<={max_tol:g}, rel_l2<={l2_tol:g})"
+                log(f"  {name}: WRONG max_err={row.max_err:.2e} rel_l2={row.rel_l2:.2e}")
+                rows.append(row)
+                continue
+        calls = [lambda t=t, n=name: ad.backward(*_args(t), causal=shape.causal, backend=n)
+                 for t in sets]  # fmt: skip
+        row.us, row.host_us = timer.run(calls, args.warmup, args.repeats)
+        log(f"  {name}: {row.us:.1f} us")
+        rows.append(row)
+    if chosen is not None:
+        auto = Row(shape, chosen, AUTO)
+        calls = [lambda t=t: ad.backward(*_args(t), causal=shape.causal) for t in sets]
+        auto.us, auto.host_us = timer.run(calls, args.warmup, args.repeats)
+        rows.append(auto)
+        direct_calls = capture_direct(chosen, sets, shape.causal)
+        if direct_calls is not None:
+            direct = Row(shape, chosen, DIRECT)
+            direct.us, direct.host_us = timer.run(direct_calls, args.warmup, args.repeats)
+            rows.append(direct)
+        log(f"  auto ({chosen}): {auto.us:.1f} us")
+    timed = [r for r in rows if r.us is not None]
+    fastest = min((r.us for r in timed if r.kind == "forced"), default=None)
+    for r in timed:
+        r.tflops = shape.flops / (r.us * 1e-6) / 1e12
+        r.ratio = r.us / fastest if fastest else None
+    for name, why in rejected.items():
+        if not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            rows.append(Row(shape, name, "forced", status="rejected", note=why))
+    del sets
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def environment(device: torch.device) -> dict:
+    env = {"python": platform.python_version(), "torch": torch.__version__,
+           "attn_dispatch": ad.__version__, "device": str(device)}  # fmt: skip
+    for dist in ("triton", "attn-dispatch-torch-sdpa", "attn-dispatch-triton",
+                 "attn-dispatch-reference"):  # fmt: skip
+        try:
+            env[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=props.name, arch=str(ad.detect_arch(device)), cuda=torch.version.cuda,
+                   hip=torch.version.hip, cudnn=torch.backends.cudnn.version(),
+                   sms=props.multi_processor_count, l2_bytes=_l2_bytes(device))  # fmt: skip
+        try:
+            query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+            out = subprocess.run(query, capture_output=True, text=True, timeout=20)
+            env["driver"] = out.stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = None
+    return env
+
+
+def format_table(rows: list[Row]) -> str:
+    head = f"{'shape':<34} {'implementation':<24} {'kind':<7} {'us':>10} {'TFLOP/s':>8} " \
+           f"{'xfastest':>8} {'host us':>8}  check"  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r.us is None:
+            if r.status == "rejected":
+                continue
+            lines.append(f"{r.shape.label:<34} {r.impl:<24} {r.kind:<7} {'-':>10} {'-':>8} "
+                         f"{'-':>8} {'-':>8}  {r.status} {r.note}")  # fmt: skip
+            continue
+        check = "" if r.rel_l2 is None else f"rel_l2={r.rel_l2:.1e}"
+        lines.append(
+            f"{r.shape.label:<34} {r.impl:<24} {r.kind:<7} {r.us:>10.1f} {r.tflops:>8.1f} "
+            f"{r.ratio if r.ratio is not None else float('nan'):>8.3f} {r.host_us:>8.1f}  {check}"
+        )
+    return "\n".join(lines)
+
+
+def summary(rows: list[Row]) -> str:
+    """Per shape: the automatic choice vs the fastest and vs the direct call."""
+    out = []
+    by_shape: dict[Shape, list[Row]] = {}
+    for r in rows:
+        by_shape.setdefault(r.shape, []).append(r)
+    for shape, rs in by_shape.items():
+        forced = [r for r in rs if r.kind == "forced" and r.us is not None]
+        auto = next((r for r in rs if r.kind == AUTO), None)
+        direct = next((r for r in rs if r.kind == DIRECT), None)
+        if not forced or auto is None:
+            continue
+        best = min(forced, key=lambda r: r.us)
+        line = f"{shape.label:<34} fastest {best.impl} {best.us:.1f} us; auto {auto.impl} " \
+               f"{auto.us:.1f} us ({auto.us / best.us - 1:+.1%} vs fastest"  # fmt: skip
+        if direct is not None:
+            line += f", {auto.us / direct.us - 1:+.1%} vs direct {direct.us:.1f} us"
+        out.append(line + ")")
+    return "\n".join(out)
+
+
+def write_csv(path: str, rows: list[Row]) -> None:
+    dicts = [r.to_dict() for r in rows]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dicts[0]) if dicts else ["shape"])
+        w.writeheader()
+        w.writerows(dicts)
+
+
+def plot(path: str, rows: list[Row], matmul: float | None) -> bool:
+    """TFLOP/s vs seqlen, one panel per (heads, causal); False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups: dict[tuple, dict[str, list[tuple[int, float]]]] = {}
+    for r in rows:
+        if r.tflops is None or r.kind == DIRECT:
+            continue
+        key = (r.shape.heads, r.shape.kv_heads, r.shape.causal)
+        label = "auto" if r.kind == AUTO else r.impl
+        groups.setdefault(key, {}).setdefault(label, []).append((r.shape.seqlen, r.tflops))
+    n = max(1, len(groups))
+    fig, axes = plt.subplots(1, n, figsize=(5 * n, 4), squeeze=False)
+    for ax, ((h, hkv, causal), series) in zip(axes[0], sorted(groups.items())):
+        for label, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                    linestyle="--" if label == "auto" else "-", label=label)  # fmt: skip
+        if matmul:
+            ax.axhline(matmul, color="gray", linewidth=0.8, label="bf16 matmul")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"H={h} Hkv={hkv}{' causal' if causal else ''}")
+        ax.set_xlabel("seqlen")
+        ax.set_ylabel("TFLOP/s (backward)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry of ``attn-dispatch bench``; returns the exit status (1 if a check failed)."""
+    args = build_parser().parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    def log(msg: str) -> None:
+        if not args.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    env = environment(device)
+    log("environment: " + json.dumps(env))
+    matmul = None if args.no_matmul else matmul_ceiling(device)
+    if matmul is not None:
+        log(f"bf16 matmul 8192^3: {matmul:.0f} TFLOP/s")
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    shapes = shapes_from(args)
+    rows: list[Row] = []
+    for i, shape in enumerate(shapes, 1):
+        log(f"[{i}/{len(shapes)}] {shape.label}")
+        rows += bench_shape(shape, args, device, gen, log)
+    print(format_table(rows))
+    print()
+    print(summary(rows))
+    if matmul is not None:
+        print(f"\nbf16 matmul 8192^3 ceiling: {matmul:.0f} TFLOP/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "matmul_tflops": matmul, "argv": argv,
+                       "rows": [r.to_dict() for r in rows]}, f, indent=1)  # fmt: skip
+    if args.csv:
+        write_csv(args.csv, rows)
+    if args.plot and not plot(args.plot, rows, matmul):
+        log("--plot: matplotlib is not installed (pip install 'attn-dispatch[plot]'); skipped")
+    return 1 if any(r.status == "WRONG" for r in rows) else 0

@@ -1,0 +1,57 @@
+"""``attn-dispatch bench`` on the CPU with tiny shapes: sweep, check, table, JSON/CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import torch
+
+from attn_dispatch import bench
+
+
+def test_default_sweep_is_the_seed_grid():
+    shapes = bench.shapes_from(bench.build_parser().parse_args([]))
+    assert len(shapes) == 20
+    assert {(s.heads, s.kv_heads) for s in shapes} == {(64, 8), (8, 8)}
+    assert sorted({s.seqlen for s in shapes}) == [1024, 2048, 4096, 8192, 16384]
+    assert {s.causal for s in shapes} == {True, False}
+    assert all(s.batch == 1 and s.head_dim == 128 and s.dtype == "bf16" for s in shapes)
+    only = bench.shapes_from(bench.build_parser().parse_args(["--causal", "--heads", "4"]))
+    assert all(s.causal and s.heads == 4 and s.kv_heads == 4 for s in only)
+
+
+def test_flops_formula():
+    s = bench.Shape(2, 1024, 8, 8, 128, False, "bf16")
+    assert s.flops == 10 * 2 * 8 * 1024 * 1024 * 128
+    assert bench.Shape(2, 1024, 8, 8, 128, True, "bf16").flops == s.flops / 2
+
+
+def test_compare_flags_wrong_and_nan():
+    ref = tuple(torch.randn(4, 8, dtype=torch.float64) for _ in range(3))
+    good = tuple(r.float() for r in ref)
+    assert bench.compare(good, ref)[1] < 1e-6
+    bad = (ref[0] * 1.1, ref[1], ref[2])
+    assert bench.compare(bad, ref)[1] > 0.05
+    nan = (ref[0].clone().fill_(float("nan")), ref[1], ref[2])
+    assert bench.compare(nan, ref)[0] == float("inf")
+
+
+def test_tiny_cpu_run_writes_json_and_csv(tmp_path, capsys):
+    js, cs = tmp_path / "b.json", tmp_path / "b.csv"
+    rc = bench.main(["--seqlens", "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                     "--dtype", "fp32", "--causal", "--repeats", "2", "--warmup", "1",
+                     "--device", "cpu", "--json", str(js), "--csv", str(cs)])  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr()
+    assert "GQA 4/2 B=1 S=32 D=16 causal" in out.out
+    assert "[1/1]" in out.err  # progress on stderr
+    data = json.loads(js.read_text())
+    kinds = {r["kind"] for r in data["rows"]}
+    assert {"forced", "auto", "direct"} <= kinds
+    forced = [r for r in data["rows"] if r["kind"] == "forced" and r["status"] == "ok"]
+    assert forced and all(r["rel_l2"] < 1e-6 and r["us"] > 0 for r in forced)
+    assert data["environment"]["device"] == "cpu"
+    with open(cs) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(data["rows"])
