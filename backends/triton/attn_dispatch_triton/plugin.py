@@ -1,0 +1,115 @@
+"""Entry point of the triton backend: ``triton:fused``.
+
+One kernel source for NVIDIA (sm_80 and newer) and AMD (gfx942, gfx950): the forward and the
+three-kernel backward in ``forward`` / ``backward``. Cheap to import: triton is imported only
+when a kernel runs; ``supports`` reads package metadata alone.
+
+Priorities: the default automatic choice on ROCm (60; FlyDSL, opt-in, ranks above it once
+enabled); on NVIDIA a contender placed by the H200 measurements in docs/triton_notes.md.
+
+Capabilities and non-goals (each rejected with a reason by ``supports``): bf16/f16 only (fp32
+accumulation inside); head dims 32-256, any value (tiles padded to a power of two); D may differ
+from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native; deterministic
+always (no atomics anywhere). No dropout, no bias, no float32 inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import attn_dispatch as ad
+
+TRITON_REQUIREMENT = ">=3.2"
+# Triton ships as "triton" (PyPI, NVIDIA and AMD wheels) and, with some PyTorch builds,
+# as "pytorch-triton-rocm" / "pytorch-triton".
+TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton")
+AMD_ARCHES = ("gfx942", "gfx950")
+MIN_SM = 80
+MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
+MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
+
+
+def triton_missing() -> str | None:
+    """Why no usable triton is installed, or ``None``."""
+    reasons = []
+    for dist in TRITON_DISTRIBUTIONS:
+        reason = ad.missing_requirement(dist + TRITON_REQUIREMENT)
+        if reason is None:
+            return None
+        reasons.append(reason)
+    return reasons[0] if all("not installed" in r for r in reasons[1:]) else "; ".join(
+        r for r in reasons if "not installed" not in r)
+
+
+def arch_reasons(inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    """The tensors must live on an NVIDIA sm_80+ or AMD gfx942/gfx950 GPU."""
+    vendor = inp.device_vendor(arch)
+    if vendor not in ("cuda", "rocm"):
+        return [f"device vendor {vendor!r} (tensors on {inp.device.type}): needs an NVIDIA "
+                "(sm_80+) or AMD (gfx942/gfx950) GPU"]
+    if vendor != arch.vendor:
+        return [f"tensors are on a {vendor} device but arch={arch.name} is a {arch.vendor} arch"]
+    if vendor == "cuda":
+        digits = arch.name[3:]
+        if not digits.isdigit() or int(digits) < MIN_SM:
+            return [f"arch={arch.name}: needs sm_80 or newer (tensor-core tiles of Ampere+)"]
+    elif arch.name not in AMD_ARCHES:
+        return [f"arch={arch.name}: tuned and compile-tested for {', '.join(AMD_ARCHES)} only"]
+    return []
+
+
+class Fused(ad.Implementation):
+    """Triton FMHA: forward, and backward as preprocess + dK/dV (GQA-walking) + dQ."""
+
+    backend = "triton"
+    name = "fused"
+    priority = {"gfx942": 60, "gfx950": 60, "sm_9*": 45, "sm_10*": 45, "sm_8*": 45}
+    opt_in = False
+    deterministic = True
+
+    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+        """Reasons, each naming the offending value; ``[]`` means supported."""
+        missing = triton_missing()
+        reasons = [missing] if missing else []
+        reasons += arch_reasons(inp, arch)
+        if inp.dtype not in (torch.float16, torch.bfloat16):
+            reasons.append(f"dtype={str(inp.dtype).replace('torch.', '')}: needs float16 or "
+                           "bfloat16")
+        for name, d in (("head_dim", inp.head_dim), ("head_dim_v", inp.head_dim_v)):
+            if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+                reasons.append(f"{name}={d}: needs {MIN_HEAD_DIM} <= {name} <= {MAX_HEAD_DIM}")
+        if inp.batch * inp.heads > MAX_GRID_Y:
+            reasons.append(f"batch*heads={inp.batch * inp.heads}: needs at most {MAX_GRID_Y} "
+                           "(one grid axis)")
+        if isinstance(inp, ad.BackwardInputs) and inp.lse.dtype != torch.float32:
+            reasons.append(f"lse.dtype={inp.lse.dtype}: needs float32")
+        return reasons
+
+    @staticmethod
+    def _flags(inp: ad.ForwardInputs) -> dict:
+        flags = dict(causal=inp.causal, bottom_right=inp.causal_align == "bottom_right",
+                     scale=inp.scale)
+        if inp.is_varlen:
+            flags.update(cu_seqlens_q=inp.cu_seqlens_q, cu_seqlens_k=inp.cu_seqlens_k,
+                         max_seqlen_q=inp.max_seqlen_q, max_seqlen_k=inp.max_seqlen_k)
+        return flags
+
+    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out, lse)`` in our layout."""
+        from .forward import attention_forward
+
+        return attention_forward(inp.q, inp.k, inp.v, **self._flags(inp))
+
+    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+        """``(dq, dk, dv)`` from the caller's out and lse."""
+        from .backward import attention_backward
+
+        dq, dk, dv = attention_backward(inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out,
+                                        **self._flags(inp))
+        return ad.Gradients(dq, dk, dv)
+
+
+@ad.hookimpl
+def attn_dispatch_implementations() -> list[ad.Implementation]:
+    """The triton backend's implementations."""
+    return [Fused()]

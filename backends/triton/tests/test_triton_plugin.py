@@ -1,0 +1,84 @@
+"""The triton plugin: cheap import, supports() reasons on hypothetical arches, forcing on CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attn_dispatch as ad
+
+
+def meta_inputs(*, dtype=torch.bfloat16, b=1, s=256, h=16, hk=4, d=128, dv=None, varlen=False):
+    """Backward arguments on the meta device (explain on a hypothetical arch)."""
+    dv = dv or d
+    lead = (b * s,) if varlen else (b, s)
+    q = torch.empty(*lead, h, d, dtype=dtype, device="meta")
+    k = torch.empty(*lead, hk, d, dtype=dtype, device="meta")
+    v = torch.empty(*lead, hk, dv, dtype=dtype, device="meta")
+    o = torch.empty(*lead, h, dv, dtype=dtype, device="meta")
+    lse = torch.empty(*((h, b * s) if varlen else (b, h, s)), dtype=torch.float32, device="meta")
+    kw = {}
+    if varlen:
+        cu = torch.empty(b + 1, dtype=torch.int32, device="meta")
+        kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s)
+    return (q, k, v, o, lse, o), kw
+
+
+def verdict(arch: str, **kw) -> ad.Candidate:
+    (args, flags) = meta_inputs(**{k: v for k, v in kw.items() if k not in ("causal", "align",
+                                                                           "deterministic")})
+    report = ad.explain(*args, **flags, causal=kw.get("causal", False),
+                        causal_align=kw.get("align", "top_left"),
+                        deterministic=kw.get("deterministic", False), arch=arch)
+    (cand,) = [c for c in report.candidates if c.name == "triton:fused"]
+    return cand
+
+
+def test_triton_plugin_import_does_not_import_triton() -> None:
+    code = ("import sys, attn_dispatch_triton.plugin as p; p.Fused(); "
+            "assert 'triton' not in sys.modules, 'plugin imported triton'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm_80", "sm_90"])
+@pytest.mark.parametrize(("causal", "align", "varlen"),
+                         [(False, "top_left", False), (True, "bottom_right", True)])
+def test_triton_supported_on_gpu_arches(arch, causal, align, varlen) -> None:
+    cand = verdict(arch, causal=causal, align=align, varlen=varlen, deterministic=True)
+    assert cand.reasons == (), cand.reasons
+    assert cand.status in ("selected", "supported")
+    assert cand.priority == (60 if arch.startswith("gfx") else 45)
+
+
+def test_triton_is_the_default_on_gfx950() -> None:
+    report = ad.explain(*meta_inputs()[0], causal=True, arch="gfx950")
+    assert report.selected == "triton:fused", str(report)
+
+
+@pytest.mark.parametrize(("kw", "needle"), [
+    ({"arch": "sm_75"}, "arch=sm_75"),
+    ({"arch": "gfx90a"}, "arch=gfx90a"),
+    ({"arch": "gfx950", "dtype": torch.float32}, "dtype=float32"),
+    ({"arch": "sm_90", "d": 16}, "head_dim=16"),
+    ({"arch": "gfx942", "d": 128, "dv": 512}, "head_dim_v=512"),
+    ({"arch": "gfx950", "b": 2, "h": 40000, "hk": 40000, "d": 32, "s": 1},
+     "batch*heads=80000"),
+])
+def test_triton_rejects_with_named_value(kw, needle) -> None:
+    arch = kw.pop("arch")
+    cand = verdict(arch, **kw)
+    assert cand.status == "rejected"
+    assert any(needle in r for r in cand.reasons), cand.reasons
+
+
+def test_triton_rejects_cpu_tensors_and_forcing_lists_reasons() -> None:
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 8)
+    report = ad.explain(q, q, q, q, lse, q, arch="cpu")
+    (cand,) = [c for c in report.candidates if c.name == "triton:fused"]
+    assert any("device vendor 'cpu'" in r for r in cand.reasons), cand.reasons
+    with pytest.raises(ValueError, match="device vendor 'cpu'"):
+        ad.backward(q, q, q, q, lse, q, backend="triton")
