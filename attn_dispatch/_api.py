@@ -83,24 +83,13 @@ def _like(t: torch.Tensor) -> tuple:
     return tuple(t.shape), t.dtype, t.device
 
 
-def backward(
-    q,
-    k,
-    v,
-    out,
-    lse,
-    grad_out,
-    *,
-    causal=False,
-    causal_align="top_left",
-    scale=None,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    max_seqlen_q=None,
-    max_seqlen_k=None,
-    deterministic=None,
-    backend=None,
-) -> Gradients:
+def _signature_tail(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple:
+    return (_cu_key(cu_seqlens_q), _cu_key(cu_seqlens_k), max_seqlen_q, max_seqlen_k)
+
+
+def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_left", scale=None,
+             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+             deterministic=None, backend=None) -> Gradients:  # fmt: skip
     """Gradients ``(dq, dk, dv)`` of attention, by the best (or the forced) implementation.
 
     Tensors are BSHD (dense) or THD with ``cu_seqlens`` (varlen); see the README for shapes.
@@ -111,210 +100,81 @@ def backward(
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     forced = backend or _settings._forced.get() or settings.forced_env
+    # The decision depends only on metadata and flags: key on exactly those (hot path).
     try:
-        key = (
-            "b",
-            q.shape,
-            q.stride(),
-            q.dtype,
-            q.device,
-            k.shape,
-            k.stride(),
-            k.dtype,
-            k.device,
-            v.shape,
-            v.stride(),
-            v.dtype,
-            v.device,
-            out.shape,
-            out.stride(),
-            out.dtype,
-            out.device,
-            lse.shape,
-            lse.stride(),
-            lse.dtype,
-            lse.device,
-            grad_out.shape,
-            grad_out.stride(),
-            grad_out.dtype,
-            grad_out.device,
-            _cu_key(cu_seqlens_q),
-            _cu_key(cu_seqlens_k),
-            causal,
-            causal_align,
-            scale,
-            deterministic,
-            max_seqlen_q,
-            max_seqlen_k,
-            forced,
-            settings.generation,
-        )
+        # fmt: off
+        key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+               v.shape, v.stride(), v.dtype, v.device, out.shape, out.stride(), out.dtype,
+               out.device, lse.shape, lse.stride(), lse.dtype, lse.device, grad_out.shape,
+               grad_out.stride(), grad_out.dtype, grad_out.device, causal, causal_align, scale,
+               deterministic, forced)
+        # fmt: on
+        if cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None:
+            key += _signature_tail(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         decision = settings.decisions.get(key)
     except (AttributeError, TypeError):  # not tensors, unhashable flags: validation explains
         key, decision = None, None
     if decision is not None:
         facts, impl = decision
         if facts.is_varlen and cu_seqlens_q.device.type == "cpu":
-            check_cu_seqlens(
-                cu_seqlens_q,
-                cu_seqlens_k,
-                q.shape[0],
-                k.shape[0],
-                facts.max_seqlen_q,
-                facts.max_seqlen_k,
-            )
-        return impl.backward(
-            BackwardInputs(
-                q,
-                k,
-                v,
-                out,
-                lse,
-                grad_out,
-                cu_seqlens_q,
-                cu_seqlens_k,
-                causal,
-                causal_align,
-                deterministic,
-                facts,
-            )
-        )
-    facts = validate(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-    )
-    inp = BackwardInputs(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        causal,
-        causal_align,
-        deterministic,
-        facts,
-    )
+            check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
+                             facts.max_seqlen_q, facts.max_seqlen_k)  # fmt: skip
+        inp = BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, causal,
+                             causal_align, deterministic, facts)  # fmt: skip
+        return impl.backward(inp)
+    facts = validate(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, causal, causal_align, scale, deterministic)  # fmt: skip
+    inp = BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, causal,
+                         causal_align, deterministic, facts)  # fmt: skip
     impl = _decide(settings, "backward", inp, _forced(backend, settings))
     grads = impl.backward(inp)
     _check_outputs(impl, tuple(grads), {"dq": _like(q), "dk": _like(k), "dv": _like(v)})
+    if not isinstance(grads, Gradients):
+        raise ValueError(f"{impl.full_name} returned {type(grads).__name__}; expected "
+                         "attn_dispatch.Gradients")  # fmt: skip
     _remember(settings, key, facts, impl)
-    return grads if isinstance(grads, Gradients) else Gradients(*grads)
+    return grads
 
 
-def forward(
-    q,
-    k,
-    v,
-    *,
-    causal=False,
-    causal_align="top_left",
-    scale=None,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    max_seqlen_q=None,
-    max_seqlen_k=None,
-    deterministic=None,
-    backend=None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_seqlens_q=None,
+            cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, deterministic=None,
+            backend=None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(out, lse)`` of attention by the best (or forced) implementation that has a forward."""
     settings = _settings._settings or _settings.current()
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     forced = backend or _settings._forced.get() or settings.forced_env
     try:
-        key = (
-            "f",
-            q.shape,
-            q.stride(),
-            q.dtype,
-            q.device,
-            k.shape,
-            k.stride(),
-            k.dtype,
-            k.device,
-            v.shape,
-            v.stride(),
-            v.dtype,
-            v.device,
-            _cu_key(cu_seqlens_q),
-            _cu_key(cu_seqlens_k),
-            causal,
-            causal_align,
-            scale,
-            deterministic,
-            max_seqlen_q,
-            max_seqlen_k,
-            forced,
-            settings.generation,
-        )
+        # fmt: off
+        key = ("forward", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
+               k.device, v.shape, v.stride(), v.dtype, v.device, causal, causal_align, scale,
+               deterministic, forced)
+        # fmt: on
+        if cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None:
+            key += _signature_tail(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         decision = settings.decisions.get(key)
     except (AttributeError, TypeError):
         key, decision = None, None
     if decision is not None:
         facts, impl = decision
         if facts.is_varlen and cu_seqlens_q.device.type == "cpu":
-            check_cu_seqlens(
-                cu_seqlens_q,
-                cu_seqlens_k,
-                q.shape[0],
-                k.shape[0],
-                facts.max_seqlen_q,
-                facts.max_seqlen_k,
-            )
-        return impl.forward(
-            ForwardInputs(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
-            )
-        )
-    facts = validate(
-        q,
-        k,
-        v,
-        None,
-        None,
-        None,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-    )
-    inp = ForwardInputs(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
-    )
+            check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
+                             facts.max_seqlen_q, facts.max_seqlen_k)  # fmt: skip
+        return impl.forward(ForwardInputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal,
+                                          causal_align, deterministic, facts))  # fmt: skip
+    facts = validate(q, k, v, None, None, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, causal, causal_align, scale, deterministic)  # fmt: skip
+    inp = ForwardInputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic,
+                        facts)  # fmt: skip
     impl = _decide(settings, "forward", inp, _forced(backend, settings))
     result = impl.forward(inp)
-    lse_shape = (
-        (q.shape[1], q.shape[0]) if facts.is_varlen else (q.shape[0], q.shape[2], q.shape[1])
-    )
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     result = tuple(result) if isinstance(result, list) else result
-    _check_outputs(
-        impl,
-        result,
-        {
-            "out": (tuple(q.shape[:-1]) + (facts.head_dim_v,), q.dtype, q.device),
-            "lse": (lse_shape, lse_dtype, q.device),
-        },
-    )
+    varlen = facts.is_varlen
+    lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out_shape = tuple(q.shape[:-1]) + (facts.head_dim_v,)
+    _check_outputs(impl, result, {"out": (out_shape, q.dtype, q.device),
+                                  "lse": (lse_shape, lse_dtype, q.device)})  # fmt: skip
     _remember(settings, key, facts, impl)
     return result
 

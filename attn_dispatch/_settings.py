@@ -1,7 +1,7 @@
 """The selection environment: env vars, ``enable()``, ``use_backend()``, loaded plugins.
 
 Everything here is read once, on the first dispatch, and again on ``reload()``. Each change
-bumps ``generation``, which is part of every cached decision's key.
+clears the cached decisions (each Settings object owns its decision cache).
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ class Settings:
     enabled: set[str]
     disabled: set[str]
     arch_override: Arch | None
-    generation: int
     decisions: dict = field(default_factory=dict)
 
     def matches(self, names: set[str], full_name: str) -> bool:
@@ -54,7 +53,6 @@ class Settings:
 
 _lock = threading.Lock()
 _settings: Settings | None = None
-_generation = 0
 _programmatic_enabled: set[str] = set()
 
 
@@ -70,7 +68,6 @@ def _warn_unknown(variable: str, names: list[str], known: set[str]) -> None:
 
 
 def _load() -> Settings:
-    global _generation
     plugins_env = os.environ.get(PLUGINS_ENV)
     allowlist = None if plugins_env is None else _split(plugins_env)
     registry = discover(allowlist)
@@ -82,14 +79,12 @@ def _load() -> Settings:
     _warn_unknown(ENABLE_ENV, enabled, known)
     _warn_unknown(DISABLE_ENV, disabled, known)
     arch_text = os.environ.get(ARCH_ENV)
-    _generation += 1
     return Settings(
         registry=registry,
         forced_env=os.environ.get(BACKEND_ENV) or None,
         enabled=set(enabled) | _programmatic_enabled,
         disabled=set(disabled),
         arch_override=Arch.parse(arch_text) if arch_text else None,
-        generation=_generation,
     )
 
 
@@ -141,15 +136,12 @@ def check_name(name: object, argument: str) -> str:
 def enable(*names: str) -> None:
     """Admit opt-in backends or implementations to automatic selection (until ``reload``
     re-reads the environment, programmatic opt-ins are kept)."""
-    global _generation
     for name in names:
         check_name(name, "name")
     with _lock:
         _programmatic_enabled.update(names)
         settings = current()
         settings.enabled.update(names)
-        _generation += 1
-        settings.generation = _generation
         settings.decisions.clear()
 
 
