@@ -11,6 +11,17 @@ from ._arch import Arch
 from ._inputs import BackwardInputs, ForwardInputs
 
 
+def lookup_priority(table: dict[str, int], arch: Arch) -> int | None:
+    """The entry of ``table`` for ``arch.name``: an exact key wins, else the first fnmatch
+    pattern in order; ``None`` when nothing matches."""
+    if arch.name in table:
+        return table[arch.name]
+    for pattern, value in table.items():
+        if fnmatch.fnmatchcase(arch.name, pattern):
+            return value
+    return None
+
+
 class Gradients(NamedTuple):
     """``(dq, dk, dv)`` with the shapes, dtypes and devices of ``(q, k, v)``."""
 
@@ -46,13 +57,7 @@ class Implementation:
 
     def priority_for(self, arch: Arch) -> int | None:
         """This implementation's priority on ``arch``, or ``None`` when no pattern matches."""
-        table = self.priority
-        if arch.name in table:
-            return table[arch.name]
-        for pattern, value in table.items():
-            if fnmatch.fnmatchcase(arch.name, pattern):
-                return value
-        return None
+        return lookup_priority(self.priority, arch)
 
     def supports(self, inp: ForwardInputs, arch: Arch) -> list[str]:
         """Reasons this implementation cannot run ``inp`` on ``arch``; ``[]`` means it can.
