@@ -14,7 +14,7 @@ import torch
 
 from . import _settings
 from ._arch import Arch, detect_arch
-from ._implementation import Gradients, Implementation
+from ._implementation import Gradients, Implementation, lookup_priority
 from ._inputs import BackwardInputs, Facts, ForwardInputs, check_cu_seqlens, validate
 from ._report import Report
 from ._selection import evaluate, no_backend_error
@@ -268,6 +268,10 @@ class ImplementationInfo:
     deterministic: bool
     priority: dict
     has_forward: bool
+
+    def priority_for(self, arch: Arch | str) -> int | None:
+        """The priority on ``arch`` (``None``: not chosen automatically there)."""
+        return lookup_priority(self.priority, arch if isinstance(arch, Arch) else Arch.parse(arch))
 
     def to_dict(self) -> dict:
         return {

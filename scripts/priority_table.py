@@ -18,11 +18,8 @@ def table() -> str:
     ]
     for info in sorted(ad.backends(), key=lambda b: b.name):
         for impl in info.implementations:
-            cls_like = ad._settings.current().registry.implementations[impl.name]
-            cells = []
-            for arch in ARCHS:
-                value = cls_like.priority_for(ad.Arch.parse(arch))
-                cells.append("-" if value is None else str(value))
+            values = [impl.priority_for(arch) for arch in ARCHS]
+            cells = ["-" if value is None else str(value) for value in values]
             lines.append(
                 f"| `{impl.name}` | {'yes' if impl.opt_in else 'no'} | "
                 f"{'yes' if impl.deterministic else 'no'} | " + " | ".join(cells) + " |"
