@@ -1,0 +1,44 @@
+"""attn_dispatch entry point of the FlyDSL ROCm backend (cheap to import: no flydsl here)."""
+
+from __future__ import annotations
+
+import attn_dispatch as ad
+
+from ._support import reasons
+
+
+class _FlyDSL(ad.Implementation):
+    backend = "flydsl_rocm"
+    opt_in = True
+    deterministic = False
+
+    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+        return reasons(self.name, inp, arch)
+
+    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+        from ._runtime import backward
+
+        arch = ad.detect_arch(inp.device)
+        if arch.vendor != "rocm":  # never launch without a ROCm device
+            raise ValueError(f"flydsl_rocm needs a ROCm GPU; device {inp.device} is {arch.full}")
+        return backward(self.name, inp, arch)
+
+
+class Gfx950Fused(_FlyDSL):
+    """Fused dQ+dK+dV for CDNA4: MFMA 16x16x32, ds_read_b64_tr_b16, swizzled LDS, K/V in
+    registers, prefetched Q/dO tiles."""
+
+    name = "gfx950_fused"
+    priority = {"gfx950": 95}
+
+
+class Gfx942Mfma(_FlyDSL):
+    """Fused dQ+dK+dV with MFMA 32x32x8 for CDNA3 (also runs on gfx950)."""
+
+    name = "gfx942_mfma"
+    priority = {"gfx942": 90, "gfx950": 85}
+
+
+@ad.hookimpl
+def attn_dispatch_implementations() -> list[ad.Implementation]:
+    return [Gfx950Fused(), Gfx942Mfma()]
