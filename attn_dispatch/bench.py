@@ -328,22 +328,25 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
     max_tol, l2_tol = _tolerance(shape.dtype)
     for name in names:
         row = Row(shape, name, "forced")
-        if ref is not None:
-            grads = ad.backward(*_args(sets[0]), causal=shape.causal, backend=name)
-            row.max_err, row.rel_l2 = compare(grads, ref)
-            del grads
-            if not (row.max_err <= max_tol and row.rel_l2 <= l2_tol):
-                row.status = "WRONG"
-                row.note = f"outside tolerance (max_err<={max_tol:g}, rel_l2<={l2_tol:g})"
-                log(f"  {name}: WRONG max_err={row.max_err:.2e} rel_l2={row.rel_l2:.2e}")
-                rows.append(row)
-                continue
-        calls = [lambda t=t, n=name: ad.backward(*_args(t), causal=shape.causal, backend=n)
-                 for t in sets]  # fmt: skip
-        row.us, row.host_us = timer.run(calls, args.warmup, args.repeats)
-        log(f"  {name}: {row.us:.1f} us")
         rows.append(row)
-    if chosen is not None:
+        try:
+            if ref is not None:
+                grads = ad.backward(*_args(sets[0]), causal=shape.causal, backend=name)
+                row.max_err, row.rel_l2 = compare(grads, ref)
+                del grads
+                if not (row.max_err <= max_tol and row.rel_l2 <= l2_tol):
+                    row.status = "WRONG"
+                    row.note = f"outside tolerance (max_err<={max_tol:g}, rel_l2<={l2_tol:g})"
+                    log(f"  {name}: WRONG max_err={row.max_err:.2e} rel_l2={row.rel_l2:.2e}")
+                    continue
+            calls = [lambda t=t, n=name: ad.backward(*_args(t), causal=shape.causal, backend=n)
+                     for t in sets]  # fmt: skip
+            row.us, row.host_us = timer.run(calls, args.warmup, args.repeats)
+            log(f"  {name}: {row.us:.1f} us")
+        except Exception as exc:  # one broken implementation must not end the sweep
+            row.status, row.note = "ERROR", f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            log(f"  {name}: {row.note}")
+    if chosen is not None and not any(r.impl == chosen and r.status != "ok" for r in rows):
         auto = Row(shape, chosen, AUTO)
         calls = [lambda t=t: ad.backward(*_args(t), causal=shape.causal) for t in sets]
         auto.us, auto.host_us = timer.run(calls, args.warmup, args.repeats)
@@ -508,4 +511,4 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(args.csv, rows)
     if args.plot and not plot(args.plot, rows, matmul):
         log("--plot: matplotlib is not installed (pip install 'attn-dispatch[plot]'); skipped")
-    return 1 if any(r.status == "WRONG" for r in rows) else 0
+    return 1 if any(r.status in ("WRONG", "ERROR") for r in rows) else 0

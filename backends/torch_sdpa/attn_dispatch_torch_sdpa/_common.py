@@ -117,11 +117,18 @@ def lse_to_kernel(inp: ad.BackwardInputs) -> torch.Tensor:
     return lse.contiguous()
 
 
-def lse_from_kernel(lse: torch.Tensor, inp: ad.ForwardInputs) -> torch.Tensor:
-    """A kernel's lse in our convention (``-inf`` for rows that see no key)."""
-    if may_have_empty_rows(inp):
-        lse = lse.masked_fill(lse == INF, -INF)
-    return lse
+def clean_empty_rows(out: torch.Tensor, lse: torch.Tensor, inp: ad.ForwardInputs):
+    """``(out, lse)`` with rows that see no key set to exactly 0 and ``-inf``.
+
+    Kernels disagree on these rows (``+inf`` or ``-inf`` lse, 0 or NaN output); any
+    non-finite lse marks such a row. Only run where such rows can exist.
+    """
+    if not may_have_empty_rows(inp):
+        return out, lse
+    empty = ~torch.isfinite(lse)
+    lse = lse.masked_fill(empty, -INF)
+    rows = empty.transpose(0, 1) if inp.is_varlen else empty.transpose(1, 2)  # like out's rows
+    return out.masked_fill(rows.unsqueeze(-1), 0), lse
 
 
 def expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:

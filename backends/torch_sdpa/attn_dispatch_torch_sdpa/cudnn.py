@@ -3,7 +3,11 @@
 Layout: cuDNN takes BHSD *views*; our BSHD tensors are passed as ``transpose(1, 2)`` (no copy)
 and the gradients come back in the inputs' memory order, so transposing them back is free.
 GQA: native (cuDNN reads K/V with Hkv heads and writes Hkv-head dK/dV).
-lse: cuDNN's softmax statistics are the natural-log logsumexp, shape [B, H, Sq, 1].
+lse: cuDNN's softmax statistics are the natural-log logsumexp, shape [B, H, Sq, 1]. Whether
+the backward op takes them as [B, H, Sq] (it adds the unit dim itself) or [B, H, Sq, 1] changed
+between torch releases; the first call tries the 4-D form, falls back to 3-D when cuDNN rejects
+the Stats dims (an error raised while building the graph, before any kernel runs), and the
+working form is kept for the rest of the process.
 Non-goals, each rejected with a reason: varlen, bottom-right causal with Sq != Sk (PyTorch's
 cuDNN op only knows top-left), deterministic requests (dQ is accumulated with atomics and the
 op exposes no deterministic mode), ROCm, head dims above 128, float32.
@@ -17,6 +21,25 @@ import attn_dispatch as ad
 
 from . import _common as c
 from ._ops import CUDNN_BWD, CUDNN_FWD, aten, empty_long, ops_problems
+
+_stats_rank: list[int] = [4, 3]  # ranks of lse to try for the backward, working one first
+
+
+def _run_backward(inp: ad.BackwardInputs, lse: torch.Tensor):
+    seed = empty_long(inp.q.device)
+    for attempt, rank in enumerate(list(_stats_rank)):
+        stats = lse.unsqueeze(-1) if rank == 4 else lse
+        try:
+            return aten(CUDNN_BWD)(
+                inp.grad_out.transpose(1, 2), inp.q.transpose(1, 2), inp.k.transpose(1, 2),
+                inp.v.transpose(1, 2), inp.out.transpose(1, 2), stats, seed, seed, None, None,
+                None, inp.seqlen_q, inp.seqlen_k, 0.0, inp.causal, scale=inp.scale,
+            )  # fmt: skip
+        except RuntimeError as exc:
+            if "Stats" not in str(exc) or attempt == len(_stats_rank) - 1:
+                raise
+            _stats_rank.reverse()
+    raise AssertionError("unreachable")
 
 
 class Cudnn(ad.Implementation):
@@ -66,10 +89,5 @@ class Cudnn(ad.Implementation):
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
         if c.is_empty(inp):
             return c.zero_gradients(inp)
-        seed = empty_long(inp.q.device)
-        dq, dk, dv = aten(CUDNN_BWD)(
-            inp.grad_out.transpose(1, 2), inp.q.transpose(1, 2), inp.k.transpose(1, 2),
-            inp.v.transpose(1, 2), inp.out.transpose(1, 2), inp.lse.contiguous(), seed, seed,
-            None, None, None, inp.seqlen_q, inp.seqlen_k, 0.0, inp.causal, scale=inp.scale,
-        )  # fmt: skip
+        dq, dk, dv = _run_backward(inp, inp.lse.contiguous())
         return ad.Gradients(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2))

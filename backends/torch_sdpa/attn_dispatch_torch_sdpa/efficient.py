@@ -2,8 +2,8 @@
 
 Layout: the ops take BSHD tensors (ours); varlen runs as batch 1 with cu_seqlens. Its lse is
 [B, H, Sq rounded up to 32] (varlen: [num_seqs, H, max_seqlen_q rounded up], per sequence);
-the backward reads it through strides, so a dense lse of ours is passed as is, and varlen lse is
-scattered into / gathered from the per-sequence layout with index ops (no host sync).
+the backward reads whole blocks of rows, so our lse is copied into that padded layout (a
+B·H·Sq·4-byte copy; varlen: scattered per sequence with index ops, no host sync).
 GQA: not native (the op needs equal head counts): K/V are expanded to H heads (a copy) and
 dK/dV are summed over each group; extra traffic about 2·(H/Hkv)·(|K| + |V|) plus the same for
 the gradients.
@@ -45,9 +45,17 @@ def _token_positions(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _padded_lse(inp: ad.BackwardInputs, lse: torch.Tensor) -> torch.Tensor:
-    """Our varlen lse [H, Tq] -> the kernel's [num_seqs, H, max_seqlen_q padded]."""
-    nseq = inp.cu_seqlens_q.shape[0] - 1
+    """Our lse in the kernel's padded layout: the backward reads whole blocks of rows.
+
+    Dense [B, H, Sq] -> [B, H, Sq rounded up to 32]; varlen [H, Tq] -> [num_seqs, H,
+    max_seqlen_q rounded up]. Padding rows hold +inf (they contribute nothing).
+    """
     width = -(-inp.max_seqlen_q // LSE_ALIGN) * LSE_ALIGN
+    if not inp.is_varlen:
+        padded = lse.new_full((inp.batch, inp.heads, width), c.INF)
+        padded[:, :, : inp.seqlen_q] = lse
+        return padded
+    nseq = inp.cu_seqlens_q.shape[0] - 1
     padded = lse.new_full((nseq, inp.heads, width), c.INF)
     seq, pos = _token_positions(inp)
     padded[seq, :, pos] = lse.t()
@@ -121,17 +129,16 @@ class Efficient(ad.Implementation):
             out = out.squeeze(0)
         else:
             lse = lse[:, :, : inp.seqlen_q].contiguous()
-        return out, c.lse_from_kernel(lse, inp)
+        return c.clean_empty_rows(out, lse, inp)
 
     def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
         if c.is_empty(inp):
             return c.zero_gradients(inp)
         q, k, v = self._kernel_views(inp)
-        lse = c.lse_to_kernel(inp)
+        lse = _padded_lse(inp, c.lse_to_kernel(inp))
         out, grad_out = inp.out, inp.grad_out
         if inp.is_varlen:
-            lse = _padded_lse(inp, lse)
             out, grad_out = out.unsqueeze(0), grad_out.unsqueeze(0)
         seed = empty_long(inp.q.device)
         splits = 1 if inp.deterministic else None

@@ -91,7 +91,7 @@ class Flash(ad.Implementation):
         if lse.dim() != expected:
             raise RuntimeError(f"aten::_flash_attention_forward returned lse of shape "
                                f"{tuple(lse.shape)}; this backend expects the unpadded layout")
-        return out, c.lse_from_kernel(lse, inp)
+        return c.clean_empty_rows(out, lse, inp)
 
     def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""

@@ -18,6 +18,18 @@ import attn_dispatch as ad
 NAMES = ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient")
 
 
+@pytest.fixture(autouse=True)
+def only_sdpa_and_reference(monkeypatch):
+    """Selection among this backend and the reference alone (other backends may be installed)."""
+    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "torch_sdpa,reference")
+    for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
+        monkeypatch.delenv(name, raising=False)
+    ad.reload()
+    yield
+    monkeypatch.undo()
+    ad.reload()
+
+
 def _dense(sq=1024, sk=None, h=64, hkv=8, d=128, dv=None, dtype=torch.bfloat16, device="meta"):
     sk = sq if sk is None else sk
     dv = d if dv is None else dv
@@ -51,6 +63,7 @@ def _reasons(report: ad.Report, name: str) -> str:
 
 def test_registered_with_priorities():
     infos = {b.name: b for b in ad.backends()}
+    assert set(infos) == {"torch_sdpa", "reference"}
     assert "torch_sdpa" in infos
     names = [i.name for i in infos["torch_sdpa"].implementations]
     assert names == list(NAMES)
