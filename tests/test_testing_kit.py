@@ -1,0 +1,280 @@
+"""The conformance kit itself: the oracle, tolerances, case generators, and checks that fail."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attn_dispatch as ad
+from attn_dispatch.testing import (
+    BFLOAT16,
+    FLOAT16,
+    FLOAT32,
+    FLOAT64,
+    Case,
+    check_backward,
+    check_forward,
+    error_metrics,
+    make_conformance_tests,
+    oracle,
+    random_cases,
+    standard_cases,
+    tolerance_for,
+)
+
+# ---------------------------------------------------------------------------------------------
+# the oracle
+
+
+def _sdpa(q, k, v, **kw):
+    """PyTorch SDPA (math) on BSHD tensors, returning BSHD."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, **kw).transpose(1, 2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_oracle_matches_sdpa(causal):
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(2, 19, 3, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    res = oracle(q, k, v, do, causal=causal, scale=0.4)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = _sdpa(*leaves, is_causal=causal, scale=0.4)
+    grads = torch.autograd.grad(out, leaves, do)
+    torch.testing.assert_close(res.out, out.detach())
+    for got, want in zip((res.dq, res.dk, res.dv), grads, strict=True):
+        torch.testing.assert_close(got, want)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * 0.4
+    if causal:
+        s = s.masked_fill(torch.ones(19, 19, dtype=torch.bool).triu(1), -math.inf)
+    torch.testing.assert_close(res.lse, torch.logsumexp(s, -1))
+
+
+def test_oracle_bottom_right_gqa_and_dv_match_an_explicit_mask():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 7, 4, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 11, 2, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 11, 2, 5, generator=g, dtype=torch.float64)
+    do = torch.randn(1, 7, 4, 5, generator=g, dtype=torch.float64)
+    res = oracle(q, k, v, do, causal=True, causal_align="bottom_right")
+    mask = torch.arange(11)[None, :] <= torch.arange(7)[:, None] + 4
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    kx, vx = (t.repeat_interleave(2, dim=2) for t in leaves[1:])
+    out = _sdpa(leaves[0], kx, vx, attn_mask=mask)
+    grads = torch.autograd.grad(out, leaves, do)
+    torch.testing.assert_close(res.out, out.detach())
+    for got, want in zip((res.dq, res.dk, res.dv), grads, strict=True):
+        torch.testing.assert_close(got, want)
+    assert res.dk.shape == k.shape and res.dv.shape == v.shape
+
+
+def test_oracle_masked_rows_and_varlen():
+    g = torch.Generator().manual_seed(2)
+    q, do = torch.randn(9, 2, 4, generator=g), torch.randn(9, 2, 4, generator=g)
+    k, v = torch.randn(6, 1, 4, generator=g), torch.randn(6, 1, 4, generator=g)
+    cu_q = torch.tensor([0, 3, 3, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 0, 4, 6], dtype=torch.int32)  # first sequence: 3 queries, no keys
+    res = oracle(q, k, v, do, causal=True, causal_align="bottom_right", cu_seqlens_q=cu_q,
+                 cu_seqlens_k=cu_k)  # fmt: skip
+    assert res.lse.shape == (2, 9)
+    # seq 0: no keys; seq 2: 6 queries, 2 keys, bottom_right -> first 4 rows see nothing
+    masked = torch.tensor([1, 1, 1, 1, 1, 1, 1, 0, 0], dtype=torch.bool)
+    assert torch.equal(torch.isneginf(res.lse), masked.expand(2, 9))
+    assert (res.out[masked] == 0).all() and (res.dq[masked] == 0).all()
+    assert all(torch.isfinite(t).all() for t in (res.out, res.dq, res.dk, res.dv))
+    # seq 2 on its own equals a dense call
+    dense = oracle(q[None, 3:], k[None, 4:], v[None, 4:], do[None, 3:], causal=True,
+                   causal_align="bottom_right")  # fmt: skip
+    torch.testing.assert_close(res.dk[4:], dense.dk[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# tolerances
+
+
+def test_tolerances_are_ordered_by_precision():
+    dtypes = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+    chain = [tolerance_for(d) for d in dtypes]
+    assert chain == [FLOAT64, FLOAT32, FLOAT16, BFLOAT16]
+    for tighter, looser in zip(chain, chain[1:]):
+        assert tighter.max_err < looser.max_err and tighter.rel_l2 < looser.rel_l2
+    with pytest.raises(ValueError, match="dtype"):
+        tolerance_for(torch.int32)
+
+
+def test_error_metrics():
+    ref = torch.tensor([1.0, -2.0, 0.0, 4.0], dtype=torch.float64)
+    assert error_metrics(ref, ref) == (0.0, 0.0)
+    max_err, rel = error_metrics(ref + torch.tensor([0, 0, 0.04, 0]), ref)
+    assert max_err == pytest.approx(0.01) and rel == pytest.approx(0.04 / math.sqrt(21))
+    assert error_metrics(torch.full((3,), 1e-14), torch.zeros(3)) == (math.inf, math.inf)
+    assert error_metrics(torch.full((3,), 1e-14), torch.zeros(3), floor=1.0)[0] < 1e-13
+    assert math.isnan(error_metrics(torch.tensor([math.nan]), torch.tensor([1.0]))[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# cases
+
+
+def test_standard_cases_cover_every_feature():
+    cases = standard_cases()
+    tags = {t for c in cases for t in c.tags}
+    for feature in ("varlen", "empty", "masked_rows", "causal_tl", "causal_br", "noncontig",
+                    "gqa", "mqa", "dv", "scale", "strided", "sq>sk", "sq<sk"):  # fmt: skip
+        assert feature in tags, feature
+    assert any(c.has_masked_rows and c.varlen for c in cases)
+    assert {c.layout for c in cases} == {"contiguous", "sliced", "transposed", "strided"}
+    assert len({c.id for c in cases}) == len(cases)
+
+
+@pytest.mark.parametrize("case", standard_cases() + random_cases(12, seed=3), ids=lambda c: c.id)
+def test_case_inputs_are_valid_and_laid_out(case):
+    inp = case.make_inputs(torch.float32)
+    ad.explain(inp.q, inp.k, inp.v, **inp.flags())  # validation raises on malformed inputs
+    assert inp.q.shape[-1] == case.head_dim and inp.v.shape[-1] == case.dv
+    assert inp.q.shape[-2] == case.heads and inp.k.shape[-2] == case.kv_heads
+    assert torch.isfinite(inp.q).all() and torch.isfinite(inp.grad_out).all()
+    if case.layout != "contiguous":
+        assert not inp.q.is_contiguous()
+    if case.layout == "strided":
+        assert inp.q.stride(-1) == 2
+    lse = oracle(inp.q, inp.k, inp.v, **{k: v for k, v in inp.flags().items()
+                                          if not k.startswith("max_")}).lse  # fmt: skip
+    assert bool(torch.isneginf(lse).any()) == case.has_masked_rows
+
+
+def test_cases_are_seeded():
+    a, b = random_cases(5, seed=11), random_cases(5, seed=11)
+    assert a == b and a != random_cases(5, seed=12)
+    x, y = a[0].make_inputs(), a[0].make_inputs()
+    assert torch.equal(x.q, y.q) and torch.equal(x.grad_out, y.grad_out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks pass a correct implementation and fail wrong ones
+
+
+def _oracle_backward(q, k, v, out, lse, grad_out, *, deterministic=None, max_seqlen_q=None,
+                     max_seqlen_k=None, **flags):  # fmt: skip
+    r = oracle(q, k, v, grad_out, **flags)
+    return ad.Gradients(r.dq.to(q.dtype), r.dk.to(k.dtype), r.dv.to(v.dtype))
+
+
+def _oracle_forward(q, k, v, *, max_seqlen_q=None, max_seqlen_k=None, **flags):
+    r = oracle(q, k, v, **flags)
+    return r.out.to(q.dtype), r.lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+GQA = Case((20,), (24,), heads=8, kv_heads=2, head_dim=16, seed=1)
+BOTTOM_RIGHT = Case((30,), (12,), heads=2, kv_heads=2, head_dim=16, causal=True,
+                    causal_align="bottom_right", seed=2)  # fmt: skip
+SCALED = Case((16,), (16,), heads=2, kv_heads=1, head_dim=16, scale=0.11, seed=3)
+VARLEN = Case((5, 0, 9), (7, 3, 0), heads=2, kv_heads=1, head_dim=8, varlen=True, seed=4)
+
+
+@pytest.mark.parametrize("case", [GQA, BOTTOM_RIGHT, SCALED, VARLEN], ids=lambda c: c.id)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_correct_implementation_passes(case, dtype):
+    check_backward(_oracle_backward, case, dtype=dtype)
+    check_forward(_oracle_forward, case, dtype=dtype)
+
+
+def _wrong_gqa(q, k, v, out, lse, grad_out, **flags):
+    # query head h reads kv head h % Hkv instead of h // (H // Hkv)
+    g = q.shape[-2] // k.shape[-2]
+    perm = torch.arange(q.shape[-2]).reshape(g, -1).t().reshape(-1)
+    dq, dk, dv = _oracle_backward(q[..., perm, :], k, v, out, lse, grad_out[..., perm, :], **flags)
+    return ad.Gradients(dq[..., torch.argsort(perm), :], dk, dv)
+
+
+def _ignores_scale(q, k, v, out, lse, grad_out, *, scale=None, **flags):
+    return _oracle_backward(q, k, v, out, lse, grad_out, **flags)
+
+
+def _always_top_left(q, k, v, out, lse, grad_out, *, causal_align=None, **flags):
+    return _oracle_backward(q, k, v, out, lse, grad_out, causal_align="top_left", **flags)
+
+
+def _nan_masked_rows(q, k, v, out, lse, grad_out, **flags):
+    dq, dk, dv = _oracle_backward(q, k, v, out, lse, grad_out, **flags)
+    dq = dq.clone()
+    dq[:, :18] = float("nan")  # rows of BOTTOM_RIGHT that see no key, "left unwritten"
+    return ad.Gradients(dq, dk, dv)
+
+
+def _slightly_off(q, k, v, out, lse, grad_out, **flags):
+    dq, dk, dv = _oracle_backward(q, k, v, out, lse, grad_out, **flags)
+    return ad.Gradients(dq, dk * (1 + 3e-3), dv)
+
+
+def _wrong_shape(q, k, v, out, lse, grad_out, **flags):
+    dq, dk, dv = _oracle_backward(q, k, v, out, lse, grad_out, **flags)
+    return ad.Gradients(dq, dk.repeat_interleave(q.shape[-2] // k.shape[-2], dim=-2), dv)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "case", "dtype", "match"),
+    [
+        (_wrong_gqa, GQA, torch.float32, "dq .* FAIL"),
+        (_ignores_scale, SCALED, torch.float32, "FAIL"),
+        (_always_top_left, BOTTOM_RIGHT, torch.float32, "FAIL"),
+        (_nan_masked_rows, BOTTOM_RIGHT, torch.float32, "finite=False"),
+        (_slightly_off, GQA, torch.float32, "dk .* FAIL"),
+        (_slightly_off, GQA, torch.float64, "dk .* FAIL"),
+        (_wrong_shape, GQA, torch.float32, "dk: expected"),
+    ],
+    ids=["gqa-head-map", "ignores-scale", "ignores-alignment", "nan-rows", "f32-3e-3-off",
+         "f64-3e-3-off", "expanded-dk"],  # fmt: skip
+)
+def test_wrong_implementation_fails(wrong, case, dtype, match):
+    with pytest.raises(AssertionError, match=match):
+        check_backward(wrong, case, dtype=dtype)
+
+
+def test_forward_check_fails_a_wrong_lse_and_nonzero_masked_rows():
+    def shifted_lse(q, k, v, **flags):
+        out, lse = _oracle_forward(q, k, v, **flags)
+        return out, lse + 1e-2
+
+    def masked_rows_nonzero(q, k, v, **flags):
+        out, lse = _oracle_forward(q, k, v, **flags)
+        return out + 1e-9, lse
+
+    with pytest.raises(AssertionError, match="lse .* FAIL"):
+        check_forward(shifted_lse, GQA)
+    with pytest.raises(AssertionError, match="rows that see no key"):
+        check_forward(masked_rows_nonzero, BOTTOM_RIGHT)
+
+
+def test_bf16_tolerance_catches_a_percent_error():
+    def off_by_2_percent(q, k, v, out, lse, grad_out, **flags):
+        dq, dk, dv = _oracle_backward(q, k, v, out, lse, grad_out, **flags)
+        return ad.Gradients(dq * 1.02, dk, dv)
+
+    with pytest.raises(AssertionError, match="dq .* FAIL"):
+        check_backward(off_by_2_percent, GQA, dtype=torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# the pytest suite factory
+
+
+def test_make_conformance_tests_parametrises():
+    cases = [GQA, VARLEN]
+    fn = make_conformance_tests(
+        "some_backend", dtypes=("float32", torch.bfloat16), cases=cases,
+        filter=lambda c: c.varlen, checks=("backward", "forward"),
+    )  # fmt: skip
+    (mark,) = [m for m in fn.pytestmark if m.name == "parametrize"]
+    ids = [p.id for p in mark.args[1]]
+    assert ids == [f"{check}-{d}-{VARLEN.id}" for check in ("backward", "forward")
+                   for d in ("float32", "bfloat16")]  # fmt: skip
+    gpu = make_conformance_tests("x", device="cuda", cases=cases)
+    assert any(m.name == "gpu" for m in gpu.pytestmark)
+    with pytest.raises(ValueError, match="checks"):
+        make_conformance_tests("x", checks=("sideways",))
+
+
+def test_unknown_backend_name_is_an_error_not_a_skip():
+    with pytest.raises(ValueError, match="no_such_backend"):
+        check_backward("no_such_backend", GQA)
