@@ -319,7 +319,7 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
         l_sh: fx.Int32, l_sb: fx.Int32,
         scale: fx.Float32,
         grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
-        stream: fx.Stream = fx.Stream(None),
+        stream: fx.Stream = fx.Stream(None),  # noqa: B008 (FlyDSL launcher idiom)
     ):
         fmha_bwd_main(
             Q, K, V, dO, LSE, Dvec, dQacc, dK, dV, CuQ, CuK, seqlen_q, seqlen_k, heads,

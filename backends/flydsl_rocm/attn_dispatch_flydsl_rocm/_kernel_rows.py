@@ -41,7 +41,7 @@ def build_preprocess(dtype: str, head_dim: int, varlen: bool):
 
     @flyc.kernel(known_block_size=[256, 1, 1])
     def fmha_bwd_preprocess(
-        O: fx.Tensor, dO: fx.Tensor, Dvec: fx.Tensor, dQacc: fx.Tensor, CuQ: fx.Tensor,
+        Out: fx.Tensor, dO: fx.Tensor, Dvec: fx.Tensor, dQacc: fx.Tensor, CuQ: fx.Tensor,
         seqlen_q: fx.Int32, heads: fx.Int32,
         o_sr: fx.Int32, o_sh: fx.Int32, o_sb: fx.Int32,
         g_sr: fx.Int32, g_sh: fx.Int32, g_sb: fx.Int32,
@@ -58,7 +58,7 @@ def build_preprocess(dtype: str, head_dim: int, varlen: bool):
         bg = fx.Int64(0) if varlen else fx.Int64(b) * fx.Int64(g_sb)
         bl = fx.Int64(qs) if varlen else fx.Int64(b) * fx.Int64(l_sb)
         bq = fx.Int64(0) if varlen else fx.Int64(b) * fx.Int64(seqlen_q) * fx.Int64(heads * D)
-        ro = P.buffer_rsrc(O, bo + fx.Int64(qs) * fx.Int64(o_sr) + fx.Int64(h * o_sh),
+        ro = P.buffer_rsrc(Out, bo + fx.Int64(qs) * fx.Int64(o_sr) + fx.Int64(h * o_sh),
                            sq * o_sr - h * o_sh, EB)
         rg = P.buffer_rsrc(dO, bg + fx.Int64(qs) * fx.Int64(g_sr) + fx.Int64(h * g_sh),
                            sq * g_sr - h * g_sh, EB)
@@ -86,16 +86,16 @@ def build_preprocess(dtype: str, head_dim: int, varlen: bool):
 
     @flyc.jit
     def launch(
-        O: fx.Tensor, dO: fx.Tensor, Dvec: fx.Tensor, dQacc: fx.Tensor, CuQ: fx.Tensor,
+        Out: fx.Tensor, dO: fx.Tensor, Dvec: fx.Tensor, dQacc: fx.Tensor, CuQ: fx.Tensor,
         seqlen_q: fx.Int32, heads: fx.Int32,
         o_sr: fx.Int32, o_sh: fx.Int32, o_sb: fx.Int32,
         g_sr: fx.Int32, g_sh: fx.Int32, g_sb: fx.Int32,
         l_sh: fx.Int32, l_sb: fx.Int32,
         grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
-        stream: fx.Stream = fx.Stream(None),
+        stream: fx.Stream = fx.Stream(None),  # noqa: B008 (FlyDSL launcher idiom)
     ):
         fmha_bwd_preprocess(
-            O, dO, Dvec, dQacc, CuQ, seqlen_q, heads, o_sr, o_sh, o_sb, g_sr, g_sh, g_sb,
+            Out, dO, Dvec, dQacc, CuQ, seqlen_q, heads, o_sr, o_sh, o_sb, g_sr, g_sh, g_sb,
             l_sh, l_sb,
         ).launch(grid=(grid_x, grid_y, grid_z), block=(256, 1, 1), stream=stream)
 
@@ -114,7 +114,6 @@ def build_convert(dtype: str, head_dim: int, varlen: bool):
         dQacc: fx.Tensor, dQ: fx.Tensor, CuQ: fx.Tensor,
         seqlen_q: fx.Int32, heads: fx.Int32, scale: fx.Float32,
     ):
-        et = P.elem_t(dtype)
         f32 = P.f32_t()
         tid = fx.thread_idx.x
         blk = fx.block_idx.x
@@ -138,7 +137,7 @@ def build_convert(dtype: str, head_dim: int, varlen: bool):
         dQacc: fx.Tensor, dQ: fx.Tensor, CuQ: fx.Tensor,
         seqlen_q: fx.Int32, heads: fx.Int32, scale: fx.Float32,
         grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
-        stream: fx.Stream = fx.Stream(None),
+        stream: fx.Stream = fx.Stream(None),  # noqa: B008 (FlyDSL launcher idiom)
     ):
         fmha_bwd_convert_dq(dQacc, dQ, CuQ, seqlen_q, heads, scale).launch(
             grid=(grid_x, grid_y, grid_z), block=(256, 1, 1), stream=stream
