@@ -69,7 +69,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base,
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
 def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, Lse2, Delta, CU_Q, CU_K,
                    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                    stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,

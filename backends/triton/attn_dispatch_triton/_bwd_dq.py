@@ -52,7 +52,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads", "group"])
 def _attn_bwd_dq(Q, K, V, DO, DQ, Lse2, Delta, CU_Q, CU_K,
                  stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                  stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,

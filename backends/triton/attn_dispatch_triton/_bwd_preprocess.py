@@ -17,7 +17,7 @@ import triton.language as tl
 from ._common import load_tile, seq_bounds
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seqlen_q", "heads"])
 def _attn_bwd_preprocess(Out, DO, Lse, Delta, Lse2, CU_Q,
                          stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh,
                          stride_lb, stride_lh, stride_ls, stride_tb, stride_th, stride_ts,

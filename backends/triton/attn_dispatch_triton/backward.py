@@ -3,6 +3,9 @@
 Three launches, no atomics, no fp32 scratch for the gradients (see the kernel modules for the
 math): ``_bwd_preprocess`` (delta, lse2), ``_bwd_dkdv`` (one program per key block and kv head,
 walking the GQA group), ``_bwd_dq`` (one program per query block and head).
+
+:class:`BackwardLaunch` holds one problem's arguments so each kernel can also be launched (and
+timed) on its own; :func:`attention_backward` runs all three.
 """
 
 from __future__ import annotations
@@ -14,6 +17,84 @@ from ._bwd_dkdv import _attn_bwd_dkdv
 from ._bwd_dq import _attn_bwd_dq
 from ._bwd_preprocess import _attn_bwd_preprocess
 from ._common import LOG2E, last_dim_contiguous, lse_strides, padded_dim, token_strides
+
+
+class BackwardLaunch:
+    """The arguments of one backward problem, and one method per kernel launch."""
+
+    def __init__(self, q, k, v, out, lse, grad_out, *, causal: bool, bottom_right: bool,
+                 scale: float, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                 max_seqlen_k=None, dq=None, dk=None, dv=None) -> None:
+        self.varlen = varlen = cu_seqlens_q is not None
+        q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
+        if varlen:
+            self.batch = cu_seqlens_q.numel() - 1
+            self.heads, self.kv_heads = q.shape[1], k.shape[1]
+            self.seqlen_q, self.seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+        else:
+            self.batch, self.seqlen_q, self.heads = q.shape[0], q.shape[1], q.shape[2]
+            self.seqlen_k, self.kv_heads = k.shape[1], k.shape[2]
+        self.d, self.d_v = q.shape[-1], v.shape[-1]
+        self.group = self.heads // self.kv_heads
+        self.q, self.k, self.v, self.out, self.lse, self.grad_out = q, k, v, out, lse, grad_out
+        self.dq = torch.empty_like(q) if dq is None else dq
+        self.dk = torch.empty_like(k) if dk is None else dk
+        self.dv = torch.empty_like(v) if dv is None else dv
+        self.lse2 = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        self.delta = torch.empty_like(self.lse2)
+        self.cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
+        self.cu_k = cu_seqlens_k if varlen else q
+        self.scale = scale
+        self.flags = dict(CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen)
+        self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
+        self.s_q, self.s_k, self.s_v = (token_strides(t, varlen) for t in (q, k, v))
+        self.s_do = token_strides(grad_out, varlen)
+        self.s_t = lse_strides(self.lse2, varlen)
+
+    def preprocess(self, c: dict) -> None:
+        """delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf for rows that see no key)."""
+        grid = (triton.cdiv(max(self.seqlen_q, 1), c["BLOCK_M"]), self.batch * self.heads)
+        _attn_bwd_preprocess[grid](
+            self.out, self.grad_out, self.lse, self.delta, self.lse2, self.cu_q,
+            *token_strides(self.out, self.varlen), *self.s_do,
+            *lse_strides(self.lse, self.varlen), *self.s_t, self.seqlen_q, self.heads,
+            DV=self.d_v, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
+            BLOCK_DV=self.blocks["BLOCK_DV"], num_warps=c["num_warps"],
+            num_stages=c["num_stages"],
+        )
+
+    def dkdv(self, c: dict) -> None:
+        """dK, dV: one program per key block and kv head."""
+        grid = (triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]), self.batch * self.kv_heads)
+        _attn_bwd_dkdv[grid](
+            self.q, self.k, self.v, self.grad_out, self.dk, self.dv, self.lse2, self.delta,
+            self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
+            *token_strides(self.dk, self.varlen), *token_strides(self.dv, self.varlen),
+            *self.s_t, self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
+            self.scale * LOG2E, self.scale, D=self.d, DV=self.d_v, **self.flags,
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
+            num_warps=c["num_warps"], num_stages=c["num_stages"],
+        )
+
+    def dq_(self, c: dict) -> None:
+        """dQ: one program per query block and head."""
+        grid = (triton.cdiv(max(self.seqlen_q, 1), c["BLOCK_M"]), self.batch * self.heads)
+        _attn_bwd_dq[grid](
+            self.q, self.k, self.v, self.grad_out, self.dq, self.lse2, self.delta,
+            self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
+            *token_strides(self.dq, self.varlen), *self.s_t,
+            self.seqlen_q, self.seqlen_k, self.heads, self.group, self.scale * LOG2E,
+            self.scale, D=self.d, DV=self.d_v, **self.flags,
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
+            num_warps=c["num_warps"], num_stages=c["num_stages"],
+        )
+
+    def run(self, config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """All three kernels; ``config`` maps "pre"/"dkdv"/"dq" to launch configs."""
+        self.preprocess(config["pre"])
+        self.dkdv(config["dkdv"])
+        self.dq_(config["dq"])
+        return self.dq, self.dk, self.dv
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -30,54 +111,15 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     ``config`` maps "pre"/"dkdv"/"dq" to {BLOCK_M, BLOCK_N, num_warps, num_stages} (default:
     the tuning table). ``dq``/``dk``/``dv`` may be given preallocated (tests poison them).
     """
-    varlen = cu_seqlens_q is not None
-    q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
-    if varlen:
-        batch = cu_seqlens_q.numel() - 1
-        heads, kv_heads = q.shape[1], k.shape[1]
-        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
-    else:
-        batch, seqlen_q, heads = q.shape[0], q.shape[1], q.shape[2]
-        seqlen_k, kv_heads = k.shape[1], k.shape[2]
-    d, d_v = q.shape[-1], v.shape[-1]
-    group = heads // kv_heads
+    launch = BackwardLaunch(q, k, v, out, lse, grad_out, causal=causal,
+                            bottom_right=bottom_right, scale=scale, cu_seqlens_q=cu_seqlens_q,
+                            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                            max_seqlen_k=max_seqlen_k, dq=dq, dk=dk, dv=dv)
+    if launch.batch * launch.heads == 0 or q.numel() == 0 and k.numel() == 0:
+        return launch.dq.zero_(), launch.dk.zero_(), launch.dv.zero_()
     if config is None:
         from .tuning import get_backward_config
 
-        config = get_backward_config(q.device, d, causal, group)
-    dq = torch.empty_like(q) if dq is None else dq
-    dk = torch.empty_like(k) if dk is None else dk
-    dv = torch.empty_like(v) if dv is None else dv
-    lse2 = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-    delta = torch.empty_like(lse2)
-    cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
-    cu_k = cu_seqlens_k if varlen else q
-    block_d, block_dv = padded_dim(d), padded_dim(d_v)
-    flags = dict(CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen)
-    s_q, s_k, s_v = (token_strides(t, varlen) for t in (q, k, v))
-    s_o, s_do = token_strides(out, varlen), token_strides(grad_out, varlen)
-    s_t = lse_strides(lse2, varlen)
-
-    pre = config["pre"]
-    _attn_bwd_preprocess[(triton.cdiv(max(seqlen_q, 1), pre["BLOCK_M"]), batch * heads)](
-        out, grad_out, lse, delta, lse2, cu_q, *s_o, *s_do, *lse_strides(lse, varlen), *s_t,
-        seqlen_q, heads, DV=d_v, IS_VARLEN=varlen, BLOCK_M=pre["BLOCK_M"], BLOCK_DV=block_dv,
-        num_warps=pre["num_warps"], num_stages=pre["num_stages"],
-    )
-    c = config["dkdv"]
-    _attn_bwd_dkdv[(triton.cdiv(max(seqlen_k, 1), c["BLOCK_N"]), batch * kv_heads)](
-        q, k, v, grad_out, dk, dv, lse2, delta, cu_q, cu_k,
-        *s_q, *s_k, *s_v, *s_do, *token_strides(dk, varlen), *token_strides(dv, varlen), *s_t,
-        seqlen_q, seqlen_k, kv_heads, group, scale * LOG2E, scale,
-        D=d, DV=d_v, **flags, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-        BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=c["num_warps"], num_stages=c["num_stages"],
-    )
-    c = config["dq"]
-    _attn_bwd_dq[(triton.cdiv(max(seqlen_q, 1), c["BLOCK_M"]), batch * heads)](
-        q, k, v, grad_out, dq, lse2, delta, cu_q, cu_k,
-        *s_q, *s_k, *s_v, *s_do, *token_strides(dq, varlen), *s_t,
-        seqlen_q, seqlen_k, heads, group, scale * LOG2E, scale,
-        D=d, DV=d_v, **flags, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-        BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=c["num_warps"], num_stages=c["num_stages"],
-    )
-    return dq, dk, dv
+        config = get_backward_config(q.device, launch.d, causal, launch.group,
+                                     launch.seqlen_k)
+    return launch.run(config)

@@ -71,7 +71,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, lo, 
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads", "group"])
 def _attn_fwd(Q, K, V, Out, Lse, CU_Q, CU_K,
               stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
               stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
@@ -163,7 +163,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     if config is None:
         from .tuning import get_config
 
-        config = get_config("fwd", q.device, d, causal, heads // kv_heads)
+        config = get_config("fwd", q.device, d, causal, heads // kv_heads, seqlen_k)
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
     cu_k = cu_seqlens_k if varlen else q

@@ -63,10 +63,19 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
 }
 
 
-def shape_class(head_dim: int, causal: bool, group: int) -> str:
-    """The key configurations are chosen by, e.g. ``"d128-causal-gqa"``."""
+SHORT_SEQ = 2048  # at or below: fewer key blocks than SMs, so smaller tiles pay
+
+
+def shape_class(head_dim: int, causal: bool, group: int, seqlen_k: int | None = None) -> str:
+    """The key configurations are chosen by, e.g. ``"d128-causal-gqa-long"``.
+
+    Without ``seqlen_k`` the key stops before the length bucket (a table entry for both).
+    """
     bucket = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
-    return f"d{bucket}-{'causal' if causal else 'full'}-{'gqa' if group > 1 else 'mha'}"
+    key = f"d{bucket}-{'causal' if causal else 'full'}-{'gqa' if group > 1 else 'mha'}"
+    if seqlen_k is None:
+        return key
+    return f"{key}-{'short' if seqlen_k <= SHORT_SEQ else 'long'}"
 
 
 def arch_of(device: torch.device) -> str:
@@ -74,10 +83,12 @@ def arch_of(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
     props = torch.cuda.get_device_properties(device)
-    gcn = getattr(props, "gcnArchName", "")
-    if gcn:
-        return gcn.split(":")[0]
+    if torch.version.hip:
+        return props.gcnArchName.split(":")[0]
     return f"sm_{props.major}{props.minor}"
+
+
+_arch_of = functools.cache(arch_of)  # per device, so the hot path asks the driver once
 
 
 def cache_path(arch: str) -> Path:
@@ -109,14 +120,19 @@ def _table_for(arch: str) -> dict[str, dict[str, Config]]:
 
 
 @functools.cache
-def lookup(arch: str, head_dim: int, causal: bool, group: int) -> dict[str, Config]:
-    """All four kernel configs for one arch and shape class (memoised)."""
-    key = shape_class(head_dim, causal, group)
-    table = _table_for(arch)
+def lookup(arch: str, head_dim: int, causal: bool, group: int,
+           seqlen_k: int = 1 << 30) -> dict[str, Config]:
+    """All four kernel configs for one arch and shape class (memoised).
+
+    Entries override each other from general to specific: the table's ``"*"``, its class
+    without and with the length bucket, then the on-disk tuned entries likewise.
+    """
+    keys = ("*", shape_class(head_dim, causal, group), shape_class(head_dim, causal, group,
+                                                                   seqlen_k))
     base = dict(_GENERIC)
-    base.update(table.get("*", {}))
-    base.update(table.get(key, {}))
-    base.update(_tuned(arch).get(key, {}))
+    for source in (_table_for(arch), _tuned(arch)):
+        for key in keys:
+            base.update(source.get(key, {}))
     if arch != "cpu" and head_dim > 128:  # keep register tiles in budget for D=256
         for name in ("dkdv", "dq", "fwd"):
             c = dict(base[name])
@@ -126,16 +142,20 @@ def lookup(arch: str, head_dim: int, causal: bool, group: int) -> dict[str, Conf
     return base
 
 
-def get_config(kernel: str, device: torch.device, head_dim: int, causal: bool,
-               group: int) -> Config:
+def _bucket(seqlen_k: int) -> int:
+    return SHORT_SEQ if seqlen_k <= SHORT_SEQ else 1 << 30  # one memo entry per bucket
+
+
+def get_config(kernel: str, device: torch.device, head_dim: int, causal: bool, group: int,
+               seqlen_k: int = 1 << 30) -> Config:
     """The configuration of one kernel."""
-    return lookup(arch_of(device), head_dim, causal, group)[kernel]
+    return lookup(_arch_of(device), head_dim, causal, group, _bucket(seqlen_k))[kernel]
 
 
-def get_backward_config(device: torch.device, head_dim: int, causal: bool,
-                        group: int) -> dict[str, Config]:
+def get_backward_config(device: torch.device, head_dim: int, causal: bool, group: int,
+                        seqlen_k: int = 1 << 30) -> dict[str, Config]:
     """The configurations of the three backward kernels."""
-    return lookup(arch_of(device), head_dim, causal, group)
+    return lookup(_arch_of(device), head_dim, causal, group, _bucket(seqlen_k))
 
 
 def save_tuned(arch: str, key: str, configs: dict[str, Config]) -> Path:
