@@ -7,8 +7,11 @@ B·H·Sq·4-byte copy; varlen: scattered per sequence with index ops, no host sy
 GQA: not native (the op needs equal head counts): K/V are expanded to H heads (a copy) and
 dK/dV are summed over each group; extra traffic about 2·(H/Hkv)·(|K| + |V|) plus the same for
 the gradients.
-Causal: both alignments natively on CUDA (mask types 1 = top-left, 2 = bottom-right, per
-sequence for varlen).
+Causal: top-left natively (mask type 1, per sequence for varlen); bottom-right (type 2) only for
+dense Sq <= Sk: measured on an H200 with torch 2.11, the kernel's bottom-right mask gives wrong
+rows when Sq > Sk, so that and varlen bottom-right (unknown per-sequence lengths) are rejected.
+Varlen sequences with no keys are left unwritten by the kernel: their lse/out/dq are set here.
+``out`` must have contiguous rows (the op ignores its row stride): it is copied when not.
 Determinism: ``num_splits_key=1`` makes the backward deterministic (one block per (batch, head)
 walks all keys, no atomics), at a loss of parallelism; it is passed when determinism is asked.
 ROCm (AOTriton): top-left causal only, no varlen, no deterministic mode.
@@ -31,9 +34,7 @@ LSE_ALIGN = 32
 def _mask_type(inp: ad.ForwardInputs) -> int:
     if not inp.causal:
         return MASK_NONE
-    if inp.causal_align == "top_left" or (not inp.is_varlen and inp.seqlen_q == inp.seqlen_k):
-        return MASK_TOP_LEFT
-    return MASK_BOTTOM_RIGHT
+    return MASK_TOP_LEFT if c.causal_matches(inp, "top_left") else MASK_BOTTOM_RIGHT
 
 
 def _token_positions(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,6 +43,12 @@ def _token_positions(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]
     tokens = torch.arange(inp.q.shape[0], dtype=cu.dtype, device=cu.device)
     seq = torch.searchsorted(cu[1:].contiguous(), tokens, right=True)
     return seq, (tokens - cu[seq]).long()
+
+
+def _keyless_tokens(inp: ad.ForwardInputs, seq: torch.Tensor) -> torch.Tensor:
+    """Bool [Tq]: query tokens whose sequence has no keys (the kernel leaves them unwritten)."""
+    cu_k = inp.cu_seqlens_k
+    return (cu_k[1:] - cu_k[:-1])[seq] == 0
 
 
 def _padded_lse(inp: ad.BackwardInputs, lse: torch.Tensor) -> torch.Tensor:
@@ -98,6 +105,11 @@ class Efficient(ad.Implementation):
             elif inp.dtype == torch.bfloat16 and cap < 80:
                 reasons.append(f"dtype=bfloat16 on {arch.name}: needs sm_80 or newer")
             reasons += c.dtype_reasons(inp, (*c.HALF_DTYPES, torch.float32))
+            if inp.causal and not c.causal_matches(inp, "top_left") and (
+                    inp.is_varlen or inp.seqlen_q > inp.seqlen_k):
+                reasons.append(f"causal_align='bottom_right' with Sq={inp.seqlen_q} > "
+                               f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the "
+                               "kernel's bottom-right mask is wrong where rows see no key")
         reasons += c.head_dim_reasons(inp, self.max_head_dim, same_dv=False)
         reasons += c.stride_reasons(inp)
         reasons += ops_problems(EFFICIENT_FWD, EFFICIENT_BWD)
@@ -125,7 +137,8 @@ class Efficient(ad.Implementation):
         out, lse = res[0], res[1]
         if varlen:
             seq, pos = _token_positions(inp)
-            lse = lse[seq, :, pos].t().contiguous()
+            keyless = _keyless_tokens(inp, seq)
+            lse = lse[seq, :, pos].masked_fill(keyless[:, None], c.INF).t().contiguous()
             out = out.squeeze(0)
         else:
             lse = lse[:, :, : inp.seqlen_q].contiguous()
@@ -137,7 +150,7 @@ class Efficient(ad.Implementation):
             return c.zero_gradients(inp)
         q, k, v = self._kernel_views(inp)
         lse = _padded_lse(inp, c.lse_to_kernel(inp))
-        out, grad_out = inp.out, inp.grad_out
+        out, grad_out = inp.out.contiguous(), inp.grad_out  # the op assumes out's row pitch
         if inp.is_varlen:
             out, grad_out = out.unsqueeze(0), grad_out.unsqueeze(0)
         seed = empty_long(inp.q.device)
@@ -149,5 +162,7 @@ class Efficient(ad.Implementation):
         )  # fmt: skip
         if inp.is_varlen:
             dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
+            keyless = _keyless_tokens(inp, _token_positions(inp)[0])
+            dq = dq.masked_fill(keyless[:, None, None], 0)
         group = inp.group_size
         return ad.Gradients(dq, c.reduce_group(dk, group), c.reduce_group(dv, group))
