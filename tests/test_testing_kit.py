@@ -278,3 +278,24 @@ def test_make_conformance_tests_parametrises():
 def test_unknown_backend_name_is_an_error_not_a_skip():
     with pytest.raises(ValueError, match="no_such_backend"):
         check_backward("no_such_backend", GQA)
+
+
+# ---------------------------------------------------------------------------------------------
+# through the dispatcher: registered plugins (tests/plugins, active with the `toys` fixture)
+
+
+def test_registered_wrong_backend_fails_and_rejection_is_unsupported(toys):
+    from attn_dispatch.testing import Unsupported
+
+    with pytest.raises(AssertionError, match="toy:fast does not match"):
+        check_backward("toy:fast", GQA)  # fills every gradient with 1.0
+    with pytest.raises(AssertionError, match="toy:fast does not match"):
+        check_forward("toy:fast", GQA)
+    with pytest.raises(Unsupported, match="head_dim=128 > 64") as info:
+        check_backward("toy:fast", Case((8,), (8,), heads=2, kv_heads=2, head_dim=128))
+    assert info.value.reasons
+
+
+def test_backend_whose_supports_raises_is_a_failure_not_a_skip(toys):
+    with pytest.raises(AssertionError, match="failed while evaluating"):
+        check_backward("broken_supports", GQA)

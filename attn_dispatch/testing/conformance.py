@@ -53,11 +53,15 @@ def _oracle_for(inputs: CaseInputs) -> OracleResult:
 
 
 def _require_supported(backend: str, args: tuple, flags: dict) -> None:
-    """Raise :class:`Unsupported` when the forced backend rejects the inputs."""
+    """Raise :class:`Unsupported` when the forced backend rejects the inputs (and
+    ``AssertionError`` when its plugin or ``supports`` raised)."""
     report = ad.explain(*args, **flags, backend=backend)
     if report.selected is not None:
         return
     wanted = [c for c in report.candidates if c.name == backend or c.name.startswith(backend + ":")]
+    failed = [f"{c.name}: {'; '.join(c.reasons)}" for c in wanted if c.status == "failed"]
+    if failed:  # a plugin or supports() that raises is a bug, not a rejection
+        raise AssertionError(f"{backend} failed while evaluating the case: {failed}")
     reasons = [f"{c.name}: {r}" for c in wanted for r in c.reasons] or [
         f"nothing selected; candidates: {[(c.name, c.status) for c in report.candidates]}"
     ]
