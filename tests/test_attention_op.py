@@ -273,6 +273,58 @@ def test_compile_fullgraph_trains_like_eager(varlen: bool) -> None:
     _compiled_matches_eager("aot_eager", varlen)
 
 
+def test_compile_dynamic_varlen_is_one_graph() -> None:
+    """Changing token counts and max_seqlen reuse one dynamic graph; results match eager."""
+    torch.compiler.reset()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=counting, fullgraph=True, dynamic=True)
+    def step(q, k, v, cu, max_len):
+        out = ad.attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                           max_seqlen_q=max_len, max_seqlen_k=max_len)  # fmt: skip
+        return out
+
+    for lengths in ([3, 7], [6, 7], [12, 8, 1]):
+        total = sum(lengths)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        q = torch.randn(total, 4, 8, requires_grad=True)
+        k, v = (torch.randn(total, 2, 8, requires_grad=True) for _ in range(2))
+        grad_out = torch.randn(total, 4, 8)
+        got = torch.autograd.grad(step(q, k, v, cu, max(lengths)), (q, k, v), grad_out)
+        ref = oracle(q, k, v, grad_out, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+        for g, r in zip(got, (ref.dq, ref.dk, ref.dv)):
+            torch.testing.assert_close(g, r.float(), atol=1e-5, rtol=1e-4)
+    assert len(graphs) == 1
+    torch.compiler.reset()
+
+
+def test_compiled_op_follows_deterministic_mode(monkeypatch) -> None:
+    seen = []
+    real_forward = ad.forward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr("attn_dispatch._autograd._dispatch_forward", spy)
+    torch.compiler.reset()
+    fn = torch.compile(lambda q: ad.attention(q, q, q), backend="aot_eager", fullgraph=True)
+    q = torch.randn(1, 4, 2, 8)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        fn(q)
+        torch.use_deterministic_algorithms(True)
+        fn(q)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    torch.compiler.reset()
+    assert seen == [was, True]
+
+
 @pytest.mark.slow
 def test_compile_inductor_trains_like_eager() -> None:
     """The same with inductor (C++ code generation takes ~30 s on a two-core CPU)."""
