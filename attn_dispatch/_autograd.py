@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ._api import backward as _dispatch_backward
 from ._api import forward as _dispatch_forward
+from ._inputs import check_flags
 
 _FLAGS = (
     "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, "
@@ -102,9 +103,7 @@ def _bwd_fake(
     )
 
 
-_FLAG_NAMES = (
-    "max_seqlen_q", "max_seqlen_k", "causal", "causal_align", "scale", "deterministic", "backend",
-)  # fmt: skip
+_INTS = (int, torch.SymInt)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -153,6 +152,14 @@ def attention(
     """
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
+    # The operator schema would coerce or reject these with its own error; say it the library's
+    # way instead (the rest is validated by the dispatcher inside the operator).
+    check_flags(causal, causal_align, deterministic)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, _INTS)):
+            raise TypeError(f"argument '{name}': expected a Python int, got {type(value).__name__}")
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"argument 'backend': expected a str or None, got {type(backend).__name__}")
     if scale is not None:
         scale = float(scale)
     out, _ = _fwd(

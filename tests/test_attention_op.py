@@ -199,6 +199,9 @@ def test_errors_are_the_dispatchers() -> None:
         ad.attention(q, q[:, :, :1], q[:, :, :1], backend="no_such_backend")
     with pytest.raises(ValueError, match="head dim"):
         ad.attention(q, torch.randn(1, 4, 2, 4), torch.randn(1, 4, 2, 4))
+    for flags in ({"causal": 1}, {"deterministic": 0}, {"max_seqlen_q": 4.0}, {"backend": 3}):
+        with pytest.raises(TypeError, match=f"argument '{next(iter(flags))}'"):
+            ad.attention(q, q, q, **flags)
 
 
 # ----------------------------------------------------------------------------------------------
