@@ -296,6 +296,15 @@ def main() -> None:
         t_dkdv = [bench(lambda c=c, L=launch: L.dkdv(c), smoke, est) for c in dkdv_cands]
         t_dq = [bench(lambda c=c, L=launch: L.dq_(c), smoke, est) for c in dq_cands]
         per_shape[name] = dict(pre=t_pre, dkdv=t_dkdv, dq=t_dq)
+        best = dkdv_cands[min(range(len(dkdv_cands)), key=t_dkdv.__getitem__)]
+        split_ms = {f"auto={launch.group_split(best)}": min(t_dkdv)}
+        for sp in (1, 2, 4, 8):
+            if h // hk > 1 and (h // hk) % sp == 0:
+                split_ms[sp] = bench(lambda L=launch, c={**best, "SPLIT": sp}: L.dkdv(c), smoke,
+                                     est)
+        per_shape[name]["dkdv_best_by_split"] = split_ms
+        log(f"  group split {name}: " + " ".join(f"{k_}:{v_ * 1e3:.0f}us"
+                                                 for k_, v_ in split_ms.items()))
         log(f"tune {name}: pre {t_pre * 1e3:.0f}us dkdv "
             + " ".join(f"{t * 1e3:.0f}" for t in t_dkdv) + " | dq "
             + " ".join(f"{t * 1e3:.0f}" for t in t_dq))

@@ -14,6 +14,11 @@ every query head of its group and every query block that sees those keys, accumu
 fp32 registers. So GQA needs no expanded K/V and no separate reduction over heads, and nothing is
 written twice: no atomics.
 
+When a launch has too few key blocks to fill the GPU (short sequences, or causal masks whose
+programs differ in work), the group is split across ``grid[2]`` programs; each writes an fp32
+partial dK/dV slice that the launcher sums afterwards in a fixed order (still no atomics, still
+bitwise reproducible).
+
 The tile is computed transposed (``s^T = K Q^T``, ``BLOCK_N x BLOCK_M``) so ``P^T`` and ``dS^T``
 feed the two accumulating products without a transpose. With causal masking, query blocks that
 see none of these keys are skipped; the blocks crossing the diagonal (and a partial last query
@@ -74,7 +79,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, Lse2, Delta, CU_Q, CU_K,
                    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                    stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
                    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-                   stride_tb, stride_th, stride_ts,
+                   stride_tb, stride_th, stride_ts, stride_dk_split, stride_dv_split,
                    seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
                    D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
                    BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -82,6 +87,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, Lse2, Delta, CU_Q, CU_K,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
+    split = tl.program_id(2)  # which slice of the GQA group this program walks
+    heads_per_split = group // tl.num_programs(2)
     b = bh // kv_heads
     hk = bh % kv_heads
     q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)
@@ -116,7 +123,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, Lse2, Delta, CU_Q, CU_K,
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    for g in range(0, group):
+    for g in range(split * heads_per_split, (split + 1) * heads_per_split):
         h = hk * group + g
         q_base = Q + b64 * stride_qb + qrow0 * stride_qs + h * stride_qh
         do_base = DO + b64 * stride_dob + qrow0 * stride_dos + h * stride_doh
@@ -135,8 +142,11 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, Lse2, Delta, CU_Q, CU_K,
                                       qk_scale, D, DV, True, CAUSAL, BLOCK_M, BLOCK_D, BLOCK_DV)
 
     dk = dk * scale
-    dk_base = DK + b64 * stride_dkb + krow0 * stride_dks + hk * stride_dkh
-    dv_base = DV_ + b64 * stride_dvb + krow0 * stride_dvs + hk * stride_dvh
+    split64 = split.to(tl.int64)
+    dk_base = (DK + split64 * stride_dk_split + b64 * stride_dkb + krow0 * stride_dks
+               + hk * stride_dkh)
+    dv_base = (DV_ + split64 * stride_dv_split + b64 * stride_dvb + krow0 * stride_dvs
+               + hk * stride_dvh)
     store_tile(dk_base + offs_n[:, None] * stride_dks + offs_d[None, :],
                dk.to(DK.dtype.element_ty), offs_n, k_len, offs_d, D, BLOCK_D != D)
     store_tile(dv_base + offs_n[:, None] * stride_dvs + offs_dv[None, :],

@@ -63,18 +63,49 @@ class BackwardLaunch:
             num_stages=c["num_stages"],
         )
 
+    def group_split(self, c: dict) -> int:
+        """How many programs share one kv head's GQA group (``c["SPLIT"]`` or a heuristic).
+
+        Splitting pays when the key blocks alone leave SMs idle: aim at ~2 programs per SM
+        (4 when causal, whose programs differ in work), never beyond the group size.
+        """
+        if "SPLIT" in c:
+            return c["SPLIT"]
+        if self.group == 1 or self.q.device.type != "cuda":
+            return 1
+        from .tuning import sm_count
+
+        programs = triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]) * self.batch * self.kv_heads
+        target = sm_count(self.q.device) * (4 if self.flags["CAUSAL"] else 2)
+        split = 1
+        while (self.group % (split * 2) == 0 and programs * split < target):
+            split *= 2
+        return split
+
     def dkdv(self, c: dict) -> None:
-        """dK, dV: one program per key block and kv head."""
-        grid = (triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]), self.batch * self.kv_heads)
+        """dK, dV: one program per key block, kv head and slice of the GQA group."""
+        split = self.group_split(c)
+        if split > 1:  # fp32 partials, summed below
+            dk = torch.empty((split, *self.dk.shape), dtype=torch.float32, device=self.dk.device)
+            dv = torch.empty((split, *self.dv.shape), dtype=torch.float32, device=self.dv.device)
+            dk_part, dv_part = dk[0], dv[0]
+        else:
+            dk, dv = dk_part, dv_part = self.dk, self.dv
+        grid = (triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]), self.batch * self.kv_heads,
+                split)
         _attn_bwd_dkdv[grid](
-            self.q, self.k, self.v, self.grad_out, self.dk, self.dv, self.lse2, self.delta,
+            self.q, self.k, self.v, self.grad_out, dk, dv, self.lse2, self.delta,
             self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
-            *token_strides(self.dk, self.varlen), *token_strides(self.dv, self.varlen),
-            *self.s_t, self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
+            *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
+            *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
+            self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
             self.scale * LOG2E, self.scale, D=self.d, DV=self.d_v, **self.flags,
             BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
+        if split > 1:
+            self.dk.copy_(dk.sum(0))
+            self.dv.copy_(dv.sum(0))
 
     def dq_(self, c: dict) -> None:
         """dQ: one program per query block and head."""

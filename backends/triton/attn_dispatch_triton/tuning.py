@@ -44,9 +44,12 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
     # Interpreter on the CPU: small tiles so tests cross several tiles and the diagonal.
     "cpu": {"*": {"fwd": _cfg(16, 16, 4, 1), "pre": _cfg(16, 0, 4, 1),
                   "dkdv": _cfg(16, 16, 4, 1), "dq": _cfg(16, 16, 4, 1)}},
+    # sm_90: measured on an NVIDIA H200 (bench_kernels.py, docs/triton_notes.md).
     "sm_90": {
         "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
-              "dkdv": _cfg(64, 128, 8, 2), "dq": _cfg(128, 64, 8, 2)},
+              "dkdv": _cfg(64, 128, 8, 3), "dq": _cfg(128, 64, 8, 3)},
+        "d128-full-gqa-short": {"dkdv": _cfg(64, 64, 4, 3)},
+        "d128-full-mha-short": {"dkdv": _cfg(64, 64, 4, 3), "dq": _cfg(64, 64, 4, 3)},
     },
     "sm_80": {
         "*": {"fwd": _cfg(128, 64, 4, 3), "pre": _PRE,
@@ -88,7 +91,13 @@ def arch_of(device: torch.device) -> str:
     return f"sm_{props.major}{props.minor}"
 
 
-_arch_of = functools.cache(arch_of)  # per device, so the hot path asks the driver once
+_arch_of = functools.cache(arch_of)  # per device: the hot path asks the driver once
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors (NVIDIA SMs / AMD CUs) of a GPU."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def cache_path(arch: str) -> Path:

@@ -60,6 +60,12 @@ DEFAULT_CASES = [
          align="bottom_right", varlen=([17, 0, 33, 5], [20, 11, 29, 0])),
     case("varlen-gqa2-full-f16-d128-tiles", dtype="float16", heads=4, kv_heads=2, d=128,
          varlen=([9, 40, 1], [30, 7, 18]), config=SMALL_TILES),
+    case("gqa4-causal-br-f16-group-split", dtype="float16", sq=45, sk=70, heads=8, kv_heads=2,
+         causal=True, align="bottom_right", repeat=True,
+         config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"], "SPLIT": 2}}),
+    case("varlen-gqa4-full-bf16-group-split", heads=4, kv_heads=1,
+         varlen=([9, 0, 40], [30, 7, 18]),
+         config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"], "SPLIT": 4}}),
     case("mha-causal-tl-bf16-d80-dv48-strided", sq=29, sk=29, d=80, dv=48, causal=True,
          strided=True),
 ]
