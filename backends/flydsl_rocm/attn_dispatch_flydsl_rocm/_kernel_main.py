@@ -26,39 +26,24 @@ from flydsl._mlir.dialects import arith
 from flydsl.expr import const_expr, range_constexpr
 
 from . import _prims as P
-from ._tiles import WAVES, MainTiles
-
-
-def _crow(i: int, g, t: int):
-    """Row (M index) of accumulator element ``i`` in lane group ``g`` for a TxT MFMA."""
-    groups = 64 // t
-    return (i // 4) * 4 * groups + g * 4 + (i % 4)
+from ._layout import Geometry
+from ._layout import crow as _crow
+from ._tiles import MainTiles
 
 
 def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen: bool,
                group: int):
     """Return the ``@flyc.jit`` launcher of the main kernel for one configuration."""
     D = head_dim
-    MT, NT, KT = tiles.mfma
-    T = MT
-    G = 64 // T  # lane groups
-    KV = KT // G  # contiguous k values per lane in A/B operands
-    BM = tiles.block_m
-    BN = tiles.block_n
-    SUB = BM // T  # query sub-tiles of one MFMA height
-    ACC = T * T // 64  # accumulator values per lane per MFMA tile
-    DC = D // KT  # k-steps over the head dim
-    DT = D // T  # MFMA tiles across the head dim
-    DQ_COLS = max(D // WAVES, T)  # dQ columns per wave (the last waves idle when D is small)
-    DQ_NT = DQ_COLS // T
-    EB = 2
-    ROW_B = D * EB
-    SWZ = min(8, D // 8)
-    CHUNKS = BM * D // 8  # 16-byte chunks in a Q/dO tile
-    LOADS = max(CHUNKS // 256, 1)
-    Q_LDS = 0
-    DO_LDS = BM * ROW_B
-    DS_LDS = 2 * BM * ROW_B
+    geo = Geometry(tiles, head_dim)
+    bad = geo.problems()
+    if bad:
+        raise ValueError(f"{tiles.variant} at head_dim={D}: " + "; ".join(bad))
+    T, KT, KV = geo.T, geo.KT, geo.KV  # MFMA width, MFMA k, k values per lane
+    BM, BN, SUB, ACC = geo.BM, geo.BN, geo.SUB, geo.ACC
+    DC, DT, DQ_COLS, DQ_NT = geo.DC, geo.DT, geo.DQ_COLS, geo.DQ_NT
+    EB, LOADS = geo.EB, geo.LOADS
+    Q_LDS, DO_LDS = geo.Q_LDS, geo.DO_LDS
     LDS_BYTES = tiles.lds_bytes(D)
 
     def _dq_tile(m0, wave, g, li, lbase, rdq, kq_frag, heads):
@@ -68,20 +53,14 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
             for nt in range_constexpr(DQ_NT):
                 acc = P.const_vec(0.0, ACC)
                 for st in range_constexpr(BN // KT):
-                    a = P.lds_load(P.vec_t(KV, et),
-                                   lbase + DS_LDS + ((s * T + li) * BN + st * KT + g * KV) * EB,
+                    a = P.lds_load(P.vec_t(KV, et), lbase + geo.dq_a_addr(s, st, g, li),
                                    align=KV * EB)
                     acc = P.mfma(tiles.mfma, dtype, a, kq_frag[st * DQ_NT + nt], acc)
-                col = wave * DQ_COLS + nt * T + li
+                col = geo.dq_col(wave, nt, li)
                 for i in range_constexpr(ACC):
                     qrow = m0 + s * T + _crow(i, g, T)
                     P.gatomic_add_f32(P.extract(acc, i), rdq, (qrow * (heads * D) + col) * 4)
-    assert not (tiles.transpose_reads and KV != 8)
-
-    def swz_addr(row, col):
-        """Byte offset of element (row, col) of a [BM, D] tile: 16-byte chunks XOR row."""
-        chunk = (col // 8) ^ (row % SWZ)
-        return row * ROW_B + chunk * 16 + (col % 8) * EB
+    swz_addr = geo.swz_addr
 
     @flyc.kernel(known_block_size=[256, 1, 1])
     def fmha_bwd_main(
@@ -142,17 +121,17 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
         k_frag = []
         v_frag = []
         for c in range_constexpr(DC):
-            col = c * KT + g * KV
-            k_frag.append(P.gload(P.vec_t(KV, et), rk, ((kw0 + li) * k_sr + col) * EB))
-            v_frag.append(P.gload(P.vec_t(KV, et), rv, ((kw0 + li) * v_sr + col) * EB))
+            kr, col = geo.kv_frag(c, g, li)
+            k_frag.append(P.gload(P.vec_t(KV, et), rk, ((kw0 + kr) * k_sr + col) * EB))
+            v_frag.append(P.gload(P.vec_t(KV, et), rv, ((kw0 + kr) * v_sr + col) * EB))
         # K as the B operand of dQ = dS K: rows n0 + step*KT + g*KV + j, this wave's columns.
         kq_frag = []
         for st in range_constexpr(BN // KT):
             for nt in range_constexpr(DQ_NT):
-                col = wave * DQ_COLS + nt * T + li
+                col = geo.dq_col(wave, nt, li)
                 vals = []
                 for j in range_constexpr(KV):
-                    row = n0 + st * KT + g * KV + j
+                    row = n0 + geo.kq_row(st, g, j)
                     vals.append(P.gload(et, rk, (row * k_sr + col) * EB))
                 kq_frag.append(P.from_elems(vals, et))
 
@@ -182,9 +161,7 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
             pre_q = []
             pre_do = []
             for j in range_constexpr(LOADS):
-                ch = (tid + j * 256) % CHUNKS
-                r = ch // (D // 8)
-                cc = ch % (D // 8)
+                r, cc = geo.stage_chunk(tid, j)
                 row = m_first * BM + r
                 pre_q.append(P.gload(P.vec_t(8, et), rq, (row * q_sr + cc * 8) * EB))
                 pre_do.append(P.gload(P.vec_t(8, et), rdo, (row * o_sr + cc * 8) * EB))
@@ -193,10 +170,8 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
                 m0 = m * BM
                 fx.gpu.barrier()
                 for j in range_constexpr(LOADS):
-                    ch = (tid + j * 256) % CHUNKS
-                    r = ch // (D // 8)
-                    cc = ch % (D // 8)
-                    a = lbase + r * ROW_B + ((cc ^ (r % SWZ)) * 16)
+                    r, cc = geo.stage_chunk(tid, j)
+                    a = lbase + geo.stage_addr(r, cc)
                     P.lds_store(pre_q[j], a + Q_LDS)
                     P.lds_store(pre_do[j], a + DO_LDS)
                 fx.gpu.barrier()
@@ -204,9 +179,7 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
                 nq = []
                 ndo = []
                 for j in range_constexpr(LOADS):
-                    ch = (tid + j * 256) % CHUNKS
-                    r = ch // (D // 8)
-                    cc = ch % (D // 8)
+                    r, cc = geo.stage_chunk(tid, j)
                     row = m0 + BM + r
                     nq.append(P.gload(P.vec_t(8, et), rq, (row * q_sr + cc * 8) * EB))
                     ndo.append(P.gload(P.vec_t(8, et), rdo, (row * o_sr + cc * 8) * EB))
@@ -217,12 +190,11 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
                     s_acc = P.const_vec(0.0, ACC)
                     dp_acc = P.const_vec(0.0, ACC)
                     for c in range_constexpr(DC):
-                        qa = P.lds_load(P.vec_t(KV, et),
-                                        lbase + Q_LDS + swz_addr(s * T + li, c * KT + g * KV),
+                        ar, ac = geo.a_rowfrag(s, c, g, li)
+                        qa = P.lds_load(P.vec_t(KV, et), lbase + Q_LDS + swz_addr(ar, ac),
                                         align=KV * EB)
                         s_acc = P.mfma(tiles.mfma, dtype, qa, k_frag[c], s_acc)
-                        oa = P.lds_load(P.vec_t(KV, et),
-                                        lbase + DO_LDS + swz_addr(s * T + li, c * KT + g * KV),
+                        oa = P.lds_load(P.vec_t(KV, et), lbase + DO_LDS + swz_addr(ar, ac),
                                         align=KV * EB)
                         dp_acc = P.mfma(tiles.mfma, dtype, oa, v_frag[c], dp_acc)
                     pv = []
@@ -248,23 +220,13 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
                 # dV += Pᵀ dO and dK += dSᵀ Q (A operand straight from the accumulators).
                 dv_new = list(dv_acc)
                 dk_new = list(dk_acc)
-                for st in range_constexpr(BM // KT):
-                    pa = []
-                    dsa = []
-                    rows = []
-                    if const_expr(tiles.transpose_reads):
-                        # 16x16x32: lane group g holds rows {4g..4g+3} of each 16-row sub-tile.
-                        for s in range_constexpr(SUB):
-                            for i in range_constexpr(4):
-                                pa.append(p_t[s][i])
-                                dsa.append(ds_t[s][i])
-                            rows.append(s * T + g * 4)
-                    else:
-                        # 32x32x8: k-step st covers rows 8st + 4g + [0, 4).
-                        for i in range_constexpr(4):
-                            pa.append(p_t[0][st * 4 + i])
-                            dsa.append(ds_t[0][st * 4 + i])
-                        rows.append(st * 8 + g * 4)
+                for st in range_constexpr(geo.pt_steps()):
+                    # A element e is accumulator (s, i) = pt_a_elems(st)[e], i.e. query row
+                    # s*T + crow(i, g, T); the B rows below list the same queries in that order
+                    # (16x16x32: rows 4g..4g+3 of each 16-row sub-tile; 32x32x8: 8st + 4g ..+3).
+                    pa = [p_t[s][i] for s, i in geo.pt_a_elems(st)]
+                    dsa = [ds_t[s][i] for s, i in geo.pt_a_elems(st)]
+                    rows = geo.pt_b_rows(st, g)
                     a_p = P.trunc_f32(P.from_elems(pa, f32), KV, dtype)
                     a_ds = P.trunc_f32(P.from_elems(dsa, f32), KV, dtype)
                     for nt in range_constexpr(DT):
@@ -283,7 +245,7 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
                     for i in range_constexpr(ACC):
                         qr = s * T + _crow(i, g, T)
                         val = arith.truncf(et, P.raw(ds_t[s][i]))
-                        P.lds_store(val, lbase + DS_LDS + (qr * BN + wave * T + li) * EB, align=2)
+                        P.lds_store(val, lbase + geo.ds_store_addr(qr, wave, li), align=2)
                 fx.gpu.barrier()
                 if wave * DQ_COLS < D:
                     _dq_tile(m0, wave, g, li, lbase, rdq, kq_frag, heads)
@@ -333,14 +295,15 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
 def _tr_operand(tile_base, rows, col0, li, swz_addr, et):
     """B operand (rows x 16 columns) from ``ds_read_b64_tr_b16``, one read per 4-row group.
 
-    Assumed hardware semantics (documented in docs/flydsl_notes.md, unverified on silicon):
-    in each 16-lane group, source lane j addresses row ``r0 + j // 4``, columns
-    ``col0 + 4 * (j % 4) .. +3``; after the transpose lane j holds column ``col0 + j`` of rows
-    ``r0 .. r0 + 3``.
+    Instruction semantics (triton's AMD backend, ``chooseLLDsReadB64TrLayout``; checked by the
+    CPU simulator in tests/test_flydsl_layouts.py, not yet on silicon): within each 16-lane
+    group, output lane n, element k is element n % 4 of what lane 4k + n // 4 addressed. Lane j
+    addresses row ``r0 + j // 4``, columns ``col0 + 4 * (j % 4) .. +3``, so lane n ends up with
+    column ``col0 + n`` of rows ``r0 .. r0 + 3``.
     """
     parts = []
     for r0 in rows:
-        addr = tile_base + swz_addr(r0 + li // 4, col0 + (li % 4) * 4)
+        addr = tile_base + swz_addr(*Geometry.tr_source(r0, col0, li))
         parts.append(P.lds_read_tr16(P.vec_t(4, et), addr))
     if len(parts) == 1:
         return parts[0]

@@ -6,6 +6,7 @@ import torch
 
 import attn_dispatch as ad
 
+from ._layout import head_dim_problems
 from ._tiles import LDS_BUDGET, main_tiles
 
 FLYDSL_REQUIREMENT = "flydsl>=0.4.2,<0.5"
@@ -63,6 +64,9 @@ def reasons(variant: str, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
         out.append(f"head_dim={d} is not a multiple of 32 in 32..256")
     elif d in SPILLING_HEAD_DIMS[variant]:
         out.append(f"head_dim={d} spills registers in the {variant} kernel (not supported)")
+    elif head_dim_problems(main_tiles(variant), d):
+        out.append(f"head_dim={d} is not supported by the {variant} index math: "
+                   + "; ".join(head_dim_problems(main_tiles(variant), d)))
     if dv != d:
         out.append(f"head_dim_v={dv} differs from head_dim={d}")
     if inp.causal and inp.causal_align == "bottom_right":
