@@ -183,3 +183,14 @@ def test_import_and_explain_leave_flydsl_unimported():
                          text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("d", [96, 160, 192, 224])
+def test_head_dims_whose_index_math_breaks_are_rejected(d):
+    """See tests/test_flydsl_layouts.py: these head dims fail in the CPU simulator."""
+    r = explain("gfx950", *_inputs(d=d))
+    for impl, variant in ((FUSED, "gfx950_fused"), (MFMA, "gfx942_mfma")):
+        assert any(x.startswith(f"head_dim={d} is not supported by the {variant} index math")
+                   for x in _cand(r, impl).reasons)
+    assert not any(x.startswith("head_dim=128") for x in _cand(explain(
+        "gfx950", *_inputs(d=128)), FUSED).reasons)
