@@ -9,8 +9,16 @@ same order, and differ only in the attention call:
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)`` with the
   key/value heads repeated for GQA.
 
-It prints the two loss curves and their largest relative difference, and exits non-zero when
-they disagree beyond ``--rtol`` or when the task is not learned (``--min-accuracy``)::
+A third run, ``math`` (attention written out in float32), gives the noise floor: how far two
+exact float32 attentions drift apart through training anyway. The script prints the curves and
+the largest relative loss differences, and exits non-zero when ``ad`` and ``sdpa`` disagree
+beyond ``--rtol`` or when the task is not learned (``--min-accuracy``).
+
+Measured on the CPU, default size (2 layers, dim 64, 4 heads / 2 kv heads, 300 steps), seeds
+0-3: float32 ad vs sdpa at most 1.1e-3 (noise floor up to 2.3e-3; the largest gaps come
+where the loss falls steeply); float64 2e-13. Larger models trained at this learning rate are
+chaotic in float32 (4 layers, dim 128: both gaps reach O(1) after step ~100); compare them
+with ``--dtype float64`` (there: ad vs sdpa 1.9e-6, noise floor 1.0e-5)::
 
     python examples/train_tiny_transformer.py --steps 300
     python examples/train_tiny_transformer.py --device cuda --dtype bfloat16 --rtol 5e-2
