@@ -19,6 +19,13 @@ programs differ in work), the group is split across ``grid[2]`` programs; each w
 partial dK/dV slice that the launcher sums afterwards in a fixed order (still no atomics, still
 bitwise reproducible).
 
+With ``ATOMIC_DQ`` the same program also produces dQ (the "fused atomic" variant, used by
+``triton:fused_atomic``): each visited tile adds :math:`dS\,K` (``BLOCK_M x D``) into an fp32
+scratch with ``tl.atomic_add``, and a convert pass (``_bwd_dq_convert``) applies the scale and
+casts to the input dtype. That is 5 tile products per tile pair instead of the split design's 7,
+at the price of fp32 atomics: the summation order of dQ, hence its last bits, varies from run to
+run. Without ``ATOMIC_DQ`` the branch is compiled out and the kernel is the deterministic one.
+
 The tile is computed transposed (``s^T = K Q^T``, ``BLOCK_N x BLOCK_M``) so ``P^T`` and ``dS^T``
 feed the two accumulating products without a transpose. With causal masking, query blocks that
 see none of these keys are skipped; the blocks crossing the diagonal (and a partial last query
@@ -34,12 +41,14 @@ from ._common import causal_offset, load_tile, seq_bounds, store_tile
 
 
 @triton.jit
-def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base,
-                         stride_qs, stride_dos,
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dqa_base,
+                         stride_qs, stride_dos, stride_dqas,
                          stride_ts, lo, hi, offs_n, off, q_len, qk_scale,
                          D, DV, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                         ATOMIC_DQ: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """Accumulate query blocks [lo, hi) of one head into dk, dv (fp32)."""
+    """Accumulate query blocks [lo, hi) of one head into dk, dv (fp32) and, with
+    ``ATOMIC_DQ``, add each block's unscaled dQ contribution into the fp32 scratch."""
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -69,21 +78,35 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base,
         else:
             delta = tl.load(delta_base + offs_m * stride_ts)
         dpT = tl.dot(v, tl.trans(do))
-        dsT = pT * (dpT - delta[None, :])
-        dk += tl.dot(dsT.to(q.dtype), q)
+        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        dk += tl.dot(dsT, q)
+        if ATOMIC_DQ:  # -- dQ += dS K (unscaled; the convert pass applies the scale)
+            dq = tl.dot(tl.trans(dsT), k)
+            dq_ptrs = dqa_base + offs_m[:, None] * stride_dqas + offs_d[None, :]
+            if MASKED:
+                if BLOCK_D != D:
+                    ok = (offs_m[:, None] < q_len) & (offs_d[None, :] < D)
+                else:
+                    ok = offs_m[:, None] < q_len
+                tl.atomic_add(dq_ptrs, dq, mask=ok, sem="relaxed")
+            elif BLOCK_D != D:
+                tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < D, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
-def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, Lse2, Delta, CU_Q, CU_K,
+def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
                    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                    stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
                    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                   stride_dqab, stride_dqas, stride_dqah,
                    stride_tb, stride_th, stride_ts, stride_dk_split, stride_dv_split,
                    seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
                    D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
                    BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -128,18 +151,22 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, Lse2, Delta, CU_Q, CU_K,
         q_base = Q + b64 * stride_qb + qrow0 * stride_qs + h * stride_qh
         do_base = DO + b64 * stride_dob + qrow0 * stride_dos + h * stride_doh
         t_off = b64 * stride_tb + qrow0 * stride_ts + h * stride_th
+        dqa_base = DQA + b64 * stride_dqab + qrow0 * stride_dqas + h * stride_dqah
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
-                                      Delta + t_off, stride_qs,
-                                      stride_dos, stride_ts, lo, diag_hi, offs_n, off, q_len,
-                                      qk_scale, D, DV, True, CAUSAL, BLOCK_M, BLOCK_D, BLOCK_DV)
+                                      Delta + t_off, dqa_base, stride_qs, stride_dos,
+                                      stride_dqas, stride_ts, lo, diag_hi, offs_n, off, q_len,
+                                      qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, BLOCK_M, BLOCK_D,
+                                      BLOCK_DV)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
-                                      Delta + t_off, stride_qs,
-                                      stride_dos, stride_ts, diag_hi, full_hi, offs_n, off, q_len,
-                                      qk_scale, D, DV, False, CAUSAL, BLOCK_M, BLOCK_D, BLOCK_DV)
+                                      Delta + t_off, dqa_base, stride_qs, stride_dos,
+                                      stride_dqas, stride_ts, diag_hi, full_hi, offs_n, off, q_len,
+                                      qk_scale, D, DV, False, CAUSAL, ATOMIC_DQ, BLOCK_M, BLOCK_D,
+                                      BLOCK_DV)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
-                                      Delta + t_off, stride_qs,
-                                      stride_dos, stride_ts, full_hi, q_len, offs_n, off, q_len,
-                                      qk_scale, D, DV, True, CAUSAL, BLOCK_M, BLOCK_D, BLOCK_DV)
+                                      Delta + t_off, dqa_base, stride_qs, stride_dos,
+                                      stride_dqas, stride_ts, full_hi, q_len, offs_n, off, q_len,
+                                      qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, BLOCK_M, BLOCK_D,
+                                      BLOCK_DV)
 
     dk = dk * scale
     split64 = split.to(tl.int64)

@@ -1,8 +1,13 @@
 """Fused attention backward: the launcher that runs preprocess, dK/dV and dQ.
 
-Three launches, no atomics, no fp32 scratch for the gradients (see the kernel modules for the
-math): ``_bwd_preprocess`` (delta, lse2), ``_bwd_dkdv`` (one program per key block and kv head,
-walking the GQA group), ``_bwd_dq`` (one program per query block and head).
+Split design (``triton:fused``, deterministic): three launches, no atomics, no fp32 scratch for
+the gradients (see the kernel modules for the math): ``_bwd_preprocess`` (delta, lse2),
+``_bwd_dkdv`` (one program per key block and kv head, walking the GQA group), ``_bwd_dq`` (one
+program per query block and head).
+
+Fused-atomic design (``atomic_dq=True``, ``triton:fused_atomic``): preprocess, then
+``_bwd_dkdv`` with ``ATOMIC_DQ`` also adds dQ into a zero-filled fp32 scratch with atomics
+(config key ``"dkdvq"``), then ``_bwd_dq_convert`` scales and casts it (config key ``"cvt"``).
 
 :class:`BackwardLaunch` holds one problem's arguments so each kernel can also be launched (and
 timed) on its own; :func:`attention_backward` runs all three.
@@ -15,6 +20,7 @@ import triton
 
 from ._bwd_dkdv import _attn_bwd_dkdv
 from ._bwd_dq import _attn_bwd_dq
+from ._bwd_dq_convert import _attn_bwd_dq_convert
 from ._bwd_preprocess import _attn_bwd_preprocess
 from ._common import LOG2E, last_dim_contiguous, lse_strides, padded_dim, token_strides
 
@@ -24,7 +30,8 @@ class BackwardLaunch:
 
     def __init__(self, q, k, v, out, lse, grad_out, *, causal: bool, bottom_right: bool,
                  scale: float, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                 max_seqlen_k=None, dq=None, dk=None, dv=None) -> None:
+                 max_seqlen_k=None, dq=None, dk=None, dv=None, atomic_dq: bool = False,
+                 ) -> None:
         self.varlen = varlen = cu_seqlens_q is not None
         q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
         if varlen:
@@ -45,6 +52,7 @@ class BackwardLaunch:
         self.cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
         self.cu_k = cu_seqlens_k if varlen else q
         self.scale = scale
+        self.atomic_dq = atomic_dq
         self.flags = dict(CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen)
         self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
         self.s_q, self.s_k, self.s_v = (token_strides(t, varlen) for t in (q, k, v))
@@ -84,9 +92,19 @@ class BackwardLaunch:
             split *= 2
         return split
 
-    def dkdv(self, c: dict) -> None:
-        """dK, dV: one program per key block, kv head and slice of the GQA group."""
+    def dkdv(self, c: dict, atomic_dq: bool = False) -> None:
+        """dK, dV: one program per key block, kv head and slice of the GQA group.
+
+        With ``atomic_dq`` the same programs add the unscaled dQ into ``self.dq_acc`` (fp32,
+        zero-filled here); :meth:`dq_convert` finishes it.
+        """
         split = self.group_split(c)
+        if atomic_dq:
+            self.dq_acc = acc = torch.zeros(self.q.shape, dtype=torch.float32,
+                                            device=self.q.device)
+            s_acc = token_strides(acc, self.varlen)
+        else:
+            acc, s_acc = self.q, (0, 0, 0)  # an unused pointer
         if split > 1:  # fp32 partials, summed below
             dk = torch.empty((split, *self.dk.shape), dtype=torch.float32, device=self.dk.device)
             dv = torch.empty((split, *self.dv.shape), dtype=torch.float32, device=self.dv.device)
@@ -96,13 +114,13 @@ class BackwardLaunch:
         grid = (triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]), self.batch * self.kv_heads,
                 split)
         _attn_bwd_dkdv[grid](
-            self.q, self.k, self.v, self.grad_out, dk, dv, self.lse2, self.delta,
+            self.q, self.k, self.v, self.grad_out, dk, dv, acc, self.lse2, self.delta,
             self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
             *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
-            *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
+            *s_acc, *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
             self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
             self.scale * LOG2E, self.scale, D=self.d, DV=self.d_v, **self.flags,
-            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
+            ATOMIC_DQ=atomic_dq, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
         if split > 1:
@@ -122,11 +140,27 @@ class BackwardLaunch:
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
 
+    def dq_convert(self, c: dict) -> None:
+        """dQ = scale * (the fp32 scratch of :meth:`dkdv` with ``atomic_dq``), input dtype."""
+        grid = (triton.cdiv(max(self.seqlen_q, 1), c["BLOCK_M"]), self.batch * self.heads)
+        _attn_bwd_dq_convert[grid](
+            self.dq_acc, self.dq, self.cu_q, *token_strides(self.dq_acc, self.varlen),
+            *token_strides(self.dq, self.varlen), self.seqlen_q, self.heads, self.scale,
+            D=self.d, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
+            BLOCK_D=self.blocks["BLOCK_D"], num_warps=c["num_warps"],
+            num_stages=c["num_stages"],
+        )
+
     def run(self, config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All three kernels; ``config`` maps "pre"/"dkdv"/"dq" to launch configs."""
+        """All kernels; ``config`` maps "pre"/"dkdv"/"dq" (split) or "pre"/"dkdvq"/"cvt"
+        (``atomic_dq``) to launch configs."""
         self.preprocess(config["pre"])
-        self.dkdv(config["dkdv"])
-        self.dq_(config["dq"])
+        if self.atomic_dq:
+            self.dkdv(config["dkdvq"], atomic_dq=True)
+            self.dq_convert(config["cvt"])
+        else:
+            self.dkdv(config["dkdv"])
+            self.dq_(config["dq"])
         return self.dq, self.dk, self.dv
 
 
@@ -138,16 +172,21 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
                        config: dict | None = None, dq: torch.Tensor | None = None,
                        dk: torch.Tensor | None = None, dv: torch.Tensor | None = None,
+                       atomic_dq: bool = False,
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` of attention, shaped and typed like ``(q, k, v)``.
 
-    ``config`` maps "pre"/"dkdv"/"dq" to {BLOCK_M, BLOCK_N, num_warps, num_stages} (default:
-    the tuning table). ``dq``/``dk``/``dv`` may be given preallocated (tests poison them).
+    ``config`` maps kernel names ("pre", "dkdv", "dq"; "dkdvq", "cvt" with ``atomic_dq``) to
+    {BLOCK_M, BLOCK_N, num_warps, num_stages} (default: the tuning table). ``dq``/``dk``/``dv``
+    may be given preallocated (tests poison them). ``atomic_dq`` selects the fused design: dQ
+    accumulated with fp32 atomics from the key-side kernel (fewer products, not bitwise
+    reproducible).
     """
     launch = BackwardLaunch(q, k, v, out, lse, grad_out, causal=causal,
                             bottom_right=bottom_right, scale=scale, cu_seqlens_q=cu_seqlens_q,
                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                            max_seqlen_k=max_seqlen_k, dq=dq, dk=dk, dv=dv)
+                            max_seqlen_k=max_seqlen_k, dq=dq, dk=dk, dv=dv,
+                            atomic_dq=atomic_dq)
     if launch.batch * launch.heads == 0 or q.numel() == 0 and k.numel() == 0:
         return launch.dq.zero_(), launch.dk.zero_(), launch.dv.zero_()
     if config is None:

@@ -1,4 +1,4 @@
-"""Entry point of the triton backend: ``triton:fused``.
+"""Entry point of the triton backend: ``triton:fused`` and ``triton:fused_atomic``.
 
 One kernel source for NVIDIA (sm_80 and newer) and AMD (gfx942, gfx950): the forward and the
 three-kernel backward in ``forward`` / ``backward``. Cheap to import: triton is imported only
@@ -9,8 +9,12 @@ enabled); on NVIDIA a contender placed by the H200 measurements in docs/triton_n
 
 Capabilities and non-goals (each rejected with a reason by ``supports``): bf16/f16 only (fp32
 accumulation inside); head dims 32-256, any value (tiles padded to a power of two); D may differ
-from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native; deterministic
-always (no atomics anywhere). No dropout, no bias, no float32 inputs.
+from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native. No dropout, no
+bias, no float32 inputs.
+
+``triton:fused`` is deterministic (split dQ kernel, no atomics anywhere); ``triton:fused_atomic``
+computes dQ in the dK/dV kernel with fp32 atomics (5 tile products per tile pair instead of 7),
+so it is not deterministic and the core rejects it when determinism is requested.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class Fused(ad.Implementation):
     priority = {"gfx942": 60, "gfx950": 60, "sm_9*": 45, "sm_10*": 45, "sm_8*": 45}
     opt_in = False
     deterministic = True
+    atomic_dq = False  # dQ by the split kernel (no atomics)
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Reasons, each naming the offending value; ``[]`` means supported."""
@@ -105,11 +110,23 @@ class Fused(ad.Implementation):
         from .backward import attention_backward
 
         dq, dk, dv = attention_backward(inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out,
-                                        **self._flags(inp))
+                                        **self._flags(inp), atomic_dq=self.atomic_dq)
         return ad.Gradients(dq, dk, dv)
+
+
+class FusedAtomic(Fused):
+    """Triton FMHA backward as preprocess + one dK/dV/dQ kernel (fp32 atomic dQ) + convert.
+
+    Priorities: provisional, set from the H200 measurements in docs/triton_notes.md.
+    """
+
+    name = "fused_atomic"
+    priority = {"gfx942": 62, "gfx950": 62, "sm_9*": 48, "sm_10*": 48, "sm_8*": 44}
+    deterministic = False
+    atomic_dq = True
 
 
 @ad.hookimpl
 def attn_dispatch_implementations() -> list[ad.Implementation]:
     """The triton backend's implementations."""
-    return [Fused()]
+    return [Fused(), FusedAtomic()]

@@ -1,7 +1,8 @@
 """Kernel configurations per arch and shape class, with an on-disk cache of tuned choices.
 
 A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` per kernel (``fwd``, ``pre``,
-``dkdv``, ``dq``). Lookup, first hit wins:
+``dkdv``, ``dq``; for the fused-atomic backward ``dkdvq``, the dK/dV kernel with atomic dQ, and
+``cvt``, the dQ convert pass). Lookup, first hit wins:
 
 1. the on-disk cache written by :func:`tune` on this machine
    (``$ATTN_DISPATCH_TRITON_CACHE`` or ``~/.cache/attn_dispatch_triton/``, one JSON per arch and
@@ -38,30 +39,37 @@ _GENERIC = {
     "pre": _PRE,
     "dkdv": _cfg(32, 64, 4, 2),
     "dq": _cfg(64, 32, 4, 2),
+    "dkdvq": _cfg(32, 64, 4, 2),
+    "cvt": _PRE,
 }
 
 _TABLES: dict[str, dict[str, dict[str, Config]]] = {
     # Interpreter on the CPU: small tiles so tests cross several tiles and the diagonal.
     "cpu": {"*": {"fwd": _cfg(16, 16, 4, 1), "pre": _cfg(16, 0, 4, 1),
-                  "dkdv": _cfg(16, 16, 4, 1), "dq": _cfg(16, 16, 4, 1)}},
+                  "dkdv": _cfg(16, 16, 4, 1), "dq": _cfg(16, 16, 4, 1),
+                  "dkdvq": _cfg(16, 16, 4, 1), "cvt": _cfg(16, 0, 4, 1)}},
     # sm_90: measured on an NVIDIA H200 (bench_kernels.py, docs/triton_notes.md).
     "sm_90": {
         "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
-              "dkdv": _cfg(64, 128, 8, 3), "dq": _cfg(128, 64, 8, 3)},
-        "d128-full-gqa-short": {"dkdv": _cfg(32, 128, 8, 3)},
-        "d128-full-mha-short": {"dkdv": _cfg(64, 64, 4, 3)},
+              "dkdv": _cfg(64, 128, 8, 3), "dq": _cfg(128, 64, 8, 3),
+              "dkdvq": _cfg(64, 128, 8, 2)},
+        "d128-full-gqa-short": {"dkdv": _cfg(32, 128, 8, 3), "dkdvq": _cfg(32, 128, 8, 3)},
+        "d128-full-mha-short": {"dkdv": _cfg(64, 64, 4, 3), "dkdvq": _cfg(64, 64, 4, 3)},
     },
     "sm_80": {
         "*": {"fwd": _cfg(128, 64, 4, 3), "pre": _PRE,
-              "dkdv": _cfg(32, 128, 8, 2), "dq": _cfg(128, 32, 8, 2)},
+              "dkdv": _cfg(32, 128, 8, 2), "dq": _cfg(128, 32, 8, 2),
+              "dkdvq": _cfg(32, 128, 8, 2)},
     },
     "gfx942": {
         "*": {"fwd": _cfg(128, 64, 4, 1), "pre": _PRE,
-              "dkdv": _cfg(32, 128, 4, 1), "dq": _cfg(128, 32, 4, 1)},
+              "dkdv": _cfg(32, 128, 4, 1), "dq": _cfg(128, 32, 4, 1),
+              "dkdvq": _cfg(32, 128, 4, 1)},
     },
     "gfx950": {
         "*": {"fwd": _cfg(128, 64, 4, 1), "pre": _PRE,
-              "dkdv": _cfg(64, 128, 8, 1), "dq": _cfg(128, 64, 8, 1)},
+              "dkdv": _cfg(64, 128, 8, 1), "dq": _cfg(128, 64, 8, 1),
+              "dkdvq": _cfg(64, 128, 8, 1)},
     },
 }
 
@@ -143,7 +151,7 @@ def lookup(arch: str, head_dim: int, causal: bool, group: int,
         for key in keys:
             base.update(source.get(key, {}))
     if arch != "cpu" and head_dim > 128:  # keep register tiles in budget for D=256
-        for name in ("dkdv", "dq", "fwd"):
+        for name in ("dkdv", "dq", "fwd", "dkdvq"):
             c = dict(base[name])
             c["BLOCK_M"], c["BLOCK_N"] = min(c["BLOCK_M"], 64), min(c["BLOCK_N"], 64)
             c["num_stages"] = min(c["num_stages"], 2)

@@ -5,12 +5,15 @@ TTGIR -> LLVM -> PTX/cubin or AMDGCN/HSACO) on the CPU, so an arch-specific brea
 target lacks, shared memory over budget, a layout the backend rejects) shows up in CI. Each
 kernel is compiled with the configuration the tuning table would launch it with, and we check
 that the tensor-core instructions are there (``wgmma`` on sm_90, ``mma`` on sm_80, ``v_mfma``
-on gfx9) and that shared memory fits the target.
+on gfx9), that shared memory fits the target, and that fp32 atomic adds appear in the fused-atomic
+dK/dV/dQ kernel (``atom``/``red`` in the PTX, ``global_/buffer_atomic_add_f32`` in the AMDGCN) and
+in no other kernel.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
@@ -18,6 +21,7 @@ triton = pytest.importorskip("triton")
 
 from attn_dispatch_triton._bwd_dkdv import _attn_bwd_dkdv  # noqa: E402
 from attn_dispatch_triton._bwd_dq import _attn_bwd_dq  # noqa: E402
+from attn_dispatch_triton._bwd_dq_convert import _attn_bwd_dq_convert  # noqa: E402
 from attn_dispatch_triton._bwd_preprocess import _attn_bwd_preprocess  # noqa: E402
 from attn_dispatch_triton._common import padded_dim  # noqa: E402
 from attn_dispatch_triton.forward import _attn_fwd  # noqa: E402
@@ -33,8 +37,13 @@ TARGETS = {
     "gfx950": (GPUTarget("hip", "gfx950", 64), "amdgcn", "v_mfma", 163840),
 }
 KERNELS = {"fwd": _attn_fwd, "pre": _attn_bwd_preprocess, "dkdv": _attn_bwd_dkdv,
-           "dq": _attn_bwd_dq}
-FLOAT_POINTERS = {"Lse", "Lse2", "Delta"}
+           "dq": _attn_bwd_dq, "dkdvq": _attn_bwd_dkdv, "cvt": _attn_bwd_dq_convert}
+NO_MMA = {"pre", "cvt"}  # a reduction and an elementwise pass: no matrix product
+# fp32 atomic adds in the fused-atomic dK/dV/dQ kernel: a PTX atom/red instruction (not a
+# bar.red), an AMDGPU global or buffer fp32 atomic add.
+ATOMICS = {"ptx": re.compile(r"(?<![.\w])(?:red|atom)\.[\w.]*add[\w.]*f32"),
+           "amdgcn": re.compile(r"\b(?:global|buffer)_atomic_add_f32\b")}
+FLOAT_POINTERS = {"Lse", "Lse2", "Delta", "DQA", "ACC"}
 INT_POINTERS = {"CU_Q", "CU_K"}
 FLOATS = {"qk_scale", "scale"}
 
@@ -52,7 +61,8 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
     fn = KERNELS[kernel_name]
     cfg = lookup(arch, d, causal, group)[kernel_name]
     consts = {"D": d, "DV": d, "CAUSAL": causal, "BOTTOM_RIGHT": bottom_right,
-              "IS_VARLEN": varlen, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
+              "IS_VARLEN": varlen, "ATOMIC_DQ": kernel_name == "dkdvq",
+              "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
               "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d)}
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -79,8 +89,11 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
 def _check(compiled, kernel_name: str, arch: str) -> None:
     _, asm_key, mma, smem_budget = TARGETS[arch]
     asm = compiled.asm[asm_key]
-    if kernel_name != "pre":  # the preprocess is a reduction: no matrix product
+    if kernel_name not in NO_MMA:
         assert mma in asm, f"{kernel_name} on {arch}: no {mma} in the {asm_key}"
+    has_atomic = ATOMICS[asm_key].search(asm) is not None
+    assert has_atomic == (kernel_name == "dkdvq"), (
+        f"{kernel_name} on {arch}: atomics in the {asm_key}: {has_atomic}")
     assert compiled.metadata.shared <= smem_budget, (
         f"{kernel_name} on {arch} needs {compiled.metadata.shared} B shared memory "
         f"> {smem_budget}")

@@ -1,4 +1,5 @@
-"""Numerics of every Triton kernel (forward, preprocess, dK/dV, dQ) on the CPU.
+"""Numerics of every Triton kernel (forward, preprocess, dK/dV, dQ, the fused-atomic dK/dV/dQ
+and its dQ convert) on the CPU.
 
 The kernels run under ``TRITON_INTERPRET=1`` in one subprocess per suite (see
 ``triton_interp_worker.py``) and are compared with a float64 autograd oracle computed from the
@@ -33,6 +34,8 @@ SMALL_TILES = {  # BLOCK_M != BLOCK_N, so diagonal ranges cover several tiles of
     "pre": {"BLOCK_M": 16, "BLOCK_N": 0, "num_warps": 4, "num_stages": 1},
     "dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
     "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    "dkdvq": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+    "cvt": {"BLOCK_M": 16, "BLOCK_N": 0, "num_warps": 4, "num_stages": 1},
 }
 
 
@@ -68,6 +71,20 @@ DEFAULT_CASES = [
          config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"], "SPLIT": 4}}),
     case("mha-causal-tl-bf16-d80-dv48-strided", sq=29, sk=29, d=80, dv=48, causal=True,
          strided=True),
+    # The fused-atomic design (dK/dV kernel adds dQ into an fp32 scratch; the interpreter runs
+    # tl.atomic_add): same oracle, same tolerances.
+    case("atomic-mha-full-bf16-d64", batch=2, sq=37, sk=45, atomic=True),
+    case("atomic-gqa4-causal-tl-f16-d128-tiles", dtype="float16", sq=50, sk=50, heads=4,
+         kv_heads=1, d=128, causal=True, atomic=True, config=SMALL_TILES),
+    case("atomic-gqa4-causal-br-bf16-sq>sk-split", sq=50, sk=33, heads=8, kv_heads=2,
+         causal=True, align="bottom_right", atomic=True,
+         config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "SPLIT": 2}}),
+    case("atomic-mha-causal-br-f16-sq<sk-d80-dv48-strided", dtype="float16", sq=20, sk=53,
+         d=80, dv=48, causal=True, align="bottom_right", strided=True, atomic=True,
+         config=SMALL_TILES),
+    case("atomic-varlen-empty-gqa4-causal-br-bf16", heads=4, kv_heads=1, causal=True,
+         align="bottom_right", varlen=([17, 0, 33, 5], [20, 11, 29, 0]), atomic=True,
+         config=SMALL_TILES),
 ]
 
 
@@ -78,14 +95,19 @@ def _slow_cases() -> list[dict]:
         ((False, "top_left"), (True, "top_left"), (True, "bottom_right")),
         ((1, 1), (19, 64), (64, 19), (70, 70)),
     ):
-        out.append(case(f"slow-{dtype}-d{d}-h{h}/{hk}-{causal}-{align}-{sq}x{sk}", dtype=dtype,
-                        sq=sq, sk=sk, heads=h, kv_heads=hk, d=d, causal=causal, align=align))
+        for atomic in (False, True):
+            out.append(case(f"slow-{dtype}-d{d}-h{h}/{hk}-{causal}-{align}-{sq}x{sk}"
+                            + ("-atomic" if atomic else ""), dtype=dtype, sq=sq, sk=sk, heads=h,
+                            kv_heads=hk, d=d, causal=causal, align=align, atomic=atomic))
     for dtype, causal, align in itertools.product(
         ("bfloat16", "float16"), (False, True), ("top_left", "bottom_right")
     ):
-        out.append(case(f"slow-varlen-{dtype}-{causal}-{align}", dtype=dtype, heads=4, kv_heads=2,
-                        causal=causal, align=align,
-                        varlen=([0, 31, 64, 3, 17], [5, 0, 64, 40, 17]), config=SMALL_TILES))
+        for atomic in (False, True):
+            out.append(case(f"slow-varlen-{dtype}-{causal}-{align}" + ("-atomic" if atomic
+                                                                       else ""),
+                            dtype=dtype, heads=4, kv_heads=2, causal=causal, align=align,
+                            varlen=([0, 31, 64, 3, 17], [5, 0, 64, 40, 17]), config=SMALL_TILES,
+                            atomic=atomic))
     return out
 
 

@@ -1,7 +1,9 @@
-"""The triton plugin: cheap import, supports() reasons on hypothetical arches, forcing on CPU."""
+"""The triton plugin: cheap import, supports() reasons on hypothetical arches, forcing on CPU;
+``triton:fused_atomic`` ranked per arch and rejected when determinism is requested."""
 
 from __future__ import annotations
 
+import fnmatch
 import subprocess
 import sys
 
@@ -27,18 +29,18 @@ def meta_inputs(*, dtype=torch.bfloat16, b=1, s=256, h=16, hk=4, d=128, dv=None,
     return (q, k, v, o, lse, o), kw
 
 
-def verdict(arch: str, **kw) -> ad.Candidate:
+def verdict(arch: str, name: str = "triton:fused", **kw) -> ad.Candidate:
     (args, flags) = meta_inputs(**{k: v for k, v in kw.items() if k not in ("causal", "align",
                                                                            "deterministic")})
     report = ad.explain(*args, **flags, causal=kw.get("causal", False),
                         causal_align=kw.get("align", "top_left"),
                         deterministic=kw.get("deterministic", False), arch=arch)
-    (cand,) = [c for c in report.candidates if c.name == "triton:fused"]
+    (cand,) = [c for c in report.candidates if c.name == name]
     return cand
 
 
 def test_triton_plugin_import_does_not_import_triton() -> None:
-    code = ("import sys, attn_dispatch_triton.plugin as p; p.Fused(); "
+    code = ("import sys, attn_dispatch_triton.plugin as p; p.Fused(); p.FusedAtomic(); "
             "assert 'triton' not in sys.modules, 'plugin imported triton'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -53,8 +55,30 @@ def test_triton_supported_on_gpu_arches(arch, causal, align, varlen) -> None:
     assert cand.priority == (60 if arch.startswith("gfx") else 45)
 
 
-def test_triton_is_the_default_on_gfx950() -> None:
-    report = ad.explain(*meta_inputs()[0], causal=True, arch="gfx950")
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm_80", "sm_90"])
+def test_triton_fused_atomic_supported_and_ranked(arch) -> None:
+    from attn_dispatch_triton.plugin import FusedAtomic
+
+    cand = verdict(arch, "triton:fused_atomic", causal=True, align="bottom_right", varlen=True)
+    assert cand.reasons == (), cand.reasons
+    want = next(p for pat, p in FusedAtomic.priority.items() if fnmatch.fnmatch(arch, pat))
+    assert cand.priority == want
+
+
+@pytest.mark.parametrize("arch", ["gfx950", "sm_90"])
+def test_triton_fused_atomic_rejected_when_deterministic(arch) -> None:
+    cand = verdict(arch, "triton:fused_atomic", causal=True, deterministic=True)
+    assert cand.status == "rejected"
+    assert any("not deterministic" in r for r in cand.reasons), cand.reasons
+    assert verdict(arch, causal=True, deterministic=True).reasons == ()
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_triton_is_the_default_on_amd(arch) -> None:
+    args = meta_inputs()[0]
+    report = ad.explain(*args, causal=True, arch=arch, deterministic=False)
+    assert report.selected == "triton:fused_atomic", str(report)
+    report = ad.explain(*args, causal=True, arch=arch, deterministic=True)
     assert report.selected == "triton:fused", str(report)
 
 

@@ -152,8 +152,9 @@ def run_case(case: dict) -> dict:
 
     grads = [torch.full(t.shape, float("nan"), dtype=dt) for t in (q, k, v)]
     o_in, lse_in = out64.detach().to(dt), lse64.float()
+    atomic = bool(case.get("atomic"))  # the fused design: dQ through fp32 atomics
     attention_backward(q, k, v, o_in, lse_in, do, **flags, config=cfg,
-                       dq=grads[0], dk=grads[1], dv=grads[2])
+                       dq=grads[0], dk=grads[1], dv=grads[2], atomic_dq=atomic)
     for name, got, want in zip(("dq", "dk", "dv"), grads, (dq64, dk64, dv64)):
         res[name] = rel(got, want)
     # Rows that see no key must get exactly zero gradient.
@@ -162,7 +163,8 @@ def run_case(case: dict) -> dict:
         per_row = empty.t() if varlen else empty.transpose(1, 2)  # dq's [T,H] / [B,S,H]
         res["dq_empty_rows_zero"] = bool((grads[0][per_row] == 0).all())
     if case.get("repeat"):  # the backward is atomic-free: a second run is bitwise identical
-        again = attention_backward(q, k, v, o_in, lse_in, do, **flags, config=cfg)
+        again = attention_backward(q, k, v, o_in, lse_in, do, **flags, config=cfg,
+                                   atomic_dq=atomic)
         res["bitwise_repeat"] = all(torch.equal(a, b) for a, b in zip(again, grads))
     return res
 

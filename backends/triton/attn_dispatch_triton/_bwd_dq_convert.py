@@ -1,0 +1,38 @@
+r"""Backward, fused-atomic variant: the fp32 dQ scratch to the input dtype, scale applied.
+
+``triton:fused_atomic`` accumulates the unscaled :math:`\sum_j dS_{ij} k_j` of every query row
+into an fp32 buffer (zero-filled, contiguous ``[B,S,H,D]`` or ``[T,H,D]``) from the key-side
+programs with atomics; this pass writes ``dQ = scale * acc`` in the caller's layout.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import load_tile, seq_bounds, store_tile
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "heads"])
+def _attn_bwd_dq_convert(ACC, DQ, CU_Q, stride_ab, stride_as, stride_ah,
+                         stride_dqb, stride_dqs, stride_dqh, seqlen_q, heads, scale,
+                         D: tl.constexpr, IS_VARLEN: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    q_start, q_len, _, _ = seq_bounds(CU_Q, CU_Q, b, seqlen_q, seqlen_q, IS_VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= q_len:
+        return
+    b64 = b.to(tl.int64)
+    row0 = q_start.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = load_tile(ACC + b64 * stride_ab + row0 * stride_as + h * stride_ah
+                    + offs_m[:, None] * stride_as + offs_d[None, :],
+                    offs_m, q_len, offs_d, D, True, BLOCK_D != D)
+    store_tile(DQ + b64 * stride_dqb + row0 * stride_dqs + h * stride_dqh
+               + offs_m[:, None] * stride_dqs + offs_d[None, :],
+               (acc * scale).to(DQ.dtype.element_ty), offs_m, q_len, offs_d, D, BLOCK_D != D)
