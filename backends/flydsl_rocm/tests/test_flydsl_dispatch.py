@@ -21,9 +21,10 @@ def _clean(monkeypatch):
     for var in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_ENABLE", "ATTN_DISPATCH_DISABLE",
                 "ATTN_DISPATCH_PLUGINS", "ATTN_DISPATCH_ARCH"):
         monkeypatch.delenv(var, raising=False)
-    ad.reload()
+    ad.reload(reset_enabled=True)
     yield
-    ad.reload()
+    monkeypatch.undo()
+    ad.reload(reset_enabled=True)  # leave no opt-in behind for other packages' tests
 
 
 def _meta(*shape, dtype=torch.bfloat16, device="meta"):
