@@ -1,13 +1,14 @@
 """Dispatch overhead: median ``ad.backward(...)`` time minus a direct call of the chosen
 implementation, on tiny CPU tensors, after the decision is cached.
 
-Run: ``ATTN_DISPATCH_TEST_PLUGINS=1 python benchmarks/dispatch_overhead.py``
+Run: ``ATTN_DISPATCH_TEST_PLUGINS=1 python benchmarks/dispatch_overhead.py [--device cuda]``
 (needs ``pip install -e tests/plugins``: its ``toy:trivial`` implementation returns its inputs,
 so the difference is the dispatcher's own cost).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -29,10 +30,13 @@ def median_us(fn) -> float:
 def main() -> int:
     if os.environ.get("ATTN_DISPATCH_TEST_PLUGINS") != "1":
         sys.exit("set ATTN_DISPATCH_TEST_PLUGINS=1 (and pip install -e tests/plugins)")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="where the tiny tensors live")
+    device = torch.device(parser.parse_args().device)
     os.environ["ATTN_DISPATCH_PLUGINS"] = "toy"
     ad.reload()
-    q, k, v, out, do = (torch.randn(1, 4, 2, 8) for _ in range(5))
-    lse = torch.randn(1, 2, 4)
+    q, k, v, out, do = (torch.randn(1, 4, 2, 8, device=device) for _ in range(5))
+    lse = torch.randn(1, 2, 4, device=device)
     args = (q, k, v, out, lse, do)
     impl = ad._settings.current().registry.implementations["toy:trivial"]
     ad.backward(*args, backend="toy:trivial")  # cache the decision
@@ -49,8 +53,10 @@ def main() -> int:
             total = median_us(call)
         direct = median_us(lambda: impl.backward(inp))
         rows.append((label, total, direct, total - direct))
-    print(f"python {platform.python_version()}, torch {torch.__version__}, "
-          f"{platform.processor() or platform.machine()}")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.machine())
+    print(f"python {platform.python_version()}, torch {torch.__version__}, {cpu}, "
+          f"tensors on {device}")
     print(f"{'path':<34}{'ad.backward µs':>16}{'direct µs':>12}{'overhead µs':>14}")
     for label, total, direct, overhead in rows:
         print(f"{label:<34}{total:>16.2f}{direct:>12.2f}{overhead:>14.2f}")
