@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The project's GPU check and benchmark in one go (an NVIDIA GPU with torch + triton installed,
+# no network needed): install every package editable, run the GPU tests, the demo, the dispatch
+# overhead benchmark, then the default `attn-dispatch bench` sweep. Results go to $OUT.
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends/reference \
+  -e backends/torch_sdpa -e backends/triton -e tests/plugins 2>&1 | grep -v WARN | tail -3
+$PY -m attn_dispatch list | tee -a "$OUT/env.txt"
+
+echo "== GPU tests"
+timeout 240 $PY -m pytest -q -p no:cacheprovider tests/test_attention_op.py \
+  backends/triton/tests/test_triton_gpu.py -m "gpu or not gpu" --tb=short -rfE \
+  > "$OUT/gpu_tests.txt" 2>&1
+echo "gpu tests rc=$?"; tail -4 "$OUT/gpu_tests.txt"
+
+echo "== demo"
+timeout 120 $PY -m attn_dispatch demo 2>&1 | tee "$OUT/demo.txt" | tail -8
+
+echo "== dispatch overhead"
+for dev in cpu cuda; do
+  ATTN_DISPATCH_TEST_PLUGINS=1 timeout 120 $PY benchmarks/dispatch_overhead.py --device $dev
+done 2>&1 | tee "$OUT/dispatch_overhead.txt"
+
+echo "== bench"
+timeout "${BENCH_TIMEOUT:-330}" $PY -m attn_dispatch bench --json "$OUT/bench.json" \
+  --csv "$OUT/bench.csv" --plot "$OUT/bench.png" "$@" 2> "$OUT/progress.txt" \
+  | tee "$OUT/table.txt"
+echo "bench rc=${PIPESTATUS[0]}"; tail -3 "$OUT/progress.txt"
