@@ -388,9 +388,10 @@ EXTRA = [  # (label, h, hk, sq, sk, d, causal, bottom_right, dtype)
 
 def _extra_job(job: tuple) -> dict:
     """One small odd-shape check (tuning-table configs) against the oracle; runs in a worker."""
-    kind, spec, dev, smoke = job
+    kind, spec, dev, smoke, *rest = job
+    atomic = bool(rest and rest[0])  # the fused-atomic backward instead of the split one
     if kind == "varlen":
-        return varlen_check(dev, smoke)
+        return varlen_check(dev, smoke, atomic)
     from attn_dispatch_triton.backward import attention_backward
     from attn_dispatch_triton.forward import attention_forward
 
@@ -403,12 +404,13 @@ def _extra_job(job: tuple) -> dict:
     flags = dict(causal=causal, bottom_right=br, scale=sc)
     out, lse = attention_forward(q, k, v, **flags)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(q, k, v, out, lse, do, **flags, dq=grads[0], dk=grads[1], dv=grads[2])
+    attention_backward(q, k, v, out, lse, do, **flags, dq=grads[0], dk=grads[1], dv=grads[2],
+                       atomic_dq=atomic)
     err = check_against_oracle(q, k, v, do, out, lse, grads, causal, br, sc, list(range(h)))
-    return {"case": label, "errors": err}
+    return {"case": label + (" atomic" if atomic else ""), "errors": err}
 
 
-def varlen_check(dev: str, smoke: bool) -> dict:
+def varlen_check(dev: str, smoke: bool, atomic: bool = False) -> dict:
     """Varlen (an empty sequence, causal bottom-right, GQA 4) against per-sequence oracles."""
     from attn_dispatch_triton.backward import attention_backward
     from attn_dispatch_triton.forward import attention_forward
@@ -428,7 +430,8 @@ def varlen_check(dev: str, smoke: bool) -> dict:
                  cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
     out, lse = attention_forward(q, k, v, **flags)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(q, k, v, out, lse, do, **flags, dq=grads[0], dk=grads[1], dv=grads[2])
+    attention_backward(q, k, v, out, lse, do, **flags, dq=grads[0], dk=grads[1], dv=grads[2],
+                       atomic_dq=atomic)
     worst = {"out": 0.0, "lse": 0.0, "dq": 0.0, "dk": 0.0, "dv": 0.0}
     zero_ok = True
     for b in range(len(lens_q)):
@@ -446,7 +449,8 @@ def varlen_check(dev: str, smoke: bool) -> dict:
                                    (sl(grads[0], qs, qe), sl(grads[1], ks, ke),
                                     sl(grads[2], ks, ke)), True, True, 0.1, list(range(h)))
         worst = {n: max(worst[n], e) for n, e in err.items()}
-    return {"case": "varlen empty seqs br causal gqa4", "errors": worst,
+    return {"case": "varlen empty seqs br causal gqa4" + (" atomic" if atomic else ""),
+            "errors": worst,
             "empty_sequences_ok": zero_ok}
 
 
