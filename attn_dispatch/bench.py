@@ -70,7 +70,7 @@ class Shape:
         return f / 2 if self.causal else f
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # identity: rows key the timing table
 class Row:
     """One measured (shape, implementation) pair."""
 
@@ -125,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of names or fnmatch patterns (e.g. 'torch_sdpa:*,triton')")
     p.add_argument("--include-reference", action="store_true",
                    help="also time the reference backend (always timed on the CPU)")
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=10, help="timed calls per variant")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="interleaved rounds the repeats are spread over (default 5)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
@@ -166,6 +168,11 @@ class Timer:
 
     def run(self, calls: Sequence[Callable[[], object]], warmup: int, repeats: int):
         """Median µs per call and median host µs per call, rotating over ``calls``."""
+        times, host = self.samples(calls, warmup, repeats)
+        return statistics.median(times), statistics.median(host)
+
+    def samples(self, calls: Sequence[Callable[[], object]], warmup: int, repeats: int):
+        """µs per call and host µs per call of ``repeats`` calls, rotating over ``calls``."""
         for i in range(max(warmup, len(calls))):
             calls[i % len(calls)]()
         self.sync()
@@ -188,7 +195,25 @@ class Timer:
                 calls[i % len(calls)]()
                 times.append((time.perf_counter() - t0) * 1e6)
             host = [t / 1e6 for t in times]
-        return statistics.median(times), statistics.median(host) * 1e6
+        return times, [h * 1e6 for h in host]
+
+    def interleaved(self, variants: dict, warmup: int, repeats: int, rounds: int) -> dict:
+        """Median (µs, host µs) per variant, timed in ``rounds`` interleaved rounds.
+
+        Clock and thermal drift then hit every variant alike, so two variants that run the same
+        kernel (forced, automatic, direct) differ only by what differs between them.
+        """
+        per_round = max(1, -(-repeats // rounds))
+        samples = {key: ([], []) for key in variants}
+        for r in range(rounds):
+            order = list(variants)
+            order = order[r % len(order):] + order[:r % len(order)]
+            for key in order:
+                times, host = self.samples(variants[key], warmup if r == 0 else 1, per_round)
+                samples[key][0].extend(times)
+                samples[key][1].extend(host)
+        return {key: (statistics.median(t), statistics.median(h))
+                for key, (t, h) in samples.items()}
 
 
 def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
@@ -326,6 +351,7 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
     rows: list[Row] = []
     ref = None if args.no_check else reference_grads(shape, sets[0])
     max_tol, l2_tol = _tolerance(shape.dtype)
+    variants: dict[Row, list] = {}
     for name in names:
         row = Row(shape, name, "forced")
         rows.append(row)
@@ -341,22 +367,28 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
                     continue
             calls = [lambda t=t, n=name: ad.backward(*_args(t), causal=shape.causal, backend=n)
                      for t in sets]  # fmt: skip
-            row.us, row.host_us = timer.run(calls, args.warmup, args.repeats)
-            log(f"  {name}: {row.us:.1f} us")
+            timer.samples(calls, args.warmup, 1)  # compile / first-call costs stay out
+            variants[row] = calls
         except Exception as exc:  # one broken implementation must not end the sweep
             row.status, row.note = "ERROR", f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             log(f"  {name}: {row.note}")
     if chosen is not None and not any(r.impl == chosen and r.status != "ok" for r in rows):
         auto = Row(shape, chosen, AUTO)
-        calls = [lambda t=t: ad.backward(*_args(t), causal=shape.causal) for t in sets]
-        auto.us, auto.host_us = timer.run(calls, args.warmup, args.repeats)
         rows.append(auto)
+        variants[auto] = [lambda t=t: ad.backward(*_args(t), causal=shape.causal) for t in sets]
         direct_calls = capture_direct(chosen, sets, shape.causal)
         if direct_calls is not None:
             direct = Row(shape, chosen, DIRECT)
-            direct.us, direct.host_us = timer.run(direct_calls, args.warmup, args.repeats)
             rows.append(direct)
-        log(f"  auto ({chosen}): {auto.us:.1f} us")
+            variants[direct] = direct_calls
+    try:
+        measured = timer.interleaved(variants, args.warmup, args.repeats, args.rounds)
+    except Exception as exc:
+        measured = {}
+        log(f"  timing failed: {type(exc).__name__}: {exc}")
+    for row, (us, host_us) in measured.items():
+        row.us, row.host_us = us, host_us
+        log(f"  {row.impl} ({row.kind}): {us:.1f} us")
     timed = [r for r in rows if r.us is not None]
     fastest = min((r.us for r in timed if r.kind == "forced"), default=None)
     for r in timed:
