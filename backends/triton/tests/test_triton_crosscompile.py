@@ -114,6 +114,11 @@ def test_triton_dkdv_compiles_varlen_f16_d64_sm90() -> None:
                           varlen=True), "dkdv", "sm_90")
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_triton_fused_atomic_compiles_d256(arch: str) -> None:
+    _check(compile_kernel("dkdvq", arch, d=256, causal=True, bottom_right=True), "dkdvq", arch)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kernel_name", "arch", "dtype", "d", "causal", "varlen"),
