@@ -25,6 +25,10 @@ scratch with ``tl.atomic_add``, and a convert pass (``_bwd_dq_convert``) applies
 casts to the input dtype. That is 5 tile products per tile pair instead of the split design's 7,
 at the price of fp32 atomics: the summation order of dQ, hence its last bits, varies from run to
 run. Without ``ATOMIC_DQ`` the branch is compiled out and the kernel is the deterministic one.
+With ``DQ_TMA`` (Hopper) the scratch is a tensor descriptor over ``[rows, BLOCK_D]`` fp32 (rows
+of one (sequence, head) contiguous) and each tile is added by one bulk TMA reduction instead of
+per-thread ``red`` instructions; rows past a sequence's end carry exactly zero (P is masked to 0
+there), so a tile may overlap the next sequence's rows harmlessly.
 
 The tile is computed transposed (``s^T = K Q^T``, ``BLOCK_N x BLOCK_M``) so ``P^T`` and ``dS^T``
 feed the two accumulating products without a transpose. With causal masking, query blocks that
@@ -41,11 +45,11 @@ from ._common import causal_offset, load_tile, seq_bounds, store_tile
 
 
 @triton.jit
-def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dqa_base,
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dqa_base, dqa_row,
                          stride_qs, stride_dos, stride_dqas,
                          stride_ts, lo, hi, offs_n, off, q_len, qk_scale,
                          D, DV, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                         ATOMIC_DQ: tl.constexpr,
+                         ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     """Accumulate query blocks [lo, hi) of one head into dk, dv (fp32) and, with
     ``ATOMIC_DQ``, add each block's unscaled dQ contribution into the fp32 scratch."""
@@ -82,18 +86,29 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, d
         dk += tl.dot(dsT, q)
         if ATOMIC_DQ:  # -- dQ += dS K (unscaled; the convert pass applies the scale)
             dq = tl.dot(tl.trans(dsT), k)
-            dq_ptrs = dqa_base + offs_m[:, None] * stride_dqas + offs_d[None, :]
-            if MASKED:
-                if BLOCK_D != D:
-                    ok = (offs_m[:, None] < q_len) & (offs_d[None, :] < D)
-                else:
-                    ok = offs_m[:, None] < q_len
-                tl.atomic_add(dq_ptrs, dq, mask=ok, sem="relaxed")
-            elif BLOCK_D != D:
-                tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < D, sem="relaxed")
+            if DQ_TMA:
+                dqa_base.atomic_add([dqa_row + m0, 0], dq)
             else:
-                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+                _atomic_add_tile(dqa_base, dq, offs_m, offs_d, stride_dqas, q_len, D, MASKED,
+                                 BLOCK_D)
     return dk, dv
+
+
+@triton.jit
+def _atomic_add_tile(dqa_base, dq, offs_m, offs_d, stride_dqas, q_len, D,
+                     MASKED: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Per-element fp32 atomic add of one dQ tile (rows/cols checked where they may be out)."""
+    dq_ptrs = dqa_base + offs_m[:, None] * stride_dqas + offs_d[None, :]
+    if MASKED:
+        if BLOCK_D != D:
+            ok = (offs_m[:, None] < q_len) & (offs_d[None, :] < D)
+        else:
+            ok = offs_m[:, None] < q_len
+        tl.atomic_add(dq_ptrs, dq, mask=ok, sem="relaxed")
+    elif BLOCK_D != D:
+        tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < D, sem="relaxed")
+    else:
+        tl.atomic_add(dq_ptrs, dq, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
@@ -106,7 +121,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
                    seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
                    D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
                    BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                   ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -151,22 +167,27 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
         q_base = Q + b64 * stride_qb + qrow0 * stride_qs + h * stride_qh
         do_base = DO + b64 * stride_dob + qrow0 * stride_dos + h * stride_doh
         t_off = b64 * stride_tb + qrow0 * stride_ts + h * stride_th
-        dqa_base = DQA + b64 * stride_dqab + qrow0 * stride_dqas + h * stride_dqah
+        if DQ_TMA:  # DQA is a descriptor; strides count rows
+            dqa_base = DQA
+            dqa_row = b * stride_dqab + q_start * stride_dqas + h * stride_dqah
+        else:
+            dqa_base = DQA + b64 * stride_dqab + qrow0 * stride_dqas + h * stride_dqah
+            dqa_row = 0
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
-                                      Delta + t_off, dqa_base, stride_qs, stride_dos,
+                                      Delta + t_off, dqa_base, dqa_row, stride_qs, stride_dos,
                                       stride_dqas, stride_ts, lo, diag_hi, offs_n, off, q_len,
-                                      qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, BLOCK_M, BLOCK_D,
-                                      BLOCK_DV)
+                                      qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA, BLOCK_M,
+                                      BLOCK_D, BLOCK_DV)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
-                                      Delta + t_off, dqa_base, stride_qs, stride_dos,
+                                      Delta + t_off, dqa_base, dqa_row, stride_qs, stride_dos,
                                       stride_dqas, stride_ts, diag_hi, full_hi, offs_n, off, q_len,
-                                      qk_scale, D, DV, False, CAUSAL, ATOMIC_DQ, BLOCK_M, BLOCK_D,
-                                      BLOCK_DV)
+                                      qk_scale, D, DV, False, CAUSAL, ATOMIC_DQ, DQ_TMA, BLOCK_M,
+                                      BLOCK_D, BLOCK_DV)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
-                                      Delta + t_off, dqa_base, stride_qs, stride_dos,
+                                      Delta + t_off, dqa_base, dqa_row, stride_qs, stride_dos,
                                       stride_dqas, stride_ts, full_hi, q_len, offs_n, off, q_len,
-                                      qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, BLOCK_M, BLOCK_D,
-                                      BLOCK_DV)
+                                      qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA, BLOCK_M,
+                                      BLOCK_D, BLOCK_DV)
 
     dk = dk * scale
     split64 = split.to(tl.int64)

@@ -99,10 +99,22 @@ class BackwardLaunch:
         zero-filled here); :meth:`dq_convert` finishes it.
         """
         split = self.group_split(c)
-        if atomic_dq:
+        tma = bool(atomic_dq and c.get("TMA"))
+        if tma:  # rows of one (sequence, head) contiguous: [B,H,S,BLOCK_D] / [H,T,BLOCK_D]
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            bd = self.blocks["BLOCK_D"]
+            rows = self.q.shape[0] if self.varlen else self.seqlen_q
+            lead = (self.heads, rows) if self.varlen else (self.batch, self.heads, rows)
+            self.dq_acc = torch.zeros((*lead, bd), dtype=torch.float32, device=self.q.device)
+            flat = self.dq_acc.view(-1, bd)
+            acc = TensorDescriptor(flat, list(flat.shape), [bd, 1], [c["BLOCK_M"], bd])
+            s_acc = (0, 1, rows) if self.varlen else (self.heads * rows, 1, rows)  # in rows
+            self.dq_acc_strides = tuple(x * bd for x in s_acc)
+        elif atomic_dq:
             self.dq_acc = acc = torch.zeros(self.q.shape, dtype=torch.float32,
                                             device=self.q.device)
-            s_acc = token_strides(acc, self.varlen)
+            s_acc = self.dq_acc_strides = token_strides(acc, self.varlen)
         else:
             acc, s_acc = self.q, (0, 0, 0)  # an unused pointer
         if split > 1:  # fp32 partials, summed below
@@ -120,7 +132,8 @@ class BackwardLaunch:
             *s_acc, *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
             self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
             self.scale * LOG2E, self.scale, D=self.d, DV=self.d_v, **self.flags,
-            ATOMIC_DQ=atomic_dq, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
+            ATOMIC_DQ=atomic_dq, DQ_TMA=tma, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+            **self.blocks,
             num_warps=c["num_warps"], num_stages=c["num_stages"],
         )
         if split > 1:
@@ -144,7 +157,7 @@ class BackwardLaunch:
         """dQ = scale * (the fp32 scratch of :meth:`dkdv` with ``atomic_dq``), input dtype."""
         grid = (triton.cdiv(max(self.seqlen_q, 1), c["BLOCK_M"]), self.batch * self.heads)
         _attn_bwd_dq_convert[grid](
-            self.dq_acc, self.dq, self.cu_q, *token_strides(self.dq_acc, self.varlen),
+            self.dq_acc, self.dq, self.cu_q, *self.dq_acc_strides,
             *token_strides(self.dq, self.varlen), self.seqlen_q, self.heads, self.scale,
             D=self.d, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
             BLOCK_D=self.blocks["BLOCK_D"], num_warps=c["num_warps"],

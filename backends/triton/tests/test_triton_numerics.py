@@ -85,6 +85,13 @@ DEFAULT_CASES = [
     case("atomic-varlen-empty-gqa4-causal-br-bf16", heads=4, kv_heads=1, causal=True,
          align="bottom_right", varlen=([17, 0, 33, 5], [20, 11, 29, 0]), atomic=True,
          config=SMALL_TILES),
+    # dQ added by tensor-descriptor (TMA) reductions into a [B,H,S,BLOCK_D] / [H,T,BLOCK_D]
+    # scratch; partial tiles overlap the next sequence's rows with zeros.
+    case("atomic-tma-varlen-gqa2-causal-br-f16-d80", dtype="float16", heads=4, kv_heads=2,
+         d=80, causal=True, align="bottom_right", varlen=([9, 0, 40, 13], [30, 7, 18, 13]),
+         atomic=True, config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "TMA": 1}}),
+    case("atomic-tma-gqa4-full-bf16", batch=2, sq=37, sk=45, heads=4, kv_heads=1, atomic=True,
+         config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "TMA": 1}}),
 ]
 
 

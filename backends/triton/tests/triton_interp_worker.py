@@ -4,10 +4,11 @@ Started as a subprocess by ``test_triton_numerics.py`` (the interpreter must be 
 the kernels are defined, and must not leak into other tests): reads a JSON list of cases on
 stdin, prints a JSON list of measured errors on stdout.
 
-Triton 3.6's interpreter has three gaps that this module patches (test-only, process-local):
+Triton 3.6's interpreter has four gaps that this module patches (test-only, process-local):
 loop bounds that are scalar tensors fail ``__index__`` under NumPy 2; ``tl.dot`` on bf16
 multiplies the raw uint16 bit patterns; fp32 -> bf16 casts truncate instead of rounding to
-nearest even (what the GPU does).
+nearest even (what the GPU does); tensor-descriptor reductions (``desc.atomic_add``, the TMA
+reduce) are missing (emulated as a masked per-element atomic add over the descriptor's box).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def patch_interpreter() -> None:
     """Fix the interpreter gaps named in the module docstring."""
     import triton.language as tl
     import triton.runtime.interpreter as interp
+    from triton._C.libtriton import ir
 
     patch_tensor = interp._patch_lang_tensor
 
@@ -56,6 +58,14 @@ def patch_interpreter() -> None:
         return cast(self, src, dst_type)
 
     interp.InterpreterBuilder.cast_impl = cast_impl
+
+    def create_descriptor_reduce(self, kind, desc, value, indices):
+        assert kind == ir.DESCRIPTOR_REDUCE_KIND.ADD, kind
+        ptrs, mask = desc.materialize_pointers(indices)
+        return self.create_atomic_rmw(ir.ATOMIC_OP.FADD, ptrs, value, mask,
+                                      ir.MEM_SEMANTIC.RELAXED, ir.MEM_SYNC_SCOPE.GPU)
+
+    interp.InterpreterBuilder.create_descriptor_reduce = create_descriptor_reduce
 
 
 # ------------------------------------------------------------------------------------ oracle
