@@ -117,11 +117,16 @@ class Fused(ad.Implementation):
 class FusedAtomic(Fused):
     """Triton FMHA backward as preprocess + one dK/dV/dQ kernel (fp32 atomic dQ) + convert.
 
-    Priorities: provisional, set from the H200 measurements in docs/triton_notes.md.
+    Priorities (one per arch): on an H200 it is slower than ``triton:fused`` at 8 of the 9
+    seed shapes (1.00-1.13x its time; faster only at MHA 1K) and faster than FA2 at all of them
+    (1.01-1.26x), so it ranks just below ``triton:fused`` (45) and above FA2 (40): it is chosen
+    when determinism is off only if ``triton:fused`` is disabled or rejects the call. On AMD it
+    is compile-tested only (never run): below ``triton:fused`` (60) there too. See
+    docs/triton_notes.md.
     """
 
     name = "fused_atomic"
-    priority = {"gfx942": 62, "gfx950": 62, "sm_9*": 48, "sm_10*": 48, "sm_8*": 44}
+    priority = {"gfx942": 58, "gfx950": 58, "sm_9*": 43, "sm_10*": 43, "sm_8*": 43}
     deterministic = False
     atomic_dq = True
 

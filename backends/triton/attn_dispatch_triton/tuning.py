@@ -54,8 +54,7 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
               "dkdv": _cfg(64, 128, 8, 3), "dq": _cfg(128, 64, 8, 3),
               "dkdvq": {**_cfg(64, 128, 8, 3), "TMA": 1}},
         "d128-full-gqa-short": {"dkdv": _cfg(32, 128, 8, 3)},
-        "d128-full-mha-short": {"dkdv": _cfg(64, 64, 4, 3),
-                                "dkdvq": {**_cfg(64, 64, 4, 3), "TMA": 1}},
+        "d128-full-mha-short": {"dkdv": _cfg(64, 64, 4, 3)},
     },
     "sm_80": {
         "*": {"fwd": _cfg(128, 64, 4, 3), "pre": _PRE,

@@ -6,8 +6,9 @@ target lacks, shared memory over budget, a layout the backend rejects) shows up 
 kernel is compiled with the configuration the tuning table would launch it with, and we check
 that the tensor-core instructions are there (``wgmma`` on sm_90, ``mma`` on sm_80, ``v_mfma``
 on gfx9), that shared memory fits the target, and that fp32 atomic adds appear in the fused-atomic
-dK/dV/dQ kernel (``atom``/``red`` in the PTX, ``global_/buffer_atomic_add_f32`` in the AMDGCN) and
-in no other kernel.
+dK/dV/dQ kernel (on sm_90 the table's TMA bulk reduce-add, ``cp.reduce.async.bulk.tensor``, or
+``atom``/``red`` in the PTX; ``global_/buffer_atomic_add_f32`` in the AMDGCN) and in no other
+kernel.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ NO_MMA = {"pre", "cvt"}  # a reduction and an elementwise pass: no matrix produc
 # bar.red), an AMDGPU global or buffer fp32 atomic add.
 ATOMICS = {"ptx": re.compile(r"(?<![.\w])(?:red|atom)\.[\w.]*add[\w.]*f32"),
            "amdgcn": re.compile(r"\b(?:global|buffer)_atomic_add_f32\b")}
+TMA_REDUCE = "cp.reduce.async.bulk.tensor"  # Hopper: dQ tiles added by TMA reductions
 FLOAT_POINTERS = {"Lse", "Lse2", "Delta", "DQA", "ACC"}
 INT_POINTERS = {"CU_Q", "CU_K"}
 FLOATS = {"qk_scale", "scale"}
@@ -62,6 +64,7 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
     cfg = lookup(arch, d, causal, group)[kernel_name]
     consts = {"D": d, "DV": d, "CAUSAL": causal, "BOTTOM_RIGHT": bottom_right,
               "IS_VARLEN": varlen, "ATOMIC_DQ": kernel_name == "dkdvq",
+              "DQ_TMA": kernel_name == "dkdvq" and bool(cfg.get("TMA")),
               "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
               "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d)}
     signature, constexprs, attrs = {}, {}, {}
@@ -69,6 +72,8 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
         if fn.params[i].is_constexpr:
             signature[name] = "constexpr"
             constexprs[name] = consts[name]
+        elif name == "DQA" and consts["DQ_TMA"]:  # the fp32 dQ scratch as a TMA descriptor
+            signature[name] = f"tensordesc<fp32[{cfg['BLOCK_M']}, {padded_dim(d)}]>"
         elif name in FLOATS:
             signature[name] = "fp32"
         elif name.startswith(("stride_", "seqlen_")) or name in ("heads", "kv_heads", "group"):
@@ -91,7 +96,7 @@ def _check(compiled, kernel_name: str, arch: str) -> None:
     asm = compiled.asm[asm_key]
     if kernel_name not in NO_MMA:
         assert mma in asm, f"{kernel_name} on {arch}: no {mma} in the {asm_key}"
-    has_atomic = ATOMICS[asm_key].search(asm) is not None
+    has_atomic = ATOMICS[asm_key].search(asm) is not None or TMA_REDUCE in asm
     assert has_atomic == (kernel_name == "dkdvq"), (
         f"{kernel_name} on {arch}: atomics in the {asm_key}: {has_atomic}")
     assert compiled.metadata.shared <= smem_budget, (
@@ -112,6 +117,11 @@ def test_triton_kernel_compiles(kernel_name: str, arch: str) -> None:
 def test_triton_dkdv_compiles_varlen_f16_d64_sm90() -> None:
     _check(compile_kernel("dkdv", "sm_90", dtype="fp16", d=64, causal=True, bottom_right=True,
                           varlen=True), "dkdv", "sm_90")
+
+
+def test_triton_fused_atomic_uses_tma_reduce_on_sm90() -> None:
+    asm = compile_kernel("dkdvq", "sm_90").asm["ptx"]
+    assert TMA_REDUCE in asm and ".add" in asm, "no TMA reduce-add for dQ on sm_90"
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942"])

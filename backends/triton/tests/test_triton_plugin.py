@@ -74,12 +74,16 @@ def test_triton_fused_atomic_rejected_when_deterministic(arch) -> None:
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
-def test_triton_is_the_default_on_amd(arch) -> None:
-    args = meta_inputs()[0]
-    report = ad.explain(*args, causal=True, arch=arch, deterministic=False)
-    assert report.selected == "triton:fused_atomic", str(report)
-    report = ad.explain(*args, causal=True, arch=arch, deterministic=True)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_triton_is_the_default_on_amd(arch, deterministic) -> None:
+    report = ad.explain(*meta_inputs()[0], causal=True, arch=arch, deterministic=deterministic)
     assert report.selected == "triton:fused", str(report)
+
+
+def test_triton_fused_atomic_ranks_below_fused_above_fa2_on_sm90() -> None:
+    from attn_dispatch_triton.plugin import Fused, FusedAtomic
+
+    assert 40 < FusedAtomic.priority["sm_9*"] < Fused.priority["sm_9*"]
 
 
 @pytest.mark.parametrize(("kw", "needle"), [
