@@ -10,7 +10,9 @@ Fused-atomic design (``atomic_dq=True``, ``triton:fused_atomic``): preprocess, t
 (config key ``"dkdvq"``), then ``_bwd_dq_convert`` scales and casts it (config key ``"cvt"``).
 
 :class:`BackwardLaunch` holds one problem's arguments so each kernel can also be launched (and
-timed) on its own; :func:`attention_backward` runs all three.
+timed) on its own; :func:`attention_backward` runs all three. On NVIDIA GPUs a repeated call of
+the same signature replays a recorded :class:`~._plan.Plan` instead (same compiled kernels and
+arguments, a fraction of the host time; see ``_plan``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from __future__ import annotations
 import torch
 import triton
 
+from . import _plan
 from ._bwd_dkdv import _attn_bwd_dkdv
 from ._bwd_dq import _attn_bwd_dq
 from ._bwd_dq_convert import _attn_bwd_dq_convert
 from ._bwd_preprocess import _attn_bwd_preprocess
+from ._bwd_split_sum import _attn_bwd_split_sum
 from ._common import LOG2E, last_dim_contiguous, lse_strides, padded_dim, token_strides
+
+SUM_BLOCK = 1024  # elements per program of the split-partial sum
 
 
 class BackwardLaunch:
@@ -31,7 +37,7 @@ class BackwardLaunch:
     def __init__(self, q, k, v, out, lse, grad_out, *, causal: bool, bottom_right: bool,
                  scale: float, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                  max_seqlen_k=None, dq=None, dk=None, dv=None, atomic_dq: bool = False,
-                 ) -> None:
+                 recorder: _plan.Recorder | None = None) -> None:
         self.varlen = varlen = cu_seqlens_q is not None
         q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
         if varlen:
@@ -47,11 +53,25 @@ class BackwardLaunch:
         self.dq = torch.empty_like(q) if dq is None else dq
         self.dk = torch.empty_like(k) if dk is None else dk
         self.dv = torch.empty_like(v) if dv is None else dv
-        self.lse2 = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
-        self.delta = torch.empty_like(self.lse2)
+        tmp = torch.empty((2, *lse.shape), dtype=torch.float32, device=q.device)
+        self.lse2, self.delta = tmp[0], tmp[1]
         self.cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
         self.cu_k = cu_seqlens_k if varlen else q
         self.scale = scale
+        self.qk_scale = scale * LOG2E
+        self.rec = recorder
+        self.plan_extra = dict(tmp_shape=tuple(tmp.shape), part_numel=0, acc=None)
+        if recorder is not None:
+            for t, index in ((q, _plan.Q), (k, _plan.K), (v, _plan.V), (out, _plan.OUT),
+                             (lse, _plan.LSE), (grad_out, _plan.DO), (self.dq, _plan.DQ),
+                             (self.dk, _plan.DK), (self.dv, _plan.DV),
+                             (self.scale, _plan.SCALE), (self.qk_scale, _plan.QK_SCALE)):
+                recorder.name(t, index, None if isinstance(t, float) else 0)
+            recorder.name(self.lse2, _plan.TMP, 0)
+            recorder.name(self.delta, _plan.TMP, self.delta.data_ptr() - tmp.data_ptr())
+            if varlen:
+                recorder.name(self.cu_q, _plan.CU_Q)
+                recorder.name(self.cu_k, _plan.CU_K)
         self.atomic_dq = atomic_dq
         self.flags = dict(CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen)
         self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
@@ -59,17 +79,22 @@ class BackwardLaunch:
         self.s_do = token_strides(grad_out, varlen)
         self.s_t = lse_strides(self.lse2, varlen)
 
+    def _launch(self, kernel, grid: tuple, args: tuple, kwargs: dict) -> None:
+        if self.rec is None:
+            kernel[grid](*args, **kwargs)
+        else:
+            self.rec.launch(kernel, grid, args, kwargs)
+
     def preprocess(self, c: dict) -> None:
         """delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf for rows that see no key)."""
         grid = (triton.cdiv(max(self.seqlen_q, 1), c["BLOCK_M"]), self.batch * self.heads)
-        _attn_bwd_preprocess[grid](
+        self._launch(_attn_bwd_preprocess, grid, (
             self.out, self.grad_out, self.lse, self.delta, self.lse2, self.cu_q,
             *token_strides(self.out, self.varlen), *self.s_do,
             *lse_strides(self.lse, self.varlen), *self.s_t, self.seqlen_q, self.heads,
-            DV=self.d_v, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
-            BLOCK_DV=self.blocks["BLOCK_DV"], num_warps=c["num_warps"],
-            num_stages=c["num_stages"],
-        )
+        ), dict(DV=self.d_v, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
+                BLOCK_DV=self.blocks["BLOCK_DV"], num_warps=c["num_warps"],
+                num_stages=c["num_stages"]))
 
     def group_split(self, c: dict) -> int:
         """How many programs share one kv head's GQA group (``c["SPLIT"]`` or a heuristic).
@@ -100,6 +125,7 @@ class BackwardLaunch:
         """
         split = self.group_split(c)
         tma = bool(atomic_dq and c.get("TMA"))
+        rec = self.rec
         if tma:  # rows of one (sequence, head) contiguous: [B,H,S,BLOCK_D] / [H,T,BLOCK_D]
             from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -111,58 +137,83 @@ class BackwardLaunch:
             acc = TensorDescriptor(flat, list(flat.shape), [bd, 1], [c["BLOCK_M"], bd])
             s_acc = (0, 1, rows) if self.varlen else (self.heads * rows, 1, rows)  # in rows
             self.dq_acc_strides = tuple(x * bd for x in s_acc)
+            self.plan_extra["acc"] = dict(shape=tuple(self.dq_acc.shape),
+                                          tma=(tuple(flat.shape), [c["BLOCK_M"], bd]))
+            if rec is not None:
+                rec.name(acc, _plan.ACC_DESC, None)
+                rec.name(self.dq_acc, _plan.ACC)
         elif atomic_dq:
             self.dq_acc = acc = torch.zeros(self.q.shape, dtype=torch.float32,
                                             device=self.q.device)
             s_acc = self.dq_acc_strides = token_strides(acc, self.varlen)
+            self.plan_extra["acc"] = dict(shape=tuple(acc.shape), tma=None)
+            if rec is not None:
+                rec.name(acc, _plan.ACC)
         else:
             acc, s_acc = self.q, (0, 0, 0)  # an unused pointer
-        if split > 1:  # fp32 partials, summed below
+        fused_sum = split > 1 and self.dk.is_contiguous() and self.dv.is_contiguous()
+        if fused_sum:  # fp32 partials in one buffer, summed and cast by one launch below
+            n_k, n_v = self.dk.numel(), self.dv.numel()
+            blocks_k = triton.cdiv(n_k, SUM_BLOCK)
+            n_tot = blocks_k * SUM_BLOCK + n_v
+            part = torch.empty((split, n_tot), dtype=torch.float32, device=self.dk.device)
+            dk = part[:, :n_k].view(split, *self.dk.shape)
+            dv = part[:, blocks_k * SUM_BLOCK:].view(split, *self.dv.shape)
+            dk_part, dv_part = dk[0], dv[0]
+            self.plan_extra["part_numel"] = part.numel()
+            if rec is not None:
+                rec.name(dk, _plan.PART, 0)
+                rec.name(dv, _plan.PART, dv.data_ptr() - part.data_ptr())
+                rec.name(part, _plan.PART, 0)
+        elif split > 1:  # outputs with other strides: partials summed by torch
             dk = torch.empty((split, *self.dk.shape), dtype=torch.float32, device=self.dk.device)
             dv = torch.empty((split, *self.dv.shape), dtype=torch.float32, device=self.dv.device)
             dk_part, dv_part = dk[0], dv[0]
+            if rec is not None:
+                rec.ok = False
         else:
             dk, dv = dk_part, dv_part = self.dk, self.dv
         grid = (triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]), self.batch * self.kv_heads,
                 split)
-        _attn_bwd_dkdv[grid](
+        self._launch(_attn_bwd_dkdv, grid, (
             self.q, self.k, self.v, self.grad_out, dk, dv, acc, self.lse2, self.delta,
             self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
             *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
             *s_acc, *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
             self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
-            self.scale * LOG2E, self.scale, D=self.d, DV=self.d_v, **self.flags,
-            ATOMIC_DQ=atomic_dq, DQ_TMA=tma, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-            **self.blocks,
-            num_warps=c["num_warps"], num_stages=c["num_stages"],
-        )
-        if split > 1:
+            self.qk_scale, self.scale,
+        ), dict(D=self.d, DV=self.d_v, **self.flags, ATOMIC_DQ=atomic_dq, DQ_TMA=tma,
+                BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
+                num_warps=c["num_warps"], num_stages=c["num_stages"]))
+        if fused_sum:
+            self._launch(_attn_bwd_split_sum, (blocks_k + triton.cdiv(n_v, SUM_BLOCK),),
+                         (part, self.dk, self.dv, n_k, n_v, blocks_k, n_tot),
+                         dict(SPLIT=split, BLOCK=SUM_BLOCK, num_warps=4, num_stages=1))
+        elif split > 1:
             self.dk.copy_(dk.sum(0))
             self.dv.copy_(dv.sum(0))
 
     def dq_(self, c: dict) -> None:
         """dQ: one program per query block and head."""
         grid = (triton.cdiv(max(self.seqlen_q, 1), c["BLOCK_M"]), self.batch * self.heads)
-        _attn_bwd_dq[grid](
+        self._launch(_attn_bwd_dq, grid, (
             self.q, self.k, self.v, self.grad_out, self.dq, self.lse2, self.delta,
             self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
             *token_strides(self.dq, self.varlen), *self.s_t,
-            self.seqlen_q, self.seqlen_k, self.heads, self.group, self.scale * LOG2E,
-            self.scale, D=self.d, DV=self.d_v, **self.flags,
-            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
-            num_warps=c["num_warps"], num_stages=c["num_stages"],
-        )
+            self.seqlen_q, self.seqlen_k, self.heads, self.group, self.qk_scale, self.scale,
+        ), dict(D=self.d, DV=self.d_v, **self.flags, BLOCK_M=c["BLOCK_M"],
+                BLOCK_N=c["BLOCK_N"], **self.blocks, num_warps=c["num_warps"],
+                num_stages=c["num_stages"]))
 
     def dq_convert(self, c: dict) -> None:
         """dQ = scale * (the fp32 scratch of :meth:`dkdv` with ``atomic_dq``), input dtype."""
         grid = (triton.cdiv(max(self.seqlen_q, 1), c["BLOCK_M"]), self.batch * self.heads)
-        _attn_bwd_dq_convert[grid](
+        self._launch(_attn_bwd_dq_convert, grid, (
             self.dq_acc, self.dq, self.cu_q, *self.dq_acc_strides,
             *token_strides(self.dq, self.varlen), self.seqlen_q, self.heads, self.scale,
-            D=self.d, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
-            BLOCK_D=self.blocks["BLOCK_D"], num_warps=c["num_warps"],
-            num_stages=c["num_stages"],
-        )
+        ), dict(D=self.d, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
+                BLOCK_D=self.blocks["BLOCK_D"], num_warps=c["num_warps"],
+                num_stages=c["num_stages"]))
 
     def run(self, config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """All kernels; ``config`` maps "pre"/"dkdv"/"dq" (split) or "pre"/"dkdvq"/"cvt"
@@ -195,11 +246,30 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     accumulated with fp32 atomics from the key-side kernel (fewer products, not bitwise
     reproducible).
     """
+    scale = float(scale)  # one specialization (fp32) whatever the caller passes
+    planned = config is None and q.is_cuda and _plan.plans_enabled()
+    if planned and not _plan.hooks_installed():
+        q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
+        key, values = _signature(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k,
+                                 max_seqlen_q, max_seqlen_k, dq, dk, dv, scale,
+                                 (causal, bottom_right, atomic_dq))
+        plan = _plan.get(key)
+        if plan is not False:
+            dq = torch.empty_like(q) if dq is None else dq
+            dk = torch.empty_like(k) if dk is None else dk
+            dv = torch.empty_like(v) if dv is None else dv
+            values[_plan.DQ], values[_plan.DK] = dq.data_ptr(), dk.data_ptr()
+            values[_plan.DV] = dv.data_ptr()
+            plan.run(values, q.device, _current_stream(key[0]))
+            return dq, dk, dv
+        recorder = _plan.Recorder()
+    else:
+        recorder = None
     launch = BackwardLaunch(q, k, v, out, lse, grad_out, causal=causal,
                             bottom_right=bottom_right, scale=scale, cu_seqlens_q=cu_seqlens_q,
                             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                             max_seqlen_k=max_seqlen_k, dq=dq, dk=dk, dv=dv,
-                            atomic_dq=atomic_dq)
+                            atomic_dq=atomic_dq, recorder=recorder)
     if launch.batch * launch.heads == 0 or q.numel() == 0 and k.numel() == 0:
         return launch.dq.zero_(), launch.dk.zero_(), launch.dv.zero_()
     if config is None:
@@ -207,4 +277,44 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
 
         config = get_backward_config(q.device, launch.d, causal, launch.group,
                                      launch.seqlen_k)
-    return launch.run(config)
+    grads = launch.run(config)
+    if recorder is not None:
+        plan = recorder.plan(launch.plan_extra)
+        if plan is not None:
+            _plan.put(key, plan)
+    return grads
+
+
+def _signature(q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_seqlen_k, dq, dk, dv,
+               scale, flags) -> tuple[tuple, list]:
+    """The plan key of a call (everything the kernels specialize on) and its per-call values.
+
+    Shapes, strides and dtypes of every tensor, 16-byte alignment of every pointer, flags,
+    varlen lengths and the current device; data pointers and the scale are the values.
+    """
+    values = [None] * _plan.N_VALUES
+    sig = []
+    align = 0
+    for index, t in ((_plan.Q, q), (_plan.K, k), (_plan.V, v), (_plan.OUT, out),
+                     (_plan.LSE, lse), (_plan.DO, grad_out), (_plan.CU_Q, cu_q),
+                     (_plan.CU_K, cu_k), (_plan.DQ, dq), (_plan.DK, dk), (_plan.DV, dv)):
+        if t is None:
+            sig.append(None)
+            continue
+        ptr = t.data_ptr()
+        values[index] = ptr
+        align |= (ptr % 16 != 0) << index
+        sig.append((t.shape, t.stride(), t.dtype))
+    values[_plan.SCALE] = scale = float(scale)
+    values[_plan.QK_SCALE] = scale * LOG2E
+    device = _current_device()
+    key = (device, q.device.index, flags, max_seqlen_q, max_seqlen_k, align, *sig)
+    return key, values
+
+
+def _current_device() -> int:
+    return triton.runtime.driver.active.get_current_device()
+
+
+def _current_stream(device: int) -> int:
+    return triton.runtime.driver.active.get_current_stream(device)

@@ -1,0 +1,151 @@
+"""Launch plans: the host work of a repeated backward call, done once per input signature.
+
+``kernel[grid](*args, **kwargs)`` costs 14-30 us of Python per launch in triton 3.6 (argument
+binding, the specialization key, the cache lookup) before the C launcher runs. A backward
+launches three or four kernels, so a short-sequence backward was host bound. A :class:`Plan`
+records, on the first call of a signature (shapes, strides, dtypes, pointer alignment, flags,
+device: everything the kernels specialize on), each launch's compiled kernel, grid and full
+argument list; a repeated call allocates its outputs and scratch, fills the data pointers and
+the scale into copies of those lists, and calls the compiled kernels' runners
+(``CompiledKernel[grid]``) directly. Same compiled kernels, same arguments: identical results.
+
+The runner call relies on triton's ``CompiledKernel`` launch signature, checked on the versions
+in :data:`VERIFIED_TRITON` on NVIDIA GPUs; elsewhere, under the interpreter, with launch hooks
+installed (profilers), or with ``ATTN_DISPATCH_TRITON_PLANS=0``, every call takes the normal
+``kernel[grid]`` path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+VERIFIED_TRITON = ((3, 6),)
+MAX_PLANS = 512
+
+# Indices of the per-call values a plan slot refers to.
+Q, K, V, OUT, LSE, DO, CU_Q, CU_K, DQ, DK, DV, TMP, PART, ACC, SCALE, QK_SCALE, ACC_DESC = range(17)
+N_VALUES = 17
+
+
+@functools.cache
+def plans_enabled() -> bool:
+    """Whether this triton and environment allow plans (NVIDIA, verified triton, no hooks)."""
+    import triton
+
+    if os.environ.get("ATTN_DISPATCH_TRITON_PLANS", "1") == "0":
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or torch.version.hip:
+        return False
+    version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    return version in VERIFIED_TRITON
+
+
+def hooks_installed() -> bool:
+    """Launch hooks (e.g. a profiler) want the normal path's metadata."""
+    from triton import knobs
+
+    return (knobs.runtime.launch_enter_hook is not None
+            or knobs.runtime.launch_exit_hook is not None)
+
+
+class Recorder:
+    """Collects the launches of one backward call and the per-call value of each argument."""
+
+    def __init__(self) -> None:
+        self.slots: dict[int, tuple[int, int | None]] = {}  # id(arg) -> (value index, offset)
+        self.launches: list[tuple[Any, tuple, list]] = []
+        self.ok = True
+
+    def name(self, obj: Any, index: int, offset: int | None = 0) -> None:
+        """``obj`` is per-call value ``index`` (+ ``offset`` bytes for a pointer)."""
+        if id(obj) in self.slots and self.slots[id(obj)][0] != index:
+            self.ok = False  # two roles share one object: do not learn from this call
+        self.slots.setdefault(id(obj), (index, offset))
+
+    def launch(self, kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> Any:
+        """Launch through ``kernel[grid]`` and remember the compiled kernel and arguments."""
+        compiled = kernel[grid](*args, **kwargs)
+        names = kernel.arg_names
+        try:
+            full = list(args) + [kwargs[n] for n in names[len(args):]]
+        except KeyError:
+            self.ok = False
+            return compiled
+        if not hasattr(compiled, "packed_metadata"):
+            self.ok = False
+        self.launches.append((compiled, tuple(grid), full))
+        return compiled
+
+    def plan(self, extra: dict) -> Plan | None:
+        """The plan of the recorded launches, or ``None`` when an argument has no known role."""
+        if not self.ok:
+            return None
+        launches = []
+        for compiled, grid, full in self.launches:
+            slots, template = [], list(full)
+            for pos, arg in enumerate(full):
+                if isinstance(arg, (torch.Tensor, float)) or hasattr(arg, "base"):
+                    role = self.slots.get(id(arg))
+                    if role is None:
+                        return None
+                    slots.append((pos, *role))
+                    template[pos] = None
+            launches.append((compiled[grid], template, tuple(slots)))
+        return Plan(launches, **extra)
+
+
+class Plan:
+    """Precomputed launches of one signature; :meth:`run` only fills per-call values."""
+
+    def __init__(self, launches: list, *, tmp_shape: tuple, part_numel: int, acc: dict | None):
+        self.launches = launches
+        self.tmp_shape = tmp_shape
+        self.part_numel = part_numel
+        self.acc = acc  # {"shape", "tma": (desc shape, block)} for the fused-atomic scratch
+
+    def run(self, values: list, device: torch.device, stream: int) -> None:
+        """Allocate the scratch, complete ``values`` with its pointers, launch everything."""
+        tmp = torch.empty(self.tmp_shape, dtype=torch.float32, device=device)
+        values[TMP] = tmp.data_ptr()
+        if self.part_numel:
+            part = torch.empty(self.part_numel, dtype=torch.float32, device=device)
+            values[PART] = part.data_ptr()
+        if self.acc is not None:
+            acc = torch.zeros(self.acc["shape"], dtype=torch.float32, device=device)
+            values[ACC] = acc.data_ptr()
+            if self.acc["tma"] is not None:
+                from triton.tools.tensor_descriptor import TensorDescriptor
+
+                flat_shape, block = self.acc["tma"]
+                flat = acc.view(flat_shape)
+                values[ACC_DESC] = TensorDescriptor(flat, list(flat_shape),
+                                                    [flat_shape[1], 1], block)
+        for runner, template, slots in self.launches:
+            args = template.copy()
+            for pos, index, offset in slots:
+                args[pos] = values[index] if offset is None else values[index] + offset
+            runner(*args, stream=stream)
+
+
+_PLANS: dict[tuple, Plan | None] = {}
+
+
+def get(key: tuple) -> Plan | None | bool:
+    """The plan for ``key``; ``False`` when none was recorded yet."""
+    return _PLANS.get(key, False)
+
+
+def put(key: tuple, plan: Plan | None) -> None:
+    """Remember a plan (``None``: this signature is not plannable, do not record again)."""
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
+def clear() -> None:
+    """Forget every plan (e.g. after the tuned configurations changed)."""
+    _PLANS.clear()
