@@ -6,10 +6,10 @@ launches three or four kernels, so a short-sequence backward was host bound. A :
 records, on the first call of a signature (shapes, strides, dtypes, pointer alignment, flags,
 device: everything the kernels specialize on), each launch's compiled kernel, grid and full
 argument list; a repeated call allocates its outputs and scratch, fills the data pointers and
-the scale into copies of those lists, and calls the compiled kernels' runners
-(``CompiledKernel[grid]``) directly. Same compiled kernels, same arguments: identical results.
+the scale into copies of those lists, and calls the compiled kernels' launchers
+(``CompiledKernel.run``) directly. Same compiled kernels, same arguments: identical results.
 
-The runner call relies on triton's ``CompiledKernel`` launch signature, checked on the versions
+The launcher call relies on triton's ``CompiledKernel.run`` signature, checked on the versions
 in :data:`VERIFIED_TRITON` on NVIDIA GPUs; elsewhere, under the interpreter, with launch hooks
 installed (profilers), or with ``ATTN_DISPATCH_TRITON_PLANS=0``, every call takes the normal
 ``kernel[grid]`` path.
@@ -48,8 +48,9 @@ def hooks_installed() -> bool:
     """Launch hooks (e.g. a profiler) want the normal path's metadata."""
     from triton import knobs
 
-    return (knobs.runtime.launch_enter_hook is not None
-            or knobs.runtime.launch_exit_hook is not None)
+    # triton 3.6 keeps an (empty) HookChain here even when nothing is installed
+    return any(hook is not None and getattr(hook, "calls", True)
+               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
 
 class Recorder:
@@ -94,7 +95,9 @@ class Recorder:
                         return None
                     slots.append((pos, *role))
                     template[pos] = None
-            launches.append((compiled[grid], template, tuple(slots)))
+            head = (*grid, *(1,) * (3 - len(grid)))
+            launches.append((compiled.run, head, compiled.function, compiled.packed_metadata,
+                             template, tuple(slots)))
         return Plan(launches, **extra)
 
 
@@ -124,11 +127,12 @@ class Plan:
                 flat = acc.view(flat_shape)
                 values[ACC_DESC] = TensorDescriptor(flat, list(flat_shape),
                                                     [flat_shape[1], 1], block)
-        for runner, template, slots in self.launches:
+        for launcher, (gx, gy, gz), function, metadata, template, slots in self.launches:
             args = template.copy()
             for pos, index, offset in slots:
                 args[pos] = values[index] if offset is None else values[index] + offset
-            runner(*args, stream=stream)
+            # no launch hooks (checked per call): no launch metadata, no hook callables
+            launcher(gx, gy, gz, stream, function, metadata, None, None, None, *args)
 
 
 _PLANS: dict[tuple, Plan | None] = {}
