@@ -188,4 +188,7 @@ def save_tuned(arch: str, key: str, configs: dict[str, Config]) -> Path:
     tmp.replace(path)
     _tuned.cache_clear()
     lookup.cache_clear()
+    from . import _plan
+
+    _plan.clear()  # recorded launches hold the old configurations
     return path
