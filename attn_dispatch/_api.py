@@ -33,7 +33,7 @@ def _forced(backend: str | None, settings: _settings.Settings) -> str | None:
     if backend is not None:
         _settings.check_name(backend, "backend")
         return backend
-    name = _settings.forced_by_context()
+    name = _settings._forced.get()
     if name is not None:
         return name
     if settings.forced_env is not None:

@@ -49,7 +49,7 @@ class Registry:
         return sorted(set(self.backends) | set(self.implementations))
 
 
-def _describe_error(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     where = f" (at {frame[0].filename}:{frame[0].lineno})" if frame else ""
     return f"{type(exc).__name__}: {exc}{where}"
@@ -97,7 +97,7 @@ def _load_one(
         call = manager.subset_hook_caller("attn_dispatch_implementations", remove_plugins=others)
         provided = [impl for batch in call() for impl in (batch or [])]
     except Exception as exc:  # a broken plugin costs only itself
-        record.error = _describe_error(exc)
+        record.error = describe_error(exc)
         _report_failure(f"backend plugin {ep.name!r} failed to load: {record.error}")
         return
     problems = []

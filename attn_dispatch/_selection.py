@@ -12,7 +12,7 @@ from ._arch import Arch
 from ._errors import NoBackendError
 from ._implementation import Implementation
 from ._inputs import ForwardInputs
-from ._registry import _describe_error
+from ._registry import describe_error
 from ._report import BLOCKED, FAILED, OPT_IN, REJECTED, SELECTED, SUPPORTED, Candidate, Report
 from ._settings import DISABLE_ENV, Settings
 
@@ -48,7 +48,7 @@ def _verdict(
         reasons = _reasons(impl, inp, arch, mode)
     except Exception as exc:  # a broken plugin costs only itself
         return Candidate(
-            name, priority, impl.opt_in, FAILED, (f"supports() raised {_describe_error(exc)}",)
+            name, priority, impl.opt_in, FAILED, (f"supports() raised {describe_error(exc)}",)
         )
     if settings.matches(settings.disabled, name):
         return Candidate(

@@ -145,10 +145,6 @@ def enable(*names: str) -> None:
         settings.decisions.clear()
 
 
-def forced_by_context() -> str | None:
-    return _forced.get()
-
-
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
     """Force ``name`` (``backend`` or ``backend:impl``) for calls in this context (contextvars:
