@@ -15,7 +15,7 @@ import torch
 from . import _settings
 from ._arch import Arch, detect_arch
 from ._implementation import Gradients, Implementation, lookup_priority
-from ._inputs import BackwardInputs, Facts, ForwardInputs, check_cu_seqlens, validate
+from ._inputs import BackwardInputs, Facts, ForwardInputs, build_inputs, check_cu_seqlens
 from ._report import Report
 from ._selection import evaluate, no_backend_error
 
@@ -122,10 +122,9 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
         inp = BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, causal,
                              causal_align, deterministic, facts)  # fmt: skip
         return impl.backward(inp)
-    facts = validate(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, causal, causal_align, scale, deterministic)  # fmt: skip
-    inp = BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, causal,
-                         causal_align, deterministic, facts)  # fmt: skip
+    inp = build_inputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k, causal, causal_align, scale, deterministic)  # fmt: skip
+    facts = inp.facts
     impl = _decide(settings, "backward", inp, _forced(backend, settings))
     grads = impl.backward(inp)
     _check_outputs(impl, tuple(grads), {"dq": _like(q), "dk": _like(k), "dv": _like(v)})
@@ -162,10 +161,9 @@ def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_se
                              facts.max_seqlen_q, facts.max_seqlen_k)  # fmt: skip
         return impl.forward(ForwardInputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal,
                                           causal_align, deterministic, facts))  # fmt: skip
-    facts = validate(q, k, v, None, None, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, causal, causal_align, scale, deterministic)  # fmt: skip
-    inp = ForwardInputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic,
-                        facts)  # fmt: skip
+    inp = build_inputs(q, k, v, None, None, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k, causal, causal_align, scale, deterministic)  # fmt: skip
+    facts = inp.facts
     impl = _decide(settings, "forward", inp, _forced(backend, settings))
     result = impl.forward(inp)
     result = tuple(result) if isinstance(result, list) else result
@@ -217,42 +215,10 @@ def explain(
         deterministic = torch.are_deterministic_algorithms_enabled()
     if arch is not None and not isinstance(arch, Arch):
         arch = Arch.parse(arch)
-    mode = "forward" if out is None and lse is None and grad_out is None else "backward"
-    facts = validate(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-    )
-    if mode == "backward":
-        inp = BackwardInputs(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            grad_out,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            causal,
-            causal_align,
-            deterministic,
-            facts,
-        )
-    else:
-        inp = ForwardInputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
-        )
+    inp = build_inputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k, causal, causal_align, scale, deterministic)  # fmt: skip
+    mode = "backward" if isinstance(inp, BackwardInputs) else "forward"
+    facts = inp.facts
     report, _ = evaluate(
         settings, inp, arch or _arch_for(settings, facts.device), mode, _forced(backend, settings)
     )
