@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _settings
+from . import _guards, _settings
 from ._arch import Arch, detect_arch
 from ._implementation import Gradients, Implementation, lookup_priority
 from ._inputs import BackwardInputs, Facts, ForwardInputs, build_inputs, check_cu_seqlens
@@ -100,7 +100,20 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     forced = backend or _settings._forced.get() or settings.forced_env
-    # The decision depends only on metadata and flags: key on exactly those (hot path).
+    dense = (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
+             and max_seqlen_k is None)  # fmt: skip
+    flags = ("backward", causal, causal_align, scale, deterministic, forced) if dense else None
+    if dense:
+        # Fastest: a C-level guard per signature seen (falls through on any mismatch).
+        try:
+            for guard, facts, impl in settings.guarded.get(flags, ()):
+                if guard.check(q, k, v, out, lse, grad_out):
+                    return impl.backward(BackwardInputs(q, k, v, out, lse, grad_out, None, None,
+                                                        causal, causal_align, deterministic,
+                                                        facts))  # fmt: skip
+        except TypeError:  # unhashable flags: validation explains
+            pass
+    # The decision depends only on metadata and flags: key on exactly those.
     try:
         # fmt: off
         key = (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
@@ -119,6 +132,8 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
         if facts.is_varlen and cu_seqlens_q.device.type == "cpu":
             check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
                              facts.max_seqlen_q, facts.max_seqlen_k)  # fmt: skip
+        if dense:
+            _guards.remember(settings.guarded, flags, (q, k, v, out, lse, grad_out), decision)
         inp = BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, causal,
                              causal_align, deterministic, facts)  # fmt: skip
         return impl.backward(inp)
@@ -132,6 +147,8 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
         raise ValueError(f"{impl.full_name} returned {type(grads).__name__}; expected "
                          "attn_dispatch.Gradients")  # fmt: skip
     _remember(settings, key, facts, impl)
+    if key is not None and dense:
+        _guards.remember(settings.guarded, flags, (q, k, v, out, lse, grad_out), (facts, impl))
     return grads
 
 
@@ -143,6 +160,17 @@ def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_se
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     forced = backend or _settings._forced.get() or settings.forced_env
+    dense = (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
+             and max_seqlen_k is None)  # fmt: skip
+    flags = ("forward", causal, causal_align, scale, deterministic, forced) if dense else None
+    if dense:
+        try:
+            for guard, facts, impl in settings.guarded.get(flags, ()):
+                if guard.check(q, k, v):
+                    return impl.forward(ForwardInputs(q, k, v, None, None, causal, causal_align,
+                                                      deterministic, facts))  # fmt: skip
+        except TypeError:
+            pass
     try:
         # fmt: off
         key = ("forward", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
@@ -159,6 +187,8 @@ def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_se
         if facts.is_varlen and cu_seqlens_q.device.type == "cpu":
             check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
                              facts.max_seqlen_q, facts.max_seqlen_k)  # fmt: skip
+        if dense:
+            _guards.remember(settings.guarded, flags, (q, k, v), decision)
         return impl.forward(ForwardInputs(q, k, v, cu_seqlens_q, cu_seqlens_k, causal,
                                           causal_align, deterministic, facts))  # fmt: skip
     inp = build_inputs(q, k, v, None, None, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -174,6 +204,8 @@ def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_se
     _check_outputs(impl, result, {"out": (out_shape, q.dtype, q.device),
                                   "lse": (lse_shape, lse_dtype, q.device)})  # fmt: skip
     _remember(settings, key, facts, impl)
+    if key is not None and dense:
+        _guards.remember(settings.guarded, flags, (q, k, v), (facts, impl))
     return result
 
 
@@ -181,7 +213,7 @@ def _remember(settings: _settings.Settings, key, facts: Facts, impl: Implementat
     if key is None:
         return
     if len(settings.decisions) >= _MAX_CACHED_DECISIONS:
-        settings.decisions.clear()
+        settings.forget()
     settings.decisions[key] = (facts, impl)
 
 

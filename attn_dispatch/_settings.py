@@ -45,6 +45,13 @@ class Settings:
     disabled: set[str]
     arch_override: Arch | None
     decisions: dict = field(default_factory=dict)
+    # flags -> [(guard, facts, impl)]: the C-level front of ``decisions`` (see _guards).
+    guarded: dict = field(default_factory=dict)
+
+    def forget(self) -> None:
+        """Drop every cached decision."""
+        self.decisions.clear()
+        self.guarded.clear()
 
     def matches(self, names: set[str], full_name: str) -> bool:
         """Whether ``full_name`` (``backend:impl``) or its backend is in ``names``."""
@@ -142,7 +149,7 @@ def enable(*names: str) -> None:
         _programmatic_enabled.update(names)
         settings = current()
         settings.enabled.update(names)
-        settings.decisions.clear()
+        settings.forget()
 
 
 @contextlib.contextmanager

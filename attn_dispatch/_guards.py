@@ -1,0 +1,71 @@
+"""A faster front for the decision cache on dense calls: C-level guards over tensor metadata.
+
+The dictionary key of the hot path reads shape, stride, dtype and device of six tensors in Python
+and hashes them (about 2.5 µs in CPython). PyTorch's ``TensorGuards`` (the check ``torch.compile``
+uses for the same question: "are these tensors like the ones I saw?") compares sizes, strides,
+dtype, device, dispatch keys and ``requires_grad`` in C++ in about 0.6 µs. The class is private,
+so it is probed once (it must reject a changed size, stride, dtype and device) and any failure
+leaves the dictionary path alone. A guard is stricter than the key, so a miss costs only the
+dictionary path, never a wrong decision.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+
+# At most this many guards per flag combination: a miss scans them all before the dictionary.
+MAX_GUARDS_PER_FLAGS = 8
+
+
+@functools.cache
+def _guard_class():
+    """``TensorGuards`` if this torch has it and it behaves as expected, else ``None``."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except ImportError:
+        return None
+    try:
+        seen = torch.zeros(2, 3)
+        guard = _build(TensorGuards, (seen,))
+        if guard.check(seen) is not True or guard.check(torch.zeros(2, 3)) is not True:
+            return None
+        for different in (
+            torch.zeros(3, 2),
+            torch.zeros(3, 2).t(),
+            torch.zeros(2, 3, dtype=torch.float64),
+            torch.zeros(2, 3, device="meta"),
+        ):
+            if guard.check(different) is not False:
+                return None
+    except Exception:  # a changed private API: use the dictionary only
+        return None
+    return TensorGuards
+
+
+def _build(cls, tensors: Sequence[torch.Tensor]):
+    # Static sizes and strides: every dimension is compared exactly.
+    return cls(
+        *tensors,
+        dynamic_dims_sizes=[list(t.shape) for t in tensors],
+        dynamic_dims_strides=[list(t.stride()) for t in tensors],
+    )
+
+
+def remember(table: dict, flags: tuple, tensors: Sequence[torch.Tensor], decision: tuple) -> None:
+    """Add a guard for ``tensors`` answering ``decision`` under ``flags`` (if there is room)."""
+    entries = table.get(flags)
+    if entries is not None and len(entries) >= MAX_GUARDS_PER_FLAGS:
+        return
+    cls = _guard_class()
+    if cls is None or not all(type(t) is torch.Tensor for t in tensors):
+        return
+    try:
+        guard = _build(cls, tensors)
+        if guard.check(*tensors) is not True:
+            return
+    except Exception:  # e.g. symbolic sizes while tracing: the dictionary serves these
+        return
+    table.setdefault(flags, []).append((guard, *decision))

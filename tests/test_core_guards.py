@@ -1,0 +1,107 @@
+"""The C-level guard front of the decision cache: it serves repeated dense calls, and any change
+of shape, stride, dtype or device of any tensor still goes through validation and selection."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from conftest import make_inputs
+
+import attn_dispatch as ad
+from attn_dispatch import _api, _guards
+
+NAMES = ("q", "k", "v", "out", "lse", "grad_out")
+
+pytestmark = pytest.mark.skipif(
+    _guards._guard_class() is None, reason="this torch has no usable TensorGuards"
+)
+
+
+def _served_by_guard_only(monkeypatch, call):
+    """Run ``call`` with the dictionary emptied and validation disabled: only a guard can serve."""
+    settings = ad._settings.current()
+    settings.decisions.clear()
+
+    def no_validation(*args, **kwargs):
+        raise AssertionError("the guard did not serve the call")
+
+    monkeypatch.setattr(_api, "build_inputs", no_validation)
+    try:
+        return call()
+    finally:
+        monkeypatch.undo()
+
+
+def test_repeated_dense_call_is_served_by_a_guard(env, monkeypatch):
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    inputs = make_inputs(h=4, hkv=2)
+    expected = ad.backward(*inputs)
+    assert sum(len(v) for v in ad._settings.current().guarded.values()) == 1
+    same_metadata = [t.clone() for t in inputs]
+    got = _served_by_guard_only(monkeypatch, lambda: ad.backward(*same_metadata))
+    for a, b in zip(expected, got):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    q, k, v = inputs[:3]
+    out, lse = ad.forward(q, k, v)
+    got_out, got_lse = _served_by_guard_only(monkeypatch, lambda: ad.forward(q, k, v))
+    torch.testing.assert_close(got_out, out, rtol=0, atol=0)
+    torch.testing.assert_close(got_lse, lse, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("index", range(6), ids=NAMES)
+def test_changed_metadata_is_validated_again(env, index):
+    """After a cached decision, a wrong dtype, device or shape in any tensor still raises."""
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    inputs = list(make_inputs(h=4, hkv=2))
+    for _ in range(2):
+        ad.backward(*inputs)
+    good = inputs[index]
+    wrong = (
+        good.to(torch.float64) if index != 4 else good.to(torch.float16),
+        good.to("meta"),
+        torch.zeros(*good.shape[:-1], good.shape[-1] + 1),
+    )
+    for bad in wrong:
+        inputs[index] = bad
+        with pytest.raises((ValueError, TypeError), match=NAMES[index]):
+            ad.backward(*inputs)
+    inputs[index] = good
+    ad.backward(*inputs)
+
+
+def test_changed_strides_and_flags_are_new_signatures(env):
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    q, k, v, out, lse, do = make_inputs(sq=8)
+    ad.backward(q, k, v, out, lse, do)
+    wide = torch.randn(1, 8, 4, 32)[..., :16]
+    ad.backward(wide, k, v, out, lse, do)
+    ad.backward(q, k, v, out, lse, do, causal=True)
+    settings = ad._settings.current()
+    assert len(settings.decisions) == 3
+    assert sorted(len(v) for v in settings.guarded.values()) == [1, 2]
+
+
+def test_guards_keep_no_tensor_alive_and_are_forgotten(env):
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    inputs = make_inputs()
+    ad.backward(*inputs)
+    refs = [weakref.ref(t) for t in inputs]
+    del inputs
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+    settings = ad._settings.current()
+    assert settings.guarded
+    ad.enable("reference")
+    assert not settings.guarded and not settings.decisions
+
+
+def test_guards_per_flags_are_bounded(env):
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    for sq in range(4, 4 + _guards.MAX_GUARDS_PER_FLAGS + 3):
+        ad.backward(*make_inputs(sq=sq))
+    settings = ad._settings.current()
+    assert [len(v) for v in settings.guarded.values()] == [_guards.MAX_GUARDS_PER_FLAGS]
+    assert len(settings.decisions) == _guards.MAX_GUARDS_PER_FLAGS + 3
