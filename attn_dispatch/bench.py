@@ -11,7 +11,8 @@ For each shape the harness
 3. times each one forced (``ad.backward(..., backend=name)``), the automatic choice
    (``ad.backward(...)``) and a direct call of the chosen implementation's ``.backward(inputs)``
    (host overhead = automatic vs direct), with CUDA events around every call (warm-up first,
-   median of the repeats; ``time.perf_counter`` on the CPU);
+   median of the repeats, back to back in interleaved rounds; ``time.perf_counter`` on the
+   CPU), and the host time of each call;
 4. prints µs, TFLOP/s (backward FLOPs = 10·B·H·Sq·Sk·D, halved when causal) and the ratio to
    the fastest, and writes JSON / CSV / a PNG plot on request (matplotlib is optional).
 
@@ -125,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of names or fnmatch patterns (e.g. 'torch_sdpa:*,triton')")
     p.add_argument("--include-reference", action="store_true",
                    help="also time the reference backend (always timed on the CPU)")
-    p.add_argument("--repeats", type=int, default=10, help="timed calls per variant")
+    p.add_argument("--repeats", type=int, default=0,
+                   help="timed calls per variant (default 0: enough for ~0.1 s of the fastest "
+                        "variant, 10 to 200)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=5,
                    help="interleaved rounds the repeats are spread over (default 5)")
     p.add_argument("--warmup", type=int, default=3)
@@ -342,6 +345,19 @@ def capture_direct(name: str, sets: list[dict], causal: bool):
 # The sweep
 
 
+def _repeats(requested: int, estimate_us: float) -> int:
+    """``requested``, or (0) enough calls for ~0.1 s of the fastest variant, 10 to 200.
+
+    Many calls per round keep the GPU queue full, as in training, so a call's time is the
+    kernel's when the GPU is the bottleneck and the host's when the host is.
+    """
+    if requested > 0:
+        return requested
+    if not math.isfinite(estimate_us) or estimate_us <= 0:
+        return 10
+    return max(10, min(200, int(100_000 / estimate_us)))
+
+
 def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
     sets = make_sets(shape, device, gen)
     include_ref = args.include_reference or device.type == "cpu"
@@ -352,6 +368,7 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
     ref = None if args.no_check else reference_grads(shape, sets[0])
     max_tol, l2_tol = _tolerance(shape.dtype)
     variants: dict[Row, list] = {}
+    estimate = math.inf  # µs of one call of the fastest variant, from the warm-up
     for name in names:
         row = Row(shape, name, "forced")
         rows.append(row)
@@ -367,7 +384,8 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
                     continue
             calls = [lambda t=t, n=name: ad.backward(*_args(t), causal=shape.causal, backend=n)
                      for t in sets]  # fmt: skip
-            timer.samples(calls, args.warmup, 1)  # compile / first-call costs stay out
+            first, _ = timer.samples(calls, args.warmup, 1)  # compile / first calls stay out
+            estimate = min(estimate, first[0])
             variants[row] = calls
         except Exception as exc:  # one broken implementation must not end the sweep
             row.status, row.note = "ERROR", f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
@@ -382,7 +400,8 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             rows.append(direct)
             variants[direct] = direct_calls
     try:
-        measured = timer.interleaved(variants, args.warmup, args.repeats, args.rounds)
+        measured = timer.interleaved(variants, args.warmup, _repeats(args.repeats, estimate),
+                                     args.rounds)  # fmt: skip
     except Exception as exc:
         measured = {}
         log(f"  timing failed: {type(exc).__name__}: {exc}")
