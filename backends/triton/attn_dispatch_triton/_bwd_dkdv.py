@@ -121,13 +121,21 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
                    seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
                    D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
                    BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                   ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+                   ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
-    split = tl.program_id(2)  # which slice of the GQA group this program walks
-    heads_per_split = group // tl.num_programs(2)
+    if HEAVY_FIRST:
+        # grid (group slices, B*Hkv, key blocks): programs start in launch order, so with
+        # causal masks the first key blocks (they see the most queries) of every head go first.
+        split = tl.program_id(0)
+        bh = tl.program_id(1)
+        pid_n = tl.program_id(2)
+        heads_per_split = group // tl.num_programs(0)
+    else:
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
+        split = tl.program_id(2)  # which slice of the GQA group this program walks
+        heads_per_split = group // tl.num_programs(2)
     b = bh // kv_heads
     hk = bh % kv_heads
     q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)

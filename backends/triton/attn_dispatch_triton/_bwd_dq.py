@@ -60,10 +60,17 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse2, Delta, CU_Q, CU_K,
                  seqlen_q, seqlen_k, heads, group, qk_scale, scale,
                  D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
                  BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HEAVY_FIRST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    if HEAVY_FIRST:
+        # grid (B*H, query blocks): the GPU starts programs in launch order, so with causal
+        # masks the last query blocks (they see the most keys) of every head go first and the
+        # light ones fill the tail.
+        bh = tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // heads
     h = bh % heads
     hk = h // group

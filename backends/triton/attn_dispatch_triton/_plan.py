@@ -104,7 +104,8 @@ class Recorder:
 class Plan:
     """Precomputed launches of one signature; :meth:`run` only fills per-call values."""
 
-    def __init__(self, launches: list, *, tmp_shape: tuple, part_numel: int, acc: dict | None):
+    def __init__(self, launches: list, *, tmp_shape: tuple, part_numel: int | None,
+                 acc: dict | None):
         self.launches = launches
         self.tmp_shape = tmp_shape
         self.part_numel = part_numel
@@ -114,7 +115,7 @@ class Plan:
         """Allocate the scratch, complete ``values`` with its pointers, launch everything."""
         tmp = torch.empty(self.tmp_shape, dtype=torch.float32, device=device)
         values[TMP] = tmp.data_ptr()
-        if self.part_numel:
+        if self.part_numel is not None:
             part = torch.empty(self.part_numel, dtype=torch.float32, device=device)
             values[PART] = part.data_ptr()
         if self.acc is not None:

@@ -1,6 +1,7 @@
 """Kernel configurations per arch and shape class, with an on-disk cache of tuned choices.
 
-A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` per kernel (``fwd``, ``pre``,
+A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` (plus optional keys:
+``SPLIT``, ``TMA``, ``HEAVY_FIRST``) per kernel (``fwd``, ``pre``,
 ``dkdv``, ``dq``; for the fused-atomic backward ``dkdvq``, the dK/dV kernel with atomic dQ, and
 ``cvt``, the dQ convert pass). Lookup, first hit wins:
 
@@ -55,6 +56,9 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
               "dkdvq": {**_cfg(64, 128, 8, 3), "TMA": 1}},
         "d128-full-gqa-short": {"dkdv": _cfg(32, 128, 8, 3)},
         "d128-full-mha-short": {"dkdv": _cfg(64, 64, 4, 3)},
+        # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
+        "d128-causal-mha-long": {"dkdv": {**_cfg(64, 128, 8, 3), "HEAVY_FIRST": 1},
+                                 "dq": {**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}},
     },
     "sm_80": {
         "*": {"fwd": _cfg(128, 64, 4, 3), "pre": _PRE,

@@ -65,6 +65,7 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
     consts = {"D": d, "DV": d, "CAUSAL": causal, "BOTTOM_RIGHT": bottom_right,
               "IS_VARLEN": varlen, "ATOMIC_DQ": kernel_name == "dkdvq",
               "DQ_TMA": kernel_name == "dkdvq" and bool(cfg.get("TMA")),
+              "HEAVY_FIRST": causal and bool(cfg.get("HEAVY_FIRST", 0)),
               "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
               "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d)}
     signature, constexprs, attrs = {}, {}, {}

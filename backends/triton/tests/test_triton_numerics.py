@@ -69,6 +69,9 @@ DEFAULT_CASES = [
     case("varlen-gqa4-full-bf16-group-split", heads=4, kv_heads=1,
          varlen=([9, 0, 40], [30, 7, 18]),
          config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"], "SPLIT": 4}}),
+    # Causal launches in the heaviest-first order (reversed grids) where the table asks.
+    case("gqa2-causal-tl-bf16-heavy-first", sq=45, sk=45, heads=4, kv_heads=2, causal=True,
+         repeat=True, config={k: {**c, "HEAVY_FIRST": 1} for k, c in SMALL_TILES.items()}),
     case("mha-causal-tl-bf16-d80-dv48-strided", sq=29, sk=29, d=80, dv=48, causal=True,
          strided=True),
     # The fused-atomic design (dK/dV kernel adds dQ into an fp32 scratch; the interpreter runs
