@@ -11,8 +11,8 @@ For each shape the harness
 3. times each one forced (``ad.backward(..., backend=name)``), the automatic choice
    (``ad.backward(...)``) and a direct call of the chosen implementation's ``.backward(inputs)``
    (host overhead = automatic vs direct), with CUDA events around every call (warm-up first,
-   median of the repeats, back to back in interleaved rounds; ``time.perf_counter`` on the
-   CPU), and the host time of each call;
+   median of the repeats; all variants' calls run back to back in one shuffled order, so
+   drift hits them alike; ``time.perf_counter`` on the CPU), and the host time of each call;
 4. prints µs, TFLOP/s (backward FLOPs = 10·B·H·Sq·Sk·D, halved when causal) and the ratio to
    the fastest, and writes JSON / CSV / a PNG plot on request (matplotlib is optional).
 
@@ -30,6 +30,7 @@ import importlib.metadata as md
 import json
 import math
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -127,10 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include-reference", action="store_true",
                    help="also time the reference backend (always timed on the CPU)")
     p.add_argument("--repeats", type=int, default=0,
-                   help="timed calls per variant (default 0: enough for ~0.1 s of the fastest "
-                        "variant, 10 to 200)")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=5,
-                   help="interleaved rounds the repeats are spread over (default 5)")
+                   help="timed calls per variant (default 0: enough for ~0.4 s of the fastest "
+                        "variant, 15 to 300)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
@@ -200,23 +199,46 @@ class Timer:
             host = [t / 1e6 for t in times]
         return times, [h * 1e6 for h in host]
 
-    def interleaved(self, variants: dict, warmup: int, repeats: int, rounds: int) -> dict:
-        """Median (µs, host µs) per variant, timed in ``rounds`` interleaved rounds.
+    def interleaved(self, variants: dict, warmup: int, repeats: int, seed: int = 0) -> dict:
+        """Median (µs, host µs) per variant over ``repeats`` calls each, interleaved call by call.
 
-        Clock and thermal drift then hit every variant alike, so two variants that run the same
-        kernel (forced, automatic, direct) differ only by what differs between them.
+        After ``warmup`` calls of each variant, all calls run back to back in one shuffled
+        order with no synchronisation between them (the GPU queue stays full, as in training).
+        Clock and thermal drift, and whichever call came before, then hit every variant alike,
+        so two variants that run the same kernel (forced, automatic, direct) differ only by
+        what differs between them.
         """
-        per_round = max(1, -(-repeats // rounds))
-        samples = {key: ([], []) for key in variants}
-        for r in range(rounds):
-            order = list(variants)
-            order = order[r % len(order):] + order[:r % len(order)]
-            for key in order:
-                times, host = self.samples(variants[key], warmup if r == 0 else 1, per_round)
-                samples[key][0].extend(times)
-                samples[key][1].extend(host)
-        return {key: (statistics.median(t), statistics.median(h))
-                for key, (t, h) in samples.items()}
+        keys = list(variants)
+        for key in keys:
+            calls = variants[key]
+            for i in range(max(warmup, len(calls))):
+                calls[i % len(calls)]()
+        schedule = [key for key in keys for _ in range(repeats)]
+        random.Random(seed).shuffle(schedule)
+        count = dict.fromkeys(keys, 0)
+        host: dict = {key: [] for key in keys}
+        marks: dict = {key: [] for key in keys}
+        self.sync()
+        for key in schedule:
+            calls = variants[key]
+            if self.cuda:
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+            t0 = time.perf_counter()
+            calls[count[key] % len(calls)]()
+            t1 = time.perf_counter()
+            count[key] += 1
+            host[key].append((t1 - t0) * 1e6)
+            if self.cuda:
+                end.record()
+                marks[key].append((start, end))
+        self.sync()
+        result = {}
+        for key in keys:
+            times = ([s.elapsed_time(e) * 1e3 for s, e in marks[key]] if self.cuda
+                     else host[key])  # fmt: skip
+            result[key] = (statistics.median(times), statistics.median(host[key]))
+        return result
 
 
 def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
@@ -346,16 +368,12 @@ def capture_direct(name: str, sets: list[dict], causal: bool):
 
 
 def _repeats(requested: int, estimate_us: float) -> int:
-    """``requested``, or (0) enough calls for ~0.1 s of the fastest variant, 10 to 200.
-
-    Many calls per round keep the GPU queue full, as in training, so a call's time is the
-    kernel's when the GPU is the bottleneck and the host's when the host is.
-    """
+    """``requested``, or (0) enough calls for ~0.4 s of the fastest variant, 15 to 300."""
     if requested > 0:
         return requested
     if not math.isfinite(estimate_us) or estimate_us <= 0:
-        return 10
-    return max(10, min(200, int(100_000 / estimate_us)))
+        return 15
+    return max(15, min(300, int(400_000 / estimate_us)))
 
 
 def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
@@ -401,7 +419,7 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             variants[direct] = direct_calls
     try:
         measured = timer.interleaved(variants, args.warmup, _repeats(args.repeats, estimate),
-                                     args.rounds)  # fmt: skip
+                                     seed=args.seed)  # fmt: skip
     except Exception as exc:
         measured = {}
         log(f"  timing failed: {type(exc).__name__}: {exc}")
