@@ -2,9 +2,10 @@
 
 With a causal mask the dQ programs of the last query blocks and the dK/dV programs of the first
 key blocks do the most work. ``HEAVY_FIRST`` (a config key; the tuning table sets it per shape
-class) launches those first across all heads, so light programs fill the tail. This script checks that both orders give
-bitwise identical gradients (each program's arithmetic is unchanged) that match the reference,
-then times the backward kernels both ways (``triton.testing.do_bench``, median, L2 flushed).
+class) launches those first across all heads, so light programs fill the tail. This script
+checks that both orders give bitwise identical gradients (each program's arithmetic is
+unchanged) that match the reference, then times the backward kernels both ways
+(``triton.testing.do_bench``, median, L2 flushed).
 
     PYTHONUNBUFFERED=1 python backends/triton/bench_order.py
 """
