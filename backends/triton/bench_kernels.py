@@ -17,6 +17,7 @@ One run does, in order (printing a table last, writing everything under ``--out`
 Usage::
 
     PYTHONUNBUFFERED=1 python backends/triton/bench_kernels.py --out /tmp/bench
+    PYTHONUNBUFFERED=1 python backends/triton/bench_kernels.py --shapes short --out /tmp/short
     python backends/triton/bench_kernels.py --smoke   # CPU: interpreter, tiny shapes, no timing
 """
 
@@ -62,6 +63,14 @@ DKDV_CANDIDATES = [cfg(64, 128, 8, 2), cfg(64, 128, 8, 3), cfg(32, 128, 4, 3),
                    cfg(32, 128, 8, 3), cfg(64, 64, 4, 3), cfg(128, 128, 8, 2)]
 DQ_CANDIDATES = [cfg(128, 64, 8, 2), cfg(128, 64, 8, 3), cfg(128, 32, 4, 3),
                  cfg(64, 64, 4, 3), cfg(128, 128, 8, 2), cfg(64, 128, 8, 2)]
+# --shapes short: the sequence lengths at or below tuning.SHORT_SEQ, with smaller tiles too
+SHORT_SHAPES = [
+    (f"{kind} {s // 1024}K" + (" causal" if causal else ""), h, hk, s, causal)
+    for s in (1024, 2048) for causal in (False, True)
+    for kind, h, hk in (("GQA 64/8", 64, 8), ("MHA 8", 8, 8))
+]
+SHORT_DKDV_EXTRA = [cfg(32, 64, 4, 3), cfg(32, 128, 8, 2), cfg(64, 64, 8, 3)]
+SHORT_DQ_EXTRA = [cfg(64, 32, 4, 3), cfg(64, 64, 8, 3), cfg(32, 64, 4, 3)]
 PRE = cfg(64, 0, 4, 1)
 FWD = cfg(128, 64, 8, 3)
 
@@ -192,10 +201,10 @@ def _warm(job: tuple) -> str:
     return f"{kernel} {c} causal={causal} d={d}: {time.time() - t:.1f}s"
 
 
-def precompile(workers: int) -> None:
+def precompile(workers: int, dkdv_cands: list, dq_cands: list) -> None:
     jobs = [("fwd", FWD, causal, d) for causal in (False, True) for d in (128,)]
-    jobs += [("dkdv", c, causal, 128) for c in DKDV_CANDIDATES for causal in (False, True)]
-    jobs += [("dq", c, causal, 128) for c in DQ_CANDIDATES for causal in (False, True)]
+    jobs += [("dkdv", c, causal, 128) for c in dkdv_cands for causal in (False, True)]
+    jobs += [("dq", c, causal, 128) for c in dq_cands for causal in (False, True)]
     import multiprocessing as mp
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
@@ -212,6 +221,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes")
     ap.add_argument("--budget", type=float, default=470.0, help="seconds before skipping work")
     ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--shapes", choices=("seed", "short"), default="seed",
+                    help="the seed shapes, or the short ones (<= 2K) with extra small tiles")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
@@ -226,6 +237,10 @@ def main() -> None:
 
     shapes = SEED_SHAPES
     dkdv_cands, dq_cands = DKDV_CANDIDATES, DQ_CANDIDATES
+    if args.shapes == "short":
+        shapes = SHORT_SHAPES
+        dkdv_cands = DKDV_CANDIDATES + SHORT_DKDV_EXTRA
+        dq_cands = DQ_CANDIDATES + SHORT_DQ_EXTRA
     if smoke:
         shapes = [("GQA 4/2 64", 4, 2, 64, False), ("MHA 2 48 causal", 2, 2, 48, True)]
         dkdv_cands = dq_cands = [cfg(16, 16, 4, 1), cfg(32, 16, 4, 1)]
@@ -244,7 +259,7 @@ def main() -> None:
         log(f"bf16 matmul 8192^3: {ms * 1e3:.0f} us, {results['matmul_tflops']:.0f} TFLOP/s")
         del a, bm
         t = time.time()
-        precompile(args.workers)
+        precompile(args.workers, dkdv_cands, dq_cands)
         log(f"precompile: {time.time() - t:.0f}s")
 
     d = 128 if not smoke else 64

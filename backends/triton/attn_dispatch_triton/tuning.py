@@ -54,8 +54,10 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
               "dkdv": _cfg(64, 128, 8, 3), "dq": _cfg(128, 64, 8, 3),
               "dkdvq": {**_cfg(64, 128, 8, 3), "TMA": 1}},
-        "d128-full-gqa-short": {"dkdv": _cfg(32, 128, 8, 3)},
-        "d128-full-mha-short": {"dkdv": _cfg(64, 64, 4, 3)},
+        # Sk <= 2048: bench_kernels.py --shapes short (1K and 2K, kernel time summed per class)
+        "d128-full-mha-short": {"dkdv": _cfg(32, 64, 4, 3)},
+        "d128-causal-gqa-short": {"dkdv": _cfg(32, 64, 4, 3)},
+        "d128-causal-mha-short": {"dkdv": _cfg(32, 64, 4, 3), "dq": _cfg(64, 64, 4, 3)},
         # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
         "d128-causal-mha-long": {"dkdv": {**_cfg(64, 128, 8, 3), "HEAVY_FIRST": 1},
                                  "dq": {**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}},
