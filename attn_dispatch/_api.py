@@ -83,6 +83,15 @@ def _like(t: torch.Tensor) -> tuple:
     return tuple(t.shape), t.dtype, t.device
 
 
+def _guard_flags(mode, causal, causal_align, scale, deterministic, forced, cu_seqlens_q,
+                 cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple | None:  # fmt: skip
+    """The key of the guard table, or ``None`` for varlen calls (the dictionary serves those)."""
+    if cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None \
+            and max_seqlen_k is None:  # fmt: skip
+        return (mode, causal, causal_align, scale, deterministic, forced)
+    return None
+
+
 def _signature_tail(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple:
     return (_cu_key(cu_seqlens_q), _cu_key(cu_seqlens_k), max_seqlen_q, max_seqlen_k)
 
@@ -100,9 +109,9 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     forced = backend or _settings._forced.get() or settings.forced_env
-    dense = (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
-             and max_seqlen_k is None)  # fmt: skip
-    flags = ("backward", causal, causal_align, scale, deterministic, forced) if dense else None
+    flags = _guard_flags("backward", causal, causal_align, scale, deterministic, forced,
+                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)  # fmt: skip
+    dense = flags is not None
     if dense:
         # Fastest: a C-level guard per signature seen (falls through on any mismatch).
         try:
@@ -160,9 +169,9 @@ def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_se
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     forced = backend or _settings._forced.get() or settings.forced_env
-    dense = (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
-             and max_seqlen_k is None)  # fmt: skip
-    flags = ("forward", causal, causal_align, scale, deterministic, forced) if dense else None
+    flags = _guard_flags("forward", causal, causal_align, scale, deterministic, forced,
+                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)  # fmt: skip
+    dense = flags is not None
     if dense:
         try:
             for guard, facts, impl in settings.guarded.get(flags, ()):
