@@ -113,14 +113,17 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)  # fmt: skip
     dense = flags is not None
     if dense:
-        # Fastest: a C-level guard per signature seen (falls through on any mismatch).
+        # Fastest: a C-level guard per signature seen (falls through on any mismatch). A nested
+        # tensor must never reach it: reading its strides in C++ aborts the process.
         try:
             for guard, facts, impl in settings.guarded.get(flags, ()):
-                if guard.check(q, k, v, out, lse, grad_out):
+                if not (q.is_nested or k.is_nested or v.is_nested or out.is_nested
+                        or lse.is_nested or grad_out.is_nested) \
+                        and guard.check(q, k, v, out, lse, grad_out):  # fmt: skip
                     return impl.backward(BackwardInputs(q, k, v, out, lse, grad_out, None, None,
                                                         causal, causal_align, deterministic,
                                                         facts))  # fmt: skip
-        except TypeError:  # unhashable flags: validation explains
+        except (AttributeError, TypeError):  # not tensors, unhashable flags: validation explains
             pass
     # The decision depends only on metadata and flags: key on exactly those.
     try:
@@ -134,8 +137,8 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
         if cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None:
             key += _signature_tail(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         decision = settings.decisions.get(key)
-    except (AttributeError, TypeError):  # not tensors, unhashable flags: validation explains
-        key, decision = None, None
+    except (AttributeError, TypeError, RuntimeError):  # not tensors (or nested ones), unhashable
+        key, decision = None, None  # flags: validation explains
     if decision is not None:
         facts, impl = decision
         if facts.is_varlen and cu_seqlens_q.device.type == "cpu":
@@ -175,10 +178,10 @@ def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_se
     if dense:
         try:
             for guard, facts, impl in settings.guarded.get(flags, ()):
-                if guard.check(q, k, v):
+                if not (q.is_nested or k.is_nested or v.is_nested) and guard.check(q, k, v):
                     return impl.forward(ForwardInputs(q, k, v, None, None, causal, causal_align,
                                                       deterministic, facts))  # fmt: skip
-        except TypeError:
+        except (AttributeError, TypeError):
             pass
     try:
         # fmt: off
@@ -189,7 +192,7 @@ def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_se
         if cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None:
             key += _signature_tail(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         decision = settings.decisions.get(key)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):
         key, decision = None, None
     if decision is not None:
         facts, impl = decision

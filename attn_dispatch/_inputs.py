@@ -230,6 +230,12 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
 def _require_tensor(name: str, value) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"argument '{name}': expected a torch.Tensor, got {type(value).__name__}")
+    if value.is_nested:
+        raise TypeError(f"argument '{name}': expected a dense tensor, got a nested tensor "
+                        "(pass varlen batches as THD tensors with cu_seqlens)")
+    if value.layout != torch.strided:
+        raise TypeError(f"argument '{name}': expected a dense (strided) tensor, got layout "
+                        f"{value.layout}")
     return value
 
 

@@ -105,3 +105,30 @@ def test_guards_per_flags_are_bounded(env):
     settings = ad._settings.current()
     assert [len(v) for v in settings.guarded.values()] == [_guards.MAX_GUARDS_PER_FLAGS]
     assert len(settings.decisions) == _guards.MAX_GUARDS_PER_FLAGS + 3
+
+
+def _weird(kind: str, like: torch.Tensor) -> torch.Tensor:
+    if kind == "sparse":
+        return like.to_sparse()
+    if kind == "jagged":
+        return torch.nested.nested_tensor([like[0]], layout=torch.jagged)
+    return torch.nested.nested_tensor([like[0]])  # strided nested: no strides in C++
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("kind", ["sparse", "nested", "jagged"])
+@pytest.mark.parametrize("index", [0, 5], ids=["q", "grad_out"])
+def test_non_dense_tensors_are_rejected_after_a_cached_decision(env, kind, index):
+    """A nested tensor must not reach the C++ guard (reading its strides aborts the process)."""
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    inputs = list(make_inputs())
+    for _ in range(2):
+        ad.backward(*inputs)
+    inputs[index] = _weird(kind, inputs[index])
+    with pytest.raises(TypeError, match=f"argument '{NAMES[index]}': expected a dense"):
+        ad.backward(*inputs)
+    q, k, v = make_inputs()[:3]
+    for _ in range(2):
+        ad.forward(q, k, v)
+    with pytest.raises(TypeError, match="argument 'k': expected a dense"):
+        ad.forward(q, _weird(kind, k), v)
