@@ -83,15 +83,6 @@ def _like(t: torch.Tensor) -> tuple:
     return tuple(t.shape), t.dtype, t.device
 
 
-def _guard_flags(mode, causal, causal_align, scale, deterministic, forced, cu_seqlens_q,
-                 cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple | None:  # fmt: skip
-    """The key of the guard table, or ``None`` for varlen calls (the dictionary serves those)."""
-    if cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None \
-            and max_seqlen_k is None:  # fmt: skip
-        return (mode, causal, causal_align, scale, deterministic, forced)
-    return None
-
-
 def _signature_tail(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple:
     return (_cu_key(cu_seqlens_q), _cu_key(cu_seqlens_k), max_seqlen_q, max_seqlen_k)
 
@@ -109,10 +100,10 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     forced = backend or _settings._forced.get() or settings.forced_env
-    flags = _guard_flags("backward", causal, causal_align, scale, deterministic, forced,
-                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)  # fmt: skip
-    dense = flags is not None
+    dense = (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
+             and max_seqlen_k is None)  # fmt: skip
     if dense:
+        flags = ("backward", causal, causal_align, scale, deterministic, forced)
         # Fastest: a C-level guard per signature seen (falls through on any mismatch). A nested
         # tensor must never reach it: reading its strides in C++ aborts the process.
         try:
@@ -172,10 +163,10 @@ def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_se
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     forced = backend or _settings._forced.get() or settings.forced_env
-    flags = _guard_flags("forward", causal, causal_align, scale, deterministic, forced,
-                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)  # fmt: skip
-    dense = flags is not None
+    dense = (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
+             and max_seqlen_k is None)  # fmt: skip
     if dense:
+        flags = ("forward", causal, causal_align, scale, deterministic, forced)
         try:
             for guard, facts, impl in settings.guarded.get(flags, ()):
                 if not (q.is_nested or k.is_nested or v.is_nested) and guard.check(q, k, v):
