@@ -57,11 +57,11 @@ pytestmark = pytest.mark.skipif(
 
 def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int = 128,
                    causal: bool = True, bottom_right: bool = False, varlen: bool = False,
-                   group: int = 8):
+                   group: int = 8, seqlen_k: int = 1 << 30):
     """Compile one kernel as the launcher would launch it; returns the compiled kernel."""
     target = TARGETS[arch][0]
     fn = KERNELS[kernel_name]
-    cfg = lookup(arch, d, causal, group)[kernel_name]
+    cfg = lookup(arch, d, causal, group, seqlen_k)[kernel_name]
     consts = {"D": d, "DV": d, "CAUSAL": causal, "BOTTOM_RIGHT": bottom_right,
               "IS_VARLEN": varlen, "ATOMIC_DQ": kernel_name == "dkdvq",
               "DQ_TMA": kernel_name == "dkdvq" and bool(cfg.get("TMA")),
@@ -113,6 +113,17 @@ DEFAULT = [(k, a) for k in KERNELS for a in ("sm_90", "gfx942", "gfx950")]
 @pytest.mark.parametrize(("kernel_name", "arch"), DEFAULT)
 def test_triton_kernel_compiles(kernel_name: str, arch: str) -> None:
     _check(compile_kernel(kernel_name, arch), kernel_name, arch)
+
+
+@pytest.mark.parametrize("kernel_name", ["dkdv", "dq"])
+@pytest.mark.parametrize(("causal", "group", "seqlen_k"),
+                         [(False, 1, 1024), (True, 8, 1024), (True, 1, 1024), (True, 1, 4096)],
+                         ids=["mha-short", "causal-gqa-short", "causal-mha-short",
+                              "causal-mha-long"])
+def test_triton_sm90_table_entries_compile(kernel_name, causal, group, seqlen_k) -> None:
+    """The sm_90 table's per-class entries (short tiles, heaviest-first order) compile."""
+    _check(compile_kernel(kernel_name, "sm_90", causal=causal, group=group, seqlen_k=seqlen_k),
+           kernel_name, "sm_90")
 
 
 def test_triton_dkdv_compiles_varlen_f16_d64_sm90() -> None:
