@@ -106,16 +106,20 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
         flags = ("backward", causal, causal_align, scale, deterministic, forced)
         # Fastest: a C-level guard per signature seen (falls through on any mismatch). A nested
         # tensor must never reach it: reading its strides in C++ aborts the process.
+        hit = None
         try:
-            for guard, facts, impl in settings.guarded.get(flags, ()):
-                if not (q.is_nested or k.is_nested or v.is_nested or out.is_nested
-                        or lse.is_nested or grad_out.is_nested) \
-                        and guard.check(q, k, v, out, lse, grad_out):  # fmt: skip
-                    return impl.backward(BackwardInputs(q, k, v, out, lse, grad_out, None, None,
-                                                        causal, causal_align, deterministic,
-                                                        facts))  # fmt: skip
+            entries = settings.guarded.get(flags)
+            if entries and not (q.is_nested or k.is_nested or v.is_nested or out.is_nested
+                                or lse.is_nested or grad_out.is_nested):  # fmt: skip
+                for entry in entries:
+                    if entry[0].check(q, k, v, out, lse, grad_out):
+                        hit = entry
+                        break
         except (AttributeError, TypeError):  # not tensors, unhashable flags: validation explains
             pass
+        if hit is not None:  # (outside the try: the implementation's own errors propagate)
+            return hit[2].backward(BackwardInputs(q, k, v, out, lse, grad_out, None, None, causal,
+                                                  causal_align, deterministic, hit[1]))  # fmt: skip
     # The decision depends only on metadata and flags: key on exactly those.
     try:
         # fmt: off
@@ -125,7 +129,7 @@ def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_lef
                grad_out.stride(), grad_out.dtype, grad_out.device, causal, causal_align, scale,
                deterministic, forced)
         # fmt: on
-        if cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None:
+        if not dense:
             key += _signature_tail(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         decision = settings.decisions.get(key)
     except (AttributeError, TypeError, RuntimeError):  # not tensors (or nested ones), unhashable
@@ -167,20 +171,26 @@ def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_se
              and max_seqlen_k is None)  # fmt: skip
     if dense:
         flags = ("forward", causal, causal_align, scale, deterministic, forced)
+        hit = None
         try:
-            for guard, facts, impl in settings.guarded.get(flags, ()):
-                if not (q.is_nested or k.is_nested or v.is_nested) and guard.check(q, k, v):
-                    return impl.forward(ForwardInputs(q, k, v, None, None, causal, causal_align,
-                                                      deterministic, facts))  # fmt: skip
+            entries = settings.guarded.get(flags)
+            if entries and not (q.is_nested or k.is_nested or v.is_nested):
+                for entry in entries:
+                    if entry[0].check(q, k, v):
+                        hit = entry
+                        break
         except (AttributeError, TypeError):
             pass
+        if hit is not None:
+            return hit[2].forward(ForwardInputs(q, k, v, None, None, causal, causal_align,
+                                                deterministic, hit[1]))  # fmt: skip
     try:
         # fmt: off
         key = ("forward", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
                k.device, v.shape, v.stride(), v.dtype, v.device, causal, causal_align, scale,
                deterministic, forced)
         # fmt: on
-        if cu_seqlens_q is not None or cu_seqlens_k is not None or max_seqlen_q is not None:
+        if not dense:
             key += _signature_tail(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         decision = settings.decisions.get(key)
     except (AttributeError, TypeError, RuntimeError):

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import _settings
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
@@ -377,6 +378,9 @@ def _repeats(requested: int, estimate_us: float) -> int:
 
 
 def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
+    # Each shape starts with no cached decisions, as a training job with one signature would
+    # (the dispatcher keeps C-level guards for the first few signatures per flag combination).
+    _settings.current().forget()
     sets = make_sets(shape, device, gen)
     include_ref = args.include_reference or device.type == "cpu"
     patterns = [p.strip() for p in args.impls.split(",")] if args.impls else None

@@ -132,3 +132,30 @@ def test_non_dense_tensors_are_rejected_after_a_cached_decision(env, kind, index
         ad.forward(q, k, v)
     with pytest.raises(TypeError, match="argument 'k': expected a dense"):
         ad.forward(q, _weird(kind, k), v)
+
+
+def test_an_implementation_error_on_a_guarded_call_propagates_once(env, monkeypatch):
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    inputs = make_inputs()
+    for _ in range(2):
+        ad.backward(*inputs)
+    impl = ad._settings.current().registry.implementations["reference:chunked"]
+    calls = []
+
+    def broken(inp):
+        calls.append(inp)
+        raise TypeError("broken kernel")
+
+    monkeypatch.setattr(impl, "backward", broken)
+    with pytest.raises(TypeError, match="broken kernel"):
+        ad.backward(*inputs)
+    assert len(calls) == 1
+
+
+def test_max_seqlen_on_a_dense_call_is_validated_after_caching(env):
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    inputs = make_inputs()
+    for _ in range(2):
+        ad.backward(*inputs)
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        ad.backward(*inputs, max_seqlen_k=999)

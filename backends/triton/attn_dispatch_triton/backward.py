@@ -29,6 +29,7 @@ from ._bwd_split_sum import _attn_bwd_split_sum
 from ._common import LOG2E, last_dim_contiguous, lse_strides, padded_dim, token_strides
 
 SUM_BLOCK = 1024  # elements per program of the split-partial sum
+MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0 allows 2**31 - 1)
 
 
 class BackwardLaunch:
@@ -173,9 +174,9 @@ class BackwardLaunch:
                 rec.ok = False
         else:
             dk, dv = dk_part, dv_part = self.dk, self.dv
-        heavy_first = self.heavy_first(c)
         grid = (triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]), self.batch * self.kv_heads,
                 split)
+        heavy_first = self.heavy_first(c, grid[0])
         if heavy_first:
             grid = grid[::-1]
         self._launch(_attn_bwd_dkdv, grid, (
@@ -199,8 +200,8 @@ class BackwardLaunch:
 
     def dq_(self, c: dict) -> None:
         """dQ: one program per query block and head."""
-        heavy_first = self.heavy_first(c)
         grid = (triton.cdiv(max(self.seqlen_q, 1), c["BLOCK_M"]), self.batch * self.heads)
+        heavy_first = self.heavy_first(c, grid[0])
         if heavy_first:
             grid = grid[::-1]
         self._launch(_attn_bwd_dq, grid, (
@@ -212,12 +213,13 @@ class BackwardLaunch:
                 BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
                 num_warps=c["num_warps"], num_stages=c["num_stages"]))
 
-    def heavy_first(self, c: dict) -> bool:
+    def heavy_first(self, c: dict, blocks: int) -> bool:
         """Whether to launch the programs with the most work first (config ``HEAVY_FIRST``;
         causal masks only, where programs differ in work). Measured on an H200
         (``bench_order.py``): it pays at MHA 4K causal and costs at GQA 1K causal, so the
-        tuning table turns it on per shape class."""
-        return bool(c.get("HEAVY_FIRST", 0)) and self.flags["CAUSAL"]
+        tuning table turns it on per shape class. The reversed grid puts the ``blocks`` of the
+        sequence on a grid axis limited to 65535; beyond that the natural order is kept."""
+        return bool(c.get("HEAVY_FIRST", 0)) and self.flags["CAUSAL"] and blocks <= MAX_GRID_YZ
 
     def dq_convert(self, c: dict) -> None:
         """dQ = scale * (the fp32 scratch of :meth:`dkdv` with ``atomic_dq``), input dtype."""
