@@ -169,58 +169,19 @@ def _describe_tensor(name: str, t: torch.Tensor) -> str:
 # Validation (runs once per signature)
 
 
-def build_inputs(
-    q,
-    k,
-    v,
-    out,
-    lse,
-    grad_out,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
-) -> ForwardInputs:
+def build_inputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                 max_seqlen_k, causal, causal_align, scale,
+                 deterministic) -> ForwardInputs:  # fmt: skip
     """Validate a call and wrap it: ``BackwardInputs`` when any of out/lse/grad_out is given,
     else ``ForwardInputs``."""
-    facts = validate(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-    )
+    facts = validate(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, causal, causal_align, scale, deterministic)  # fmt: skip
     if out is None and lse is None and grad_out is None:
         return ForwardInputs(
             q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
         )
-    return BackwardInputs(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        causal,
-        causal_align,
-        deterministic,
-        facts,
-    )
+    return BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, causal,
+                          causal_align, deterministic, facts)  # fmt: skip
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
