@@ -341,6 +341,13 @@ def validate(
     )
 
 
+def _require_backward_shapes(out, grad_out, lse, out_shape: tuple, out_layout: str,
+                             lse_shape: tuple, lse_layout: str) -> None:  # fmt: skip
+    _require_shape("out", out, out_shape, out_layout)
+    _require_shape("grad_out", grad_out, out_shape, out_layout)
+    _require_shape("lse", lse, lse_shape, lse_layout)
+
+
 def _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, backward):
     layout = "[B, S, H, D] (dense BSHD layout; pass cu_seqlens_q/_k for varlen)"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -357,9 +364,8 @@ def _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, bac
         )
     dv = v.shape[3]
     if backward:
-        _require_shape("out", out, (b, sq, h, dv), "[B, Sq, H, Dv]")
-        _require_shape("grad_out", grad_out, (b, sq, h, dv), "[B, Sq, H, Dv]")
-        _require_shape("lse", lse, (b, h, sq), "[B, H, Sq]")
+        _require_backward_shapes(out, grad_out, lse, (b, sq, h, dv), "[B, Sq, H, Dv]",
+                                 (b, h, sq), "[B, H, Sq]")  # fmt: skip
     for name, given, actual in (
         ("max_seqlen_q", max_seqlen_q, sq),
         ("max_seqlen_k", max_seqlen_k, sk),
@@ -418,9 +424,8 @@ def _validate_varlen(q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_
         )
     dv = v.shape[2]
     if backward:
-        _require_shape("out", out, (tq, h, dv), "[Tq, H, Dv]")
-        _require_shape("grad_out", grad_out, (tq, h, dv), "[Tq, H, Dv]")
-        _require_shape("lse", lse, (h, tq), "[H, Tq]")
+        _require_backward_shapes(out, grad_out, lse, (tq, h, dv), "[Tq, H, Dv]", (h, tq),
+                                 "[H, Tq]")  # fmt: skip
     check_cu_seqlens(cu_q, cu_k, tq, tk, max_seqlen_q, max_seqlen_k)
     return cu_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, h, hkv, d, dv, max_seqlen_q, max_seqlen_k
 
