@@ -55,22 +55,31 @@ SEED_SHAPES = [  # (name, H, Hkv, S, causal)
 ]
 
 
-def cfg(bm: int, bn: int, w: int, s: int) -> dict:
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+def cfg(bm: int, bn: int, w: int, s: int, **extra) -> dict:
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s, **extra}
 
 
+def tma(bm: int, bn: int, w: int, s: int) -> dict:
+    """A candidate whose loop tiles come by TMA copies (tensor descriptors; sm_90+)."""
+    return cfg(bm, bn, w, s, LOAD_TMA=1)
+
+
+# The 4-warp tiles of <= 114 KB shared memory run two programs per SM (each SM has 228 KB).
 DKDV_CANDIDATES = [cfg(64, 128, 8, 2), cfg(64, 128, 8, 3), cfg(32, 128, 4, 3),
-                   cfg(32, 128, 8, 3), cfg(64, 64, 4, 3), cfg(128, 128, 8, 2)]
+                   cfg(32, 128, 8, 3), cfg(64, 64, 4, 3), cfg(128, 128, 8, 2),
+                   tma(64, 128, 8, 3), tma(64, 128, 8, 2), cfg(32, 64, 4, 3), cfg(32, 64, 4, 4),
+                   cfg(64, 64, 4, 2), tma(32, 64, 4, 4)]
 DQ_CANDIDATES = [cfg(128, 64, 8, 2), cfg(128, 64, 8, 3), cfg(128, 32, 4, 3),
-                 cfg(64, 64, 4, 3), cfg(128, 128, 8, 2), cfg(64, 128, 8, 2)]
+                 cfg(64, 64, 4, 3), cfg(128, 128, 8, 2), cfg(64, 128, 8, 2),
+                 tma(128, 64, 8, 3), tma(128, 64, 8, 2), cfg(64, 64, 4, 2), tma(64, 64, 4, 2)]
 # --shapes short: the sequence lengths at or below tuning.SHORT_SEQ, with smaller tiles too
 SHORT_SHAPES = [
     (f"{kind} {s // 1024}K" + (" causal" if causal else ""), h, hk, s, causal)
     for s in (1024, 2048) for causal in (False, True)
     for kind, h, hk in (("GQA 64/8", 64, 8), ("MHA 8", 8, 8))
 ]
-SHORT_DKDV_EXTRA = [cfg(32, 64, 4, 3), cfg(32, 128, 8, 2), cfg(64, 64, 8, 3)]
-SHORT_DQ_EXTRA = [cfg(64, 32, 4, 3), cfg(64, 64, 8, 3), cfg(32, 64, 4, 3)]
+SHORT_DKDV_EXTRA = [cfg(32, 128, 8, 2), cfg(64, 64, 8, 3), tma(32, 64, 4, 3)]
+SHORT_DQ_EXTRA = [cfg(64, 32, 4, 3), cfg(64, 64, 8, 3), cfg(32, 64, 4, 3), tma(64, 64, 4, 3)]
 PRE = cfg(64, 0, 4, 1)
 FWD = cfg(128, 64, 8, 3)
 
@@ -176,6 +185,23 @@ def bwd_flops(h: int, s: int, sk: int, d: int, causal: bool) -> float:
 def fwd_flops(h: int, s: int, sk: int, d: int, causal: bool) -> float:
     f = 4.0 * h * s * sk * d
     return f / 2 if causal else f
+
+
+def candidate_ms(launch, kernel: str, c: dict, ref: list, smoke: bool, est: float,
+                 shape: str) -> float:
+    """Time one candidate after checking its gradients against the default configs' (outputs
+    poisoned first); a candidate that disagrees (rel. error > 1e-2) gets ``inf``."""
+    outs = (launch.dk, launch.dv) if kernel == "dkdv" else (launch.dq,)
+    want = ref[1:] if kernel == "dkdv" else ref[:1]
+    for t in outs:
+        t.fill_(float("nan"))
+    run = (lambda: launch.dkdv(c)) if kernel == "dkdv" else (lambda: launch.dq_(c))
+    run()
+    err = max(rel(got, w) for got, w in zip(outs, want))
+    if not err <= 1e-2:
+        log(f"  WRONG {shape} {kernel} {c}: rel err {err:.2e} against the default config")
+        return math.inf
+    return bench(run, smoke, est)
 
 
 # ---------------------------------------------------------------------------- compile warmup
@@ -305,11 +331,11 @@ def main() -> None:
                                      config=fwd_cfg)
         launch = BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False,
                                 scale=scale)
-        launch.preprocess(pre_cfg)
+        ref = [t.clone() for t in launch.run(default)]  # the checked default configs
         est = bwd_flops(h, s, s, d, causal) / 300e12 * 1e3
         t_pre = bench(lambda L=launch: L.preprocess(pre_cfg), smoke)
-        t_dkdv = [bench(lambda c=c, L=launch: L.dkdv(c), smoke, est) for c in dkdv_cands]
-        t_dq = [bench(lambda c=c, L=launch: L.dq_(c), smoke, est) for c in dq_cands]
+        t_dkdv = [candidate_ms(launch, "dkdv", c, ref, smoke, est, name) for c in dkdv_cands]
+        t_dq = [candidate_ms(launch, "dq", c, ref, smoke, est, name) for c in dq_cands]
         per_shape[name] = dict(pre=t_pre, dkdv=t_dkdv, dq=t_dq)
         best = dkdv_cands[min(range(len(dkdv_cands)), key=t_dkdv.__getitem__)]
         split_ms = {f"auto={launch.group_split(best)}": min(t_dkdv)}

@@ -30,6 +30,11 @@ of one (sequence, head) contiguous) and each tile is added by one bulk TMA reduc
 per-thread ``red`` instructions; rows past a sequence's end carry exactly zero (P is masked to 0
 there), so a tile may overlap the next sequence's rows harmlessly.
 
+With ``LOAD_TMA`` (Hopper) the query-side tiles (Q, dO) of the loop are read through tensor
+descriptors ``[B, S, H, D]`` (``[1, T, H, D]`` varlen), i.e. by TMA copies instead of per-thread
+address arithmetic and ``cp.async``. Rows past the tensor's end arrive as zeros; rows past a
+varlen sequence's end are the next sequence's (finite) rows, which the row mask zeroes in P.
+
 The tile is computed transposed (``s^T = K Q^T``, ``BLOCK_N x BLOCK_M``) so ``P^T`` and ``dS^T``
 feed the two accumulating products without a transpose. With causal masking, query blocks that
 see none of these keys are skipped; the blocks crossing the diagonal (and a partial last query
@@ -45,12 +50,14 @@ from ._common import causal_offset, load_tile, seq_bounds, store_tile
 
 
 @triton.jit
-def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dqa_base, dqa_row,
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_desc, do_desc, desc_at,
+                         lse2_base, delta_base, dqa_base, dqa_row,
                          stride_qs, stride_dos, stride_dqas,
                          stride_ts, lo, hi, offs_n, off, q_len, qk_scale,
                          D, DV, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                          ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                         LOAD_TMA: tl.constexpr):
     """Accumulate query blocks [lo, hi) of one head into dk, dv (fp32) and, with
     ``ATOMIC_DQ``, add each block's unscaled dQ contribution into the fp32 scratch."""
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -58,8 +65,12 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, d
     offs_dv = tl.arange(0, BLOCK_DV)
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + offs_m0
-        q = load_tile(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], offs_m, q_len,
-                      offs_d, D, MASKED, BLOCK_D != D)
+        if LOAD_TMA:
+            q = q_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M,
+                                                                                  BLOCK_D)
+        else:
+            q = load_tile(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], offs_m, q_len,
+                          offs_d, D, MASKED, BLOCK_D != D)
         if MASKED:
             lse2 = tl.load(lse2_base + offs_m * stride_ts, mask=offs_m < q_len,
                            other=float("inf"))
@@ -73,8 +84,12 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, d
                 keep = keep & (offs_n[:, None] <= offs_m[None, :] + off)
             pT = tl.where(keep, pT, 0.0)
         # -- dV += P^T dO
-        do = load_tile(do_base + offs_m[:, None] * stride_dos + offs_dv[None, :], offs_m, q_len,
-                       offs_dv, DV, MASKED, BLOCK_DV != DV)
+        if LOAD_TMA:
+            do = do_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M,
+                                                                                    BLOCK_DV)
+        else:
+            do = load_tile(do_base + offs_m[:, None] * stride_dos + offs_dv[None, :], offs_m,
+                           q_len, offs_dv, DV, MASKED, BLOCK_DV != DV)
         dv += tl.dot(pT.to(do.dtype), do)
         # -- dS^T = P^T * (V dO^T - delta);  dK += dS^T Q
         if MASKED:
@@ -112,7 +127,7 @@ def _atomic_add_tile(dqa_base, dq, offs_m, offs_d, stride_dqas, q_len, D,
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
-def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
+def _attn_bwd_dkdv(Q, K, V, DO, QDESC, DODESC, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
                    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                    stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
                    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
@@ -123,7 +138,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
                    BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
                    ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, LOAD_TMA: tl.constexpr):
     if HEAVY_FIRST:
         # grid (group slices, B*Hkv, key blocks): programs start in launch order, so with
         # causal masks the first key blocks (they see the most queries) of every head go first.
@@ -139,6 +154,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
     b = bh // kv_heads
     hk = bh % kv_heads
     q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)
+    desc_b = b * 0 if IS_VARLEN else b  # descriptors: [B, S, H, D] dense, [1, T, H, D] varlen
     n0 = pid_n * BLOCK_N
     if n0 >= k_len:
         return
@@ -181,21 +197,24 @@ def _attn_bwd_dkdv(Q, K, V, DO, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
         else:
             dqa_base = DQA + b64 * stride_dqab + qrow0 * stride_dqas + h * stride_dqah
             dqa_row = 0
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, QDESC, DODESC,
+                                      (desc_b, q_start, h), Lse2 + t_off,
                                       Delta + t_off, dqa_base, dqa_row, stride_qs, stride_dos,
                                       stride_dqas, stride_ts, lo, diag_hi, offs_n, off, q_len,
                                       qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA, BLOCK_M,
-                                      BLOCK_D, BLOCK_DV)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
+                                      BLOCK_D, BLOCK_DV, LOAD_TMA)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, QDESC, DODESC,
+                                      (desc_b, q_start, h), Lse2 + t_off,
                                       Delta + t_off, dqa_base, dqa_row, stride_qs, stride_dos,
                                       stride_dqas, stride_ts, diag_hi, full_hi, offs_n, off, q_len,
                                       qk_scale, D, DV, False, CAUSAL, ATOMIC_DQ, DQ_TMA, BLOCK_M,
-                                      BLOCK_D, BLOCK_DV)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, Lse2 + t_off,
+                                      BLOCK_D, BLOCK_DV, LOAD_TMA)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, QDESC, DODESC,
+                                      (desc_b, q_start, h), Lse2 + t_off,
                                       Delta + t_off, dqa_base, dqa_row, stride_qs, stride_dos,
                                       stride_dqas, stride_ts, full_hi, q_len, offs_n, off, q_len,
                                       qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA, BLOCK_M,
-                                      BLOCK_D, BLOCK_DV)
+                                      BLOCK_D, BLOCK_DV, LOAD_TMA)
 
     dk = dk * scale
     split64 = split.to(tl.int64)

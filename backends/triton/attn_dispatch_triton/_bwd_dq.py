@@ -11,6 +11,9 @@ and ``dP`` for dQ (two extra products per tile: 7 instead of 5), in exchange for
 in the input dtype, with no fp32 accumulator, no atomics and no conversion pass. Results are
 therefore bitwise reproducible: the deterministic mode is the only mode.
 
+With ``LOAD_TMA`` (Hopper) K and V tiles are read through tensor descriptors (see
+``_bwd_dkdv``; rows past a varlen sequence's end are masked out of P).
+
 Key blocks are walked like the forward: the fully visible ones without masks, then the diagonal
 and the partial last block with masks; blocks above the diagonal are skipped.
 """
@@ -24,20 +27,25 @@ from ._common import causal_offset, load_tile, seq_bounds, store_tile
 
 
 @triton.jit
-def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs, lo, hi,
-                       offs_m, off, k_len, qk_scale, D, DV, MASKED: tl.constexpr,
-                       CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_DV: tl.constexpr):
+def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_at,
+                       stride_ks, stride_vs, lo, hi, offs_m, off, k_len, qk_scale, D, DV,
+                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, LOAD_TMA: tl.constexpr):
     """Accumulate key blocks [lo, hi) into dq (fp32)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + offs_n0
-        k = load_tile(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], offs_n, k_len,
-                      offs_d, D, MASKED, BLOCK_D != D)
-        v = load_tile(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :], offs_n, k_len,
-                      offs_dv, DV, MASKED, BLOCK_DV != DV)
+        if LOAD_TMA:
+            at = [desc_at[0], desc_at[1] + n0, desc_at[2], 0]
+            k = k_desc.load(at).reshape(BLOCK_N, BLOCK_D)
+            v = v_desc.load(at).reshape(BLOCK_N, BLOCK_DV)
+        else:
+            k = load_tile(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], offs_n, k_len,
+                          offs_d, D, MASKED, BLOCK_D != D)
+            v = load_tile(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :], offs_n,
+                          k_len, offs_dv, DV, MASKED, BLOCK_DV != DV)
         # -- P = exp2(Q K^T * qk_scale - lse2)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         if MASKED:
@@ -53,7 +61,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads", "group"])
-def _attn_bwd_dq(Q, K, V, DO, DQ, Lse2, Delta, CU_Q, CU_K,
+def _attn_bwd_dq(Q, K, V, DO, KDESC, VDESC, DQ, Lse2, Delta, CU_Q, CU_K,
                  stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
                  stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
                  stride_dqb, stride_dqs, stride_dqh, stride_tb, stride_th, stride_ts,
@@ -61,7 +69,7 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse2, Delta, CU_Q, CU_K,
                  D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
                  BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
                  HEAVY_FIRST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, LOAD_TMA: tl.constexpr):
     if HEAVY_FIRST:
         # grid (B*H, query blocks): the GPU starts programs in launch order, so with causal
         # masks the last query blocks (they see the most keys) of every head go first and the
@@ -75,6 +83,7 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse2, Delta, CU_Q, CU_K,
     h = bh % heads
     hk = h // group
     q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)
+    desc_at = (b * 0 if IS_VARLEN else b, k_start, hk)  # [B, S, Hkv, D] / [1, T, Hkv, D]
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
         return
@@ -105,12 +114,12 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, Lse2, Delta, CU_Q, CU_K,
         full_hi = k_len // BLOCK_N * BLOCK_N
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
-                            0, full_hi, offs_m, off, k_len, qk_scale, D, DV,
-                            False, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_ks, stride_vs,
-                            full_hi, hi, offs_m, off, k_len, qk_scale, D, DV,
-                            True, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, KDESC, VDESC, desc_at,
+                            stride_ks, stride_vs, 0, full_hi, offs_m, off, k_len, qk_scale, D,
+                            DV, False, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, LOAD_TMA)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, KDESC, VDESC, desc_at,
+                            stride_ks, stride_vs, full_hi, hi, offs_m, off, k_len, qk_scale, D,
+                            DV, True, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, LOAD_TMA)
     dq = dq * scale
     store_tile(DQ + b64 * stride_dqb + qrow0 * stride_dqs + h * stride_dqh
                + offs_m[:, None] * stride_dqs + offs_d[None, :], dq.to(DQ.dtype.element_ty),

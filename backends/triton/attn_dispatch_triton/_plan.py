@@ -53,11 +53,34 @@ def hooks_installed() -> bool:
                for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
 
+class _Pointer:
+    """What a replayed tensor descriptor's ``base`` must offer the launcher: ``data_ptr()``."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _Descriptor:
+    """A host tensor descriptor as triton's launcher reads it (``base``, ``shape``,
+    ``strides``, ``padding``), rebuilt per replayed call around that call's pointer."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, ptr: int, shape: list, strides: list) -> None:
+        self.base, self.shape, self.strides, self.padding = _Pointer(ptr), shape, strides, "zero"
+
+
 class Recorder:
     """Collects the launches of one backward call and the per-call value of each argument."""
 
     def __init__(self) -> None:
         self.slots: dict[int, tuple[int, int | None]] = {}  # id(arg) -> (value index, offset)
+        self.descriptors: dict[int, int] = {}  # id(descriptor) -> value index of its tensor
         self.launches: list[tuple[Any, tuple, list]] = []
         self.ok = True
 
@@ -66,6 +89,11 @@ class Recorder:
         if id(obj) in self.slots and self.slots[id(obj)][0] != index:
             self.ok = False  # two roles share one object: do not learn from this call
         self.slots.setdefault(id(obj), (index, offset))
+
+    def name_descriptor(self, desc: Any, index: int) -> None:
+        """``desc`` is a tensor descriptor over per-call tensor ``index`` (same shape and
+        strides on every call of the signature; only the pointer changes)."""
+        self.descriptors[id(desc)] = index
 
     def launch(self, kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> Any:
         """Launch through ``kernel[grid]`` and remember the compiled kernel and arguments."""
@@ -87,9 +115,13 @@ class Recorder:
             return None
         launches = []
         for compiled, grid, full in self.launches:
-            slots, template = [], list(full)
+            slots, descs, template = [], [], list(full)
             for pos, arg in enumerate(full):
-                if isinstance(arg, (torch.Tensor, float)) or hasattr(arg, "base"):
+                if id(arg) in self.descriptors:
+                    descs.append((pos, self.descriptors[id(arg)], list(arg.shape),
+                                  list(arg.strides)))
+                    template[pos] = None
+                elif isinstance(arg, (torch.Tensor, float)) or hasattr(arg, "base"):
                     role = self.slots.get(id(arg))
                     if role is None:
                         return None
@@ -97,7 +129,7 @@ class Recorder:
                     template[pos] = None
             head = (*grid, *(1,) * (3 - len(grid)))
             launches.append((compiled.run, head, compiled.function, compiled.packed_metadata,
-                             template, tuple(slots)))
+                             template, tuple(slots), tuple(descs)))
         return Plan(launches, **extra)
 
 
@@ -128,10 +160,12 @@ class Plan:
                 flat = acc.view(flat_shape)
                 values[ACC_DESC] = TensorDescriptor(flat, list(flat_shape),
                                                     [flat_shape[1], 1], block)
-        for launcher, (gx, gy, gz), function, metadata, template, slots in self.launches:
+        for launcher, (gx, gy, gz), function, metadata, template, slots, descs in self.launches:
             args = template.copy()
             for pos, index, offset in slots:
                 args[pos] = values[index] if offset is None else values[index] + offset
+            for pos, index, shape, strides in descs:
+                args[pos] = _Descriptor(values[index], shape, strides)
             # no launch hooks (checked per call): no launch metadata, no hook callables
             launcher(gx, gy, gz, stream, function, metadata, None, None, None, *args)
 

@@ -17,6 +17,8 @@ arguments, a fraction of the host time; see ``_plan``).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -179,15 +181,18 @@ class BackwardLaunch:
         heavy_first = self.heavy_first(c, grid[0])
         if heavy_first:
             grid = grid[::-1]
+        descs = self.tile_descriptors(c, ((self.q, _plan.Q, self.blocks["BLOCK_D"]),
+                                          (self.grad_out, _plan.DO, self.blocks["BLOCK_DV"])))
         self._launch(_attn_bwd_dkdv, grid, (
-            self.q, self.k, self.v, self.grad_out, dk, dv, acc, self.lse2, self.delta,
+            self.q, self.k, self.v, self.grad_out, *(descs or (self.q, self.q)), dk, dv, acc,
+            self.lse2, self.delta,
             self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
             *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
             *s_acc, *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
             self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
             self.qk_scale, self.scale,
         ), dict(D=self.d, DV=self.d_v, **self.flags, ATOMIC_DQ=atomic_dq, DQ_TMA=tma,
-                HEAVY_FIRST=heavy_first,
+                HEAVY_FIRST=heavy_first, LOAD_TMA=descs is not None,
                 BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
                 num_warps=c["num_warps"], num_stages=c["num_stages"]))
         if fused_sum:
@@ -204,14 +209,36 @@ class BackwardLaunch:
         heavy_first = self.heavy_first(c, grid[0])
         if heavy_first:
             grid = grid[::-1]
+        descs = self.tile_descriptors(c, ((self.k, _plan.K, self.blocks["BLOCK_D"]),
+                                          (self.v, _plan.V, self.blocks["BLOCK_DV"])))
         self._launch(_attn_bwd_dq, grid, (
-            self.q, self.k, self.v, self.grad_out, self.dq, self.lse2, self.delta,
+            self.q, self.k, self.v, self.grad_out, *(descs or (self.q, self.q)), self.dq,
+            self.lse2, self.delta,
             self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
             *token_strides(self.dq, self.varlen), *self.s_t,
             self.seqlen_q, self.seqlen_k, self.heads, self.group, self.qk_scale, self.scale,
         ), dict(D=self.d, DV=self.d_v, **self.flags, HEAVY_FIRST=heavy_first,
-                BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
+                LOAD_TMA=descs is not None, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+                **self.blocks,
                 num_warps=c["num_warps"], num_stages=c["num_stages"]))
+
+    def tile_descriptors(self, c: dict, tensors: tuple) -> tuple | None:
+        """TMA descriptors for the tiles a kernel's loop loads (config ``LOAD_TMA``), one per
+        ``(tensor, plan value index, padded cols)``; ``None`` (pointer loads) when the config
+        does not ask for them or a tensor does not qualify (see :func:`tile_descriptor`).
+
+        The block's rows are the loop's step: ``BLOCK_M`` query rows for dK/dV, ``BLOCK_N``
+        key rows for dQ (``tensors`` says which by its first entry: q or k)."""
+        if not c.get("LOAD_TMA") or not _tma_available(self.q.device):
+            return None
+        rows = c["BLOCK_M"] if tensors[0][0] is self.q else c["BLOCK_N"]
+        descs = tuple(tile_descriptor(t, self.varlen, rows, cols) for t, _, cols in tensors)
+        if any(d is None for d in descs):
+            return None
+        if self.rec is not None:
+            for d, (_, index, _) in zip(descs, tensors):
+                self.rec.name_descriptor(d, index)
+        return descs
 
     def heavy_first(self, c: dict, blocks: int) -> bool:
         """Whether to launch the programs with the most work first (config ``HEAVY_FIRST``;
@@ -242,6 +269,31 @@ class BackwardLaunch:
             self.dkdv(config["dkdv"])
             self.dq_(config["dq"])
         return self.dq, self.dk, self.dv
+
+
+def _tma_available(device: torch.device) -> bool:
+    """TMA copies exist on NVIDIA sm_90 and newer; triton's interpreter emulates them (tests)."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return True
+    if device.type != "cuda" or torch.version.hip:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def tile_descriptor(t: torch.Tensor, varlen: bool, rows: int, cols: int):
+    """A TMA descriptor over ``t`` as ``[B, S, H, D]`` (varlen ``[T, H, D]`` as ``[1, T, H, D]``)
+    with ``[1, rows, 1, cols]`` blocks, or ``None`` when TMA cannot address it (empty, pointer
+    or a stride not a multiple of 16 bytes)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    shape, strides = list(t.shape), list(t.stride())
+    if varlen:
+        shape, strides = [1, *shape], [strides[0], *strides]
+    size = t.element_size()
+    if (t.numel() == 0 or t.data_ptr() % 16 or strides[-1] != 1
+            or any(s * size % 16 for s in strides[:-1])):
+        return None
+    return TensorDescriptor(t, shape, strides, [1, rows, 1, cols])
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

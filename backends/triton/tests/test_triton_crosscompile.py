@@ -48,6 +48,8 @@ TMA_REDUCE = "cp.reduce.async.bulk.tensor"  # Hopper: dQ tiles added by TMA redu
 FLOAT_POINTERS = {"Lse", "Lse2", "Delta", "DQA", "ACC"}
 INT_POINTERS = {"CU_Q", "CU_K"}
 FLOATS = {"qk_scale", "scale"}
+TILE_DESCRIPTORS = {"QDESC", "DODESC", "KDESC", "VDESC"}  # TMA tile loads (config LOAD_TMA)
+TMA_LOAD = "cp.async.bulk.tensor.4d"
 
 pytestmark = pytest.mark.skipif(
     not isinstance(_attn_fwd, JITFunction),
@@ -57,17 +59,20 @@ pytestmark = pytest.mark.skipif(
 
 def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int = 128,
                    causal: bool = True, bottom_right: bool = False, varlen: bool = False,
-                   group: int = 8, seqlen_k: int = 1 << 30):
-    """Compile one kernel as the launcher would launch it; returns the compiled kernel."""
+                   group: int = 8, seqlen_k: int = 1 << 30, cfg: dict | None = None):
+    """Compile one kernel as the launcher would launch it (with the tuning table's
+    configuration unless ``cfg`` is given); returns the compiled kernel."""
     target = TARGETS[arch][0]
     fn = KERNELS[kernel_name]
-    cfg = lookup(arch, d, causal, group, seqlen_k)[kernel_name]
+    cfg = cfg or lookup(arch, d, causal, group, seqlen_k)[kernel_name]
+    load_tma = bool(cfg.get("LOAD_TMA")) and arch == "sm_90"
+    tile_rows = cfg["BLOCK_M"] if kernel_name.startswith("dkdv") else cfg["BLOCK_N"]
     consts = {"D": d, "DV": d, "CAUSAL": causal, "BOTTOM_RIGHT": bottom_right,
               "IS_VARLEN": varlen, "ATOMIC_DQ": kernel_name == "dkdvq",
               "DQ_TMA": kernel_name == "dkdvq" and bool(cfg.get("TMA")),
               "HEAVY_FIRST": causal and bool(cfg.get("HEAVY_FIRST", 0)),
               "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-              "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d)}
+              "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d), "LOAD_TMA": load_tma}
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
@@ -75,6 +80,8 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
             constexprs[name] = consts[name]
         elif name == "DQA" and consts["DQ_TMA"]:  # the fp32 dQ scratch as a TMA descriptor
             signature[name] = f"tensordesc<fp32[{cfg['BLOCK_M']}, {padded_dim(d)}]>"
+        elif name in TILE_DESCRIPTORS and load_tma:  # [B, S, H, D] with [1, rows, 1, D] tiles
+            signature[name] = f"tensordesc<{dtype}[1, {tile_rows}, 1, {padded_dim(d)}]>"
         elif name in FLOATS:
             signature[name] = "fp32"
         elif name.startswith(("stride_", "seqlen_")) or name in ("heads", "kv_heads", "group"):
@@ -124,6 +131,16 @@ def test_triton_sm90_table_entries_compile(kernel_name, causal, group, seqlen_k)
     """The sm_90 table's per-class entries (short tiles, heaviest-first order) compile."""
     _check(compile_kernel(kernel_name, "sm_90", causal=causal, group=group, seqlen_k=seqlen_k),
            kernel_name, "sm_90")
+
+
+@pytest.mark.parametrize("kernel_name", ["dkdv", "dq"])
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_triton_tma_tile_loads_compile_sm90(kernel_name: str, varlen: bool) -> None:
+    """``LOAD_TMA``: the loop's tiles come by TMA copies (4-D tensor descriptors)."""
+    cfg = {**lookup("sm_90", 128, True, 8, 1 << 30)[kernel_name], "LOAD_TMA": 1}
+    compiled = compile_kernel(kernel_name, "sm_90", varlen=varlen, cfg=cfg)
+    _check(compiled, kernel_name, "sm_90")
+    assert TMA_LOAD in compiled.asm["ptx"], f"{kernel_name}: no TMA tile load in the PTX"
 
 
 def test_triton_dkdv_compiles_varlen_f16_d64_sm90() -> None:

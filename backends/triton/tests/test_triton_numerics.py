@@ -95,6 +95,17 @@ DEFAULT_CASES = [
          atomic=True, config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "TMA": 1}}),
     case("atomic-tma-gqa4-full-bf16", batch=2, sq=37, sk=45, heads=4, kv_heads=1, atomic=True,
          config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "TMA": 1}}),
+    # Loop tiles through tensor descriptors (TMA loads): rows past a tensor's end come back as
+    # zeros, rows past a varlen sequence's end are the next sequence's and must be masked.
+    case("tma-loads-varlen-empty-gqa4-causal-br-bf16", heads=4, kv_heads=1, causal=True,
+         align="bottom_right", varlen=([17, 0, 33, 5], [20, 11, 29, 0]), repeat=True,
+         config={**SMALL_TILES, **{k: {**SMALL_TILES[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")}}),
+    case("tma-loads-mha-causal-tl-f16-d80-dv48-strided-batch2", dtype="float16", batch=2, sq=29,
+         sk=29, d=80, dv=48, causal=True, strided=True,
+         config={**SMALL_TILES, **{k: {**SMALL_TILES[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")}}),
+    case("tma-loads-gqa4-full-bf16-split-batch2", batch=2, sq=37, sk=45, heads=8, kv_heads=2,
+         config={**SMALL_TILES, "dq": {**SMALL_TILES["dq"], "LOAD_TMA": 1},
+                 "dkdv": {**SMALL_TILES["dkdv"], "LOAD_TMA": 1, "SPLIT": 2}}),
 ]
 
 

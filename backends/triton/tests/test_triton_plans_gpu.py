@@ -56,3 +56,30 @@ def test_replayed_plan_uses_the_new_tensors(case):
         for name, g, r in zip(("dq", "dk", "dv"), got, ref):
             err = ((g.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
             assert err < 1e-2, f"{impl} replay seed {seed}: {name} rel_l2 {err:.2e}"
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_replayed_plan_with_tma_tile_loads(varlen, tmp_path, monkeypatch):
+    """Configs with ``LOAD_TMA`` (tensor descriptors as kernel arguments): the replay rebuilds
+    each descriptor around the new call's pointer."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA copies need sm_90 or newer")
+    from attn_dispatch_triton import _plan, tuning
+
+    monkeypatch.setenv("ATTN_DISPATCH_TRITON_CACHE", str(tmp_path))
+    tuning._tuned.cache_clear()
+    arch = tuning.arch_of(torch.device("cuda"))
+    base = tuning.lookup(arch, 64, True, 4, 384)
+    tuning.save_tuned(arch, tuning.shape_class(64, True, 4, 384),
+                      {k: {**base[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")})
+    try:
+        test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "top_left", varlen,
+                                                 "triton:fused"))
+        descriptors = [d for plan in _plan._PLANS.values() if plan is not None
+                       for launch in plan.launches for d in launch[-1]]
+        assert len(descriptors) == 4, "the plan should rebuild Q/dO and K/V descriptors"
+    finally:
+        monkeypatch.delenv("ATTN_DISPATCH_TRITON_CACHE")
+        tuning._tuned.cache_clear()
+        tuning.lookup.cache_clear()
+        _plan.clear()
