@@ -129,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include-reference", action="store_true",
                    help="also time the reference backend (always timed on the CPU)")
     p.add_argument("--repeats", type=int, default=0,
-                   help="timed calls per variant (default 0: enough for ~0.4 s of the fastest "
-                        "variant, 15 to 300)")  # fmt: skip
+                   help="timed calls per variant (default 0: enough for ~1 s of the fastest "
+                        "variant, 31 to 300)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
@@ -369,12 +369,15 @@ def capture_direct(name: str, sets: list[dict], causal: bool):
 
 
 def _repeats(requested: int, estimate_us: float) -> int:
-    """``requested``, or (0) enough calls for ~0.4 s of the fastest variant, 15 to 300."""
+    """``requested``, or (0) enough calls for ~1 s of the fastest variant, 31 to 300.
+
+    (At long shapes a per-call time moves by a few percent with the GPU's clock under its
+    power limit; 15 calls left medians of identical kernels up to 4% apart on an H200.)"""
     if requested > 0:
         return requested
     if not math.isfinite(estimate_us) or estimate_us <= 0:
-        return 15
-    return max(15, min(300, int(400_000 / estimate_us)))
+        return 31
+    return max(31, min(300, int(1_000_000 / estimate_us)))
 
 
 def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
