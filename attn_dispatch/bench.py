@@ -82,6 +82,8 @@ class Row:
     kind: str  # "forced", AUTO or DIRECT
     us: float | None = None
     host_us: float | None = None
+    calls: int | None = None  # timed calls behind the median
+    spread: float | None = None  # interquartile range of the calls / median
     tflops: float | None = None
     ratio: float | None = None
     max_err: float | None = None
@@ -129,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include-reference", action="store_true",
                    help="also time the reference backend (always timed on the CPU)")
     p.add_argument("--repeats", type=int, default=0,
-                   help="timed calls per variant (default 0: enough for ~1 s of the fastest "
-                        "variant, 31 to 300)")  # fmt: skip
+                   help="timed calls per variant (default 0: enough for ~2 s of the fastest "
+                        "variant, 41 to 300)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
@@ -201,7 +203,8 @@ class Timer:
         return times, [h * 1e6 for h in host]
 
     def interleaved(self, variants: dict, warmup: int, repeats: int, seed: int = 0) -> dict:
-        """Median (µs, host µs) per variant over ``repeats`` calls each, interleaved call by call.
+        """(median µs, median host µs, calls, interquartile range / median) per variant over
+        ``repeats`` calls each, interleaved call by call.
 
         After ``warmup`` calls of each variant, all calls run back to back in one shuffled
         order with no synchronisation between them (the GPU queue stays full, as in training).
@@ -238,7 +241,10 @@ class Timer:
         for key in keys:
             times = ([s.elapsed_time(e) * 1e3 for s, e in marks[key]] if self.cuda
                      else host[key])  # fmt: skip
-            result[key] = (statistics.median(times), statistics.median(host[key]))
+            median = statistics.median(times)
+            q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (median,) * 3
+            result[key] = (median, statistics.median(host[key]), len(times),
+                           (q3 - q1) / median if median else 0.0)
         return result
 
 
@@ -369,15 +375,15 @@ def capture_direct(name: str, sets: list[dict], causal: bool):
 
 
 def _repeats(requested: int, estimate_us: float) -> int:
-    """``requested``, or (0) enough calls for ~1 s of the fastest variant, 31 to 300.
+    """``requested``, or (0) enough calls for ~2 s of the fastest variant, 41 to 300.
 
     (At long shapes a per-call time moves by a few percent with the GPU's clock under its
     power limit; 15 calls left medians of identical kernels up to 4% apart on an H200.)"""
     if requested > 0:
         return requested
     if not math.isfinite(estimate_us) or estimate_us <= 0:
-        return 31
-    return max(31, min(300, int(1_000_000 / estimate_us)))
+        return 41
+    return max(41, min(300, int(2_000_000 / estimate_us)))
 
 
 def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
@@ -430,8 +436,8 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
     except Exception as exc:
         measured = {}
         log(f"  timing failed: {type(exc).__name__}: {exc}")
-    for row, (us, host_us) in measured.items():
-        row.us, row.host_us = us, host_us
+    for row, (us, host_us, calls, spread) in measured.items():
+        row.us, row.host_us, row.calls, row.spread = us, host_us, calls, spread
         log(f"  {row.impl} ({row.kind}): {us:.1f} us")
     timed = [r for r in rows if r.us is not None]
     fastest = min((r.us for r in timed if r.kind == "forced"), default=None)
@@ -506,6 +512,9 @@ def summary(rows: list[Row]) -> str:
                f"{auto.us:.1f} us ({auto.us / best.us - 1:+.1%} vs fastest"  # fmt: skip
         if direct is not None:
             line += f", {auto.us / direct.us - 1:+.1%} vs direct {direct.us:.1f} us"
+            same = next((r for r in forced if r.impl == direct.impl), None)
+            if same is not None:  # identical work: the measurement's own noise at this shape
+                line += f"; forced vs direct {same.us / direct.us - 1:+.1%}"
         out.append(line + ")")
     return "\n".join(out)
 
