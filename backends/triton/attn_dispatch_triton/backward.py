@@ -17,6 +17,8 @@ arguments, a fraction of the host time; see ``_plan``).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 
 import torch
@@ -127,7 +129,7 @@ class BackwardLaunch:
         zero-filled here); :meth:`dq_convert` finishes it.
         """
         split = self.group_split(c)
-        tma = bool(atomic_dq and c.get("TMA"))
+        tma = bool(atomic_dq and c.get("TMA")) and _tma_available(self.q.device)
         rec = self.rec
         if tma:  # rows of one (sequence, head) contiguous: [B,H,S,BLOCK_D] / [H,T,BLOCK_D]
             from triton.tools.tensor_descriptor import TensorDescriptor
@@ -271,8 +273,18 @@ class BackwardLaunch:
         return self.dq, self.dk, self.dv
 
 
+@functools.cache
+def _has_host_descriptors() -> bool:
+    """Whether this triton passes host tensor descriptors to kernels (triton >= 3.4)."""
+    return importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
+
+
 def _tma_available(device: torch.device) -> bool:
-    """TMA copies exist on NVIDIA sm_90 and newer; triton's interpreter emulates them (tests)."""
+    """TMA copies exist on NVIDIA sm_90 and newer; triton's interpreter emulates them (tests).
+    Configs asking for them (``LOAD_TMA``, ``TMA``) fall back to pointer loads / atomics
+    elsewhere, and on a triton without host tensor descriptors."""
+    if not _has_host_descriptors():
+        return False
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return True
     if device.type != "cuda" or torch.version.hip:
