@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -81,7 +81,7 @@ class Recorder:
     def __init__(self) -> None:
         self.slots: dict[int, tuple[int, int | None]] = {}  # id(arg) -> (value index, offset)
         self.descriptors: dict[int, int] = {}  # id(descriptor) -> value index of its tensor
-        self.launches: list[tuple[Any, tuple, list]] = []
+        self.launches: list[tuple[Any, tuple, list, bool]] = []
         self.ok = True
 
     def name(self, obj: Any, index: int, offset: int | None = 0) -> None:
@@ -95,9 +95,15 @@ class Recorder:
         strides on every call of the signature; only the pointer changes)."""
         self.descriptors[id(desc)] = index
 
-    def launch(self, kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> Any:
-        """Launch through ``kernel[grid]`` and remember the compiled kernel and arguments."""
-        compiled = kernel[grid](*args, **kwargs)
+    def launch(self, kernel: Any, grid: tuple, args: tuple, kwargs: dict,
+               side: SideStream | None = None) -> Any:
+        """Launch through ``kernel[grid]`` (on ``side`` when given, forked from the current
+        stream by the caller) and remember the compiled kernel and arguments."""
+        if side is None:
+            compiled = kernel[grid](*args, **kwargs)
+        else:
+            with torch.cuda.stream(side.stream):
+                compiled = kernel[grid](*args, **kwargs)
         names = kernel.arg_names
         try:
             full = list(args) + [kwargs[n] for n in names[len(args):]]
@@ -106,7 +112,7 @@ class Recorder:
             return compiled
         if not hasattr(compiled, "packed_metadata"):
             self.ok = False
-        self.launches.append((compiled, tuple(grid), full))
+        self.launches.append((compiled, tuple(grid), full, side is not None))
         return compiled
 
     def plan(self, extra: dict) -> Plan | None:
@@ -114,7 +120,7 @@ class Recorder:
         if not self.ok:
             return None
         launches = []
-        for compiled, grid, full in self.launches:
+        for compiled, grid, full, on_side in self.launches:
             slots, descs, template = [], [], list(full)
             for pos, arg in enumerate(full):
                 if id(arg) in self.descriptors:
@@ -128,9 +134,57 @@ class Recorder:
                     slots.append((pos, *role))
                     template[pos] = None
             head = (*grid, *(1,) * (3 - len(grid)))
-            launches.append((compiled.run, head, compiled.function, compiled.packed_metadata,
-                             template, tuple(slots), tuple(descs)))
+            launches.append(Launch(compiled.run, head, compiled.function,
+                                   compiled.packed_metadata, template, tuple(slots),
+                                   tuple(descs), on_side))
         return Plan(launches, **extra)
+
+
+class SideStream:
+    """A second stream of one device, forked from and joined back into the current stream with
+    events, so independent kernels (dQ beside dK/dV) run concurrently. Both steps are stream
+    operations, so CUDA graph capture records them as a fork and a join."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.handle = self.stream.cuda_stream
+        self._forked, self._joined = torch.cuda.Event(), torch.cuda.Event()
+
+    def fork(self) -> None:
+        """Work queued on the side stream from now on starts after the current stream's."""
+        self._forked.record(torch.cuda.current_stream(self.device))
+        self.stream.wait_event(self._forked)
+
+    def join(self) -> None:
+        """Work queued on the current stream from now on starts after the side stream's."""
+        self._joined.record(self.stream)
+        torch.cuda.current_stream(self.device).wait_event(self._joined)
+
+
+_SIDE_STREAMS: dict[int, SideStream] = {}
+
+
+def side_stream(device: torch.device) -> SideStream:
+    """The side stream of ``device`` (created once per device)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    side = _SIDE_STREAMS.get(index)
+    if side is None:
+        side = _SIDE_STREAMS[index] = SideStream(torch.device("cuda", index))
+    return side
+
+
+class Launch(NamedTuple):
+    """One recorded kernel launch: what :meth:`Plan.run` passes to the compiled launcher."""
+
+    launcher: Any
+    grid: tuple
+    function: Any
+    metadata: Any
+    template: list  # the full argument list, per-call values left as None
+    slots: tuple  # (position, value index, byte offset or None)
+    descs: tuple  # (position, value index, shape, strides): descriptors rebuilt per call
+    on_side: bool  # queued on the device's side stream
 
 
 class Plan:
@@ -160,14 +214,22 @@ class Plan:
                 flat = acc.view(flat_shape)
                 values[ACC_DESC] = TensorDescriptor(flat, list(flat_shape),
                                                     [flat_shape[1], 1], block)
-        for launcher, (gx, gy, gz), function, metadata, template, slots, descs in self.launches:
+        side = None
+        for launcher, (gx, gy, gz), function, metadata, template, slots, descs, on_side in (
+                self.launches):
             args = template.copy()
             for pos, index, offset in slots:
                 args[pos] = values[index] if offset is None else values[index] + offset
             for pos, index, shape, strides in descs:
                 args[pos] = _Descriptor(values[index], shape, strides)
+            if on_side and side is None:
+                side = side_stream(device)
+                side.fork()
             # no launch hooks (checked per call): no launch metadata, no hook callables
-            launcher(gx, gy, gz, stream, function, metadata, None, None, None, *args)
+            launcher(gx, gy, gz, side.handle if on_side else stream, function, metadata, None,
+                     None, None, *args)
+        if side is not None:
+            side.join()
 
 
 _PLANS: dict[tuple, Plan | None] = {}

@@ -58,28 +58,78 @@ def test_replayed_plan_uses_the_new_tensors(case):
             assert err < 1e-2, f"{impl} replay seed {seed}: {name} rel_l2 {err:.2e}"
 
 
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_replayed_plan_with_tma_tile_loads(varlen, tmp_path, monkeypatch):
-    """Configs with ``LOAD_TMA`` (tensor descriptors as kernel arguments): the replay rebuilds
-    each descriptor around the new call's pointer."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA copies need sm_90 or newer")
+@pytest.fixture
+def tuned_d64(tmp_path, monkeypatch):
+    """Install tuned configs for the d64 GQA causal short class from a temporary cache file
+    (``tuned_d64(dkdv=..., dq=...)``: keys added to the table's entries); undone afterwards."""
     from attn_dispatch_triton import _plan, tuning
 
     monkeypatch.setenv("ATTN_DISPATCH_TRITON_CACHE", str(tmp_path))
     tuning._tuned.cache_clear()
     arch = tuning.arch_of(torch.device("cuda"))
-    base = tuning.lookup(arch, 64, True, 4, 384)
-    tuning.save_tuned(arch, tuning.shape_class(64, True, 4, 384),
-                      {k: {**base[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")})
-    try:
-        test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "top_left", varlen,
-                                                 "triton:fused"))
-        descriptors = [d for plan in _plan._PLANS.values() if plan is not None
-                       for launch in plan.launches for d in launch[-1]]
-        assert len(descriptors) == 4, "the plan should rebuild Q/dO and K/V descriptors"
-    finally:
-        monkeypatch.delenv("ATTN_DISPATCH_TRITON_CACHE")
-        tuning._tuned.cache_clear()
-        tuning.lookup.cache_clear()
-        _plan.clear()
+
+    def install(**extra):
+        base = tuning.lookup(arch, 64, True, 4, 384)
+        tuning.save_tuned(arch, tuning.shape_class(64, True, 4, 384),
+                          {k: {**base[k], **extra.get(k, {})} for k in ("dkdv", "dq")})
+
+    yield install
+    monkeypatch.delenv("ATTN_DISPATCH_TRITON_CACHE")
+    tuning._tuned.cache_clear()
+    tuning.lookup.cache_clear()
+    _plan.clear()
+
+
+def _recorded_launches() -> list:
+    from attn_dispatch_triton import _plan
+
+    return [launch for plan in _plan._PLANS.values() if plan is not None
+            for launch in plan.launches]
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_replayed_plan_with_tma_tile_loads(varlen, tuned_d64):
+    """Configs with ``LOAD_TMA`` (tensor descriptors as kernel arguments): the replay rebuilds
+    each descriptor around the new call's pointer."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA copies need sm_90 or newer")
+    tuned_d64(dkdv={"LOAD_TMA": 1}, dq={"LOAD_TMA": 1})
+    test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "top_left", varlen,
+                                             "triton:fused"))
+    descriptors = [d for launch in _recorded_launches() for d in launch.descs]
+    assert len(descriptors) == 4, "the plan should rebuild Q/dO and K/V descriptors"
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_replayed_plan_with_concurrent_dq(varlen, tuned_d64):
+    """``CONCURRENT_MAX_SK``: dQ on the side stream, forked and joined on every replay."""
+    tuned_d64(dq={"CONCURRENT_MAX_SK": 4096})
+    test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "top_left", varlen,
+                                             "triton:fused"))
+    assert [launch.on_side for launch in _recorded_launches()].count(True) == 1
+
+
+def test_concurrent_dq_under_cuda_graph_capture(tuned_d64):
+    """The side stream's fork and join are captured into a CUDA graph; a replay on new data
+    gives the reference gradients."""
+    tuned_d64(dq={"CONCURRENT_MAX_SK": 4096}, dkdv={"SPLIT": 2})
+    static, kw = _fresh(8, 2, 384, 384, True, "top_left", False, seed=0)
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        for _ in range(3):  # records the plan, then replays it
+            ad.backward(*static, backend="triton:fused", **kw)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = ad.backward(*static, backend="triton:fused", **kw)
+    fresh, _ = _fresh(8, 2, 384, 384, True, "top_left", False, seed=5)
+    for t, f in zip(static, fresh):
+        t.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = ad.backward(*[t.float() if t.dtype == torch.bfloat16 else t for t in fresh],
+                      backend="reference", **kw)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        err = ((g.double() - r.double()).norm() / r.double().norm()).item()
+        assert err < 1e-2, f"graph replay: {name} rel_l2 {err:.2e}"
