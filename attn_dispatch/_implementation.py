@@ -59,6 +59,15 @@ class Implementation:
         """This implementation's priority on ``arch``, or ``None`` when no pattern matches."""
         return lookup_priority(self.priority, arch)
 
+    def priority_for_inputs(self, inp: ForwardInputs, arch: Arch) -> int | None:
+        """The priority automatic selection uses for ``inp`` on ``arch`` (optional hook).
+
+        Default: :meth:`priority_for`. Override it to rank a kernel differently at inputs where
+        it was measured faster or slower than the arch's usual order; it runs once per input
+        signature, must be cheap and return an ``int`` or ``None``.
+        """
+        return self.priority_for(arch)
+
     def supports(self, inp: ForwardInputs, arch: Arch) -> list[str]:
         """Reasons this implementation cannot run ``inp`` on ``arch``; ``[]`` means it can.
 

@@ -25,7 +25,8 @@ def statuses(report: ad.Report) -> dict[str, str]:
 
 def test_discovery_lists_every_plugin_with_versions(toys):
     infos = {b.name: b for b in ad.backends()}
-    assert {"toy", "reference", "broken_import", "broken_hook", "broken_supports"} <= set(infos)
+    assert {"toy", "reference", "broken_import", "broken_hook", "broken_supports",
+            "broken_priority"} <= set(infos)
     toy = infos["toy"]
     assert toy.distribution == "attn-dispatch-test-plugins" and toy.version == "0.0.1"
     assert {i.name for i in toy.implementations} >= {"toy:fast", "toy:experimental"}
@@ -144,6 +145,23 @@ def test_broken_plugins_cost_only_themselves(toys):
     assert run() == NONDET
     with pytest.raises(ad.NoBackendError, match="ZeroDivisionError"):
         run(backend="broken_supports")
+
+
+def test_priority_can_depend_on_the_inputs(toys):
+    assert run() == NONDET  # toy:slow has priority 10 at head_dim 16 ...
+    assert run(d=32) == SLOW  # ... and 90 at head_dim 32
+    report = ad.explain(*make_inputs(d=32))
+    assert {c.name: c.priority for c in report.candidates}["toy:slow"] == 90
+    assert report.selected == "toy:slow"
+
+
+def test_broken_priority_hook_costs_only_itself(toys):
+    report = ad.explain(*make_inputs())
+    candidate = next(c for c in report.candidates if c.name == "broken_priority:explodes")
+    assert candidate.status == "failed" and candidate.priority == 1000
+    assert "priority_for_inputs() raised KeyError" in candidate.reasons[0]
+    assert report.selected == "toy:nondet"
+    assert run() == NONDET
 
 
 def test_explain_report_statuses_and_text(toys):

@@ -31,6 +31,8 @@ AMD_ARCHES = ("gfx942", "gfx950")
 MIN_SM = 80
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
+# Where triton:fused outranks cuDNN on sm_90 (measured: B*H = 8, Sq = Sk = 1024, D = 128).
+SMALL_CAUSAL_MHA_SK, SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 1024, 8, 55
 
 
 def triton_missing() -> str | None:
@@ -89,6 +91,19 @@ class Fused(ad.Implementation):
         if isinstance(inp, ad.BackwardInputs) and inp.lse.dtype != torch.float32:
             reasons.append(f"lse.dtype={inp.lse.dtype}: needs float32")
         return reasons
+
+    def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
+        """Above cuDNN (50) for a small dense causal MHA backward on sm_90, where dQ running
+        beside dK/dV made it the fastest kernel on an H200 (MHA 8 1K causal, B=1, D=128:
+        49 us against cuDNN's 57 us; docs/benchmarks.md); the arch's priority elsewhere."""
+        base = self.priority_for(arch)
+        if (type(self) is Fused and isinstance(inp, ad.BackwardInputs)
+                and arch.name == "sm_90" and inp.causal and not inp.is_varlen
+                and inp.heads == inp.kv_heads and 64 < inp.head_dim <= 128
+                and inp.seqlen_k <= SMALL_CAUSAL_MHA_SK
+                and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS):
+            return SMALL_CAUSAL_MHA_PRIORITY
+        return base
 
     @staticmethod
     def _flags(inp: ad.ForwardInputs) -> dict:

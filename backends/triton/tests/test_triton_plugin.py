@@ -86,6 +86,20 @@ def test_triton_fused_atomic_ranks_below_fused_above_fa2_on_sm90() -> None:
     assert 40 < FusedAtomic.priority["sm_9*"] < Fused.priority["sm_9*"]
 
 
+@pytest.mark.parametrize(("kw", "priority"), [
+    ({"s": 1024, "h": 8, "hk": 8, "causal": True}, 55),  # measured: above cuDNN (50)
+    ({"s": 1024, "h": 8, "hk": 8, "causal": False}, 45),
+    ({"s": 2048, "h": 8, "hk": 8, "causal": True}, 45),
+    ({"s": 1024, "h": 16, "hk": 16, "causal": True}, 45),
+    ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45),
+    ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45),
+])
+def test_triton_outranks_cudnn_only_where_measured_faster(kw, priority) -> None:
+    assert verdict("sm_90", **kw).priority == priority
+    assert verdict("sm_80", **kw).priority == 45
+    assert verdict("sm_90", "triton:fused_atomic", **kw).priority == 43
+
+
 @pytest.mark.parametrize(("kw", "needle"), [
     ({"arch": "sm_75"}, "arch=sm_75"),
     ({"arch": "gfx90a"}, "arch=gfx90a"),

@@ -33,8 +33,13 @@ class Fast(_Tagged):
 
 
 class Slow(_Tagged):
+    """Low priority, except at head_dim 32, where it outranks every other toy (90)."""
+
     name, tag = "slow", 2.0
     priority = {"cpu": 10, "sm_*": 10}
+
+    def priority_for_inputs(self, inp, arch):
+        return 90 if inp.head_dim == 32 else self.priority_for(arch)
 
 
 class NonDeterministic(_Tagged):

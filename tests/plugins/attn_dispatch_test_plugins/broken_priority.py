@@ -1,0 +1,18 @@
+"""A plugin whose ``priority_for_inputs`` raises: it must cost only itself."""
+
+import attn_dispatch as ad
+
+from . import active
+
+
+class ExplodesInPriority(ad.Implementation):
+    backend, name = "broken_priority", "explodes"
+    priority = {"*": 1000}
+
+    def priority_for_inputs(self, inp, arch):
+        raise KeyError("broken_priority: bug in priority_for_inputs (on purpose)")
+
+
+@ad.hookimpl
+def attn_dispatch_implementations():
+    return [ExplodesInPriority()] if active() else []
