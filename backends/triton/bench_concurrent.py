@@ -12,11 +12,10 @@ from __future__ import annotations
 import math
 
 import torch
-from triton.testing import do_bench
-
 from attn_dispatch_triton.backward import BackwardLaunch
 from attn_dispatch_triton.forward import attention_forward
 from attn_dispatch_triton.tuning import get_backward_config
+from triton.testing import do_bench
 
 SHAPES = [  # (name, H, Hkv, S, causal)
     (f"{kind} {s // 1024}K" + (" causal" if causal else ""), h, hk, s, causal)
@@ -53,7 +52,7 @@ def main() -> None:
             for t in (launch.dq, launch.dk, launch.dv):
                 t.fill_(float("nan"))
             grads[mode] = [t.clone() for t in launch.run(cfg)]
-            times[mode] = do_bench(lambda c=cfg: launch.run(c), warmup=25, rep=300,
+            times[mode] = do_bench(lambda c=cfg, L=launch: L.run(c), warmup=25, rep=300,
                                    return_mode="median") * 1e3
         err = max(rel(a, b) for a, b in zip(grads["par"], grads["seq"]))
         assert err < 1e-2, f"{name}: concurrent gradients differ from sequential ({err:.1e})"
