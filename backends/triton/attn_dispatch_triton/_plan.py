@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from typing import Any, NamedTuple
 
 import torch
@@ -162,15 +163,23 @@ class SideStream:
         torch.cuda.current_stream(self.device).wait_event(self._joined)
 
 
-_SIDE_STREAMS: dict[int, SideStream] = {}
+_SIDE_STREAMS = threading.local()
 
 
 def side_stream(device: torch.device) -> SideStream:
-    """The side stream of ``device`` (created once per device)."""
+    """This thread's side stream of ``device`` (created once per thread and device).
+
+    Per thread, because a fork records an event and then waits on it: two threads sharing the
+    events could each wait on the other's record, and a stream taking part in one thread's
+    CUDA graph capture must not receive another thread's eager work.
+    """
     index = device.index if device.index is not None else torch.cuda.current_device()
-    side = _SIDE_STREAMS.get(index)
+    streams = getattr(_SIDE_STREAMS, "by_device", None)
+    if streams is None:
+        streams = _SIDE_STREAMS.by_device = {}
+    side = streams.get(index)
     if side is None:
-        side = _SIDE_STREAMS[index] = SideStream(torch.device("cuda", index))
+        side = streams[index] = SideStream(torch.device("cuda", index))
     return side
 
 
