@@ -188,8 +188,9 @@ class BackwardLaunch:
         heavy_first = self.heavy_first(c, grid[0])
         if heavy_first:
             grid = grid[::-1]
-        descs = self.tile_descriptors(c, ((self.q, _plan.Q, self.blocks["BLOCK_D"]),
-                                          (self.grad_out, _plan.DO, self.blocks["BLOCK_DV"])))
+        descs = self.tile_descriptors(c, c["BLOCK_M"], (
+            (self.q, _plan.Q, self.blocks["BLOCK_D"]),
+            (self.grad_out, _plan.DO, self.blocks["BLOCK_DV"])))
         self._launch(_attn_bwd_dkdv, grid, (
             self.q, self.k, self.v, self.grad_out, *(descs or (self.q, self.q)), dk, dv, acc,
             self.lse2, self.delta,
@@ -216,8 +217,8 @@ class BackwardLaunch:
         heavy_first = self.heavy_first(c, grid[0])
         if heavy_first:
             grid = grid[::-1]
-        descs = self.tile_descriptors(c, ((self.k, _plan.K, self.blocks["BLOCK_D"]),
-                                          (self.v, _plan.V, self.blocks["BLOCK_DV"])))
+        descs = self.tile_descriptors(c, c["BLOCK_N"], (
+            (self.k, _plan.K, self.blocks["BLOCK_D"]), (self.v, _plan.V, self.blocks["BLOCK_DV"])))
         self._launch(_attn_bwd_dq, grid, (
             self.q, self.k, self.v, self.grad_out, *(descs or (self.q, self.q)), self.dq,
             self.lse2, self.delta,
@@ -229,16 +230,13 @@ class BackwardLaunch:
                 **self.blocks,
                 num_warps=c["num_warps"], num_stages=c["num_stages"]))
 
-    def tile_descriptors(self, c: dict, tensors: tuple) -> tuple | None:
+    def tile_descriptors(self, c: dict, rows: int, tensors: tuple) -> tuple | None:
         """TMA descriptors for the tiles a kernel's loop loads (config ``LOAD_TMA``), one per
-        ``(tensor, plan value index, padded cols)``; ``None`` (pointer loads) when the config
-        does not ask for them or a tensor does not qualify (see :func:`tile_descriptor`).
-
-        The block's rows are the loop's step: ``BLOCK_M`` query rows for dK/dV, ``BLOCK_N``
-        key rows for dQ (``tensors`` says which by its first entry: q or k)."""
+        ``(tensor, plan value index, padded cols)``, with ``rows`` rows per block (the loop's
+        step); ``None`` (pointer loads) when the config does not ask for them or a tensor does
+        not qualify (see :func:`tile_descriptor`)."""
         if not c.get("LOAD_TMA") or not _tma_available(self.q.device):
             return None
-        rows = c["BLOCK_M"] if tensors[0][0] is self.q else c["BLOCK_N"]
         descs = tuple(tile_descriptor(t, self.varlen, rows, cols) for t, _, cols in tensors)
         if any(d is None for d in descs):
             return None
