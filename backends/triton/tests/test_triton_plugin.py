@@ -95,7 +95,10 @@ def test_triton_fused_atomic_ranks_below_fused_above_fa2_on_sm90() -> None:
     ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45),
 ])
 def test_triton_outranks_cudnn_only_where_measured_faster(kw, priority) -> None:
-    assert verdict("sm_90", **kw).priority == priority
+    chosen = verdict("sm_90", **kw)
+    assert chosen.priority == priority
+    if priority == 55:  # above torch_sdpa:cudnn (50), which accepts these inputs too
+        assert chosen.status == "selected"
     assert verdict("sm_80", **kw).priority == 45
     assert verdict("sm_90", "triton:fused_atomic", **kw).priority == 43
 
