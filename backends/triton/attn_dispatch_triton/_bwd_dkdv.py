@@ -50,16 +50,19 @@ from ._common import causal_offset, load_tile, seq_bounds, store_tile
 
 
 @triton.jit
-def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_desc, do_desc, desc_at,
-                         lse2_base, delta_base, dqa_base, dqa_row,
-                         stride_qs, stride_dos, stride_dqas,
-                         stride_ts, lo, hi, offs_n, off, q_len, qk_scale,
+def _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, lo, hi, offs_n, off, q_len, qk_scale,
                          D, DV, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                          ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                          LOAD_TMA: tl.constexpr):
     """Accumulate query blocks [lo, hi) of one head into dk, dv (fp32) and, with
-    ``ATOMIC_DQ``, add each block's unscaled dQ contribution into the fp32 scratch."""
+    ``ATOMIC_DQ``, add each block's unscaled dQ contribution into the fp32 scratch.
+
+    ``head``: where this query head's rows start (q, dO pointers; their descriptors and the
+    descriptor coordinates; lse2, delta; the dQ scratch and its row); ``strides``: the row
+    strides of q, dO, the dQ scratch and lse2/delta."""
+    q_base, do_base, q_desc, do_desc, desc_at, lse2_base, delta_base, dqa_base, dqa_row = head
+    stride_qs, stride_dos, stride_dqas, stride_ts = strides
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -197,24 +200,19 @@ def _attn_bwd_dkdv(Q, K, V, DO, QDESC, DODESC, DK, DV_, DQA, Lse2, Delta, CU_Q, 
         else:
             dqa_base = DQA + b64 * stride_dqab + qrow0 * stride_dqas + h * stride_dqah
             dqa_row = 0
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, QDESC, DODESC,
-                                      (desc_b, q_start, h), Lse2 + t_off,
-                                      Delta + t_off, dqa_base, dqa_row, stride_qs, stride_dos,
-                                      stride_dqas, stride_ts, lo, diag_hi, offs_n, off, q_len,
-                                      qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA, BLOCK_M,
-                                      BLOCK_D, BLOCK_DV, LOAD_TMA)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, QDESC, DODESC,
-                                      (desc_b, q_start, h), Lse2 + t_off,
-                                      Delta + t_off, dqa_base, dqa_row, stride_qs, stride_dos,
-                                      stride_dqas, stride_ts, diag_hi, full_hi, offs_n, off, q_len,
-                                      qk_scale, D, DV, False, CAUSAL, ATOMIC_DQ, DQ_TMA, BLOCK_M,
-                                      BLOCK_D, BLOCK_DV, LOAD_TMA)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, QDESC, DODESC,
-                                      (desc_b, q_start, h), Lse2 + t_off,
-                                      Delta + t_off, dqa_base, dqa_row, stride_qs, stride_dos,
-                                      stride_dqas, stride_ts, full_hi, q_len, offs_n, off, q_len,
-                                      qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA, BLOCK_M,
-                                      BLOCK_D, BLOCK_DV, LOAD_TMA)
+        head = (q_base, do_base, QDESC, DODESC, (desc_b, q_start, h), Lse2 + t_off,
+                Delta + t_off, dqa_base, dqa_row)
+        strides = (stride_qs, stride_dos, stride_dqas, stride_ts)
+        # the diagonal (masked), the fully visible blocks (no mask), the partial last block
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, lo, diag_hi, offs_n, off,
+                                      q_len, qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA,
+                                      BLOCK_M, BLOCK_D, BLOCK_DV, LOAD_TMA)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, diag_hi, full_hi, offs_n,
+                                      off, q_len, qk_scale, D, DV, False, CAUSAL, ATOMIC_DQ,
+                                      DQ_TMA, BLOCK_M, BLOCK_D, BLOCK_DV, LOAD_TMA)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, full_hi, q_len, offs_n, off,
+                                      q_len, qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA,
+                                      BLOCK_M, BLOCK_D, BLOCK_DV, LOAD_TMA)
 
     dk = dk * scale
     split64 = split.to(tl.int64)
