@@ -62,6 +62,8 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
               "dkdvq": {**_cfg(64, 128, 8, 3), "TMA": 1}},
         # Sk <= 2048: bench_kernels.py --shapes short (1K and 2K, kernel time summed per class)
         "d128-full-mha-short": {"dkdv": _cfg(32, 64, 4, 3)},
+        # MHA 8 2K: 129 -> 123 us end to end (16 key blocks of 128 fill the SMs; at 1K, 8 do not)
+        "d128-full-mha-short-2k": {"dkdv": _tma(64, 128, 8, 3)},
         "d128-full-gqa-short": {"dq": {**_cfg(128, 64, 8, 3), "CONCURRENT_MAX_SK": 1024}},
         "d128-causal-gqa-short": {"dkdv": _tma(32, 64, 4, 3),
                                   "dq": {**_tma(64, 64, 4, 2), "CONCURRENT_MAX_SK": 2048}},
@@ -92,6 +94,9 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
 
 
 SHORT_SEQ = 2048  # at or below: fewer key blocks than SMs, so smaller tiles pay
+# Inside "short", entries may also be keyed per length ("-1k": Sk <= 1024, "-2k": up to 2048),
+# where the best tile differs between the two (e.g. MHA 8: 8 vs 16 key blocks of 128 per head).
+SHORT_SPLIT = 1024
 
 
 def shape_class(head_dim: int, causal: bool, group: int, seqlen_k: int | None = None) -> str:
@@ -104,6 +109,16 @@ def shape_class(head_dim: int, causal: bool, group: int, seqlen_k: int | None = 
     if seqlen_k is None:
         return key
     return f"{key}-{'short' if seqlen_k <= SHORT_SEQ else 'long'}"
+
+
+def lookup_keys(head_dim: int, causal: bool, group: int, seqlen_k: int) -> tuple[str, ...]:
+    """The keys a lookup applies, general to specific: ``"*"``, the class, the class with its
+    length bucket and, for short lengths, with the finer ``-1k``/``-2k`` bucket."""
+    cls = shape_class(head_dim, causal, group)
+    bucket = shape_class(head_dim, causal, group, seqlen_k)
+    if seqlen_k > SHORT_SEQ:
+        return ("*", cls, bucket)
+    return ("*", cls, bucket, f"{bucket}-{'1k' if seqlen_k <= SHORT_SPLIT else '2k'}")
 
 
 def arch_of(device: torch.device) -> str:
@@ -158,11 +173,10 @@ def lookup(arch: str, head_dim: int, causal: bool, group: int,
            seqlen_k: int = 1 << 30) -> dict[str, Config]:
     """All four kernel configs for one arch and shape class (memoised).
 
-    Entries override each other from general to specific: the table's ``"*"``, its class
-    without and with the length bucket, then the on-disk tuned entries likewise.
+    Entries override each other from general to specific (:func:`lookup_keys`) in the table,
+    then the on-disk tuned entries likewise.
     """
-    keys = ("*", shape_class(head_dim, causal, group), shape_class(head_dim, causal, group,
-                                                                   seqlen_k))
+    keys = lookup_keys(head_dim, causal, group, seqlen_k)
     base = dict(_GENERIC)
     for source in (_table_for(arch), _tuned(arch)):
         for key in keys:
@@ -179,7 +193,10 @@ def lookup(arch: str, head_dim: int, causal: bool, group: int,
 
 
 def _bucket(seqlen_k: int) -> int:
-    return SHORT_SEQ if seqlen_k <= SHORT_SEQ else 1 << 30  # one memo entry per bucket
+    """One memo entry per length bucket of :func:`lookup_keys`."""
+    if seqlen_k <= SHORT_SPLIT:
+        return SHORT_SPLIT
+    return SHORT_SEQ if seqlen_k <= SHORT_SEQ else 1 << 30
 
 
 def get_config(kernel: str, device: torch.device, head_dim: int, causal: bool, group: int,
