@@ -125,9 +125,9 @@ def test_triton_kernel_compiles(kernel_name: str, arch: str) -> None:
 @pytest.mark.parametrize("kernel_name", ["dkdv", "dq"])
 @pytest.mark.parametrize(("causal", "group", "seqlen_k"),
                          [(False, 1, 1024), (False, 1, 2048), (True, 8, 1024), (True, 1, 1024),
-                          (True, 1, 4096)],
-                         ids=["mha-short", "mha-2k", "causal-gqa-short", "causal-mha-short",
-                              "causal-mha-long"])
+                          (True, 1, 2048), (True, 1, 4096)],
+                         ids=["mha-1k", "mha-2k", "causal-gqa-short", "causal-mha-1k",
+                              "causal-mha-2k", "causal-mha-long"])
 def test_triton_sm90_table_entries_compile(kernel_name, causal, group, seqlen_k) -> None:
     """The sm_90 table's per-class entries (short tiles, heaviest-first order) compile."""
     _check(compile_kernel(kernel_name, "sm_90", causal=causal, group=group, seqlen_k=seqlen_k),

@@ -133,3 +133,30 @@ def test_concurrent_dq_under_cuda_graph_capture(tuned_d64):
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
         err = ((g.double() - r.double()).norm() / r.double().norm()).item()
         assert err < 1e-2, f"graph replay: {name} rel_l2 {err:.2e}"
+
+
+def test_concurrent_dq_joins_the_callers_own_stream(tuned_d64):
+    """Replays of one plan from two caller streams: each forks from and joins back into its own
+    stream (the side stream keeps one stream object per caller handle), so work queued on that
+    stream right after the call sees the finished gradients."""
+    from attn_dispatch_triton import _plan
+
+    tuned_d64(dq={"CONCURRENT_MAX_SK": 4096})
+    args, kw = _fresh(8, 2, 384, 384, True, "top_left", False, seed=3)
+    ref = ad.backward(*[t.float() if t.dtype == torch.bfloat16 else t for t in args],
+                      backend="reference", **kw)
+    callers = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for caller in callers:
+        caller.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(caller):
+            for _ in range(3):  # records the plan (first stream), then replays it
+                grads = ad.backward(*args, backend="triton:fused", **kw)
+                copies = [g.clone() for g in grads]  # queued on the caller after the join
+        torch.cuda.current_stream().wait_stream(caller)
+        torch.cuda.synchronize()
+        for name, g, r in zip(("dq", "dk", "dv"), copies, ref):
+            err = ((g.double() - r.double()).norm() / r.double().norm()).item()
+            assert err < 1e-2, f"caller stream {caller.cuda_stream:#x}: {name} rel_l2 {err:.2e}"
+    side = _plan.side_stream(args[0].device)
+    for caller in callers:
+        assert side._callers[caller.cuda_stream].cuda_stream == caller.cuda_stream
