@@ -55,3 +55,29 @@ def test_tiny_cpu_run_writes_json_and_csv(tmp_path, capsys):
     with open(cs) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(data["rows"])
+
+
+def test_bench_table_renders_the_committed_sweep() -> None:
+    """benchmarks/bench_table.py turns the committed H200 results into the docs' table: one
+    row per shape, the fastest forced implementation in bold, ratios from the same rows."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_table",
+                                                  root / "benchmarks" / "bench_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = json.loads((root / "docs" / "bench_h200.json").read_text())["rows"]
+    lines = module.table(rows).splitlines()
+    body = lines[2:]
+    assert len(body) == len({module.shape_name(r) for r in rows}) == 20
+    for line in body:
+        assert line.count("**") == 2, line  # exactly one fastest cell
+    mha_2k = next(line for line in body if line.startswith("| MHA 8 2K |"))
+    forced = {r["impl"]: r["us"] for r in rows if r["kind"] == "forced" and r["heads"] == 8
+              and r["seqlen"] == 2048 and not r["causal"]}
+    want = forced["torch_sdpa:flash"] / forced["triton:fused"]
+    assert mha_2k.split(" | ")[-2] == f"{want:.2f}×"
+    assert (root / "docs" / "benchmarks.md").read_text().count(lines[0]) == 1
