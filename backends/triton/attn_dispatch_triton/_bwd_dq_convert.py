@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import load_tile, seq_bounds, store_tile
+from ._common import head_rows, load_tile, seq_bounds, store_tile
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "heads"])
@@ -30,9 +30,7 @@ def _attn_bwd_dq_convert(ACC, DQ, CU_Q, stride_ab, stride_as, stride_ah,
     row0 = q_start.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    acc = load_tile(ACC + b64 * stride_ab + row0 * stride_as + h * stride_ah
-                    + offs_m[:, None] * stride_as + offs_d[None, :],
+    acc = load_tile(head_rows(ACC, b64, row0, h, stride_ab, stride_as, stride_ah, offs_m, offs_d),
                     offs_m, q_len, offs_d, D, True, BLOCK_D != D)
-    store_tile(DQ + b64 * stride_dqb + row0 * stride_dqs + h * stride_dqh
-               + offs_m[:, None] * stride_dqs + offs_d[None, :],
+    store_tile(head_rows(DQ, b64, row0, h, stride_dqb, stride_dqs, stride_dqh, offs_m, offs_d),
                (acc * scale).to(DQ.dtype.element_ty), offs_m, q_len, offs_d, D, BLOCK_D != D)
