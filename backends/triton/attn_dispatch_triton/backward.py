@@ -201,6 +201,7 @@ class BackwardLaunch:
             self.qk_scale, self.scale,
         ), dict(D=self.d, DV=self.d_v, **self.flags, ATOMIC_DQ=atomic_dq, DQ_TMA=tma,
                 HEAVY_FIRST=heavy_first, LOAD_TMA=descs is not None,
+                DP_FIRST=bool(c.get("DP_FIRST", 0)),
                 BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
                 num_warps=c["num_warps"], num_stages=c["num_stages"]))
         if fused_sum:

@@ -71,6 +71,7 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
               "IS_VARLEN": varlen, "ATOMIC_DQ": kernel_name == "dkdvq",
               "DQ_TMA": kernel_name == "dkdvq" and bool(cfg.get("TMA")),
               "HEAVY_FIRST": causal and bool(cfg.get("HEAVY_FIRST", 0)),
+              "DP_FIRST": bool(cfg.get("DP_FIRST", 0)),
               "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
               "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d), "LOAD_TMA": load_tma}
     signature, constexprs, attrs = {}, {}, {}
@@ -124,12 +125,13 @@ def test_triton_kernel_compiles(kernel_name: str, arch: str) -> None:
 
 @pytest.mark.parametrize("kernel_name", ["dkdv", "dq"])
 @pytest.mark.parametrize(("causal", "group", "seqlen_k"),
-                         [(False, 1, 1024), (False, 1, 2048), (True, 8, 1024), (True, 1, 1024),
-                          (True, 1, 2048), (True, 1, 4096)],
-                         ids=["mha-1k", "mha-2k", "causal-gqa-short", "causal-mha-1k",
-                              "causal-mha-2k", "causal-mha-long"])
+                         [(False, 1, 1024), (False, 1, 2048), (False, 1, 4096), (False, 8, 4096),
+                          (True, 8, 1024), (True, 1, 1024), (True, 1, 2048), (True, 1, 4096)],
+                         ids=["mha-1k", "mha-2k", "mha-long", "gqa-long", "causal-gqa-short",
+                              "causal-mha-1k", "causal-mha-2k", "causal-mha-long"])
 def test_triton_sm90_table_entries_compile(kernel_name, causal, group, seqlen_k) -> None:
-    """The sm_90 table's per-class entries (short tiles, heaviest-first order) compile."""
+    """The sm_90 table's per-class entries (short tiles, heaviest-first order, dP first,
+    4-stage dQ) compile."""
     _check(compile_kernel(kernel_name, "sm_90", causal=causal, group=group, seqlen_k=seqlen_k),
            kernel_name, "sm_90")
 

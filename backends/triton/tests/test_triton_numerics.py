@@ -72,6 +72,13 @@ DEFAULT_CASES = [
     # Causal launches in the heaviest-first order (reversed grids) where the table asks.
     case("gqa2-causal-tl-bf16-heavy-first", sq=45, sk=45, heads=4, kv_heads=2, causal=True,
          repeat=True, config={k: {**c, "HEAVY_FIRST": 1} for k, c in SMALL_TILES.items()}),
+    # dK/dV issuing dP's product before the exponentials (config DP_FIRST; unmasked tiles)
+    case("gqa2-causal-br-bf16-dp-first", sq=50, sk=70, heads=4, kv_heads=2, causal=True,
+         align="bottom_right", config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"],
+                                                              "DP_FIRST": 1}}),
+    case("atomic-varlen-gqa2-full-f16-dp-first", dtype="float16", heads=4, kv_heads=2,
+         varlen=([9, 40, 0], [30, 7, 18]), atomic=True,
+         config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "DP_FIRST": 1}}),
     case("mha-causal-tl-bf16-d80-dv48-strided", sq=29, sk=29, d=80, dv=48, causal=True,
          strided=True),
     # The fused-atomic design (dK/dV kernel adds dQ into an fp32 scratch; the interpreter runs

@@ -40,7 +40,7 @@ def test_sm90_mha_2k_entry_applies_only_between_1k_and_2k(cache_dir) -> None:
     for seqlen_k, want in ((512, short), (1024, short), (1536, two_k), (2048, two_k)):
         assert tuning.lookup("sm_90", 128, False, 1, tuning._bucket(seqlen_k))["dkdv"] == want
     assert tuning.lookup("sm_90", 128, False, 1, tuning._bucket(4096))["dkdv"] == (
-        tuning._TABLES["sm_90"]["*"]["dkdv"])
+        tuning._TABLES["sm_90"]["d128-full-mha"]["dkdv"])
 
 
 def test_tuned_entry_overrides_the_table_for_its_bucket_only(cache_dir) -> None:
@@ -58,4 +58,4 @@ def test_tuned_entry_overrides_the_table_for_its_bucket_only(cache_dir) -> None:
 def test_unreadable_cache_file_falls_back_to_the_table(cache_dir) -> None:
     tuning.cache_path("sm_90").write_text("{not json")
     assert tuning.lookup("sm_90", 128, False, 1, tuning._bucket(4096))["dkdv"] == (
-        tuning._TABLES["sm_90"]["*"]["dkdv"])
+        tuning._TABLES["sm_90"]["d128-full-mha"]["dkdv"])
