@@ -60,32 +60,52 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, lo, hi, offs_n, off, q_len
 
     ``head``: where this query head's rows start (q, dO pointers; their descriptors and the
     descriptor coordinates; lse2, delta; the dQ scratch and its row); ``strides``: the row
-    strides of q, dO, the dQ scratch and lse2/delta."""
+    strides of q, dO, the dQ scratch and lse2/delta.
+
+    ``DP_FIRST`` (unmasked blocks only) loads dO and delta up front and issues
+    ``dP^T = V dO^T`` right after ``S^T = K Q^T``, so the exponentials run while it computes.
+    Tuned per shape class: on an H200 it pays without a causal mask and in the short causal
+    MHA class, and costs 6-19% with the 64x128 causal tiles."""
     q_base, do_base, q_desc, do_desc, desc_at, lse2_base, delta_base, dqa_base, dqa_row = head
     stride_qs, stride_dos, stride_dqas, stride_ts = strides
+    dp_first: tl.constexpr = DP_FIRST and not MASKED
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + offs_m0
         if LOAD_TMA:
-            at = [desc_at[0], desc_at[1] + m0, desc_at[2], 0]
-            q = q_desc.load(at).reshape(BLOCK_M, BLOCK_D)
-            do = do_desc.load(at).reshape(BLOCK_M, BLOCK_DV)
+            q = q_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M,
+                                                                                  BLOCK_D)
         else:
             q = load_tile(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], offs_m, q_len,
                           offs_d, D, MASKED, BLOCK_D != D)
-            do = load_tile(do_base + offs_m[:, None] * stride_dos + offs_dv[None, :], offs_m,
-                           q_len, offs_dv, DV, MASKED, BLOCK_DV != DV)
+        if dp_first:
+            do = _load_do(do_base, do_desc, desc_at, m0, offs_m, stride_dos, q_len, DV, MASKED,
+                          BLOCK_M, BLOCK_DV, LOAD_TMA)
+        lse2 = _load_rows(lse2_base, offs_m, stride_ts, q_len, float("inf"), MASKED)
+        if dp_first:
+            delta = _load_rows(delta_base, offs_m, stride_ts, q_len, 0.0, MASKED)
+        qkT = tl.dot(k, tl.trans(q))
+        if dp_first:
+            dpT = tl.dot(v, tl.trans(do))
+        # -- P^T = exp2(K Q^T * qk_scale - lse2)
+        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
         if MASKED:
-            lse2 = tl.load(lse2_base + offs_m * stride_ts, mask=offs_m < q_len,
-                           other=float("inf"))
-            delta = tl.load(delta_base + offs_m * stride_ts, mask=offs_m < q_len, other=0.0)
-        else:
-            lse2 = tl.load(lse2_base + offs_m * stride_ts)
-            delta = tl.load(delta_base + offs_m * stride_ts)
-        dk, dv, dsT = _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, off, q_len,
-                                 qk_scale, MASKED, CAUSAL, DP_FIRST)
+            keep = offs_m[None, :] < q_len
+            if CAUSAL:
+                keep = keep & (offs_n[:, None] <= offs_m[None, :] + off)
+            pT = tl.where(keep, pT, 0.0)
+        # -- dV += P^T dO
+        if not dp_first:
+            do = _load_do(do_base, do_desc, desc_at, m0, offs_m, stride_dos, q_len, DV, MASKED,
+                          BLOCK_M, BLOCK_DV, LOAD_TMA)
+        dv += tl.dot(pT.to(do.dtype), do)
+        # -- dS^T = P^T * (V dO^T - delta);  dK += dS^T Q
+        if not dp_first:
+            delta = _load_rows(delta_base, offs_m, stride_ts, q_len, 0.0, MASKED)
+            dpT = tl.dot(v, tl.trans(do))
+        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        dk += tl.dot(dsT, q)
         if ATOMIC_DQ:  # -- dQ += dS K (unscaled; the convert pass applies the scale)
             dq = tl.dot(tl.trans(dsT), k)
             if DQ_TMA:
@@ -97,32 +117,28 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, lo, hi, offs_n, off, q_len
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q, do, lse2, delta, offs_m, offs_n, off, q_len, qk_scale,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, DP_FIRST: tl.constexpr):
-    """One tile's four products: dk, dv accumulated, and dS^T (for the fused dQ) returned.
+def _load_do(do_base, do_desc, desc_at, m0, offs_m, stride_dos, q_len, DV,
+             MASKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+             LOAD_TMA: tl.constexpr):
+    """The dO tile of query block ``m0`` (TMA copy or pointer load)."""
+    if LOAD_TMA:
+        do = do_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M,
+                                                                                BLOCK_DV)
+    else:
+        offs_dv = tl.arange(0, BLOCK_DV)
+        do = load_tile(do_base + offs_m[:, None] * stride_dos + offs_dv[None, :], offs_m, q_len,
+                       offs_dv, DV, MASKED, BLOCK_DV != DV)
+    return do
 
-    ``DP_FIRST`` issues ``dP^T = V dO^T`` right after ``S^T = K Q^T``, so the exponentials run
-    while it computes (tuned per shape class: on an H200 it pays without a causal mask and at
-    short lengths, and costs 6-19% in the 64x128-tile causal kernels)."""
-    qkT = tl.dot(k, tl.trans(q))
-    dp_first: tl.constexpr = DP_FIRST and not MASKED
-    if dp_first:
-        dpT = tl.dot(v, tl.trans(do))
-    # -- P^T = exp2(K Q^T * qk_scale - lse2)
-    pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+
+@triton.jit
+def _load_rows(base, offs_m, stride_ts, q_len, other, MASKED: tl.constexpr):
+    """One value per query row (lse2 or delta); rows past ``q_len`` read ``other``."""
     if MASKED:
-        keep = offs_m[None, :] < q_len
-        if CAUSAL:
-            keep = keep & (offs_n[:, None] <= offs_m[None, :] + off)
-        pT = tl.where(keep, pT, 0.0)
-    # -- dV += P^T dO
-    dv += tl.dot(pT.to(do.dtype), do)
-    # -- dS^T = P^T * (V dO^T - delta);  dK += dS^T Q
-    if not dp_first:
-        dpT = tl.dot(v, tl.trans(do))
-    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
-    dk += tl.dot(dsT, q)
-    return dk, dv, dsT
+        x = tl.load(base + offs_m * stride_ts, mask=offs_m < q_len, other=other)
+    else:
+        x = tl.load(base + offs_m * stride_ts)
+    return x
 
 
 @triton.jit

@@ -65,11 +65,12 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
               "dkdv": _tma(64, 128, 8, 3), "dq": _cfg(128, 64, 8, 3),
               "dkdvq": {**_cfg(64, 128, 8, 3), "TMA": 1}},
         # DP_FIRST (dK/dV): dP's product before the exponentials; measured per class on an
-        # H200 (2.5-6% faster without a causal mask and in the short causal classes, 6-19%
-        # slower with the 64x128 causal tiles, which therefore keep the other order)
+        # H200 (2-6% faster without a causal mask and at MHA causal <= 2K; 6-19% slower with
+        # the 64x128 causal tiles, and GQA causal short lost end to end: they keep the other
+        # order)
         "d128-full-gqa": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
         "d128-full-mha": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
-        # Sk > 2048: dQ with a 4-stage pipeline (1-2% faster than 3 stages)
+        # Sk > 2048 without a mask: dQ with a 4-stage pipeline (1-2% faster than 3 stages)
         "d128-full-gqa-long": {"dq": _cfg(128, 64, 8, 4)},
         "d128-full-mha-long": {"dq": _cfg(128, 64, 8, 4)},
         # Sk <= 2048: bench_kernels.py --shapes short (1K and 2K, kernel time summed per class)
@@ -77,7 +78,7 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # MHA 8 2K: 129 -> 123 us end to end (16 key blocks of 128 fill the SMs; at 1K, 8 do not)
         "d128-full-mha-short-2k": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
         "d128-full-gqa-short": {"dq": {**_cfg(128, 64, 8, 3), "CONCURRENT_MAX_SK": 1024}},
-        "d128-causal-gqa-short": {"dkdv": _dp_first(_tma(32, 64, 4, 3)),
+        "d128-causal-gqa-short": {"dkdv": _tma(32, 64, 4, 3),
                                   "dq": {**_tma(64, 64, 4, 2), "CONCURRENT_MAX_SK": 2048}},
         "d128-causal-mha-short": {"dkdv": _dp_first(_tma(32, 64, 4, 4)),
                                   "dq": {**_cfg(64, 64, 4, 3), "CONCURRENT_MAX_SK": 2048}},
@@ -85,10 +86,10 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # call (triton's launcher expands them in Python) and save ~4 us on the GPU.
         "d128-causal-mha-short-1k": {"dkdv": _dp_first(_cfg(32, 64, 4, 4))},
         # dQ beside dK/dV on a side stream: GQA 4K causal 2074 -> 1938 us, 8K 7393 -> 7087
-        "d128-causal-gqa-long": {"dq": {**_cfg(128, 64, 8, 4), "CONCURRENT_MAX_SK": 8192}},
+        "d128-causal-gqa-long": {"dq": {**_cfg(128, 64, 8, 3), "CONCURRENT_MAX_SK": 8192}},
         # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
         "d128-causal-mha-long": {"dkdv": {**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1},
-                                 "dq": {**_cfg(128, 64, 8, 4), "HEAVY_FIRST": 1}},
+                                 "dq": {**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}},
     },
     "sm_80": {
         "*": {"fwd": _cfg(128, 64, 4, 3), "pre": _PRE,
