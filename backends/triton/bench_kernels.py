@@ -79,9 +79,10 @@ SHORT_SHAPES = [
     for kind, h, hk in (("GQA 64/8", 64, 8), ("MHA 8", 8, 8))
 ]
 SHORT_DKDV_EXTRA = [cfg(32, 128, 8, 2), cfg(64, 64, 8, 3), tma(32, 64, 4, 3)]
-# dP's product before the exponentials (DP_FIRST) with the tiles the sm_90 table uses it on
+# dK/dV with dP's product before the exponentials (DP_FIRST) on the tiles of the sm_90 table
 DKDV_CANDIDATES += [{**c, "DP_FIRST": 1} for c in (tma(64, 128, 8, 3), cfg(32, 64, 4, 3))]
-SHORT_DKDV_EXTRA += [{**c, "DP_FIRST": 1} for c in (tma(32, 64, 4, 3), tma(32, 64, 4, 4))]
+SHORT_DKDV_EXTRA += [{**c, "DP_FIRST": 1}
+                     for c in (tma(32, 64, 4, 3), tma(32, 64, 4, 4), cfg(32, 64, 4, 4))]
 SHORT_DQ_EXTRA = [cfg(64, 32, 4, 3), cfg(64, 64, 8, 3), cfg(32, 64, 4, 3), tma(64, 64, 4, 3)]
 PRE = cfg(64, 0, 4, 1)
 FWD = cfg(128, 64, 8, 3)
@@ -272,7 +273,8 @@ def main() -> None:
         dq_cands = DQ_CANDIDATES + SHORT_DQ_EXTRA
     if smoke:
         shapes = [("GQA 4/2 64", 4, 2, 64, False), ("MHA 2 48 causal", 2, 2, 48, True)]
-        dkdv_cands = dq_cands = [cfg(16, 16, 4, 1), cfg(32, 16, 4, 1, DP_FIRST=1)]
+        dkdv_cands = [cfg(16, 16, 4, 1), cfg(32, 16, 4, 1, DP_FIRST=1)]
+        dq_cands = [cfg(16, 16, 4, 1), cfg(32, 16, 4, 1)]
         fwd_cfg, pre_cfg = cfg(16, 16, 4, 1), cfg(16, 0, 4, 1)
     else:
         fwd_cfg, pre_cfg = FWD, PRE

@@ -64,13 +64,14 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
               "dkdv": _tma(64, 128, 8, 3), "dq": _cfg(128, 64, 8, 3),
               "dkdvq": {**_cfg(64, 128, 8, 3), "TMA": 1}},
-        # DP_FIRST (dK/dV): dP's product before the exponentials; measured per class on an
-        # H200 (2-6% faster without a causal mask and at MHA causal <= 2K; 6-19% slower with
-        # the 64x128 causal tiles, and GQA causal short lost end to end: they keep the other
-        # order)
+        # DP_FIRST (dK/dV): dP's product before the exponentials; per class on an H200
+        # (bench_dp_first.py): backward kernels 0.8-3.9% faster without a causal mask and at
+        # MHA 1K causal, level at MHA 2K causal, 11-21% slower with the 64x128 causal tiles
+        # (Sk > 2048), which keep the other order; GQA causal short keeps it too (kernels
+        # 0.5-2% faster, end to end inconclusive)
         "d128-full-gqa": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
         "d128-full-mha": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
-        # Sk > 2048 without a mask: dQ with a 4-stage pipeline (1-2% faster than 3 stages)
+        # Sk > 2048 without a mask: dQ with a 4-stage pipeline (0-2% faster than 3 stages)
         "d128-full-gqa-long": {"dq": _cfg(128, 64, 8, 4)},
         "d128-full-mha-long": {"dq": _cfg(128, 64, 8, 4)},
         # Sk <= 2048: bench_kernels.py --shapes short (1K and 2K, kernel time summed per class)

@@ -157,6 +157,13 @@ def test_triton_fused_atomic_uses_tma_reduce_on_sm90() -> None:
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_triton_fused_atomic_dp_first_compiles(arch: str) -> None:
+    """``DP_FIRST`` in the fused-atomic dK/dV kernel (TMA dQ reduction on sm_90)."""
+    cfg = {**lookup(arch, 128, False, 8)["dkdvq"], "DP_FIRST": 1}
+    _check(compile_kernel("dkdvq", arch, causal=False, cfg=cfg), "dkdvq", arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
 def test_triton_fused_atomic_compiles_d256(arch: str) -> None:
     _check(compile_kernel("dkdvq", arch, d=256, causal=True, bottom_right=True), "dkdvq", arch)
 

@@ -59,3 +59,27 @@ def test_unreadable_cache_file_falls_back_to_the_table(cache_dir) -> None:
     tuning.cache_path("sm_90").write_text("{not json")
     assert tuning.lookup("sm_90", 128, False, 1, tuning._bucket(4096))["dkdv"] == (
         tuning._TABLES["sm_90"]["d128-full-mha"]["dkdv"])
+
+
+@pytest.mark.parametrize(("causal", "group", "seqlen_k", "dp_first"), [
+    (False, 1, 1024, 1), (False, 1, 2048, 1), (False, 1, 8192, 1),
+    (False, 8, 1024, 1), (False, 8, 2048, 1), (False, 8, 8192, 1),
+    (True, 1, 1024, 1), (True, 1, 2048, 1), (True, 1, 4096, 0), (True, 1, 16384, 0),
+    (True, 8, 1024, 0), (True, 8, 2048, 0), (True, 8, 8192, 0),
+])
+def test_sm90_dp_first_per_class(cache_dir, causal, group, seqlen_k, dp_first) -> None:
+    """dP first where the H200 measured it faster (D=128 without a mask, MHA causal <= 2K); not
+    with the causal 64x128 tiles; 4-stage dQ only at long lengths without a mask."""
+    cfgs = tuning.lookup("sm_90", 128, causal, group, tuning._bucket(seqlen_k))
+    assert cfgs["dkdv"].get("DP_FIRST", 0) == dp_first
+    long_full = not causal and seqlen_k > tuning.SHORT_SEQ
+    assert (cfgs["dq"]["num_stages"] == 4) == long_full
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_sm90_dp_first_only_where_measured(cache_dir, head_dim) -> None:
+    """Head dims the H200 did not measure keep the default order."""
+    for causal in (False, True):
+        for seqlen_k in (1024, 2048, 8192):
+            cfgs = tuning.lookup("sm_90", head_dim, causal, 1, tuning._bucket(seqlen_k))
+            assert "DP_FIRST" not in cfgs["dkdv"]
