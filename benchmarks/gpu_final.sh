@@ -17,7 +17,8 @@ $PY -m attn_dispatch list | tee -a "$OUT/env.txt"
 echo "== GPU tests"
 timeout 250 $PY -m pytest -q -p no:cacheprovider tests/test_attention_op.py \
   tests/test_core_guards.py backends/triton/tests/test_triton_gpu.py \
-  backends/triton/tests/test_triton_plans_gpu.py --tb=short -rfE \
+  backends/triton/tests/test_triton_plans_gpu.py backends/triton/tests/test_triton_gluon.py \
+  --tb=short -rfE \
   > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?"; tail -4 "$OUT/gpu_tests.txt"
 

@@ -188,6 +188,31 @@ class BackwardLaunch:
         heavy_first = self.heavy_first(c, grid[0])
         if heavy_first:
             grid = grid[::-1]
+        sm90 = None if atomic_dq else self.sm90_descriptors(c, (64, 128))
+        if sm90 is not None:
+            from ._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90
+
+            self._launch(_attn_bwd_dkdv_sm90, grid, (
+                *sm90, dk, dv, self.lse2, self.delta, self.cu_q, self.cu_k,
+                *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
+                *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
+                self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
+                self.qk_scale, self.scale,
+            ), self.sm90_constants(c, heavy_first))
+        else:
+            self._dkdv_portable(c, grid, dk, dv, dk_part, dv_part, acc, s_acc, split,
+                                heavy_first, atomic_dq, tma)
+        if fused_sum:
+            self._launch(_attn_bwd_split_sum, (blocks_k + triton.cdiv(n_v, SUM_BLOCK),),
+                         (part, self.dk, self.dv, n_k, n_v, blocks_k, n_tot),
+                         dict(SPLIT=split, BLOCK=SUM_BLOCK, num_warps=4, num_stages=1))
+        elif split > 1:
+            self.dk.copy_(dk.sum(0))
+            self.dv.copy_(dv.sum(0))
+
+    def _dkdv_portable(self, c: dict, grid: tuple, dk, dv, dk_part, dv_part, acc, s_acc,
+                       split: int, heavy_first: bool, atomic_dq: bool, tma: bool) -> None:
+        """The ``tl`` dK/dV kernel (every arch; also the fused-atomic one)."""
         descs = self.tile_descriptors(c, c["BLOCK_M"], (
             (self.q, _plan.Q, self.blocks["BLOCK_D"]),
             (self.grad_out, _plan.DO, self.blocks["BLOCK_DV"])))
@@ -204,13 +229,6 @@ class BackwardLaunch:
                 DP_FIRST=bool(c.get("DP_FIRST", 0)),
                 BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
                 num_warps=c["num_warps"], num_stages=c["num_stages"]))
-        if fused_sum:
-            self._launch(_attn_bwd_split_sum, (blocks_k + triton.cdiv(n_v, SUM_BLOCK),),
-                         (part, self.dk, self.dv, n_k, n_v, blocks_k, n_tot),
-                         dict(SPLIT=split, BLOCK=SUM_BLOCK, num_warps=4, num_stages=1))
-        elif split > 1:
-            self.dk.copy_(dk.sum(0))
-            self.dv.copy_(dv.sum(0))
 
     def dq_(self, c: dict) -> None:
         """dQ: one program per query block and head."""
@@ -218,6 +236,16 @@ class BackwardLaunch:
         heavy_first = self.heavy_first(c, grid[0])
         if heavy_first:
             grid = grid[::-1]
+        sm90 = self.sm90_descriptors(c, (128, 64))
+        if sm90 is not None:
+            from ._bwd_dq_sm90 import _attn_bwd_dq_sm90
+
+            self._launch(_attn_bwd_dq_sm90, grid, (
+                *sm90, self.dq, self.lse2, self.delta, self.cu_q, self.cu_k,
+                *token_strides(self.dq, self.varlen), *self.s_t,
+                self.seqlen_q, self.seqlen_k, self.heads, self.group, self.qk_scale, self.scale,
+            ), self.sm90_constants(c, heavy_first))
+            return
         descs = self.tile_descriptors(c, c["BLOCK_N"], (
             (self.k, _plan.K, self.blocks["BLOCK_D"]), (self.v, _plan.V, self.blocks["BLOCK_DV"])))
         self._launch(_attn_bwd_dq, grid, (
@@ -245,6 +273,31 @@ class BackwardLaunch:
             for d, (_, index, _) in zip(descs, tensors):
                 self.rec.name_descriptor(d, index)
         return descs
+
+    def sm90_descriptors(self, c: dict, tiles: tuple[int, int]) -> tuple | None:
+        """TMA descriptors of Q, K, V, dO for a Gluon sm_90 kernel when config ``GLUON`` asks
+        for it and it applies: NVIDIA sm_90, verified triton, D = DV = 128, the kernel's tiles
+        ``(BLOCK_M, BLOCK_N)`` and tensors TMA can read as ``[rows, heads * D]`` (see
+        ``_sm90.sm90_descriptors``); else ``None`` (the portable ``tl`` kernel runs)."""
+        if not (c.get("GLUON") and self.d == self.d_v == 128
+                and (c["BLOCK_M"], c["BLOCK_N"]) == tiles and _gluon_sm90(self.q.device)):
+            return None
+        from ._sm90 import sm90_descriptors
+
+        descs = sm90_descriptors(self.q, self.k, self.v, self.grad_out, self.varlen,
+                                 c["BLOCK_M"], c["BLOCK_N"])
+        if descs is not None and self.rec is not None:
+            for d, index in zip(descs, (_plan.Q, _plan.K, _plan.V, _plan.DO)):
+                self.rec.name_descriptor(d, index)
+        return descs
+
+    def sm90_constants(self, c: dict, heavy_first: bool) -> dict:
+        """Compile-time arguments and launch options of a Gluon sm_90 kernel."""
+        from . import _sm90
+
+        return dict(D=self.d, **self.flags, HEAVY_FIRST=heavy_first, BLOCK_M=c["BLOCK_M"],
+                    BLOCK_N=c["BLOCK_N"], STAGES=c.get("GLUON_STAGES", 2),
+                    num_warps=_sm90.WARPS, maxnreg=_sm90.MAXNREG)
 
     def heavy_first(self, c: dict, blocks: int) -> bool:
         """Whether to launch the programs with the most work first (config ``HEAVY_FIRST``;
@@ -314,6 +367,20 @@ def _tma_available(device: torch.device) -> bool:
     if device.type != "cuda" or torch.version.hip:
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@functools.cache
+def _gluon_sm90(device: torch.device) -> bool:
+    """Whether the Gluon sm_90 kernels can run: an NVIDIA sm_90 device (not under the
+    interpreter: Gluon has none) and a triton whose Gluon API they were written and checked
+    against (:data:`._plan.VERIFIED_TRITON`)."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or torch.version.hip:
+        return False
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    return (version in _plan.VERIFIED_TRITON
+            and importlib.util.find_spec("triton.experimental.gluon") is not None)
 
 
 def tile_descriptor(t: torch.Tensor, varlen: bool, rows: int, cols: int):

@@ -1,7 +1,8 @@
 """Kernel configurations per arch and shape class, with an on-disk cache of tuned choices.
 
 A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` (plus optional keys:
-``SPLIT``, ``TMA``, ``HEAVY_FIRST``, ``LOAD_TMA``, ``CONCURRENT_MAX_SK``, ``DP_FIRST``) per
+``SPLIT``, ``TMA``, ``HEAVY_FIRST``, ``LOAD_TMA``, ``CONCURRENT_MAX_SK``, ``DP_FIRST``,
+``GLUON``, ``GLUON_STAGES``) per
 kernel (``fwd``, ``pre``, ``dkdv``, ``dq``; for the fused-atomic backward ``dkdvq``, the dK/dV
 kernel with atomic dQ, and ``cvt``, the dQ convert pass). Lookup, first hit wins:
 
@@ -40,6 +41,12 @@ def _dp_first(c: Config) -> Config:
     return {**c, "DP_FIRST": 1}
 
 
+def _gluon(c: Config) -> Config:
+    """dK/dV by the warp-specialised Gluon kernel where it applies (sm_90, D = 128, 64 x 128
+    tiles; ``_bwd_dkdv_sm90``); ``c`` stays the ``tl`` kernel's config elsewhere."""
+    return {**c, "GLUON": 1}
+
+
 _PRE = _cfg(64, 0, 4, 1)
 
 # shape class: (head-dim bucket: padded D <= 64 / <= 128 / <= 256, causal, gqa)
@@ -61,36 +68,48 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
     # the loop's tiles come by TMA copies (dK/dV 3-13% faster; dQ gains only at GQA causal
     # short, so elsewhere it keeps pointer loads).
     "sm_90": {
+        # GLUON: the warp-specialised Gluon kernels, a TMA producer and two consumer warp
+        # groups (bench_gluon.py, docs/triton_notes.md "Gluon kernels for sm_90"): dK/dV
+        # 11-30% and dQ 5-10% faster than the tl kernels from 2K keys up and at GQA 1K; much
+        # slower at MHA 1K-2K (few programs: dK/dV 2.3x, dQ 2.7x), which keep the tl kernels.
         "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
-              "dkdv": _tma(64, 128, 8, 3), "dq": _cfg(128, 64, 8, 3),
+              "dkdv": _gluon(_tma(64, 128, 8, 3)), "dq": _gluon(_cfg(128, 64, 8, 3)),
               "dkdvq": {**_cfg(64, 128, 8, 3), "TMA": 1}},
-        # DP_FIRST (dK/dV): dP's product before the exponentials; per class on an H200
-        # (bench_dp_first.py): backward kernels 0.8-3.9% faster without a causal mask and at
-        # MHA 1K causal, level at MHA 2K causal, 11-21% slower with the 64x128 causal tiles
-        # (Sk > 2048), which keep the other order; GQA causal short keeps it too (kernels
-        # 0.5-2% faster, end to end inconclusive)
-        "d128-full-gqa": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
-        "d128-full-mha": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
-        # Sk > 2048 without a mask: dQ with a 4-stage pipeline (0-2% faster than 3 stages)
-        "d128-full-gqa-long": {"dq": _cfg(128, 64, 8, 4)},
-        "d128-full-mha-long": {"dq": _cfg(128, 64, 8, 4)},
+        # DP_FIRST (dK/dV, the tl kernel): dP's product before the exponentials; per class on
+        # an H200 (bench_dp_first.py): backward kernels 0.8-3.9% faster without a causal mask
+        # and at MHA 1K causal, level at MHA 2K causal, 11-21% slower with the 64x128 causal
+        # tiles (Sk > 2048), which keep the other order; GQA causal short keeps it too
+        # (kernels 0.5-2% faster, end to end inconclusive)
+        "d128-full-gqa": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
+        "d128-full-mha": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
+        "d128-full-gqa-short-1k": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
+        # Sk > 2048 without a mask: the tl dQ with a 4-stage pipeline (0-2% faster than 3);
+        # the Gluon dQ's ring: 3 buffers for GQA (0-3% faster than 2), 2 for MHA
+        "d128-full-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 4)), "GLUON_STAGES": 3}},
+        "d128-full-mha-long": {"dq": _gluon(_cfg(128, 64, 8, 4))},
         # Sk <= 2048: bench_kernels.py --shapes short (1K and 2K, kernel time summed per class)
-        "d128-full-mha-short": {"dkdv": _dp_first(_cfg(32, 64, 4, 3))},
-        # MHA 8 2K: 129 -> 123 us end to end (16 key blocks of 128 fill the SMs; at 1K, 8 do not)
+        "d128-full-mha-short": {"dkdv": _dp_first(_cfg(32, 64, 4, 3)),
+                                "dq": _cfg(128, 64, 8, 3)},
+        # MHA 8 2K: 129 -> 123 us end to end (16 key blocks of 128 fill the SMs; at 1K, 8 do
+        # not); the Gluon kernel is level with it here (76 vs 75 us)
         "d128-full-mha-short-2k": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
-        "d128-full-gqa-short": {"dq": {**_cfg(128, 64, 8, 3), "CONCURRENT_MAX_SK": 1024}},
-        "d128-causal-gqa-short": {"dkdv": _tma(32, 64, 4, 3),
-                                  "dq": {**_tma(64, 64, 4, 2), "CONCURRENT_MAX_SK": 2048}},
+        "d128-full-gqa-short": {"dq": {**_gluon(_cfg(128, 64, 8, 3)), "CONCURRENT_MAX_SK": 1024}},
+        # (the tl dQ's 64x64 tiles here: the Gluon dQ is level at 1K, 5% faster at 2K)
+        "d128-causal-gqa-short": {"dkdv": _gluon(_tma(64, 128, 8, 3)),
+                                  "dq": {**_gluon(_cfg(128, 64, 8, 3)),
+                                         "CONCURRENT_MAX_SK": 2048}},
         "d128-causal-mha-short": {"dkdv": _dp_first(_tma(32, 64, 4, 4)),
                                   "dq": {**_cfg(64, 64, 4, 3), "CONCURRENT_MAX_SK": 2048}},
+        "d128-causal-mha-short-2k": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
         # MHA 8 1K causal is host-bound: the two TMA descriptors cost ~11 us of host time per
         # call (triton's launcher expands them in Python) and save ~4 us on the GPU.
         "d128-causal-mha-short-1k": {"dkdv": _dp_first(_cfg(32, 64, 4, 4))},
         # dQ beside dK/dV on a side stream: GQA 4K causal 2074 -> 1938 us, 8K 7393 -> 7087
-        "d128-causal-gqa-long": {"dq": {**_cfg(128, 64, 8, 3), "CONCURRENT_MAX_SK": 8192}},
+        "d128-causal-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 3)), "GLUON_STAGES": 3,
+                                        "CONCURRENT_MAX_SK": 8192}},
         # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
-        "d128-causal-mha-long": {"dkdv": {**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1},
-                                 "dq": {**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}},
+        "d128-causal-mha-long": {"dkdv": _gluon({**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1}),
+                                 "dq": _gluon({**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1})},
     },
     "sm_80": {
         "*": {"fwd": _cfg(128, 64, 4, 3), "pre": _PRE,

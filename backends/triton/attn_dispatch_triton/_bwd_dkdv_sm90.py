@@ -1,0 +1,216 @@
+r"""Backward, key side, for Hopper (sm_90) in Gluon: dK and dV of one key block, GQA group walked.
+
+The same math as :mod:`._bwd_dkdv` (split design, deterministic, no atomics). Triton's ``tl``
+kernel at these tiles sits at the 255-register cap and spills (it keeps K and V in registers as
+the left operands of ``K Q^T`` and ``V dO^T``), and its products and exponentials run one after
+another in every warp. This kernel is warp specialised (``_sm90``):
+
+* the producer (the launch's 4 warps) copies K and V once into shared memory, then streams each
+  step's Q and dO tiles by TMA and its ``lse2`` / ``delta`` rows by loads (``+inf`` / ``0``
+  past the sequence's end) through a ring of ``STAGES`` buffers, ahead of the consumers;
+* two consumer warp groups each own ``BLOCK_N / 2`` key rows, keep only dK, dV (fp32) and the
+  step's S^T / dP^T in registers (240 each), and per step issue ``S^T = K Q^T`` and
+  ``dP^T = V dO^T`` together as asynchronous warp-group MMAs, form ``P^T`` while ``dP^T``
+  computes, issue ``dV += P^T dO`` before forming ``dS^T``, then ``dK += dS^T Q``. Each
+  warp group releases a buffer on its own, so the two drift apart and one's exponentials overlap
+  the other's products.
+
+The loop is flattened over (query head of the program's GQA slice, query block), so the prefetch
+runs across head boundaries. Inputs are read through 2-D descriptors over ``[rows, heads * D]``
+(``_sm90.sm90_descriptors``), so a tile past a sequence's end reads the next sequence's finite
+rows or TMA's zeros; those queries get ``P = 0`` from their ``lse2``, and those keys' rows are
+never stored. Causal masks: query blocks that see none of the keys are skipped, the others are
+masked element-wise.
+
+Gluon has no CPU interpreter: this kernel is cross-compiled for sm_90 in CI and checked against
+the float64 oracle on Hopper GPUs (``tests/test_triton_gluon.py``).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ._sm90 import CONSUMER_REGS, sequence_rows
+
+
+@gluon.jit
+def _step_position(it, nblk, lo_blk, head0, BLOCK_M: gl.constexpr):
+    """Query head and first query row of loop step ``it``."""
+    return head0 + it // nblk, (lo_blk + it % nblk) * BLOCK_M
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
+              delta_bufs, bars, Lse2, Delta, work, BLOCK_M: gl.constexpr, D: gl.constexpr,
+              STAGES: gl.constexpr):
+    """Fill the ring: K and V once, then per step the Q and dO tiles (TMA) and the step's
+    lse2 / delta rows (loads, +inf / 0 past the sequence's end), STAGES steps ahead of the
+    consumers."""
+    total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th, stride_ts, q_len = work
+    kv_bar = bars.index(3 * STAGES)
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [krow + n0, hk * D], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [krow + n0, hk * D], kv_bar, v_smem)
+    rows_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    offs_m0 = gl.arange(0, BLOCK_M, layout=rows_layout)
+    for it in range(total):
+        slot = it % STAGES
+        phase = (it // STAGES) & 1
+        ready = bars.index(slot)
+        mbarrier.wait(bars.index(STAGES + slot), phase ^ 1)  # slot emptied by both consumers
+        h, m0 = _step_position(it, nblk, lo_blk, head0, BLOCK_M)
+        mbarrier.expect(ready, 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [qrow + m0, h * D], ready, q_bufs.index(slot))
+        tma.async_copy_global_to_shared(do_desc, [qrow + m0, h * D], ready, do_bufs.index(slot))
+        offs_m = m0 + offs_m0
+        in_seq = offs_m < q_len
+        t_rows = t_base + offs_m * stride_ts + h * stride_th
+        lse_bufs.index(slot).store(gl.load(Lse2 + t_rows, mask=in_seq, other=float("inf")))
+        delta_bufs.index(slot).store(gl.load(Delta + t_rows, mask=in_seq, other=0.0))
+        mbarrier.arrive(bars.index(2 * STAGES + slot))
+
+
+@gluon.jit
+def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, DV_, work,
+              out, qk_scale, scale, WG: gl.constexpr, CAUSAL: gl.constexpr,
+              BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, D: gl.constexpr,
+              STAGES: gl.constexpr):
+    """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
+    total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th, stride_ts, q_len = work
+    k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs = out
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
+                                                  k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query
+    key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # one value per key
+    dtype: gl.constexpr = k_smem.dtype
+    k_part = k_smem.slice(WG * HALF_N, HALF_N)
+    v_part = v_smem.slice(WG * HALF_N, HALF_N)
+    offs_m0 = gl.arange(0, BLOCK_M, layout=row_layout)
+    offs_n = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=key_layout)
+    zero_s = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
+    dk = gl.zeros([HALF_N, D], gl.float32, acc_layout)
+    dv = gl.zeros([HALF_N, D], gl.float32, acc_layout)
+    mbarrier.wait(bars.index(3 * STAGES), 0)
+    for it in range(total):
+        slot = it % STAGES
+        phase = (it // STAGES) & 1
+        mbarrier.wait(bars.index(slot), phase)  # Q, dO tiles landed
+        mbarrier.wait(bars.index(2 * STAGES + slot), phase)  # lse2, delta stored
+        q_tile = q_bufs.index(slot)
+        do_tile = do_bufs.index(slot)
+        s_tok = warpgroup_mma(k_part, q_tile.permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)
+        dp_tok = warpgroup_mma(v_part, do_tile.permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+        lse2 = lse_bufs.index(slot).load(row_layout)
+        delta = delta_bufs.index(slot).load(row_layout)
+        sT = warpgroup_mma_wait(1, deps=(s_tok, ))
+        pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
+        if CAUSAL:
+            h, m0 = _step_position(it, nblk, lo_blk, head0, BLOCK_M)
+            keep = gl.expand_dims(offs_n, 1) <= gl.expand_dims(m0 + offs_m0, 0) + off
+            pT = gl.where(keep, pT, 0.0)
+        pT_op = gl.convert_layout(pT.to(dtype), op_layout)
+        dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
+        dpT = warpgroup_mma_wait(1, deps=(dp_tok, ))
+        dsT = pT * (dpT - gl.expand_dims(delta, 0))
+        dsT_op = gl.convert_layout(dsT.to(dtype), op_layout)
+        dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        mbarrier.arrive(bars.index(STAGES + slot))  # this warp group is done with the slot
+
+    store_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
+    store_cols: gl.constexpr = gl.SliceLayout(0, acc_layout)
+    rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=store_rows)
+    cols = gl.arange(0, D, layout=store_cols)
+    ok = gl.expand_dims(rows < k_len, 1) & gl.expand_dims(cols < D, 0)
+    row_off = gl.expand_dims((k_start + rows).to(gl.int64), 1)
+    gl.store(dk_base + row_off * stride_dks + gl.expand_dims(cols, 0),
+             (dk * scale).to(dk_base.dtype.element_ty), mask=ok)
+    gl.store(dv_base + row_off * stride_dvs + gl.expand_dims(cols, 0),
+             dv.to(dv_base.dtype.element_ty), mask=ok)
+
+
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
+def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, DK, DV_, Lse2, Delta, CU_Q, CU_K,
+                        stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+                        stride_tb, stride_th, stride_ts, stride_dk_split, stride_dv_split,
+                        seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
+                        D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
+                        IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        num_warps: gl.constexpr):
+    gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
+    if HEAVY_FIRST:
+        split = gl.program_id(0)
+        bh = gl.program_id(1)
+        pid_n = gl.program_id(2)
+        heads_per_split = group // gl.num_programs(0)
+    else:
+        pid_n = gl.program_id(0)
+        bh = gl.program_id(1)
+        split = gl.program_id(2)
+        heads_per_split = group // gl.num_programs(2)
+    b = bh // kv_heads
+    hk = bh % kv_heads
+    q_start, q_len, k_start, k_len, qrow, krow = sequence_rows(CU_Q, CU_K, b, seqlen_q,
+                                                               seqlen_k, IS_VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 < k_len:
+        dtype: gl.constexpr = q_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, D], v_desc.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], q_desc.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], do_desc.layout)
+        vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
+        delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
+        # barriers: [0, S) tiles ready (TMA), [S, 2S) slot empty (one arrival per consumer
+        # warp group), [2S, 3S) lse2 / delta stored, 3S: K and V ready
+        bars = gl.allocate_shared_memory(gl.int64, [3 * STAGES + 1, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+            mbarrier.init(bars.index(STAGES + i), count=2)
+            mbarrier.init(bars.index(2 * STAGES + i), count=1)
+        mbarrier.init(bars.index(3 * STAGES), count=1)
+
+        # Query blocks that see these keys: [lo_blk, lo_blk + nblk) of each head of the slice
+        if BOTTOM_RIGHT:
+            off = k_len - q_len
+        else:
+            off = 0
+        if CAUSAL:
+            lo_blk = gl.minimum(gl.maximum(n0 - off, 0), q_len) // BLOCK_M
+        else:
+            lo_blk = 0
+        nblk = gl.cdiv(q_len, BLOCK_M) - lo_blk
+        head0 = hk * group + split * heads_per_split
+        total = nblk * heads_per_split
+        t_base = b * stride_tb + q_start * stride_ts
+        work = (total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th, stride_ts,
+                q_len)
+        dk_base = DK + split.to(gl.int64) * stride_dk_split + b.to(gl.int64) * stride_dkb \
+            + hk * stride_dkh
+        dv_base = DV_ + split.to(gl.int64) * stride_dv_split + b.to(gl.int64) * stride_dvb \
+            + hk * stride_dvh
+        out = (k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs)
+        half: gl.constexpr = BLOCK_N // 2
+        gl.warp_specialize([
+            (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs,
+                         lse_bufs, delta_bufs, bars, Lse2, Delta, work, BLOCK_M, D, STAGES)),
+            (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, DV_,
+                         work, out, qk_scale, scale, 0, CAUSAL, BLOCK_M, half, D, STAGES)),
+            (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, DV_,
+                         work, out, qk_scale, scale, 1, CAUSAL, BLOCK_M, half, D, STAGES)),
+        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

@@ -1,0 +1,65 @@
+"""Shared pieces of the Gluon sm_90 kernels (``_bwd_dkdv_sm90``, ``_bwd_dq_sm90``).
+
+Both are warp specialised the same way: the launch's 4 warps are a producer (TMA copies into a
+ring of shared-memory buffers, one mbarrier per buffer for "filled" and one for "emptied"), and
+two 4-warp consumer groups each own half of the program's rows and run the tile products as
+asynchronous warp-group MMAs. 12 warps x ``MAXNREG`` registers fill the register file; the
+kernel then moves registers from the producer to the consumers (``CONSUMER_REGS`` each).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+WARPS = 4  # the launch's num_warps: the producer partition
+MAXNREG = 168  # 12 warps x 168 registers x 32 lanes = the 64K-register file
+CONSUMER_REGS = gl.constexpr(240)  # the producer keeps (65536 - 256 x 240) / 128 = 32
+
+
+@gluon.jit
+def sequence_rows(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr):
+    """Start, length and first descriptor row of sequence ``b``'s queries and keys
+    (descriptors are ``[tokens, heads * D]``: dense batches are ``seqlen`` rows apart)."""
+    if IS_VARLEN:
+        q_start = gl.load(CU_Q + b)
+        q_len = gl.load(CU_Q + b + 1) - q_start
+        k_start = gl.load(CU_K + b)
+        k_len = gl.load(CU_K + b + 1) - k_start
+        qrow = q_start
+        krow = k_start
+    else:
+        q_start = 0
+        q_len = seqlen_q
+        k_start = 0
+        k_len = seqlen_k
+        qrow = b * seqlen_q
+        krow = b * seqlen_k
+    return q_start, q_len, k_start, k_len, qrow, krow
+
+
+def sm90_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+                     varlen: bool, block_m: int, block_n: int) -> tuple | None:
+    """The kernels' four TMA descriptors (Q, K, V, dO as ``[rows, heads * D]`` with
+    ``[block, D]`` tiles), or ``None`` when a tensor cannot be read that way: an empty tensor, a
+    pointer or row stride not a multiple of 16 bytes, heads not adjacent (``stride_h != D``),
+    or (dense) sequences not evenly spaced (``stride_b != S * stride_s``)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    descs = []
+    for t, block in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m)):
+        if varlen:
+            (tokens, heads, d), (stride_s, stride_h, _) = t.shape, t.stride()
+        else:
+            (batch, seqlen, heads, d), (stride_b, stride_s, stride_h, _) = t.shape, t.stride()
+            tokens = batch * seqlen
+            if batch > 1 and stride_b != seqlen * stride_s:
+                return None
+        if (t.numel() == 0 or t.stride(-1) != 1 or stride_h != d or t.data_ptr() % 16
+                or stride_s * t.element_size() % 16):
+            return None
+        dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+        layout = gl.NVMMASharedLayout.get_default_for([block, d], dtype)
+        descs.append(TensorDescriptor(t, [tokens, heads * d], [stride_s, 1], [block, d], layout))
+    return tuple(descs)

@@ -1,0 +1,229 @@
+"""The Gluon sm_90 kernels (``_bwd_dkdv_sm90``, ``_bwd_dq_sm90``): cross-compiled on the CPU,
+their eligibility rules, and their numerics against the float64 oracle on a Hopper GPU.
+
+Gluon has no interpreter, so on a machine without an sm_90 GPU only the compile and eligibility
+tests run; the GPU cases are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+if importlib.util.find_spec("triton.experimental.gluon") is None:
+    pytest.skip("this triton has no Gluon", allow_module_level=True)
+
+from attn_dispatch_triton import _sm90  # noqa: E402
+from attn_dispatch_triton._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90  # noqa: E402
+from attn_dispatch_triton._bwd_dq_sm90 import _attn_bwd_dq_sm90  # noqa: E402
+from attn_dispatch_triton.backward import BackwardLaunch, _gluon_sm90, attention_backward  # noqa: E402
+from attn_dispatch_triton.tuning import get_backward_config, lookup  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+from attn_dispatch.testing import oracle  # noqa: E402
+
+KERNELS = {"dkdv": (_attn_bwd_dkdv_sm90, (64, 128)), "dq": (_attn_bwd_dq_sm90, (128, 64))}
+SMEM_SM90 = 232448
+DESC = ("tensordesc<{dtype}[{rows}, 128],NVMMASharedLayout(swizzle_byte_width=128, "
+        "element_bitwidth=16, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
+
+
+def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool = False,
+                 stages: int = 2, dtype: str = "bf16"):
+    """Compile one Gluon kernel for sm_90 as the launcher would launch it."""
+    fn, (block_m, block_n) = KERNELS[kernel]
+    q_rows, k_rows = (block_m, block_n)
+    consts = dict(D=128, CAUSAL=causal, BOTTOM_RIGHT=causal, IS_VARLEN=varlen,
+                  HEAVY_FIRST=heavy_first, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+                  num_warps=_sm90.WARPS)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if fn.params[i].is_constexpr:
+            signature[name], constexprs[name] = "constexpr", consts[name]
+        elif name in ("q_desc", "do_desc"):
+            signature[name] = DESC.format(dtype=dtype, rows=q_rows)
+        elif name in ("k_desc", "v_desc"):
+            signature[name] = DESC.format(dtype=dtype, rows=k_rows)
+        elif name in ("qk_scale", "scale"):
+            signature[name] = "fp32"
+        elif name.startswith(("stride_", "seqlen_")) or name in ("heads", "kv_heads", "group"):
+            signature[name] = "i32"
+        else:
+            signature[name] = ("*fp32" if name in ("Lse2", "Delta") else
+                               "*i32" if name.startswith("CU_") else f"*{dtype}")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": _sm90.WARPS, "maxnreg": _sm90.MAXNREG})
+
+
+@pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
+                    reason="kernels were defined in interpreter mode: nothing to compile")
+@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
+@pytest.mark.parametrize(("causal", "varlen", "heavy_first"),
+                         [(False, False, False), (True, False, True), (True, True, False)],
+                         ids=["full-dense", "causal-dense-heavy-first", "causal-varlen"])
+def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first) -> None:
+    """Warp-group MMAs, TMA copies, the producer/consumer register split, shared memory in
+    budget, a cubin."""
+    compiled = compile_sm90(kernel, causal=causal, varlen=varlen, heavy_first=heavy_first)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor.2d" in ptx
+    assert f"setmaxnreg.inc.sync.aligned.u32 \t{int(_sm90.CONSUMER_REGS)}" in ptx
+    assert "setmaxnreg.dec" in ptx
+    assert compiled.metadata.shared <= SMEM_SM90
+    assert len(compiled.asm["cubin"]) > 0
+
+
+def _qkv(shape_q, shape_kv, dtype=torch.bfloat16, device="cpu"):
+    q = torch.randn(*shape_q, dtype=dtype, device=device)
+    k = torch.randn(*shape_kv, dtype=dtype, device=device)
+    return q, k, torch.randn_like(k), torch.randn_like(q)
+
+
+def test_descriptors_accept_tokens_in_rows() -> None:
+    """Contiguous tensors, varlen tensors and a q sliced from a packed [B, S, 3, H, D] qkv
+    (rows evenly spaced, heads adjacent) are read as ``[rows, heads * D]``."""
+    q, k, v, do = _qkv((2, 64, 4, 128), (2, 64, 2, 128))
+    assert _sm90.sm90_descriptors(q, k, v, do, False, 64, 128) is not None
+    assert _sm90.sm90_descriptors(q[0], k[0], v[0], do[0], True, 64, 128) is not None
+    qkv = torch.randn(2, 64, 3, 4, 128, dtype=torch.bfloat16)
+    descs = _sm90.sm90_descriptors(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], do, False, 64, 128)
+    assert descs is not None
+    assert descs[0].strides == [3 * 4 * 128, 1] and descs[0].shape == [128, 4 * 128]
+
+
+@pytest.mark.parametrize("bad", ["heads-not-adjacent", "batches-not-evenly-spaced", "empty",
+                                 "misaligned"])
+def test_descriptors_refuse_other_layouts(bad) -> None:
+    """Layouts TMA cannot read as ``[rows, heads * D]`` give ``None`` (the tl kernels run)."""
+    q, k, v, do = _qkv((2, 64, 4, 128), (2, 64, 2, 128))
+    if bad == "heads-not-adjacent":  # [B, H, S, D] storage seen as [B, S, H, D]
+        q = torch.randn(2, 4, 64, 128, dtype=q.dtype).transpose(1, 2)
+    elif bad == "batches-not-evenly-spaced":
+        q = torch.randn(2, 80, 4, 128, dtype=q.dtype)[:, :64]
+    elif bad == "empty":
+        q, do = q[:, :0], do[:, :0]
+    else:
+        q = torch.randn(2 * 64 * 4 * 128 + 1, dtype=q.dtype)[1:].view(2, 64, 4, 128)
+    assert _sm90.sm90_descriptors(q, k, v, do, False, 64, 128) is None
+
+
+def test_cpu_launch_keeps_the_portable_kernels() -> None:
+    """Off a Hopper GPU a ``GLUON`` config runs the tl kernels: no descriptors are made."""
+    q, k, v, do = _qkv((1, 64, 2, 128), (1, 64, 2, 128))
+    launch = BackwardLaunch(q, k, v, do, torch.zeros(1, 2, 64), do, causal=False,
+                            bottom_right=False, scale=0.1)
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "GLUON": 1}
+    assert not _gluon_sm90(q.device)
+    assert launch.sm90_descriptors(cfg, (64, 128)) is None
+
+
+@pytest.mark.parametrize(("causal", "group", "seqlen_k", "dkdv", "dq"), [
+    (False, 1, 1024, False, False), (False, 1, 2048, False, False), (False, 1, 8192, True, True),
+    (False, 8, 1024, False, True), (False, 8, 2048, True, True), (False, 8, 8192, True, True),
+    (True, 1, 1024, False, False), (True, 1, 2048, True, False), (True, 1, 4096, True, True),
+    (True, 8, 1024, True, True), (True, 8, 2048, True, True), (True, 8, 16384, True, True),
+])
+def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dkdv, dq) -> None:
+    """The Gluon kernels where an H200 measured them faster (docs/triton_notes.md), with the
+    tiles they are written for; MHA 1K-2K keep the tl kernels."""
+    cfgs = lookup("sm_90", 128, causal, group, seqlen_k)
+    assert bool(cfgs["dkdv"].get("GLUON")) == dkdv
+    assert bool(cfgs["dq"].get("GLUON")) == dq
+    if dkdv:
+        assert (cfgs["dkdv"]["BLOCK_M"], cfgs["dkdv"]["BLOCK_N"]) == KERNELS["dkdv"][1]
+    if dq:
+        assert (cfgs["dq"]["BLOCK_M"], cfgs["dq"]["BLOCK_N"]) == KERNELS["dq"][1]
+
+
+# -- on a Hopper GPU ---------------------------------------------------------------------------
+
+ON_SM90 = torch.cuda.is_available() and _gluon_sm90(torch.device("cuda"))
+GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bottom_right, dtype,
+    #            split, heavy_first)
+    ("mha-full-odd", 1, 8, 8, 1000, 1000, False, False, torch.bfloat16, None, False),
+    ("gqa-causal-top-left-sq<sk", 2, 8, 2, 300, 517, True, False, torch.bfloat16, None, False),
+    ("gqa-causal-bottom-right-sq<sk", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None, False),
+    ("gqa-causal-bottom-right-sq>sk", 2, 8, 2, 517, 300, True, True, torch.bfloat16, None, False),
+    ("gqa-causal-split2", 1, 16, 4, 700, 700, True, False, torch.bfloat16, 2, False),
+    ("gqa-full-split4-f16", 1, 16, 4, 700, 700, False, False, torch.float16, 4, False),
+    ("mha-causal-heavy-first", 1, 4, 4, 2048, 2048, True, False, torch.bfloat16, None, True),
+]
+
+
+def _gluon_config(causal, group, seqlen_k, split, heavy_first, stages) -> dict:
+    cfg = {n: dict(c) for n, c in get_backward_config(torch.device("cuda"), 128, causal, group,
+                                                        seqlen_k).items()}
+    cfg["dkdv"] = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "GLUON": 1,
+                   "GLUON_STAGES": stages}
+    cfg["dq"] = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "GLUON": 1,
+                 "GLUON_STAGES": stages}
+    if split:
+        cfg["dkdv"]["SPLIT"] = split
+    if heavy_first:
+        cfg["dkdv"]["HEAVY_FIRST"] = cfg["dq"]["HEAVY_FIRST"] = 1
+    return cfg
+
+
+def _assert_close(got, ref, name) -> None:
+    assert not torch.isnan(got).any(), f"{name}: unwritten (NaN-poisoned) elements"
+    err = ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err < 1e-2, f"{name}: relative error {err:.2e} (bound 1e-2 for 16-bit inputs)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
+def test_gluon_kernels_match_the_oracle(case, stages) -> None:
+    """dQ, dK, dV from the Gluon kernels (both of them, outputs NaN-poisoned first) against the
+    float64 oracle: relative Frobenius error < 1e-2 for bf16/f16 inputs."""
+    _, b, h, hk, sq, sk, causal, bottom_right, dtype, split, heavy_first = case
+    torch.manual_seed(0)
+    q, k, v, do = _qkv((b, sq, h, 128), (b, sk, hk, 128), dtype, "cuda")
+    align = "bottom_right" if bottom_right else "top_left"
+    ref = oracle(q, k, v, do, causal=causal, causal_align=align)
+    cfg = _gluon_config(causal, h // hk, sk, split, heavy_first, stages)
+    launch = BackwardLaunch(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=causal,
+                            bottom_right=bottom_right, scale=128 ** -0.5)
+    assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
+    assert launch.sm90_descriptors(cfg["dq"], (128, 64)) is not None
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    attention_backward(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=causal,
+                       bottom_right=bottom_right, scale=128 ** -0.5, config=cfg, dq=dq, dk=dk,
+                       dv=dv)
+    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
+        _assert_close(got, want, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
+def test_gluon_kernels_varlen_with_an_empty_sequence() -> None:
+    """Packed sequences (one with no queries, whose keys get zero gradients) with a
+    bottom-right causal mask: every sequence against its own oracle."""
+    torch.manual_seed(1)
+    lens_q, lens_k, h, hk = [100, 0, 257, 64], [130, 5, 257, 64], 8, 2
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], device="cuda",
+                        dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], device="cuda",
+                        dtype=torch.int32)
+    q, k, v, do = _qkv((sum(lens_q), h, 128), (sum(lens_k), hk, 128), torch.bfloat16, "cuda")
+    ref = oracle(q, k, v, do, causal=True, causal_align="bottom_right", scale=0.1,
+                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    cfg = _gluon_config(True, h // hk, max(lens_k), None, False, 2)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    attention_backward(q, k, v, ref.out.to(q.dtype), ref.lse.float(), do, causal=True,
+                       bottom_right=True, scale=0.1, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                       max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), config=cfg, dq=dq,
+                       dk=dk, dv=dv)
+    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
+        _assert_close(got, want, name)
+    keys_of_empty = slice(lens_k[0], lens_k[0] + lens_k[1])
+    assert dk[keys_of_empty].abs().max() == 0 and dv[keys_of_empty].abs().max() == 0
