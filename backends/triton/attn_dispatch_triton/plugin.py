@@ -31,8 +31,11 @@ AMD_ARCHES = ("gfx942", "gfx950")
 MIN_SM = 80
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
-# Where triton:fused outranks cuDNN on sm_90 (measured: B*H = 8, Sq = Sk = 1024, D = 128).
-SMALL_CAUSAL_MHA_SK, SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 1024, 8, 55
+# Where triton:fused outranks cuDNN on sm_90 (measured: B*H = 8, D = 128, causal MHA with
+# Sq = Sk = 1024 (dQ beside dK/dV) and 4096 / 8192 (the Gluon kernels); at 2048 and 16384 cuDNN
+# stays faster): inclusive key-length ranges.
+SMALL_CAUSAL_MHA_SK = ((1, 1024), (2049, 8192))
+SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
 
 
 def triton_missing() -> str | None:
@@ -93,14 +96,15 @@ class Fused(ad.Implementation):
         return reasons
 
     def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
-        """Above cuDNN (50) for a small dense causal MHA backward on sm_90, where dQ running
-        beside dK/dV made it the fastest kernel on an H200 (MHA 8 1K causal, B=1, D=128:
-        49 us against cuDNN's 57 us; docs/benchmarks.md); the arch's priority elsewhere."""
+        """Above cuDNN (50) for a dense causal MHA backward with B*H <= 8 on sm_90 at the key
+        lengths where an H200 measured it fastest (MHA 8, B=1, D=128: 1K, where dQ runs beside
+        dK/dV, 49 us against cuDNN's 57 us; 4K and 8K with the Gluon kernels, 217 / 727 us
+        against 269 / 756 us; docs/benchmarks.md); the arch's priority elsewhere."""
         base = self.priority_for(arch)
         if (type(self) is Fused and isinstance(inp, ad.BackwardInputs)
                 and arch.name == "sm_90" and inp.causal and not inp.is_varlen
                 and inp.heads == inp.kv_heads and 64 < inp.head_dim <= 128
-                and inp.seqlen_k <= SMALL_CAUSAL_MHA_SK
+                and any(lo <= inp.seqlen_k <= hi for lo, hi in SMALL_CAUSAL_MHA_SK)
                 and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS):
             return SMALL_CAUSAL_MHA_PRIORITY
         return base

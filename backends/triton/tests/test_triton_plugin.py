@@ -90,6 +90,10 @@ def test_triton_fused_atomic_ranks_below_fused_above_fa2_on_sm90() -> None:
     ({"s": 1024, "h": 8, "hk": 8, "causal": True}, 55),  # measured: above cuDNN (50)
     ({"s": 1024, "h": 8, "hk": 8, "causal": False}, 45),
     ({"s": 2048, "h": 8, "hk": 8, "causal": True}, 45),
+    ({"s": 4096, "h": 8, "hk": 8, "causal": True}, 55),  # the Gluon kernels: above cuDNN
+    ({"s": 8192, "h": 8, "hk": 8, "causal": True}, 55),
+    ({"s": 16384, "h": 8, "hk": 8, "causal": True}, 45),
+    ({"s": 4096, "h": 8, "hk": 8, "causal": False}, 45),
     ({"s": 1024, "h": 16, "hk": 16, "causal": True}, 45),
     ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45),
     ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45),
