@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._sm90 import CONSUMER_REGS, sequence_rows
+from ._sm90 import CONSUMER_REGS, mma_layout, operand_layout, sequence_rows, store_rows
 
 
 @gluon.jit
@@ -85,12 +85,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, D
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
     total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th, stride_ts, q_len = work
     k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs = out
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
-                                                  k_width=2)
+    s_layout: gl.constexpr = mma_layout(HALF_N, BLOCK_M)
+    acc_layout: gl.constexpr = mma_layout(HALF_N, D)
+    op_layout: gl.constexpr = operand_layout(HALF_N, D)
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query
     key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # one value per key
     dtype: gl.constexpr = k_smem.dtype
@@ -130,16 +127,9 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, D
         dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
         mbarrier.arrive(bars.index(STAGES + slot))  # this warp group is done with the slot
 
-    store_rows: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    store_cols: gl.constexpr = gl.SliceLayout(0, acc_layout)
-    rows = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=store_rows)
-    cols = gl.arange(0, D, layout=store_cols)
-    ok = gl.expand_dims(rows < k_len, 1) & gl.expand_dims(cols < D, 0)
-    row_off = gl.expand_dims((k_start + rows).to(gl.int64), 1)
-    gl.store(dk_base + row_off * stride_dks + gl.expand_dims(cols, 0),
-             (dk * scale).to(dk_base.dtype.element_ty), mask=ok)
-    gl.store(dv_base + row_off * stride_dvs + gl.expand_dims(cols, 0),
-             dv.to(dv_base.dtype.element_ty), mask=ok)
+    first = n0 + WG * HALF_N
+    store_rows(dk_base, dk * scale, first, k_start, k_len, stride_dks, HALF_N, D)
+    store_rows(dv_base, dv, first, k_start, k_len, stride_dvs, HALF_N, D)
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])

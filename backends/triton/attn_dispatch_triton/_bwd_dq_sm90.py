@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._sm90 import CONSUMER_REGS, sequence_rows
+from ._sm90 import CONSUMER_REGS, mma_layout, operand_layout, sequence_rows, store_rows
 
 
 @gluon.jit
@@ -56,12 +56,9 @@ def _consumer(q_smem, do_smem, k_bufs, v_bufs, bars, Lse2, Delta, work, rows_inf
     """One warp group: dQ of query rows [m0 + WG * HALF_M, + HALF_M) over every key block."""
     total, qrow, krow, m0, h, hk = work
     q_len, k_len, off, t_base, stride_ts, dq_base, stride_dqs, q_start = rows_info
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
-                                                  k_width=2)
+    s_layout: gl.constexpr = mma_layout(HALF_M, BLOCK_N)
+    acc_layout: gl.constexpr = mma_layout(HALF_M, D)
+    op_layout: gl.constexpr = operand_layout(HALF_M, D)
     dtype: gl.constexpr = q_smem.dtype
     offs_m = m0 + WG * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, s_layout))
     offs_n0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -95,12 +92,7 @@ def _consumer(q_smem, do_smem, k_bufs, v_bufs, bars, Lse2, Delta, work, rows_inf
         dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
         mbarrier.arrive(bars.index(STAGES + slot))  # this warp group is done with the slot
 
-    rows = m0 + WG * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, acc_layout))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-    ok = gl.expand_dims(rows < q_len, 1) & gl.expand_dims(cols < D, 0)
-    ptrs = dq_base + gl.expand_dims((q_start + rows).to(gl.int64), 1) * stride_dqs \
-        + gl.expand_dims(cols, 0)
-    gl.store(ptrs, (dq * scale).to(dq_base.dtype.element_ty), mask=ok)
+    store_rows(dq_base, dq * scale, m0 + WG * HALF_M, q_start, q_len, stride_dqs, HALF_M, D)
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads", "group"])

@@ -39,6 +39,34 @@ def sequence_rows(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr):
     return q_start, q_len, k_start, k_len, qrow, krow
 
 
+@gluon.constexpr_function
+def mma_layout(rows, cols):
+    """The accumulator layout of one consumer warp group's ``[rows, cols]`` product."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                     instr_shape=[16, cols, 16])
+
+
+@gluon.constexpr_function
+def operand_layout(rows, d):
+    """A register left operand (``P`` / ``dS``) of a product into a ``[rows, d]`` accumulator."""
+    return gl.DotOperandLayout(operand_index=0, parent=mma_layout(rows, d), k_width=2)
+
+
+@gluon.jit
+def store_rows(base, x, first, start, n_valid, stride_row, ROWS: gl.constexpr,
+               D: gl.constexpr):
+    """Store the fp32 ``[ROWS, D]`` accumulator ``x`` (``mma_layout``) as ``base``'s element
+    type: tile row ``i`` is row ``first + i`` of a sequence starting at row ``start``, stored
+    when ``first + i < n_valid``."""
+    layout: gl.constexpr = mma_layout(ROWS, D)
+    rows = first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    ok = gl.expand_dims(rows < n_valid, 1) & gl.expand_dims(cols < D, 0)
+    ptrs = base + gl.expand_dims((start + rows).to(gl.int64), 1) * stride_row \
+        + gl.expand_dims(cols, 0)
+    gl.store(ptrs, x.to(base.dtype.element_ty), mask=ok)
+
+
 def sm90_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
                      varlen: bool, block_m: int, block_n: int) -> tuple | None:
     """The kernels' four TMA descriptors (Q, K, V, dO as ``[rows, heads * D]`` with
