@@ -1,11 +1,13 @@
 """The Gluon sm_90 kernels against the portable tl kernels, per seed shape, on a Hopper GPU.
 
-For every seed shape (B=1, D=128, bf16) this runs the dK/dV kernel and the dQ kernel twice: as
-the tuning table's tl configuration (``GLUON`` removed) and as the Gluon kernel (64x128 dK/dV
-tiles, 128x64 dQ tiles, the table's ``SPLIT`` / ``HEAVY_FIRST`` kept, a ring of 2 or 3
-buffers). It first checks that both produce the same gradients (outputs NaN-poisoned, relative
-Frobenius difference < 1e-2; each is checked against the float64 oracle by the tests), then
-times each kernel alone with ``triton.testing.do_bench`` (median) and prints a table.
+For every seed shape (B=1, D=128, bf16) this runs the dK/dV kernel and the dQ kernel as the
+tuning table's configuration with ``GLUON`` removed (the tl kernel; where the table uses Gluon,
+that is the tl kernel at the Gluon tiles, not necessarily the tl tiles it used before) and as
+the Gluon kernel (64x128 dK/dV tiles, 128x64 dQ tiles, the table's ``SPLIT`` / ``HEAVY_FIRST``
+kept, a ring of 2 and of 3 buffers). It first checks that both produce the same gradients
+(outputs NaN-poisoned, relative Frobenius difference < 1e-2; each is checked against the
+float64 oracle by the tests), then times each kernel alone with ``triton.testing.do_bench``
+(median) and prints a table.
 
     PYTHONUNBUFFERED=1 python backends/triton/bench_gluon.py [--shapes all|short|long]
 """

@@ -19,7 +19,9 @@ The loop is flattened over (query head of the program's GQA slice, query block),
 runs across head boundaries. Inputs are read through 2-D descriptors over ``[rows, heads * D]``
 (``_sm90.sm90_descriptors``), so a tile past a sequence's end reads the next sequence's finite
 rows or TMA's zeros; those queries get ``P = 0`` from their ``lse2``, and those keys' rows are
-never stored. Causal masks: query blocks that see none of the keys are skipped, the others are
+never stored. Those rows still enter the products multiplied by zero, so a NaN or Inf in the
+*next* sequence's Q or dO rows (dense batch or varlen pack) reaches this sequence's dK / dV;
+the ``tl`` kernels' masked loads do not have that (their TMA loads of varlen tiles do). Causal masks: query blocks that see none of the keys are skipped, the others are
 masked element-wise.
 
 Gluon has no CPU interpreter: this kernel is cross-compiled for sm_90 in CI and checked against

@@ -8,7 +8,8 @@ block issue ``S = Q K^T`` and ``dP = dO V^T`` together, form ``P`` while ``dP`` 
 add ``dS K`` into their fp32 dQ. Key columns past the sequence's end (the next sequence's finite
 rows, or TMA's zeros) and, with a causal mask, above the diagonal get ``P = 0``; query rows past
 the end read ``lse2 = +inf`` (``P = 0``) and are never stored. Key blocks past the diagonal are
-skipped.
+skipped. As in ``_bwd_dkdv_sm90``, the next sequence's rows enter the products multiplied by
+zero, so a NaN or Inf there reaches this sequence's dQ.
 
 Gluon has no CPU interpreter: this kernel is cross-compiled for sm_90 in CI and checked against
 the float64 oracle on Hopper GPUs (``tests/test_triton_gluon.py``).

@@ -13,9 +13,11 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ._tma_rows import rows_view
+
 WARPS = 4  # the launch's num_warps: the producer partition
 MAXNREG = 168  # 12 warps x 168 registers x 32 lanes = the 64K-register file
-CONSUMER_REGS = gl.constexpr(240)  # the producer keeps (65536 - 256 x 240) / 128 = 32
+CONSUMER_REGS = gl.constexpr(240)  # the producer partition drops to 24 (setmaxnreg.dec)
 
 
 @gluon.jit
@@ -70,24 +72,18 @@ def store_rows(base, x, first, start, n_valid, stride_row, ROWS: gl.constexpr,
 def sm90_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
                      varlen: bool, block_m: int, block_n: int) -> tuple | None:
     """The kernels' four TMA descriptors (Q, K, V, dO as ``[rows, heads * D]`` with
-    ``[block, D]`` tiles), or ``None`` when a tensor cannot be read that way: an empty tensor, a
-    pointer or row stride not a multiple of 16 bytes, heads not adjacent (``stride_h != D``),
-    or (dense) sequences not evenly spaced (``stride_b != S * stride_s``)."""
+    ``[block, D]`` tiles), or ``None`` when a tensor cannot be read that way
+    (:func:`._tma_rows.rows_view`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     descs = []
     for t, block in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m)):
-        if varlen:
-            (tokens, heads, d), (stride_s, stride_h, _) = t.shape, t.stride()
-        else:
-            (batch, seqlen, heads, d), (stride_b, stride_s, stride_h, _) = t.shape, t.stride()
-            tokens = batch * seqlen
-            if batch > 1 and stride_b != seqlen * stride_s:
-                return None
-        if (t.numel() == 0 or t.stride(-1) != 1 or stride_h != d or t.data_ptr() % 16
-                or stride_s * t.element_size() % 16):
+        view = rows_view(t, varlen)
+        if view is None:
             return None
+        rows, stride = view
+        heads, d = t.shape[-2], t.shape[-1]
         dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
         layout = gl.NVMMASharedLayout.get_default_for([block, d], dtype)
-        descs.append(TensorDescriptor(t, [tokens, heads * d], [stride_s, 1], [block, d], layout))
+        descs.append(TensorDescriptor(t, [rows, heads * d], [stride, 1], [block, d], layout))
     return tuple(descs)

@@ -373,13 +373,15 @@ def _tma_available(device: torch.device) -> bool:
 def _gluon_sm90(device: torch.device) -> bool:
     """Whether the Gluon sm_90 kernels can run: an NVIDIA sm_90 device (not under the
     interpreter: Gluon has none) and a triton whose Gluon API they were written and checked
-    against (:data:`._plan.VERIFIED_TRITON`)."""
+    against (:data:`._tma_rows.GLUON_TRITON`)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or torch.version.hip:
         return False
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return False
+    from ._tma_rows import GLUON_TRITON
+
     version = tuple(int(x) for x in triton.__version__.split(".")[:2])
-    return (version in _plan.VERIFIED_TRITON
+    return (version in GLUON_TRITON
             and importlib.util.find_spec("triton.experimental.gluon") is not None)
 
 

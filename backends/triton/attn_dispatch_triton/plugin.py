@@ -31,11 +31,23 @@ AMD_ARCHES = ("gfx942", "gfx950")
 MIN_SM = 80
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
-# Where triton:fused outranks cuDNN on sm_90 (measured: B*H = 8, D = 128, causal MHA with
-# Sq = Sk = 1024 (dQ beside dK/dV) and 4096 / 8192 (the Gluon kernels); at 2048 and 16384 cuDNN
-# stays faster): inclusive key-length ranges.
-SMALL_CAUSAL_MHA_SK = ((1, 1024), (2049, 8192))
+# Where triton:fused outranks cuDNN on sm_90 (measured: B*H = 8, D = 128, causal MHA): up to
+# SMALL_CAUSAL_MHA_SK keys (dQ beside dK/dV), and in GLUON_CAUSAL_MHA_SK where the Gluon kernels
+# run (4096 / 8192 measured; at 2048 and 16384 cuDNN stays faster; the tl kernels alone were
+# slower than cuDNN at 4K-8K).
+SMALL_CAUSAL_MHA_SK, GLUON_CAUSAL_MHA_SK = 1024, (2049, 8192)
 SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
+
+
+def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
+    """Whether ``triton:fused`` would run its Gluon sm_90 kernels on these inputs (D = 128, a
+    triton they were checked with, tensors TMA can read as rows; the sm_90 arch is the caller's
+    condition), read from metadata: no triton import."""
+    from ._tma_rows import gluon_triton_installed, rows_view
+
+    return (inp.head_dim == inp.head_dim_v == 128 and gluon_triton_installed()
+            and all(rows_view(t, inp.is_varlen) is not None
+                    for t in (inp.q, inp.k, inp.v, inp.grad_out)))
 
 
 def triton_missing() -> str | None:
@@ -98,14 +110,16 @@ class Fused(ad.Implementation):
     def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
         """Above cuDNN (50) for a dense causal MHA backward with B*H <= 8 on sm_90 at the key
         lengths where an H200 measured it fastest (MHA 8, B=1, D=128: 1K, where dQ runs beside
-        dK/dV, 49 us against cuDNN's 57 us; 4K and 8K with the Gluon kernels, 217 / 727 us
+        dK/dV, 49 us against cuDNN's 57 us; 4K and 8K when the Gluon kernels run, 217 / 727 us
         against 269 / 756 us; docs/benchmarks.md); the arch's priority elsewhere."""
         base = self.priority_for(arch)
         if (type(self) is Fused and isinstance(inp, ad.BackwardInputs)
                 and arch.name == "sm_90" and inp.causal and not inp.is_varlen
                 and inp.heads == inp.kv_heads and 64 < inp.head_dim <= 128
-                and any(lo <= inp.seqlen_k <= hi for lo, hi in SMALL_CAUSAL_MHA_SK)
-                and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS):
+                and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS
+                and (inp.seqlen_k <= SMALL_CAUSAL_MHA_SK
+                     or GLUON_CAUSAL_MHA_SK[0] <= inp.seqlen_k <= GLUON_CAUSAL_MHA_SK[1]
+                     and gluon_kernels_apply(inp))):
             return SMALL_CAUSAL_MHA_PRIORITY
         return base
 

@@ -69,9 +69,11 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
     # short, so elsewhere it keeps pointer loads).
     "sm_90": {
         # GLUON: the warp-specialised Gluon kernels, a TMA producer and two consumer warp
-        # groups (bench_gluon.py, docs/triton_notes.md "Gluon kernels for sm_90"): dK/dV
-        # 11-30% and dQ 5-10% faster than the tl kernels from 2K keys up and at GQA 1K; much
-        # slower at MHA 1K-2K (few programs: dK/dV 2.3x, dQ 2.7x), which keep the tl kernels.
+        # groups (bench_gluon.py, docs/triton_notes.md "Gluon kernels for sm_90"; ring of 2
+        # buffers): dK/dV 0.70-0.98x and dQ 0.91-1.00x the tl kernels' time at most shapes from
+        # 2K keys up; much slower at MHA 1K-2K (few programs: dK/dV up to 2.3x, dQ up to
+        # 3.6x), which keep the tl kernels but for dK/dV at MHA 2K causal (0.70-0.93x in
+        # three runs).
         "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
               "dkdv": _gluon(_tma(64, 128, 8, 3)), "dq": _gluon(_cfg(128, 64, 8, 3)),
               "dkdvq": {**_cfg(64, 128, 8, 3), "TMA": 1}},
@@ -83,18 +85,19 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         "d128-full-gqa": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
         "d128-full-mha": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
         "d128-full-gqa-short-1k": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
-        # Sk > 2048 without a mask: the tl dQ with a 4-stage pipeline (0-2% faster than 3);
-        # the Gluon dQ's ring: 3 buffers for GQA (0-3% faster than 2), 2 for MHA
-        "d128-full-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 4)), "GLUON_STAGES": 3}},
+        # Sk > 2048 without a mask: the tl dQ with a 4-stage pipeline (0-2% faster than 3)
+        "d128-full-gqa-long": {"dq": _gluon(_cfg(128, 64, 8, 4))},
         "d128-full-mha-long": {"dq": _gluon(_cfg(128, 64, 8, 4))},
         # Sk <= 2048: bench_kernels.py --shapes short (1K and 2K, kernel time summed per class)
         "d128-full-mha-short": {"dkdv": _dp_first(_cfg(32, 64, 4, 3)),
                                 "dq": _cfg(128, 64, 8, 3)},
         # MHA 8 2K: 129 -> 123 us end to end (16 key blocks of 128 fill the SMs; at 1K, 8 do
-        # not); the Gluon kernel is level with it here (76 vs 75 us)
+        # not); the Gluon dK/dV is not faster here (76 / 72 us with rings of 2 / 3 vs 70 us)
         "d128-full-mha-short-2k": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
         "d128-full-gqa-short": {"dq": {**_gluon(_cfg(128, 64, 8, 3)), "CONCURRENT_MAX_SK": 1024}},
-        # (the tl dQ's 64x64 tiles here: the Gluon dQ is level at 1K, 5% faster at 2K)
+        # (before: tl dK/dV 32x64 and dQ 64x64 tiles here; against that dQ the Gluon one was
+        # level at 1K, 75 vs 75 us, and 5% faster at 2K, 201 vs 212 us; bench_gluon.py, which
+        # compares with the tl kernels at the Gluon tiles, read 89 vs 82 and 202 vs 223 us)
         "d128-causal-gqa-short": {"dkdv": _gluon(_tma(64, 128, 8, 3)),
                                   "dq": {**_gluon(_cfg(128, 64, 8, 3)),
                                          "CONCURRENT_MAX_SK": 2048}},
@@ -105,7 +108,7 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # call (triton's launcher expands them in Python) and save ~4 us on the GPU.
         "d128-causal-mha-short-1k": {"dkdv": _dp_first(_cfg(32, 64, 4, 4))},
         # dQ beside dK/dV on a side stream: GQA 4K causal 2074 -> 1938 us, 8K 7393 -> 7087
-        "d128-causal-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 3)), "GLUON_STAGES": 3,
+        "d128-causal-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 3)),
                                         "CONCURRENT_MAX_SK": 8192}},
         # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
         "d128-causal-mha-long": {"dkdv": _gluon({**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1}),

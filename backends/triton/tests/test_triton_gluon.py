@@ -65,13 +65,16 @@ def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool =
 @pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
                     reason="kernels were defined in interpreter mode: nothing to compile")
 @pytest.mark.parametrize("kernel", ["dkdv", "dq"])
-@pytest.mark.parametrize(("causal", "varlen", "heavy_first"),
-                         [(False, False, False), (True, False, True), (True, True, False)],
-                         ids=["full-dense", "causal-dense-heavy-first", "causal-varlen"])
-def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first) -> None:
+@pytest.mark.parametrize(("causal", "varlen", "heavy_first", "stages"),
+                         [(False, False, False, 2), (True, False, True, 2), (True, True, False, 2),
+                          (False, False, False, 3)],
+                         ids=["full-dense", "causal-dense-heavy-first", "causal-varlen",
+                              "full-dense-ring-of-3"])
+def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first, stages) -> None:
     """Warp-group MMAs, TMA copies, the producer/consumer register split, shared memory in
     budget, a cubin."""
-    compiled = compile_sm90(kernel, causal=causal, varlen=varlen, heavy_first=heavy_first)
+    compiled = compile_sm90(kernel, causal=causal, varlen=varlen, heavy_first=heavy_first,
+                            stages=stages)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx
     assert "cp.async.bulk.tensor.2d" in ptx
@@ -100,7 +103,7 @@ def test_descriptors_accept_tokens_in_rows() -> None:
 
 
 @pytest.mark.parametrize("bad", ["heads-not-adjacent", "batches-not-evenly-spaced", "empty",
-                                 "misaligned"])
+                                 "misaligned", "broadcast"])
 def test_descriptors_refuse_other_layouts(bad) -> None:
     """Layouts TMA cannot read as ``[rows, heads * D]`` give ``None`` (the tl kernels run)."""
     q, k, v, do = _qkv((2, 64, 4, 128), (2, 64, 2, 128))
@@ -110,8 +113,10 @@ def test_descriptors_refuse_other_layouts(bad) -> None:
         q = torch.randn(2, 80, 4, 128, dtype=q.dtype)[:, :64]
     elif bad == "empty":
         q, do = q[:, :0], do[:, :0]
-    else:
+    elif bad == "misaligned":
         q = torch.randn(2 * 64 * 4 * 128 + 1, dtype=q.dtype)[1:].view(2, 64, 4, 128)
+    else:  # one row expanded over the sequence (stride 0)
+        q = torch.randn(2, 1, 4, 128, dtype=q.dtype).expand(2, 64, 4, 128)
     assert _sm90.sm90_descriptors(q, k, v, do, False, 64, 128) is None
 
 
@@ -133,7 +138,7 @@ def test_cpu_launch_keeps_the_portable_kernels() -> None:
 ])
 def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dkdv, dq) -> None:
     """The Gluon kernels where an H200 measured them faster (docs/triton_notes.md), with the
-    tiles they are written for; MHA 1K-2K keep the tl kernels."""
+    tiles they are written for; MHA 1K-2K keep the tl kernels but dK/dV at MHA 2K causal."""
     cfgs = lookup("sm_90", 128, causal, group, seqlen_k)
     assert bool(cfgs["dkdv"].get("GLUON")) == dkdv
     assert bool(cfgs["dq"].get("GLUON")) == dq
@@ -218,6 +223,11 @@ def test_gluon_kernels_varlen_with_an_empty_sequence() -> None:
     ref = oracle(q, k, v, do, causal=True, causal_align="bottom_right", scale=0.1,
                  cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     cfg = _gluon_config(True, h // hk, max(lens_k), None, False, 2)
+    launch = BackwardLaunch(q, k, v, ref.out.to(q.dtype), ref.lse.float(), do, causal=True,
+                            bottom_right=True, scale=0.1, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                            max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
+    assert launch.sm90_descriptors(cfg["dq"], (128, 64)) is not None
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     attention_backward(q, k, v, ref.out.to(q.dtype), ref.lse.float(), do, causal=True,
                        bottom_right=True, scale=0.1, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from attn_dispatch_triton._tma_rows import gluon_triton_installed
 
 import attn_dispatch as ad
 
@@ -86,14 +87,19 @@ def test_triton_fused_atomic_ranks_below_fused_above_fa2_on_sm90() -> None:
     assert 40 < FusedAtomic.priority["sm_9*"] < Fused.priority["sm_9*"]
 
 
+# with a triton the Gluon kernels were checked against (CI pins one), else the tl kernels run
+GLUON = 55 if gluon_triton_installed() else 45
+
+
 @pytest.mark.parametrize(("kw", "priority"), [
     ({"s": 1024, "h": 8, "hk": 8, "causal": True}, 55),  # measured: above cuDNN (50)
     ({"s": 1024, "h": 8, "hk": 8, "causal": False}, 45),
     ({"s": 2048, "h": 8, "hk": 8, "causal": True}, 45),
-    ({"s": 4096, "h": 8, "hk": 8, "causal": True}, 55),  # the Gluon kernels: above cuDNN
-    ({"s": 8192, "h": 8, "hk": 8, "causal": True}, 55),
+    ({"s": 4096, "h": 8, "hk": 8, "causal": True}, GLUON),  # the Gluon kernels: above cuDNN
+    ({"s": 8192, "h": 8, "hk": 8, "causal": True}, GLUON),
     ({"s": 16384, "h": 8, "hk": 8, "causal": True}, 45),
     ({"s": 4096, "h": 8, "hk": 8, "causal": False}, 45),
+    ({"s": 4096, "h": 8, "hk": 8, "d": 96, "causal": True}, 45),  # no Gluon kernels at D != 128
     ({"s": 1024, "h": 16, "hk": 16, "causal": True}, 45),
     ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45),
     ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45),
@@ -131,3 +137,16 @@ def test_triton_rejects_cpu_tensors_and_forcing_lists_reasons() -> None:
     assert any("device vendor 'cpu'" in r for r in cand.reasons), cand.reasons
     with pytest.raises(ValueError, match="device vendor 'cpu'"):
         ad.backward(q, q, q, q, lse, q, backend="triton")
+
+
+def test_gluon_range_needs_tensors_the_gluon_kernels_read() -> None:
+    """At 2K < Sk <= 8K the rule holds only where the Gluon kernels run: q stored as
+    [B, H, S, D] (heads not adjacent) keeps cuDNN first."""
+    (args, flags) = meta_inputs(s=4096, h=8, hk=8)
+    q = torch.empty(1, 8, 4096, 128, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    report = ad.explain(q, *args[1:], **flags, causal=True, arch="sm_90")
+    (cand,) = [c for c in report.candidates if c.name == "triton:fused"]
+    assert cand.priority == 45
+    report = ad.explain(*args, **flags, causal=True, arch="sm_90")
+    (cand,) = [c for c in report.candidates if c.name == "triton:fused"]
+    assert cand.priority == GLUON
