@@ -21,8 +21,9 @@ runs across head boundaries. Inputs are read through 2-D descriptors over ``[row
 rows or TMA's zeros; those queries get ``P = 0`` from their ``lse2``, and those keys' rows are
 never stored. Those rows still enter the products multiplied by zero, so a NaN or Inf in the
 *next* sequence's Q or dO rows (dense batch or varlen pack) reaches this sequence's dK / dV;
-the ``tl`` kernels' masked loads do not have that (their TMA loads of varlen tiles do). Causal masks: query blocks that see none of the keys are skipped, the others are
-masked element-wise.
+the ``tl`` kernels' masked loads do not have that (their TMA loads of varlen tiles do).
+Causal masks: query blocks that see none of the keys are skipped, the others are masked
+element-wise.
 
 Gluon has no CPU interpreter: this kernel is cross-compiled for sm_90 in CI and checked against
 the float64 oracle on Hopper GPUs (``tests/test_triton_gluon.py``).
