@@ -3,6 +3,7 @@ import: the plugin's priority rule asks too)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 
 import torch
@@ -12,6 +13,7 @@ import torch
 GLUON_TRITON = ((3, 6),)
 
 
+@functools.cache  # (asked once per new input signature by the priority rule)
 def gluon_triton_installed() -> bool:
     """Whether the installed triton is one the Gluon kernels were checked against."""
     for dist in ("triton", "pytorch-triton"):
