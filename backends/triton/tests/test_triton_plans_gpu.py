@@ -23,7 +23,7 @@ CASES = [  # (heads, kv_heads, seqlen_q, seqlen_k, causal, align, varlen, impl)
 ]
 
 
-def _fresh(h, hkv, sq, sk, causal, align, varlen, seed):
+def _fresh(h, hkv, sq, sk, causal, align, varlen, seed, d=64):
     g = torch.Generator(device="cuda").manual_seed(seed)
     kw = dict(causal=causal, causal_align=align)
     if varlen:  # three sequences, one of them empty, packed
@@ -32,9 +32,9 @@ def _fresh(h, hkv, sq, sk, causal, align, varlen, seed):
                                        dtype=torch.int32, device="cuda")
         kw.update(cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k), max_seqlen_q=max(lens_q),
                   max_seqlen_k=max(lens_k))
-        shapes = ((sq, h, 64), (sk, hkv, 64), (sk, hkv, 64), (sq, h, 64))
+        shapes = ((sq, h, d), (sk, hkv, d), (sk, hkv, d), (sq, h, d))
     else:
-        shapes = ((2, sq, h, 64), (2, sk, hkv, 64), (2, sk, hkv, 64), (2, sq, h, 64))
+        shapes = ((2, sq, h, d), (2, sk, hkv, d), (2, sk, hkv, d), (2, sq, h, d))
     q, k, v, do = (torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g)
                    for s in shapes)
     out, lse = ad.forward(q, k, v, backend="reference", **kw)
@@ -43,13 +43,13 @@ def _fresh(h, hkv, sq, sk, causal, align, varlen, seed):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[7]}-h{c[0]}kv{c[1]}-{c[5]}-"
                          f"{'varlen' if c[6] else 'dense'}")
-def test_replayed_plan_uses_the_new_tensors(case):
+def test_replayed_plan_uses_the_new_tensors(case, d=64):
     *shape, impl = case
-    recorded, kw = _fresh(*shape, seed=0)
+    recorded, kw = _fresh(*shape, seed=0, d=d)
     ad.backward(*recorded, backend=impl, **kw)  # records the plan
     ad.backward(*recorded, backend=impl, **kw)
     for seed in (1, 2):
-        args, kw = _fresh(*shape, seed=seed)
+        args, kw = _fresh(*shape, seed=seed, d=d)
         got = ad.backward(*args, backend=impl, **kw)
         ref = ad.backward(*[t.float() if t.dtype == torch.bfloat16 else t for t in args],
                           backend="reference", **kw)
@@ -160,3 +160,19 @@ def test_concurrent_dq_joins_the_callers_own_stream(tuned_d64):
     side = _plan.side_stream(args[0].device)
     for caller in callers:
         assert side._callers[caller.cuda_stream].cuda_stream == caller.cuda_stream
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_replayed_plan_of_the_gluon_kernels(varlen):
+    """D=128 GQA causal on sm_90: the table runs the Gluon dK/dV and dQ kernels (four TMA
+    descriptors each, rebuilt around the new call's pointers on every replay)."""
+    from attn_dispatch_triton import _plan
+    from attn_dispatch_triton.backward import _gluon_sm90
+
+    if not _gluon_sm90(torch.device("cuda")):
+        pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
+    _plan.clear()
+    test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "bottom_right", varlen,
+                                             "triton:fused"), d=128)
+    descriptors = [d for launch in _recorded_launches() for d in launch.descs]
+    assert len(descriptors) == 8, "the plan should rebuild Q, K, V, dO for both Gluon kernels"
