@@ -157,8 +157,8 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, DK, DV_, Lse2, Delta, C
         heads_per_split = group // gl.num_programs(2)
     b = bh // kv_heads
     hk = bh % kv_heads
-    q_start, q_len, k_start, k_len, qrow, krow = sequence_rows(CU_Q, CU_K, b, seqlen_q,
-                                                               seqlen_k, IS_VARLEN)
+    q_start, q_len, k_start, k_len, qrow, krow, off = sequence_rows(
+        CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN, BOTTOM_RIGHT)
     n0 = pid_n * BLOCK_N
     if n0 < k_len:
         dtype: gl.constexpr = q_desc.dtype
@@ -179,10 +179,6 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, DK, DV_, Lse2, Delta, C
         mbarrier.init(bars.index(3 * STAGES), count=1)
 
         # Query blocks that see these keys: [lo_blk, lo_blk + nblk) of each head of the slice
-        if BOTTOM_RIGHT:
-            off = k_len - q_len
-        else:
-            off = 0
         if CAUSAL:
             lo_blk = gl.minimum(gl.maximum(n0 - off, 0), q_len) // BLOCK_M
         else:

@@ -114,8 +114,8 @@ def _attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, DQ, Lse2, Delta, CU_Q, CU
     b = bh // heads
     h = bh % heads
     hk = h // group
-    q_start, q_len, k_start, k_len, qrow, krow = sequence_rows(CU_Q, CU_K, b, seqlen_q,
-                                                               seqlen_k, IS_VARLEN)
+    q_start, q_len, k_start, k_len, qrow, krow, off = sequence_rows(
+        CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN, BOTTOM_RIGHT)
     m0 = pid_m * BLOCK_M
     if m0 < q_len:
         dtype: gl.constexpr = q_desc.dtype
@@ -131,10 +131,6 @@ def _attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, DQ, Lse2, Delta, CU_Q, CU
             mbarrier.init(bars.index(STAGES + i), count=2)
         mbarrier.init(bars.index(2 * STAGES), count=1)
 
-        if BOTTOM_RIGHT:
-            off = k_len - q_len
-        else:
-            off = 0
         if CAUSAL:  # keys up to the diagonal of the block's last row
             hi = gl.minimum(k_len, m0 + BLOCK_M + off)
         else:

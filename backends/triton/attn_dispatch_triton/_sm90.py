@@ -21,9 +21,11 @@ CONSUMER_REGS = gl.constexpr(240)  # the producer partition drops to 24 (setmaxn
 
 
 @gluon.jit
-def sequence_rows(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr):
+def sequence_rows(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr,
+                  BOTTOM_RIGHT: gl.constexpr):
     """Start, length and first descriptor row of sequence ``b``'s queries and keys
-    (descriptors are ``[tokens, heads * D]``: dense batches are ``seqlen`` rows apart)."""
+    (descriptors are ``[tokens, heads * D]``: dense batches are ``seqlen`` rows apart), and the
+    causal offset: query row ``i`` sees key ``j`` iff ``j <= i + off``."""
     if IS_VARLEN:
         q_start = gl.load(CU_Q + b)
         q_len = gl.load(CU_Q + b + 1) - q_start
@@ -38,7 +40,11 @@ def sequence_rows(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr):
         k_len = seqlen_k
         qrow = b * seqlen_q
         krow = b * seqlen_k
-    return q_start, q_len, k_start, k_len, qrow, krow
+    if BOTTOM_RIGHT:
+        off = k_len - q_len
+    else:
+        off = 0
+    return q_start, q_len, k_start, k_len, qrow, krow, off
 
 
 @gluon.constexpr_function
