@@ -34,13 +34,21 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
-from ._sm90 import CONSUMER_REGS, mma_layout, operand_layout, sequence_rows, store_rows
+from ._sm90 import (
+    CONSUMER_REGS,
+    mma_layout,
+    operand_layout,
+    sequence_rows,
+    store_rows,
+    tma_reduce_add,
+)
 
 
 @gluon.jit
@@ -81,10 +89,10 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, 
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, DV_, work,
-              out, qk_scale, scale, WG: gl.constexpr, CAUSAL: gl.constexpr,
-              BLOCK_M: gl.constexpr, HALF_N: gl.constexpr, D: gl.constexpr,
-              STAGES: gl.constexpr):
+def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq_smem, bars,
+              work, out, dqa_desc, qk_scale, scale, WG: gl.constexpr, CAUSAL: gl.constexpr,
+              ATOMIC_DQ: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
+              D: gl.constexpr, STAGES: gl.constexpr):
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
     total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th, stride_ts, q_len = work
     k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs = out
@@ -93,11 +101,14 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, D
     op_layout: gl.constexpr = operand_layout(HALF_N, D)
     row_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # one value per query
     key_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # one value per key
+    HALF_D: gl.constexpr = D // 2
+    dq_layout: gl.constexpr = mma_layout(BLOCK_M, HALF_D)
     dtype: gl.constexpr = k_smem.dtype
     k_part = k_smem.slice(WG * HALF_N, HALF_N)
     v_part = v_smem.slice(WG * HALF_N, HALF_N)
     offs_m0 = gl.arange(0, BLOCK_M, layout=row_layout)
-    offs_n = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=key_layout)
+    first = n0 + WG * HALF_N  # this warp group's first key
+    offs_n = first + gl.arange(0, HALF_N, layout=key_layout)
     zero_s = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([HALF_N, D], gl.float32, acc_layout)
     dv = gl.zeros([HALF_N, D], gl.float32, acc_layout)
@@ -119,30 +130,62 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, D
         pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
             h, m0 = _step_position(it, nblk, lo_blk, head0, BLOCK_M)
-            keep = gl.expand_dims(offs_n, 1) <= gl.expand_dims(m0 + offs_m0, 0) + off
-            pT = gl.where(keep, pT, 0.0)
+            if first + HALF_N - 1 > m0 + off:  # a tile the diagonal crosses
+                keep = gl.expand_dims(offs_n, 1) <= gl.expand_dims(m0 + offs_m0, 0) + off
+                pT = gl.where(keep, pT, 0.0)
+        if ATOMIC_DQ:
+            if first + HALF_N > k_len:  # keys past the sequence's end must not enter dQ
+                pT = gl.where(gl.expand_dims(offs_n < k_len, 1), pT, 0.0)
         pT_op = gl.convert_layout(pT.to(dtype), op_layout)
         dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
         dpT = warpgroup_mma_wait(1, deps=(dp_tok, ))
         dsT = pT * (dpT - gl.expand_dims(delta, 0))
-        dsT_op = gl.convert_layout(dsT.to(dtype), op_layout)
-        dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
-        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-        mbarrier.arrive(bars.index(STAGES + slot))  # this warp group is done with the slot
+        if ATOMIC_DQ:
+            # dS^T of both warp groups goes to shared memory: this group's rows are its dK
+            # product's left operand; once the other group's rows are there too, this group
+            # adds dS K[:, its half of D] (unscaled) to the fp32 dQ scratch by a TMA reduction.
+            ds_all = ds_smem.index(slot)
+            ds_part = ds_all.slice(WG * HALF_N, HALF_N)
+            ds_part.store(dsT.to(dtype))
+            fence_async_shared()
+            mbarrier.arrive(bars.index(3 * STAGES + 1 + slot))
+            dk_tok = warpgroup_mma(ds_part, q_tile, dk, is_async=True)
+            mbarrier.wait(bars.index(3 * STAGES + 1 + slot), phase)  # both halves of dS^T
+            dq_tok = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(WG * HALF_D, HALF_D, 1),
+                                   gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout),
+                                   use_acc=False, is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+            # (the producer refills this slot, so the next step's dS^T overwrites this one's,
+            # only after both groups arrive here: their dQ products are done)
+            mbarrier.arrive(bars.index(STAGES + slot))
+            h, m0 = _step_position(it, nblk, lo_blk, head0, BLOCK_M)
+            dq_part = dq_smem.index(WG)
+            tma.store_wait(0)  # the previous step's reduction has read dq_part
+            dq_part.store(dq)
+            fence_async_shared()
+            tma_reduce_add(dqa_desc, [qrow + m0, h * D + WG * HALF_D], dq_part)
+        else:
+            dsT_op = gl.convert_layout(dsT.to(dtype), op_layout)
+            dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+            mbarrier.arrive(bars.index(STAGES + slot))  # this warp group is done with the slot
 
-    first = n0 + WG * HALF_N
+    if ATOMIC_DQ:
+        tma.store_wait(0)
     store_rows(dk_base, dk * scale, first, k_start, k_len, stride_dks, HALF_N, D)
     store_rows(dv_base, dv, first, k_start, k_len, stride_dvs, HALF_N, D)
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
-def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, DK, DV_, Lse2, Delta, CU_Q, CU_K,
-                        stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2, Delta, CU_Q,
+                        CU_K, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
+                        stride_dvh,
                         stride_tb, stride_th, stride_ts, stride_dk_split, stride_dv_split,
                         seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
                         D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                         IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        ATOMIC_DQ: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr,
                         num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
     if HEAVY_FIRST:
@@ -171,11 +214,13 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, DK, DV_, Lse2, Delta, C
         delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_layout)
         # barriers: [0, S) tiles ready (TMA), [S, 2S) slot empty (one arrival per consumer
         # warp group), [2S, 3S) lse2 / delta stored, 3S: K and V ready
-        bars = gl.allocate_shared_memory(gl.int64, [3 * STAGES + 1, 1], mbarrier.MBarrierLayout())
+        # (ATOMIC_DQ: [3S + 1, 4S + 1) both warp groups' dS^T stored)
+        bars = gl.allocate_shared_memory(gl.int64, [4 * STAGES + 1, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
             mbarrier.init(bars.index(STAGES + i), count=2)
             mbarrier.init(bars.index(2 * STAGES + i), count=1)
+            mbarrier.init(bars.index(3 * STAGES + 1 + i), count=2)
         mbarrier.init(bars.index(3 * STAGES), count=1)
 
         # Query blocks that see these keys: [lo_blk, lo_blk + nblk) of each head of the slice
@@ -191,15 +236,29 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, DK, DV_, Lse2, Delta, C
                 q_len)
         dk_base = DK + split.to(gl.int64) * stride_dk_split + b.to(gl.int64) * stride_dkb \
             + hk * stride_dkh
+        half: gl.constexpr = BLOCK_N // 2
         dv_base = DV_ + split.to(gl.int64) * stride_dv_split + b.to(gl.int64) * stride_dvb \
             + hk * stride_dvh
         out = (k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs)
-        half: gl.constexpr = BLOCK_N // 2
+        if ATOMIC_DQ:  # per ring slot, dS^T of the program's keys (both warp groups)
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M],
+                                                                           dtype)
+            ds_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_M], ds_layout)
+            # each warp group's dQ tile on its way to the TMA reduction
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D // 2],
+                                                dqa_desc.layout)
+        else:
+            ds_smem = q_bufs  # unused
+            dq_smem = q_bufs
         gl.warp_specialize([
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs,
                          lse_bufs, delta_bufs, bars, Lse2, Delta, work, BLOCK_M, D, STAGES)),
-            (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, DV_,
-                         work, out, qk_scale, scale, 0, CAUSAL, BLOCK_M, half, D, STAGES)),
-            (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, bars, DK, DV_,
-                         work, out, qk_scale, scale, 1, CAUSAL, BLOCK_M, half, D, STAGES)),
+            (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
+                         dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 0, CAUSAL,
+                         ATOMIC_DQ, BLOCK_M,
+                         half, D, STAGES)),
+            (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
+                         dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 1, CAUSAL,
+                         ATOMIC_DQ, BLOCK_M,
+                         half, D, STAGES)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

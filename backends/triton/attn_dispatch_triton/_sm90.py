@@ -10,14 +10,28 @@ kernel then moves registers from the producer to the consumers (``CONSUMER_REGS`
 from __future__ import annotations
 
 import torch
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 
 from ._tma_rows import rows_view
 
 WARPS = 4  # the launch's num_warps: the producer partition
 MAXNREG = 168  # 12 warps x 168 registers x 32 lanes = the 64K-register file
 CONSUMER_REGS = gl.constexpr(240)  # the producer partition drops to 24 (setmaxnreg.dec)
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """``tensor_desc[coord] += src`` (a shared-memory tile) by a TMA reduction
+    (``cp.reduce.async.bulk.tensor ... .add``), issued like
+    ``tma.async_copy_shared_to_global`` and waited for with ``tma.store_wait``. Triton 3.6's
+    Gluon builds the op but does not export a function for it (hence the builder call; the
+    kernels run only on the triton versions they were checked with, ``GLUON_TRITON``)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                              coord, src.handle)
 
 
 @gluon.jit
@@ -93,3 +107,15 @@ def sm90_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out
         layout = gl.NVMMASharedLayout.get_default_for([block, d], dtype)
         descs.append(TensorDescriptor(t, [rows, heads * d], [stride, 1], [block, d], layout))
     return tuple(descs)
+
+
+def dq_scratch_descriptor(acc: torch.Tensor, varlen: bool):
+    """TMA descriptor of the fp32 dQ scratch (contiguous, shaped like Q) as ``[rows, heads * D]``
+    with the ``[64, D / 2]`` tiles one consumer warp group of the dK/dV kernel reduces into."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows, stride = rows_view(acc, varlen)
+    heads, d = acc.shape[-2], acc.shape[-1]
+    block = [64, d // 2]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
+    return TensorDescriptor(acc, [rows, heads * d], [stride, 1], block, layout)

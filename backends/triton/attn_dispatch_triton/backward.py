@@ -134,7 +134,8 @@ class BackwardLaunch:
         zero-filled here); :meth:`dq_convert` finishes it.
         """
         split = self.group_split(c)
-        tma = bool(atomic_dq and c.get("TMA")) and _tma_available(self.q.device)
+        sm90 = self.sm90_descriptors(c, (64, 128))
+        tma = bool(atomic_dq and c.get("TMA") and sm90 is None) and _tma_available(self.q.device)
         rec = self.rec
         if tma:  # rows of one (sequence, head) contiguous: [B,H,S,BLOCK_D] / [H,T,BLOCK_D]
             from triton.tools.tensor_descriptor import TensorDescriptor
@@ -188,17 +189,17 @@ class BackwardLaunch:
         heavy_first = self.heavy_first(c, grid[0])
         if heavy_first:
             grid = grid[::-1]
-        sm90 = None if atomic_dq else self.sm90_descriptors(c, (64, 128))
         if sm90 is not None:
             from ._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90
 
             self._launch(_attn_bwd_dkdv_sm90, grid, (
-                *sm90, dk, dv, self.lse2, self.delta, self.cu_q, self.cu_k,
+                *sm90, self.dq_scratch_descriptor() if atomic_dq else sm90[0], dk, dv,
+                self.lse2, self.delta, self.cu_q, self.cu_k,
                 *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
                 *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
                 self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
                 self.qk_scale, self.scale,
-            ), self.sm90_constants(c, heavy_first))
+            ), self.sm90_constants(c, heavy_first, atomic_dq))
         else:
             self._dkdv_portable(c, grid, dk, dv, dk_part, dv_part, acc, s_acc, split,
                                 heavy_first, atomic_dq, tma)
@@ -291,13 +292,29 @@ class BackwardLaunch:
                 self.rec.name_descriptor(d, index)
         return descs
 
-    def sm90_constants(self, c: dict, heavy_first: bool) -> dict:
-        """Compile-time arguments and launch options of a Gluon sm_90 kernel."""
+    def dq_scratch_descriptor(self):
+        """The TMA descriptor the Gluon dK/dV kernel reduces dQ into (``self.dq_acc``, fp32,
+        shaped like Q, as ``[rows, heads * D]``)."""
+        from ._sm90 import dq_scratch_descriptor
+
+        desc = dq_scratch_descriptor(self.dq_acc, self.varlen)
+        if self.rec is not None:
+            self.rec.name_descriptor(desc, _plan.ACC)
+        return desc
+
+    def sm90_constants(self, c: dict, heavy_first: bool, atomic_dq: bool | None = None) -> dict:
+        """Compile-time arguments and launch options of a Gluon sm_90 kernel (``atomic_dq``:
+        the dK/dV kernel's, with or without dQ)."""
         from . import _sm90
 
-        return dict(D=self.d, **self.flags, HEAVY_FIRST=heavy_first, BLOCK_M=c["BLOCK_M"],
-                    BLOCK_N=c["BLOCK_N"], STAGES=c.get("GLUON_STAGES", 2),
-                    num_warps=_sm90.WARPS, maxnreg=_sm90.MAXNREG)
+        consts = dict(D=self.d, **self.flags, HEAVY_FIRST=heavy_first, BLOCK_M=c["BLOCK_M"],
+                      BLOCK_N=c["BLOCK_N"], STAGES=c.get("GLUON_STAGES", 2),
+                      num_warps=_sm90.WARPS, maxnreg=_sm90.MAXNREG)
+        if atomic_dq is not None:
+            consts["ATOMIC_DQ"] = atomic_dq
+        if atomic_dq:  # a ring of 3 does not fit beside the dS^T and dQ tiles (240 KB)
+            consts["STAGES"] = 2
+        return consts
 
     def heavy_first(self, c: dict, blocks: int) -> bool:
         """Whether to launch the programs with the most work first (config ``HEAVY_FIRST``;

@@ -37,6 +37,7 @@ MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
 # slower than cuDNN at 4K-8K).
 SMALL_CAUSAL_MHA_SK, GLUON_CAUSAL_MHA_SK = 1024, (2049, 8192)
 SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
+GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic where gluon_fused_atomic_fastest
 
 
 def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
@@ -147,6 +148,18 @@ class Fused(ad.Implementation):
         return ad.Gradients(dq, dk, dv)
 
 
+def gluon_fused_atomic_fastest(inp: ad.BackwardInputs, arch: ad.Arch) -> bool:
+    """Where ``triton:fused_atomic`` runs the Gluon dK/dV kernel with dQ by TMA reductions and an
+    H200 measured it ahead of cuDNN: a dense D=128 backward on sm_90, GQA at the seed lengths,
+    or causal MHA with B*H <= 8 in ``GLUON_CAUSAL_MHA_SK``."""
+    if not (arch.name == "sm_90" and not inp.is_varlen and gluon_kernels_apply(inp)):
+        return False
+    if inp.kv_heads < inp.heads:
+        return True
+    return (inp.causal and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS
+            and GLUON_CAUSAL_MHA_SK[0] <= inp.seqlen_k <= GLUON_CAUSAL_MHA_SK[1])
+
+
 class FusedAtomic(Fused):
     """Triton FMHA backward as preprocess + one dK/dV/dQ kernel (fp32 atomic dQ) + convert.
 
@@ -162,6 +175,13 @@ class FusedAtomic(Fused):
     priority = {"gfx942": 58, "gfx950": 58, "sm_9*": 43, "sm_10*": 43, "sm_8*": 43}
     deterministic = False
     atomic_dq = True
+
+    def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
+        """Above cuDNN (50) and ``triton:fused`` (55) where :func:`gluon_fused_atomic_fastest`;
+        the arch's priority elsewhere."""
+        if isinstance(inp, ad.BackwardInputs) and gluon_fused_atomic_fastest(inp, arch):
+            return GLUON_ATOMIC_PRIORITY
+        return self.priority_for(arch)
 
 
 @ad.hookimpl

@@ -41,6 +41,12 @@ def _dp_first(c: Config) -> Config:
     return {**c, "DP_FIRST": 1}
 
 
+def _gluon_atomic(**extra: int) -> Config:
+    """dK/dV with dQ (``dkdvq``) by the Gluon kernel where it applies; elsewhere the tl kernel
+    at these tiles, adding dQ by TMA reductions (``TMA``)."""
+    return {**_cfg(64, 128, 8, 3), "TMA": 1, "GLUON": 1, **extra}
+
+
 def _gluon(c: Config) -> Config:
     """dK/dV by the warp-specialised Gluon kernel where it applies (sm_90, D = 128, 64 x 128
     tiles; ``_bwd_dkdv_sm90``); ``c`` stays the ``tl`` kernel's config elsewhere."""
@@ -76,7 +82,7 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # three runs).
         "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
               "dkdv": _gluon(_tma(64, 128, 8, 3)), "dq": _gluon(_cfg(128, 64, 8, 3)),
-              "dkdvq": {**_cfg(64, 128, 8, 3), "TMA": 1}},
+              "dkdvq": _gluon_atomic()},
         # DP_FIRST (dK/dV, the tl kernel): dP's product before the exponentials; per class on
         # an H200 (bench_dp_first.py): backward kernels 0.8-3.9% faster without a causal mask
         # and at MHA 1K causal, level at MHA 2K causal, 11-21% slower with the 64x128 causal
@@ -84,7 +90,6 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # (kernels 0.5-2% faster, end to end inconclusive)
         "d128-full-gqa": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
         "d128-full-mha": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
-        "d128-full-gqa-short-1k": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
         # Sk > 2048 without a mask: the tl dQ with a 4-stage pipeline (0-2% faster than 3)
         "d128-full-gqa-long": {"dq": _gluon(_cfg(128, 64, 8, 4))},
         "d128-full-mha-long": {"dq": _gluon(_cfg(128, 64, 8, 4))},
@@ -112,7 +117,16 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
                                         "CONCURRENT_MAX_SK": 8192}},
         # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
         "d128-causal-mha-long": {"dkdv": _gluon({**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1}),
-                                 "dq": _gluon({**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1})},
+                                 "dq": _gluon({**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}),
+                                 "dkdvq": _gluon_atomic(HEAVY_FIRST=1)},
+        # dkdvq (triton:fused_atomic): the Gluon dK/dV kernel adding dQ by TMA reductions.
+        # SPLIT (GQA heads per program) and HEAVY_FIRST per class, from 1-4 x with/without on
+        # an H200 (docs/triton_notes.md): causal GQA 4 (1K-2K heaviest first), GQA 1K 2
+        "d128-full-gqa-short-1k": {"dkdv": _dp_first(_tma(64, 128, 8, 3)),
+                                   "dkdvq": _gluon_atomic(SPLIT=2)},
+        "d128-causal-gqa": {"dkdvq": _gluon_atomic(SPLIT=4)},
+        "d128-causal-gqa-short-2k": {"dkdvq": _gluon_atomic(SPLIT=4, HEAVY_FIRST=1)},
+        "d128-causal-gqa-short-1k": {"dkdvq": _gluon_atomic(SPLIT=4, HEAVY_FIRST=1)},
     },
     "sm_80": {
         "*": {"fwd": _cfg(128, 64, 4, 3), "pre": _PRE,

@@ -31,20 +31,24 @@ KERNELS = {"dkdv": (_attn_bwd_dkdv_sm90, (64, 128)), "dq": (_attn_bwd_dq_sm90, (
 SMEM_SM90 = 232448
 DESC = ("tensordesc<{dtype}[{rows}, 128],NVMMASharedLayout(swizzle_byte_width=128, "
         "element_bitwidth=16, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
+DESC_DQ = ("tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
+           "element_bitwidth=32, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
 
 
 def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool = False,
-                 stages: int = 2, dtype: str = "bf16"):
+                 stages: int = 2, dtype: str = "bf16", atomic_dq: bool = False):
     """Compile one Gluon kernel for sm_90 as the launcher would launch it."""
     fn, (block_m, block_n) = KERNELS[kernel]
     q_rows, k_rows = (block_m, block_n)
     consts = dict(D=128, CAUSAL=causal, BOTTOM_RIGHT=causal, IS_VARLEN=varlen,
                   HEAVY_FIRST=heavy_first, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                  num_warps=_sm90.WARPS)
+                  ATOMIC_DQ=atomic_dq, num_warps=_sm90.WARPS)
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
             signature[name], constexprs[name] = "constexpr", consts[name]
+        elif name == "dqa_desc":  # the fp32 dQ scratch (atomic dQ), else an unused Q
+            signature[name] = (DESC_DQ if atomic_dq else DESC.format(dtype=dtype, rows=q_rows))
         elif name in ("q_desc", "do_desc"):
             signature[name] = DESC.format(dtype=dtype, rows=q_rows)
         elif name in ("k_desc", "v_desc"):
@@ -82,6 +86,24 @@ def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first, sta
     assert "setmaxnreg.dec" in ptx
     assert compiled.metadata.shared <= SMEM_SM90
     assert len(compiled.asm["cubin"]) > 0
+
+
+@pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
+                    reason="kernels were defined in interpreter mode: nothing to compile")
+@pytest.mark.parametrize(("causal", "varlen"), [(False, False), (True, True)],
+                         ids=["full-dense", "causal-varlen"])
+def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen) -> None:
+    """The fused-atomic variant: a fifth warp-group MMA per step (dQ, with dS^T from shared
+    memory), dQ added to the fp32 scratch by TMA reductions, shared memory in budget."""
+    plain = compile_sm90("dkdv", causal=causal, varlen=varlen)
+    fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True)
+    ptx = fused.asm["ptx"]
+    reduce = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
+    assert reduce in ptx and reduce not in plain.asm["ptx"]
+    assert ptx.count("wgmma.mma_async") > plain.asm["ptx"].count("wgmma.mma_async")
+    assert "m64n64k16" in ptx  # dQ[:, half of D] per warp group
+    assert fused.metadata.shared <= SMEM_SM90
+    assert len(fused.asm["cubin"]) > 0
 
 
 def _qkv(shape_q, shape_kv, dtype=torch.bfloat16, device="cpu"):
@@ -157,6 +179,10 @@ GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bott
     ("gqa-causal-top-left-sq<sk", 2, 8, 2, 300, 517, True, False, torch.bfloat16, None, False),
     ("gqa-causal-bottom-right-sq<sk", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None, False),
     ("gqa-causal-bottom-right-sq>sk", 2, 8, 2, 517, 300, True, True, torch.bfloat16, None, False),
+    # keys past a sequence's end in its last key block are the next sequence's rows (dense
+    # batch): they must not enter dQ (atomic dQ) without a mask or top-left with Sq > Sk
+    ("gqa-full-b2-odd", 2, 8, 2, 300, 300, False, False, torch.bfloat16, None, False),
+    ("gqa-causal-top-left-sq>sk", 2, 8, 2, 517, 300, True, False, torch.bfloat16, None, False),
     ("gqa-causal-split2", 1, 16, 4, 700, 700, True, False, torch.bfloat16, 2, False),
     ("gqa-full-split4-f16", 1, 16, 4, 700, 700, False, False, torch.float16, 4, False),
     ("mha-causal-heavy-first", 1, 4, 4, 2048, 2048, True, False, torch.bfloat16, None, True),
@@ -168,6 +194,7 @@ def _gluon_config(causal, group, seqlen_k, split, heavy_first, stages) -> dict:
                                                         seqlen_k).items()}
     cfg["dkdv"] = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "GLUON": 1,
                    "GLUON_STAGES": stages}
+    cfg["dkdvq"] = cfg["dkdv"]  # (the same dict: SPLIT / HEAVY_FIRST below reach both)
     cfg["dq"] = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "GLUON": 1,
                  "GLUON_STAGES": stages}
     if split:
@@ -185,12 +212,16 @@ def _assert_close(got, ref, name) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
+@pytest.mark.parametrize("atomic_dq", [False, True], ids=["split", "atomic-dq"])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("case", GPU_CASES, ids=[c[0] for c in GPU_CASES])
-def test_gluon_kernels_match_the_oracle(case, stages) -> None:
-    """dQ, dK, dV from the Gluon kernels (both of them, outputs NaN-poisoned first) against the
-    float64 oracle: relative Frobenius error < 1e-2 for bf16/f16 inputs."""
+def test_gluon_kernels_match_the_oracle(case, stages, atomic_dq) -> None:
+    """dQ, dK, dV from the Gluon kernels (both of them, or the dK/dV one with atomic dQ; outputs
+    NaN-poisoned first) against the float64 oracle: relative Frobenius error < 1e-2 for
+    bf16/f16 inputs."""
     _, b, h, hk, sq, sk, causal, bottom_right, dtype, split, heavy_first = case
+    if atomic_dq and stages == 3:
+        pytest.skip("the kernel with atomic dQ always runs a ring of 2 (3 does not fit)")
     torch.manual_seed(0)
     q, k, v, do = _qkv((b, sq, h, 128), (b, sk, hk, 128), dtype, "cuda")
     align = "bottom_right" if bottom_right else "top_left"
@@ -203,14 +234,15 @@ def test_gluon_kernels_match_the_oracle(case, stages) -> None:
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     attention_backward(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=causal,
                        bottom_right=bottom_right, scale=128 ** -0.5, config=cfg, dq=dq, dk=dk,
-                       dv=dv)
+                       dv=dv, atomic_dq=atomic_dq)
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
-def test_gluon_kernels_varlen_with_an_empty_sequence() -> None:
+@pytest.mark.parametrize("atomic_dq", [False, True], ids=["split", "atomic-dq"])
+def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq) -> None:
     """Packed sequences (one with no queries, whose keys get zero gradients) with a
     bottom-right causal mask: every sequence against its own oracle."""
     torch.manual_seed(1)
@@ -232,7 +264,7 @@ def test_gluon_kernels_varlen_with_an_empty_sequence() -> None:
     attention_backward(q, k, v, ref.out.to(q.dtype), ref.lse.float(), do, causal=True,
                        bottom_right=True, scale=0.1, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                        max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), config=cfg, dq=dq,
-                       dk=dk, dv=dv)
+                       dk=dk, dv=dv, atomic_dq=atomic_dq)
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
     keys_of_empty = slice(lens_k[0], lens_k[0] + lens_k[1])

@@ -89,28 +89,36 @@ def test_triton_fused_atomic_ranks_below_fused_above_fa2_on_sm90() -> None:
 
 # with a triton the Gluon kernels were checked against (CI pins one), else the tl kernels run
 GLUON = 55 if gluon_triton_installed() else 45
+ATOMIC = 56 if gluon_triton_installed() else 43  # triton:fused_atomic with the Gluon kernel
 
 
-@pytest.mark.parametrize(("kw", "priority"), [
-    ({"s": 1024, "h": 8, "hk": 8, "causal": True}, 55),  # measured: above cuDNN (50)
-    ({"s": 1024, "h": 8, "hk": 8, "causal": False}, 45),
-    ({"s": 2048, "h": 8, "hk": 8, "causal": True}, 45),
-    ({"s": 4096, "h": 8, "hk": 8, "causal": True}, GLUON),  # the Gluon kernels: above cuDNN
-    ({"s": 8192, "h": 8, "hk": 8, "causal": True}, GLUON),
-    ({"s": 16384, "h": 8, "hk": 8, "causal": True}, 45),
-    ({"s": 4096, "h": 8, "hk": 8, "causal": False}, 45),
-    ({"s": 4096, "h": 8, "hk": 8, "d": 96, "causal": True}, 45),  # no Gluon kernels at D != 128
-    ({"s": 1024, "h": 16, "hk": 16, "causal": True}, 45),
-    ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45),
-    ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45),
+@pytest.mark.parametrize(("kw", "fused", "atomic"), [
+    ({"s": 1024, "h": 8, "hk": 8, "causal": True}, 55, 43),  # measured: above cuDNN (50)
+    ({"s": 1024, "h": 8, "hk": 8, "causal": False}, 45, 43),
+    ({"s": 2048, "h": 8, "hk": 8, "causal": True}, 45, 43),
+    ({"s": 4096, "h": 8, "hk": 8, "causal": True}, GLUON, ATOMIC),  # Gluon: above cuDNN
+    ({"s": 8192, "h": 8, "hk": 8, "causal": True}, GLUON, ATOMIC),
+    ({"s": 16384, "h": 8, "hk": 8, "causal": True}, 45, 43),
+    ({"s": 4096, "h": 8, "hk": 8, "causal": False}, 45, 43),
+    ({"s": 4096, "h": 8, "hk": 8, "d": 96, "causal": True}, 45, 43),  # Gluon needs D = 128
+    ({"s": 1024, "h": 16, "hk": 16, "causal": True}, 45, 43),
+    ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),  # GQA: Gluon fused-atomic
+    ({"s": 4096, "h": 8, "hk": 2, "causal": False}, 45, ATOMIC),
+    ({"s": 4096, "h": 8, "hk": 2, "d": 64, "causal": False}, 45, 43),
+    ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45, 43),
 ])
-def test_triton_outranks_cudnn_only_where_measured_faster(kw, priority) -> None:
+def test_triton_outranks_cudnn_only_where_measured_faster(kw, fused, atomic) -> None:
     chosen = verdict("sm_90", **kw)
-    assert chosen.priority == priority
-    if priority == 55:  # above torch_sdpa:cudnn (50), which accepts these inputs too
-        assert chosen.status == "selected"
+    assert chosen.priority == fused
+    assert verdict("sm_90", "triton:fused_atomic", **kw).priority == atomic
+    top = max(fused, atomic)
+    if top > 50:  # above torch_sdpa:cudnn (50), which accepts these inputs too
+        name = "triton:fused" if fused == top else "triton:fused_atomic"
+        assert verdict("sm_90", name, **kw).status == "selected"
+    # asking for determinism rules the atomic one out wherever it ranks
+    assert verdict("sm_90", "triton:fused_atomic", **kw, deterministic=True).status == "rejected"
     assert verdict("sm_80", **kw).priority == 45
-    assert verdict("sm_90", "triton:fused_atomic", **kw).priority == 43
+    assert verdict("sm_80", "triton:fused_atomic", **kw).priority == 43
 
 
 @pytest.mark.parametrize(("kw", "needle"), [
