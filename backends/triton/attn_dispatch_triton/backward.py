@@ -193,7 +193,7 @@ class BackwardLaunch:
             from ._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90
 
             self._launch(_attn_bwd_dkdv_sm90, grid, (
-                *sm90, self.dq_scratch_descriptor() if atomic_dq else sm90[0], dk, dv,
+                *sm90, self.dq_scratch_descriptor() if atomic_dq else None, dk, dv,
                 self.lse2, self.delta, self.cu_q, self.cu_k,
                 *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
                 *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,

@@ -38,6 +38,9 @@ MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
 SMALL_CAUSAL_MHA_SK, GLUON_CAUSAL_MHA_SK = 1024, (2049, 8192)
 SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
 GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic where gluon_fused_atomic_fastest
+# GQA 64/8, B=1 (docs/benchmarks.md): without a mask 1.06x / 1.04x / 0.99x cuDNN at 1K / 2K /
+# 4K, 0.98x / 0.96x at 8K / 16K; causal 1.12x / 1.03x at 1K / 2K, 0.90-0.93x from 4K up.
+GLUON_ATOMIC_GQA_SK = {False: 4096, True: 2048}  # longest key length, by causal
 
 
 def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
@@ -150,12 +153,13 @@ class Fused(ad.Implementation):
 
 def gluon_fused_atomic_fastest(inp: ad.BackwardInputs, arch: ad.Arch) -> bool:
     """Where ``triton:fused_atomic`` runs the Gluon dK/dV kernel with dQ by TMA reductions and an
-    H200 measured it ahead of cuDNN: a dense D=128 backward on sm_90, GQA at the seed lengths,
-    or causal MHA with B*H <= 8 in ``GLUON_CAUSAL_MHA_SK``."""
+    H200 measured it ahead of cuDNN (or within 2% of it): a dense D=128 backward on sm_90, GQA
+    up to ``GLUON_ATOMIC_GQA_SK`` keys, or causal MHA with B*H <= 8 in
+    ``GLUON_CAUSAL_MHA_SK``."""
     if not (arch.name == "sm_90" and not inp.is_varlen and gluon_kernels_apply(inp)):
         return False
     if inp.kv_heads < inp.heads:
-        return True
+        return inp.seqlen_k <= GLUON_ATOMIC_GQA_SK[inp.causal]
     return (inp.causal and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS
             and GLUON_CAUSAL_MHA_SK[0] <= inp.seqlen_k <= GLUON_CAUSAL_MHA_SK[1])
 

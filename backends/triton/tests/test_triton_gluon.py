@@ -47,8 +47,10 @@ def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool =
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
             signature[name], constexprs[name] = "constexpr", consts[name]
-        elif name == "dqa_desc":  # the fp32 dQ scratch (atomic dQ), else an unused Q
-            signature[name] = (DESC_DQ if atomic_dq else DESC.format(dtype=dtype, rows=q_rows))
+        elif name == "dqa_desc" and not atomic_dq:  # the launcher passes None: no dQ
+            signature[name], constexprs[name] = "constexpr", None
+        elif name == "dqa_desc":  # the fp32 dQ scratch
+            signature[name] = DESC_DQ
         elif name in ("q_desc", "do_desc"):
             signature[name] = DESC.format(dtype=dtype, rows=q_rows)
         elif name in ("k_desc", "v_desc"):

@@ -162,10 +162,14 @@ def test_concurrent_dq_joins_the_callers_own_stream(tuned_d64):
         assert side._callers[caller.cuda_stream].cuda_stream == caller.cuda_stream
 
 
+@pytest.mark.parametrize(("impl", "n_descriptors"), [("triton:fused", 8),
+                                                     ("triton:fused_atomic", 5)])
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_replayed_plan_of_the_gluon_kernels(varlen):
-    """D=128 GQA causal on sm_90: the table runs the Gluon dK/dV and dQ kernels (four TMA
-    descriptors each, rebuilt around the new call's pointers on every replay)."""
+def test_replayed_plan_of_the_gluon_kernels(varlen, impl, n_descriptors):
+    """D=128 GQA causal on sm_90: the table runs the Gluon kernels, whose TMA descriptors are
+    rebuilt around the new call's pointers on every replay: Q, K, V, dO for each of the dK/dV
+    and dQ kernels (``triton:fused``), or for the dK/dV kernel plus the fresh dQ scratch it
+    reduces into (``triton:fused_atomic``)."""
     from attn_dispatch_triton import _plan
     from attn_dispatch_triton.backward import _gluon_sm90
 
@@ -173,6 +177,6 @@ def test_replayed_plan_of_the_gluon_kernels(varlen):
         pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
     _plan.clear()
     test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "bottom_right", varlen,
-                                             "triton:fused"), d=128)
+                                             impl), d=128)
     descriptors = [d for launch in _recorded_launches() for d in launch.descs]
-    assert len(descriptors) == 8, "the plan should rebuild Q, K, V, dO for both Gluon kernels"
+    assert len(descriptors) == n_descriptors, descriptors
