@@ -78,6 +78,8 @@ def test_bench_table_renders_the_committed_sweep() -> None:
     mha_2k = next(line for line in body if line.startswith("| MHA 8 2K |"))
     forced = {r["impl"]: r["us"] for r in rows if r["kind"] == "forced" and r["heads"] == 8
               and r["seqlen"] == 2048 and not r["causal"]}
-    want = forced["torch_sdpa:flash"] / forced["triton:fused"]
-    assert mha_2k.split(" | ")[-2] == f"{want:.2f}×"
+    name, ours = min(((impl, us) for impl, us in forced.items() if impl.startswith("triton:")),
+                     key=lambda x: x[1])  # the faster triton implementation
+    want = forced["torch_sdpa:flash"] / ours
+    assert mha_2k.split(" | ")[-2] == f"{want:.2f}× ({name.split(':')[1]})"
     assert (root / "docs" / "benchmarks.md").read_text().count(lines[0]) == 1

@@ -15,6 +15,16 @@ another in every warp. This kernel is warp specialised (``_sm90``):
   warp group releases a buffer on its own, so the two drift apart and one's exponentials overlap
   the other's products.
 
+With ``ATOMIC_DQ`` (``triton:fused_atomic``) the kernel also produces dQ, 5 tile products per
+step instead of the split design's 7 over both kernels: each consumer warp group stores its
+dS^T rows into a per-slot shared-memory tile (its dK product's left operand), arrives on that
+slot's "dS stored" mbarrier, and once both groups have, multiplies dS (all ``BLOCK_N`` keys) by
+its half of K's columns and hands the fp32 ``[BLOCK_M, D/2]`` tile to a TMA reduction into the
+zero-filled dQ scratch (unscaled; the convert kernel scales and casts it). A slot's dS^T tile is
+rewritten only after the producer refilled the slot, i.e. after both groups released it, which
+they do after their dQ products. Keys past the sequence's end get ``P = 0`` here, since their
+rows (the next sequence's) would otherwise enter dQ. Ring of 2 only (3 would need 240 KB).
+
 The loop is flattened over (query head of the program's GQA slice, query block), so the prefetch
 runs across head boundaries. Inputs are read through 2-D descriptors over ``[rows, heads * D]``
 (``_sm90.sm90_descriptors``), so a tile past a sequence's end reads the next sequence's finite
@@ -107,8 +117,13 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
     k_part = k_smem.slice(WG * HALF_N, HALF_N)
     v_part = v_smem.slice(WG * HALF_N, HALF_N)
     offs_m0 = gl.arange(0, BLOCK_M, layout=row_layout)
-    first = n0 + WG * HALF_N  # this warp group's first key
-    offs_n = first + gl.arange(0, HALF_N, layout=key_layout)
+    # (the two forms compile the same math to differently allocated registers: each kernel keeps
+    # the one it was measured with, the split one's spilling less)
+    if ATOMIC_DQ:
+        first = n0 + WG * HALF_N  # this warp group's first key
+        offs_n = first + gl.arange(0, HALF_N, layout=key_layout)
+    else:
+        offs_n = n0 + WG * HALF_N + gl.arange(0, HALF_N, layout=key_layout)
     zero_s = gl.zeros([HALF_N, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([HALF_N, D], gl.float32, acc_layout)
     dv = gl.zeros([HALF_N, D], gl.float32, acc_layout)
@@ -130,7 +145,13 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
         pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
             h, m0 = _step_position(it, nblk, lo_blk, head0, BLOCK_M)
-            if first + HALF_N - 1 > m0 + off:  # a tile the diagonal crosses
+            # The fused-atomic kernel masks only the tiles the diagonal crosses (faster there);
+            # the split one masks every step (its register budget: the branch made it spill more)
+            if ATOMIC_DQ:
+                crosses = first + HALF_N - 1 > m0 + off
+            else:
+                crosses = True
+            if crosses:
                 keep = gl.expand_dims(offs_n, 1) <= gl.expand_dims(m0 + offs_m0, 0) + off
                 pT = gl.where(keep, pT, 0.0)
         if ATOMIC_DQ:
@@ -172,6 +193,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
 
     if ATOMIC_DQ:
         tma.store_wait(0)
+    else:
+        first = n0 + WG * HALF_N
     store_rows(dk_base, dk * scale, first, k_start, k_len, stride_dks, HALF_N, D)
     store_rows(dv_base, dv, first, k_start, k_len, stride_dvs, HALF_N, D)
 
@@ -215,12 +238,14 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
         # barriers: [0, S) tiles ready (TMA), [S, 2S) slot empty (one arrival per consumer
         # warp group), [2S, 3S) lse2 / delta stored, 3S: K and V ready
         # (ATOMIC_DQ: [3S + 1, 4S + 1) both warp groups' dS^T stored)
-        bars = gl.allocate_shared_memory(gl.int64, [4 * STAGES + 1, 1], mbarrier.MBarrierLayout())
+        N_BARS: gl.constexpr = 4 * STAGES + 1 if ATOMIC_DQ else 3 * STAGES + 1
+        bars = gl.allocate_shared_memory(gl.int64, [N_BARS, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
             mbarrier.init(bars.index(STAGES + i), count=2)
             mbarrier.init(bars.index(2 * STAGES + i), count=1)
-            mbarrier.init(bars.index(3 * STAGES + 1 + i), count=2)
+            if ATOMIC_DQ:
+                mbarrier.init(bars.index(3 * STAGES + 1 + i), count=2)
         mbarrier.init(bars.index(3 * STAGES), count=1)
 
         # Query blocks that see these keys: [lo_blk, lo_blk + nblk) of each head of the slice

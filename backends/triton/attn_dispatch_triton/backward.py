@@ -6,8 +6,10 @@ the gradients (see the kernel modules for the math): ``_bwd_preprocess`` (delta,
 program per query block and head).
 
 Fused-atomic design (``atomic_dq=True``, ``triton:fused_atomic``): preprocess, then
-``_bwd_dkdv`` with ``ATOMIC_DQ`` also adds dQ into a zero-filled fp32 scratch with atomics
-(config key ``"dkdvq"``), then ``_bwd_dq_convert`` scales and casts it (config key ``"cvt"``).
+``_bwd_dkdv`` with ``ATOMIC_DQ`` also adds dQ into a zero-filled fp32 scratch with atomics or
+TMA reductions (config key ``"dkdvq"``; on sm_90 with ``GLUON`` the Gluon ``_bwd_dkdv_sm90``
+with ``ATOMIC_DQ``, TMA reductions), then ``_bwd_dq_convert`` scales and casts it (config key
+``"cvt"``).
 
 :class:`BackwardLaunch` holds one problem's arguments so each kernel can also be launched (and
 timed) on its own; :func:`attention_backward` runs all three. On NVIDIA GPUs a repeated call of

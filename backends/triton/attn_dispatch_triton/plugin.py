@@ -13,8 +13,9 @@ from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA nativ
 bias, no float32 inputs.
 
 ``triton:fused`` is deterministic (split dQ kernel, no atomics anywhere); ``triton:fused_atomic``
-computes dQ in the dK/dV kernel with fp32 atomics (5 tile products per tile pair instead of 7),
-so it is not deterministic and the core rejects it when determinism is requested.
+computes dQ in the dK/dV kernel and adds it with fp32 atomics or TMA reductions (5 tile products
+per tile pair instead of 7), so it is not deterministic and the core rejects it when determinism
+is requested.
 """
 
 from __future__ import annotations
@@ -165,14 +166,16 @@ def gluon_fused_atomic_fastest(inp: ad.BackwardInputs, arch: ad.Arch) -> bool:
 
 
 class FusedAtomic(Fused):
-    """Triton FMHA backward as preprocess + one dK/dV/dQ kernel (fp32 atomic dQ) + convert.
+    """Triton FMHA backward as preprocess + one dK/dV/dQ kernel (fp32 dQ reductions) + convert.
 
-    Priorities (one per arch): on an H200 it is slower than ``triton:fused`` at 8 of the 9
-    seed shapes (1.00-1.13x its time; faster only at MHA 1K) and faster than FA2 at all of them
-    (1.01-1.26x), so it ranks just below ``triton:fused`` (45) and above FA2 (40): it is chosen
-    when determinism is off only if ``triton:fused`` is disabled or rejects the call. On AMD it
-    is compile-tested only (never run): below ``triton:fused`` (60) there too. See
-    docs/triton_notes.md.
+    Priorities: per arch, just below ``triton:fused`` (45 / 60) and above FA2 (40), so where
+    ``triton:fused`` runs it is chosen only if that one is disabled or rejects the call. The
+    exception is sm_90 with the Gluon kernel (dQ by TMA reductions, D = 128): there an H200
+    measured it ahead of cuDNN at GQA up to 2K-4K keys and causal MHA 4K-8K, where it takes 56
+    (:func:`gluon_fused_atomic_fastest`, docs/benchmarks.md). The `tl` kernel it runs
+    elsewhere was 1.00-1.13x ``triton:fused``'s time at the seed shapes on an H200. On AMD it is
+    compile-tested only (never run). Not deterministic: a call asking for determinism rules it
+    out.
     """
 
     name = "fused_atomic"
