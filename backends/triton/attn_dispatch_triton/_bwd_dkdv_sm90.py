@@ -202,14 +202,12 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
 def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2, Delta, CU_Q,
                         CU_K, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
-                        stride_dvh,
-                        stride_tb, stride_th, stride_ts, stride_dk_split, stride_dv_split,
-                        seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
+                        stride_dvh, stride_tb, stride_th, stride_ts, stride_dk_split,
+                        stride_dv_split, seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
                         D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                         IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
                         ATOMIC_DQ: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        STAGES: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
     if HEAVY_FIRST:
         split = gl.program_id(0)
@@ -261,10 +259,10 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
                 q_len)
         dk_base = DK + split.to(gl.int64) * stride_dk_split + b.to(gl.int64) * stride_dkb \
             + hk * stride_dkh
-        half: gl.constexpr = BLOCK_N // 2
         dv_base = DV_ + split.to(gl.int64) * stride_dv_split + b.to(gl.int64) * stride_dvb \
             + hk * stride_dvh
         out = (k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs)
+        half: gl.constexpr = BLOCK_N // 2
         if ATOMIC_DQ:  # per ring slot, dS^T of the program's keys (both warp groups)
             ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M],
                                                                            dtype)
@@ -280,10 +278,8 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
                          lse_bufs, delta_bufs, bars, Lse2, Delta, work, BLOCK_M, D, STAGES)),
             (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
                          dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 0, CAUSAL,
-                         ATOMIC_DQ, BLOCK_M,
-                         half, D, STAGES)),
+                         ATOMIC_DQ, BLOCK_M, half, D, STAGES)),
             (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
                          dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 1, CAUSAL,
-                         ATOMIC_DQ, BLOCK_M,
-                         half, D, STAGES)),
+                         ATOMIC_DQ, BLOCK_M, half, D, STAGES)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
