@@ -89,33 +89,34 @@ def store_rows(base, x, first, start, n_valid, stride_row, ROWS: gl.constexpr,
     gl.store(ptrs, x.to(base.dtype.element_ty), mask=ok)
 
 
-def sm90_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-                     varlen: bool, block_m: int, block_n: int) -> tuple | None:
-    """The kernels' four TMA descriptors (Q, K, V, dO as ``[rows, heads * D]`` with
-    ``[block, D]`` tiles), or ``None`` when a tensor cannot be read that way
-    (:func:`._tma_rows.rows_view`)."""
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
+
+
+def rows_descriptor(t: torch.Tensor, varlen: bool, block: list[int]):
+    """A TMA descriptor over ``t`` (``[B, S, H, D]`` or varlen ``[T, H, D]``) read as
+    ``[rows, heads * D]`` with ``block`` tiles, or ``None`` when it cannot be read that way
+    (:func:`._tma_rows.rows_view`) or has another dtype than bf16 / f16 / fp32."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    descs = []
-    for t, block in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m)):
-        view = rows_view(t, varlen)
-        if view is None:
-            return None
-        rows, stride = view
-        heads, d = t.shape[-2], t.shape[-1]
-        dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-        layout = gl.NVMMASharedLayout.get_default_for([block, d], dtype)
-        descs.append(TensorDescriptor(t, [rows, heads * d], [stride, 1], [block, d], layout))
-    return tuple(descs)
+    view = rows_view(t, varlen)
+    if view is None or t.dtype not in _GL_DTYPES:
+        return None
+    rows, stride = view
+    heads, d = t.shape[-2], t.shape[-1]
+    layout = gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPES[t.dtype])
+    return TensorDescriptor(t, [rows, heads * d], [stride, 1], block, layout)
+
+
+def sm90_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+                     varlen: bool, block_m: int, block_n: int) -> tuple | None:
+    """The kernels' four TMA descriptors (Q, K, V, dO with ``[block, D]`` tiles), or ``None``
+    when a tensor cannot be read as rows."""
+    descs = tuple(rows_descriptor(t, varlen, [block, t.shape[-1]])
+                  for t, block in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m)))
+    return None if any(d is None for d in descs) else descs
 
 
 def dq_scratch_descriptor(acc: torch.Tensor, varlen: bool):
-    """TMA descriptor of the fp32 dQ scratch (contiguous, shaped like Q) as ``[rows, heads * D]``
-    with the ``[64, D / 2]`` tiles one consumer warp group of the dK/dV kernel reduces into."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    rows, stride = rows_view(acc, varlen)
-    heads, d = acc.shape[-2], acc.shape[-1]
-    block = [64, d // 2]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
-    return TensorDescriptor(acc, [rows, heads * d], [stride, 1], block, layout)
+    """TMA descriptor of the fp32 dQ scratch (contiguous, shaped like Q) with the
+    ``[64, D / 2]`` tiles one consumer warp group of the dK/dV kernel reduces into."""
+    return rows_descriptor(acc, varlen, [64, acc.shape[-1] // 2])

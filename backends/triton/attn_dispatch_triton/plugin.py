@@ -55,6 +55,18 @@ def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
                     for t in (inp.q, inp.k, inp.v, inp.grad_out)))
 
 
+def small_dense_causal_mha(inp: ad.ForwardInputs) -> bool:
+    """A dense causal MHA call with B*H <= ``SMALL_CAUSAL_MHA_HEADS``: the case where a triton
+    implementation outranks cuDNN on sm_90 at some key lengths."""
+    return (inp.causal and not inp.is_varlen and inp.heads == inp.kv_heads
+            and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS)
+
+
+def in_gluon_causal_mha_range(inp: ad.ForwardInputs) -> bool:
+    """Key length within ``GLUON_CAUSAL_MHA_SK``."""
+    return GLUON_CAUSAL_MHA_SK[0] <= inp.seqlen_k <= GLUON_CAUSAL_MHA_SK[1]
+
+
 def triton_missing() -> str | None:
     """Why no usable triton is installed, or ``None``."""
     reasons = []
@@ -119,12 +131,10 @@ class Fused(ad.Implementation):
         against 269 / 756 us; docs/benchmarks.md); the arch's priority elsewhere."""
         base = self.priority_for(arch)
         if (type(self) is Fused and isinstance(inp, ad.BackwardInputs)
-                and arch.name == "sm_90" and inp.causal and not inp.is_varlen
-                and inp.heads == inp.kv_heads and 64 < inp.head_dim <= 128
-                and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS
+                and arch.name == "sm_90" and small_dense_causal_mha(inp)
+                and 64 < inp.head_dim <= 128
                 and (inp.seqlen_k <= SMALL_CAUSAL_MHA_SK
-                     or GLUON_CAUSAL_MHA_SK[0] <= inp.seqlen_k <= GLUON_CAUSAL_MHA_SK[1]
-                     and gluon_kernels_apply(inp))):
+                     or in_gluon_causal_mha_range(inp) and gluon_kernels_apply(inp))):
             return SMALL_CAUSAL_MHA_PRIORITY
         return base
 
@@ -161,8 +171,7 @@ def gluon_fused_atomic_fastest(inp: ad.BackwardInputs, arch: ad.Arch) -> bool:
         return False
     if inp.kv_heads < inp.heads:
         return inp.seqlen_k <= GLUON_ATOMIC_GQA_SK[inp.causal]
-    return (inp.causal and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS
-            and GLUON_CAUSAL_MHA_SK[0] <= inp.seqlen_k <= GLUON_CAUSAL_MHA_SK[1])
+    return small_dense_causal_mha(inp) and in_gluon_causal_mha_range(inp)
 
 
 class FusedAtomic(Fused):
