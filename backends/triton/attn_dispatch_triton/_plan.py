@@ -7,12 +7,13 @@ records, on the first call of a signature (shapes, strides, dtypes, pointer alig
 device: everything the kernels specialize on), each launch's compiled kernel, grid and full
 argument list; a repeated call allocates its outputs and scratch, fills the data pointers and
 the scale into copies of those lists, and calls the compiled kernels' launchers
-(``CompiledKernel.run``) directly. Same compiled kernels, same arguments: identical results.
+(``CompiledKernel.run``, or the C launcher behind it when the kernel needs no scratch memory)
+directly. Same compiled kernels, same arguments: identical results.
 
-The launcher call relies on triton's ``CompiledKernel.run`` signature, checked on the versions
-in :data:`VERIFIED_TRITON` on NVIDIA GPUs; elsewhere, under the interpreter, with launch hooks
-installed (profilers), or with ``ATTN_DISPATCH_TRITON_PLANS=0``, every call takes the normal
-``kernel[grid]`` path.
+The launcher call relies on the signatures of triton's ``CompiledKernel.run`` and
+``CudaLauncher.launch``, checked on the versions in :data:`VERIFIED_TRITON` on NVIDIA GPUs;
+elsewhere, under the interpreter, with launch hooks installed (profilers), or with
+``ATTN_DISPATCH_TRITON_PLANS=0``, every call takes the normal ``kernel[grid]`` path.
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ class Recorder:
             return None
         launches = []
         for compiled, grid, full, on_side in self.launches:
-            slots, descs, template = [], [], list(full)
-            for pos, arg in enumerate(full):
+            launcher, lead = _launcher(compiled)
+            slots, descs, template = [], [], [*lead, *full]
+            for pos, arg in enumerate(full, start=len(lead)):
                 if id(arg) in self.descriptors:
                     descs.append((pos, self.descriptors[id(arg)], list(arg.shape),
                                   list(arg.strides)))
@@ -135,10 +137,27 @@ class Recorder:
                     slots.append((pos, *role))
                     template[pos] = None
             head = (*grid, *(1,) * (3 - len(grid)))
-            launches.append(Launch(compiled.run, head, compiled.function,
-                                   compiled.packed_metadata, template, tuple(slots),
+            launches.append(Launch(launcher, head, compiled.function, template, tuple(slots),
                                    tuple(descs), on_side))
         return Plan(launches, **extra)
+
+
+def _launcher(compiled: Any) -> tuple[Any, tuple]:
+    """The callable a replay launches ``compiled`` with, and its arguments before the kernel's.
+
+    ``compiled.run`` (triton's ``CudaLauncher``) allocates per-launch scratch, then calls its C
+    launcher ``launch``. A kernel that needs no scratch (every kernel of this backend so far) is
+    launched through ``launch`` itself, one Python frame less per launch; the leading arguments
+    are those ``CudaLauncher.__call__`` would pass (cooperative grid, PDL, no scratch), then the
+    packed metadata and, with no launch hooks, no launch metadata and no hooks.
+    """
+    run = compiled.run
+    tail = (compiled.packed_metadata, None, None, None)
+    if (getattr(run, "global_scratch_size", None) == 0
+            and getattr(run, "profile_scratch_size", None) == 0
+            and hasattr(run, "launch_cooperative_grid") and hasattr(run, "launch_pdl")):
+        return run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None, *tail)
+    return run, tail
 
 
 class SideStream:
@@ -209,8 +228,7 @@ class Launch(NamedTuple):
     launcher: Any
     grid: tuple
     function: Any
-    metadata: Any
-    template: list  # the full argument list, per-call values left as None
+    template: list  # the arguments after the function, per-call values left as None
     slots: tuple  # (position, value index, byte offset or None)
     descs: tuple  # (position, value index, shape, strides): descriptors rebuilt per call
     on_side: bool  # queued on the device's side stream
@@ -244,8 +262,7 @@ class Plan:
                 values[ACC_DESC] = TensorDescriptor(flat, list(flat_shape),
                                                     [flat_shape[1], 1], block)
         side = None
-        for launcher, (gx, gy, gz), function, metadata, template, slots, descs, on_side in (
-                self.launches):
+        for launcher, (gx, gy, gz), function, template, slots, descs, on_side in self.launches:
             args = template.copy()
             for pos, index, offset in slots:
                 args[pos] = values[index] if offset is None else values[index] + offset
@@ -254,9 +271,7 @@ class Plan:
             if on_side and side is None:
                 side = side_stream(device)
                 side.fork(stream)
-            # no launch hooks (checked per call): no launch metadata, no hook callables
-            launcher(gx, gy, gz, side.handle if on_side else stream, function, metadata, None,
-                     None, None, *args)
+            launcher(gx, gy, gz, side.handle if on_side else stream, function, *args)
         if side is not None:
             side.join(stream)
 
