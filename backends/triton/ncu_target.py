@@ -1,0 +1,41 @@
+"""A target for Nsight Compute: triton:fused_atomic's backward at GQA 64/8 (B=1, D=128, bf16).
+
+Runs the backward three times (the first records the launch plan), so that one launch of the
+Gluon dK/dV kernel can be profiled after warm-up::
+
+    ncu --clock-control none --kernel-name regex:_attn_bwd_dkdv_sm90 --launch-skip 2 \\
+        --launch-count 1 --section SpeedOfLight --section WarpStateStats \\
+        --section SchedulerStats --section Occupancy --section ComputeWorkloadAnalysis \\
+        --section MemoryWorkloadAnalysis --section SourceCounters --section LaunchStats \\
+        -o fused_atomic python3 backends/triton/ncu_target.py --seqlen 4096 [--causal]
+
+(docs/triton_notes.md, "What limits the fused-atomic kernel", has the numbers of one run.)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from attn_dispatch_triton.backward import attention_backward
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqlen", type=int, default=4096)
+    ap.add_argument("--causal", action="store_true")
+    args = ap.parse_args()
+    s, heads, kv_heads = args.seqlen, 64, 8
+    torch.manual_seed(0)
+    q = torch.randn(1, s, heads, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, s, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
+    v, grad_out, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(1, heads, s, device="cuda") + 6.0
+    for _ in range(3):
+        attention_backward(q, k, v, out, lse, grad_out, causal=args.causal, bottom_right=False,
+                           scale=128 ** -0.5, atomic_dq=True)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
