@@ -17,10 +17,12 @@ another in every warp. This kernel is warp specialised (``_sm90``):
 
 With ``ATOMIC_DQ`` (``triton:fused_atomic``) the kernel also produces dQ, 5 tile products per
 step instead of the split design's 7 over both kernels: each consumer warp group stores its
-dS^T rows into a per-slot shared-memory tile (its dK product's left operand), arrives on that
-slot's "dS stored" mbarrier, and once both groups have, multiplies dS (all ``BLOCK_N`` keys) by
-its half of K's columns and hands the fp32 ``[BLOCK_M, D/2]`` tile to a TMA reduction into the
-zero-filled dQ scratch (unscaled; the convert kernel scales and casts it). A slot's dS^T tile is
+dS^T rows into a per-slot shared-memory tile and arrives on that slot's "dS stored" mbarrier.
+Once both groups have, each multiplies dS (all ``BLOCK_N`` keys) by its half of K's columns
+and hands the fp32 ``[BLOCK_M, D/2]`` tile to a TMA reduction into the zero-filled dQ scratch
+(unscaled; the convert kernel scales and casts it). dK's left operand is dS^T from registers,
+as in the split design: the kernel is bound by shared-memory bandwidth (the products' operands,
+the dS^T and dQ tiles) more than by its tensor cores. A slot's dS^T tile is
 rewritten only after the producer refilled the slot, i.e. after both groups released it, which
 they do after their dQ products. Keys past the sequence's end get ``P = 0`` here, since their
 rows (the next sequence's) would otherwise enter dQ. Ring of 2 only (3 would need 240 KB).
@@ -162,15 +164,18 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
         dpT = warpgroup_mma_wait(1, deps=(dp_tok, ))
         dsT = pT * (dpT - gl.expand_dims(delta, 0))
         if ATOMIC_DQ:
-            # dS^T of both warp groups goes to shared memory: this group's rows are its dK
-            # product's left operand; once the other group's rows are there too, this group
-            # adds dS K[:, its half of D] (unscaled) to the fp32 dQ scratch by a TMA reduction.
+            # dS^T of both warp groups goes to shared memory; once the other group's rows are
+            # there too, this group adds dS K[:, its half of D] (unscaled) to the fp32 dQ
+            # scratch by a TMA reduction.
             ds_all = ds_smem.index(slot)
             ds_part = ds_all.slice(WG * HALF_N, HALF_N)
             ds_part.store(dsT.to(dtype))
             fence_async_shared()
             mbarrier.arrive(bars.index(3 * STAGES + 1 + slot))
-            dk_tok = warpgroup_mma(ds_part, q_tile, dk, is_async=True)
+            # (dK's left operand from registers, not from the tile just stored: the kernel is
+            # bound by shared-memory bandwidth more than by its tensor cores)
+            dsT_op = gl.convert_layout(dsT.to(dtype), op_layout)
+            dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
             mbarrier.wait(bars.index(3 * STAGES + 1 + slot), phase)  # both halves of dS^T
             dq_tok = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(WG * HALF_D, HALF_D, 1),
                                    gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout),
