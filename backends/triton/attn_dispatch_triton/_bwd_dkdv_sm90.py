@@ -15,17 +15,17 @@ another in every warp. This kernel is warp specialised (``_sm90``):
   warp group releases a buffer on its own, so the two drift apart and one's exponentials overlap
   the other's products.
 
-With ``ATOMIC_DQ`` (``triton:fused_atomic``) the kernel also produces dQ, 5 tile products per
-step instead of the split design's 7 over both kernels: each consumer warp group stores its
-dS^T rows into a per-slot shared-memory tile and arrives on that slot's "dS stored" mbarrier.
-Once both groups have, each multiplies dS (all ``BLOCK_N`` keys) by its half of K's columns
-and hands the fp32 ``[BLOCK_M, D/2]`` tile to a TMA reduction into the zero-filled dQ scratch
-(unscaled; the convert kernel scales and casts it). dK's left operand is dS^T from registers,
-as in the split design: the kernel is bound by shared-memory bandwidth (the products' operands,
-the dS^T and dQ tiles) more than by its tensor cores. A slot's dS^T tile is
-rewritten only after the producer refilled the slot, i.e. after both groups released it, which
-they do after their dQ products. Keys past the sequence's end get ``P = 0`` here, since their
-rows (the next sequence's) would otherwise enter dQ. Ring of 2 only (3 would need 240 KB).
+With ``ATOMIC_DQ`` (``triton:fused_atomic``) the kernel also produces dQ, 5 tile products per step
+instead of the split design's 7 over both kernels: each consumer warp group stores its dS^T rows
+into a per-slot shared-memory tile and arrives on that slot's "dS stored" mbarrier. Once both
+groups have, each multiplies dS (all ``BLOCK_N`` keys) by its half of K's columns and hands the
+fp32 ``[BLOCK_M, D/2]`` tile to a TMA reduction into the zero-filled dQ scratch (unscaled; the
+convert kernel scales and casts it). dK's left operand is dS^T from registers, as in the split
+design: the kernel is bound by shared-memory bandwidth (the products' operands, the dS^T and dQ
+tiles) more than by its tensor cores. A slot's dS^T tile is rewritten only after the producer
+refilled the slot, i.e. after both groups released it, which they do after their dQ products. Keys
+past the sequence's end get ``P = 0`` here, since their rows (the next sequence's) would otherwise
+enter dQ. Ring of 2 only (3 would need 240 KB).
 
 The loop is flattened over (query head of the program's GQA slice, query block), so the prefetch
 runs across head boundaries. Inputs are read through 2-D descriptors over ``[rows, heads * D]``
