@@ -314,6 +314,7 @@ class BackwardLaunch:
                       num_warps=_sm90.WARPS, maxnreg=_sm90.MAXNREG)
         if atomic_dq is not None:
             consts["ATOMIC_DQ"] = atomic_dq
+            consts["HEADS_INNER"] = bool(c.get("HEADS_INNER", 0))
         if atomic_dq:  # a ring of 3 does not fit beside the dS^T and dQ tiles (240 KB)
             consts["STAGES"] = 2
         return consts

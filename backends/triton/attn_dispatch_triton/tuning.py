@@ -1,8 +1,8 @@
 """Kernel configurations per arch and shape class, with an on-disk cache of tuned choices.
 
 A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` (plus optional keys:
-``SPLIT``, ``TMA``, ``HEAVY_FIRST``, ``LOAD_TMA``, ``CONCURRENT_MAX_SK``, ``DP_FIRST``,
-``GLUON``, ``GLUON_STAGES``) per
+``SPLIT``, ``TMA``, ``HEAVY_FIRST``, ``HEADS_INNER``, ``LOAD_TMA``, ``CONCURRENT_MAX_SK``,
+``DP_FIRST``, ``GLUON``, ``GLUON_STAGES``) per
 kernel (``fwd``, ``pre``, ``dkdv``, ``dq``; for the fused-atomic backward ``dkdvq``, the dK/dV
 kernel with atomic dQ, and ``cvt``, the dQ convert pass). Lookup, first hit wins:
 
@@ -115,6 +115,12 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # dQ beside dK/dV on a side stream: GQA 4K causal 2074 -> 1938 us, 8K 7393 -> 7087
         "d128-causal-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 3)),
                                         "CONCURRENT_MAX_SK": 8192}},
+        # GQA 4K causal, fused-atomic: one program per key block (no split partials to sum),
+        # heaviest first, query blocks walked last to first with the heads innermost
+        # (HEADS_INNER): 1644 -> 1548 us end to end; at 8K-16K split 4 in the natural order
+        # stays faster (5.8 vs 6.3 ms, 21.7 vs 24.7 ms; docs/triton_notes.md)
+        "d128-causal-gqa-long-4k": {"dkdvq": _gluon_atomic(SPLIT=1, HEAVY_FIRST=1,
+                                                           HEADS_INNER=1)},
         # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
         "d128-causal-mha-long": {"dkdv": _gluon({**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1}),
                                  "dq": _gluon({**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}),
@@ -150,6 +156,9 @@ SHORT_SEQ = 2048  # at or below: fewer key blocks than SMs, so smaller tiles pay
 # Inside "short", entries may also be keyed per length ("-1k": Sk <= 1024, "-2k": up to 2048),
 # where the best tile differs between the two (e.g. MHA 8: 8 vs 16 key blocks of 128 per head).
 SHORT_SPLIT = 1024
+# Above "short", entries may be keyed "-4k" (2048 < Sk <= 4096), where a few waves of programs
+# make the launch order matter more than at longer lengths.
+LONG_SPLIT = 4096
 
 
 def shape_class(head_dim: int, causal: bool, group: int, seqlen_k: int | None = None) -> str:
@@ -166,11 +175,14 @@ def shape_class(head_dim: int, causal: bool, group: int, seqlen_k: int | None = 
 
 def lookup_keys(head_dim: int, causal: bool, group: int, seqlen_k: int) -> tuple[str, ...]:
     """The keys a lookup applies, general to specific: ``"*"``, the class, the class with its
-    length bucket and, for short lengths, with the finer ``-1k``/``-2k`` bucket."""
+    length bucket and, for short lengths, with the finer ``-1k``/``-2k`` bucket (long ones up
+    to 4K: ``-4k``)."""
     cls = shape_class(head_dim, causal, group)
     bucket = shape_class(head_dim, causal, group, seqlen_k)
-    if seqlen_k > SHORT_SEQ:
+    if seqlen_k > LONG_SPLIT:
         return ("*", cls, bucket)
+    if seqlen_k > SHORT_SEQ:
+        return ("*", cls, bucket, f"{bucket}-4k")
     return ("*", cls, bucket, f"{bucket}-{'1k' if seqlen_k <= SHORT_SPLIT else '2k'}")
 
 
@@ -247,9 +259,10 @@ def lookup(arch: str, head_dim: int, causal: bool, group: int,
 
 def _bucket(seqlen_k: int) -> int:
     """One memo entry per length bucket of :func:`lookup_keys`."""
-    if seqlen_k <= SHORT_SPLIT:
-        return SHORT_SPLIT
-    return SHORT_SEQ if seqlen_k <= SHORT_SEQ else 1 << 30
+    for edge in (SHORT_SPLIT, SHORT_SEQ, LONG_SPLIT):
+        if seqlen_k <= edge:
+            return edge
+    return 1 << 30
 
 
 def get_config(kernel: str, device: torch.device, head_dim: int, causal: bool, group: int,

@@ -36,13 +36,14 @@ DESC_DQ = ("tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
 
 
 def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool = False,
-                 stages: int = 2, dtype: str = "bf16", atomic_dq: bool = False):
+                 stages: int = 2, dtype: str = "bf16", atomic_dq: bool = False,
+                 heads_inner: bool = False):
     """Compile one Gluon kernel for sm_90 as the launcher would launch it."""
     fn, (block_m, block_n) = KERNELS[kernel]
     q_rows, k_rows = (block_m, block_n)
     consts = dict(D=128, CAUSAL=causal, BOTTOM_RIGHT=causal, IS_VARLEN=varlen,
                   HEAVY_FIRST=heavy_first, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                  ATOMIC_DQ=atomic_dq, num_warps=_sm90.WARPS)
+                  ATOMIC_DQ=atomic_dq, HEADS_INNER=heads_inner, num_warps=_sm90.WARPS)
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
@@ -92,13 +93,15 @@ def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first, sta
 
 @pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
                     reason="kernels were defined in interpreter mode: nothing to compile")
-@pytest.mark.parametrize(("causal", "varlen"), [(False, False), (True, True)],
-                         ids=["full-dense", "causal-varlen"])
-def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen) -> None:
+@pytest.mark.parametrize(("causal", "varlen", "heads_inner"),
+                         [(False, False, False), (True, True, False), (True, False, True)],
+                         ids=["full-dense", "causal-varlen", "causal-dense-heads-inner"])
+def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heads_inner) -> None:
     """The fused-atomic variant: a fifth warp-group MMA per step (dQ, with dS^T from shared
     memory), dQ added to the fp32 scratch by TMA reductions, shared memory in budget."""
-    plain = compile_sm90("dkdv", causal=causal, varlen=varlen)
-    fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True)
+    plain = compile_sm90("dkdv", causal=causal, varlen=varlen, heads_inner=heads_inner)
+    fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True,
+                         heads_inner=heads_inner)
     ptx = fused.asm["ptx"]
     reduce = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
     assert reduce in ptx and reduce not in plain.asm["ptx"]
@@ -176,22 +179,27 @@ def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dk
 
 ON_SM90 = torch.cuda.is_available() and _gluon_sm90(torch.device("cuda"))
 GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bottom_right, dtype,
-    #            split, heavy_first)
-    ("mha-full-odd", 1, 8, 8, 1000, 1000, False, False, torch.bfloat16, None, False),
-    ("gqa-causal-top-left-sq<sk", 2, 8, 2, 300, 517, True, False, torch.bfloat16, None, False),
-    ("gqa-causal-bottom-right-sq<sk", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None, False),
-    ("gqa-causal-bottom-right-sq>sk", 2, 8, 2, 517, 300, True, True, torch.bfloat16, None, False),
+    #            split, order: "heavy-first" / "heads-inner", "+"-joined)
+    ("mha-full-odd", 1, 8, 8, 1000, 1000, False, False, torch.bfloat16, None, ""),
+    ("gqa-causal-top-left-sq<sk", 2, 8, 2, 300, 517, True, False, torch.bfloat16, None, ""),
+    ("gqa-causal-bottom-right-sq<sk", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None, ""),
+    ("gqa-causal-bottom-right-sq>sk", 2, 8, 2, 517, 300, True, True, torch.bfloat16, None, ""),
     # keys past a sequence's end in its last key block are the next sequence's rows (dense
     # batch): they must not enter dQ (atomic dQ) without a mask or top-left with Sq > Sk
-    ("gqa-full-b2-odd", 2, 8, 2, 300, 300, False, False, torch.bfloat16, None, False),
-    ("gqa-causal-top-left-sq>sk", 2, 8, 2, 517, 300, True, False, torch.bfloat16, None, False),
-    ("gqa-causal-split2", 1, 16, 4, 700, 700, True, False, torch.bfloat16, 2, False),
-    ("gqa-full-split4-f16", 1, 16, 4, 700, 700, False, False, torch.float16, 4, False),
-    ("mha-causal-heavy-first", 1, 4, 4, 2048, 2048, True, False, torch.bfloat16, None, True),
+    ("gqa-full-b2-odd", 2, 8, 2, 300, 300, False, False, torch.bfloat16, None, ""),
+    ("gqa-causal-top-left-sq>sk", 2, 8, 2, 517, 300, True, False, torch.bfloat16, None, ""),
+    ("gqa-causal-split2", 1, 16, 4, 700, 700, True, False, torch.bfloat16, 2, ""),
+    ("gqa-full-split4-f16", 1, 16, 4, 700, 700, False, False, torch.float16, 4, ""),
+    ("mha-causal-heavy-first", 1, 4, 4, 2048, 2048, True, False, torch.bfloat16, None,
+     "heavy-first"),
+    ("gqa-causal-bottom-right-heads-inner-heavy-first", 2, 8, 2, 300, 517, True, True,
+     torch.bfloat16, None, "heavy-first+heads-inner"),
+    ("gqa-full-split2-heads-inner", 1, 16, 4, 700, 700, False, False, torch.bfloat16, 2,
+     "heads-inner"),
 ]
 
 
-def _gluon_config(causal, group, seqlen_k, split, heavy_first, stages) -> dict:
+def _gluon_config(causal, group, seqlen_k, split, order, stages) -> dict:
     cfg = {n: dict(c) for n, c in get_backward_config(torch.device("cuda"), 128, causal, group,
                                                         seqlen_k).items()}
     cfg["dkdv"] = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "GLUON": 1,
@@ -201,8 +209,10 @@ def _gluon_config(causal, group, seqlen_k, split, heavy_first, stages) -> dict:
                  "GLUON_STAGES": stages}
     if split:
         cfg["dkdv"]["SPLIT"] = split
-    if heavy_first:
+    if "heavy-first" in order:
         cfg["dkdv"]["HEAVY_FIRST"] = cfg["dq"]["HEAVY_FIRST"] = 1
+    if "heads-inner" in order:
+        cfg["dkdv"]["HEADS_INNER"] = 1
     return cfg
 
 
@@ -221,14 +231,14 @@ def test_gluon_kernels_match_the_oracle(case, stages, atomic_dq) -> None:
     """dQ, dK, dV from the Gluon kernels (both of them, or the dK/dV one with atomic dQ; outputs
     NaN-poisoned first) against the float64 oracle: relative Frobenius error < 1e-2 for
     bf16/f16 inputs."""
-    _, b, h, hk, sq, sk, causal, bottom_right, dtype, split, heavy_first = case
+    _, b, h, hk, sq, sk, causal, bottom_right, dtype, split, order = case
     if atomic_dq and stages == 3:
         pytest.skip("the kernel with atomic dQ always runs a ring of 2 (3 does not fit)")
     torch.manual_seed(0)
     q, k, v, do = _qkv((b, sq, h, 128), (b, sk, hk, 128), dtype, "cuda")
     align = "bottom_right" if bottom_right else "top_left"
     ref = oracle(q, k, v, do, causal=causal, causal_align=align)
-    cfg = _gluon_config(causal, h // hk, sk, split, heavy_first, stages)
+    cfg = _gluon_config(causal, h // hk, sk, split, order, stages)
     launch = BackwardLaunch(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=causal,
                             bottom_right=bottom_right, scale=128 ** -0.5)
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
@@ -243,8 +253,9 @@ def test_gluon_kernels_match_the_oracle(case, stages, atomic_dq) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
+@pytest.mark.parametrize("order", ["", "heads-inner"], ids=["heads-outer", "heads-inner"])
 @pytest.mark.parametrize("atomic_dq", [False, True], ids=["split", "atomic-dq"])
-def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq) -> None:
+def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq, order) -> None:
     """Packed sequences (one with no queries, whose keys get zero gradients) with a
     bottom-right causal mask: every sequence against its own oracle."""
     torch.manual_seed(1)
@@ -256,7 +267,7 @@ def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq) -> None:
     q, k, v, do = _qkv((sum(lens_q), h, 128), (sum(lens_k), hk, 128), torch.bfloat16, "cuda")
     ref = oracle(q, k, v, do, causal=True, causal_align="bottom_right", scale=0.1,
                  cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-    cfg = _gluon_config(True, h // hk, max(lens_k), None, False, 2)
+    cfg = _gluon_config(True, h // hk, max(lens_k), None, order, 2)
     launch = BackwardLaunch(q, k, v, ref.out.to(q.dtype), ref.lse.float(), do, causal=True,
                             bottom_right=True, scale=0.1, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                             max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
