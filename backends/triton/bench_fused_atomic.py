@@ -18,7 +18,7 @@ import argparse
 import sys
 
 import torch
-from attn_dispatch_triton import _plan, tuning
+from attn_dispatch_triton import tuning
 from attn_dispatch_triton.backward import attention_backward
 from triton.testing import do_bench
 
@@ -51,27 +51,16 @@ def bench_shape(h: int, hk: int, s: int, causal: bool) -> dict[str, float]:
 
     ref = [t.clone() for t in call(False)]
     res = {"split": do_bench(lambda: call(False), warmup=10, rep=200) * 1e3}
-    table = tuning._TABLES["sm_90"]
     key = tuning.lookup_keys(128, causal, h // hk, s)[-1]  # the most specific class
-    saved = table.get(key)
-    try:
-        for name, extra in variants(h != hk, causal).items():
-            table[key] = {**(saved or {}), "dkdvq": {**table["*"]["dkdvq"], **extra}}
-            tuning.lookup.cache_clear()
-            _plan.clear()
+    for name, extra in variants(h != hk, causal).items():
+        base = tuning._TABLES["sm_90"]["*"]["dkdvq"]
+        with tuning.trial("sm_90", key, {"dkdvq": {**base, **extra}}):
             got = call(True)
             for g, r in zip(got, ref):
                 diff = ((g.double() - r.double()).norm() / r.double().norm()).item()
                 if not diff < 1e-2:
                     raise AssertionError(f"{name}: differs from the split design by {diff:.2e}")
             res[name] = do_bench(lambda: call(True), warmup=10, rep=200) * 1e3
-    finally:
-        if saved is None:
-            table.pop(key, None)
-        else:
-            table[key] = saved
-        tuning.lookup.cache_clear()
-        _plan.clear()
     return res
 
 

@@ -19,9 +19,11 @@ tunes implicitly: :func:`tune` runs only when called (e.g. from ``bench_kernels.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -239,11 +241,11 @@ def lookup(arch: str, head_dim: int, causal: bool, group: int,
     """All four kernel configs for one arch and shape class (memoised).
 
     Entries override each other from general to specific (:func:`lookup_keys`) in the table,
-    then the on-disk tuned entries likewise.
+    then the on-disk tuned entries likewise, then those of an active :func:`trial`.
     """
     keys = lookup_keys(head_dim, causal, group, seqlen_k)
     base = dict(_GENERIC)
-    for source in (_table_for(arch), _tuned(arch)):
+    for source in (_table_for(arch), _tuned(arch), _TRIALS.get(arch, {})):
         for key in keys:
             base.update(source.get(key, {}))
     if arch != "cpu" and head_dim > 128:  # keep register tiles in budget for D=256
@@ -255,6 +257,35 @@ def lookup(arch: str, head_dim: int, causal: bool, group: int,
                 c["BLOCK_M"] = min(c["BLOCK_M"], 32)
             base[name] = c
     return base
+
+
+_TRIALS: dict[str, dict[str, dict[str, Config]]] = {}
+
+
+def _forget_choices() -> None:
+    """Drop memoised lookups and the launch plans recorded with them."""
+    lookup.cache_clear()
+    from . import _plan
+
+    _plan.clear()
+
+
+@contextlib.contextmanager
+def trial(arch: str, key: str, configs: dict[str, Config]) -> Iterator[None]:
+    """Within the block, ``configs`` (kernel name -> config) replace those kernels' configs for
+    the class ``key`` (one of :func:`lookup_keys`), above the table and the on-disk cache; for
+    timing candidate configurations. Nothing is written to disk."""
+    saved = _TRIALS.get(arch, {}).get(key)
+    _TRIALS.setdefault(arch, {})[key] = configs
+    _forget_choices()
+    try:
+        yield
+    finally:
+        if saved is None:
+            del _TRIALS[arch][key]
+        else:
+            _TRIALS[arch][key] = saved
+        _forget_choices()
 
 
 def _bucket(seqlen_k: int) -> int:
@@ -287,8 +318,5 @@ def save_tuned(arch: str, key: str, configs: dict[str, Config]) -> Path:
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     tmp.replace(path)
     _tuned.cache_clear()
-    lookup.cache_clear()
-    from . import _plan
-
-    _plan.clear()  # recorded launches hold the old configurations
+    _forget_choices()  # recorded launches hold the old configurations
     return path

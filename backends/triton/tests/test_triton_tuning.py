@@ -96,3 +96,20 @@ def test_sm90_causal_gqa_fused_atomic_order_per_length(cache_dir, seqlen_k, spli
     cfg = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(seqlen_k))["dkdvq"]
     assert (cfg["SPLIT"], cfg.get("HEAVY_FIRST", 0), cfg.get("HEADS_INNER", 0)) == (
         split, heavy_first, heads_inner)
+
+
+def test_trial_overrides_one_class_and_restores_it(cache_dir) -> None:
+    """A trial's configs win over the table and the on-disk cache inside the block only."""
+    key = "d128-causal-gqa-long-4k"
+    before = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(4096))
+    longer = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(8192))
+    mine = {**before["dkdvq"], "SPLIT": 2, "HEADS_INNER": 0}
+    tuning.save_tuned("sm_90", key, {"dkdvq": {**mine, "SPLIT": 8}})
+    tuned = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(4096))
+    with tuning.trial("sm_90", key, {"dkdvq": mine}):
+        inside = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(4096))
+        assert inside["dkdvq"] == mine
+        assert inside["dq"] == before["dq"]  # other kernels keep their configs
+        assert tuning.lookup("sm_90", 128, True, 8, tuning._bucket(8192)) == longer
+    assert tuning.lookup("sm_90", 128, True, 8, tuning._bucket(4096)) == tuned
+    assert tuned["dkdvq"]["SPLIT"] == 8

@@ -1,0 +1,112 @@
+"""How triton:fused_atomic's programs are laid out and walk their GQA group, against cuDNN.
+
+The Gluon dK/dV kernel with atomic dQ has three layout keys (``tuning``): ``SPLIT`` (programs per
+kv head's group of query heads; partial dK/dV summed afterwards), ``HEAVY_FIRST`` (causal: the
+programs with the most query blocks launch first) and ``HEADS_INNER`` (each program walks its
+query blocks last to first with the heads innermost, instead of head by head). For GQA 64/8
+(B=1, D=128, bf16) this times the backward through the planned path with the table's choice and
+with each variant (``tuning.trial``), and cuDNN's backward in the same process. Rounds alternate
+the order of the candidates; the table prints medians (µs, ``triton.testing.do_bench``, L2
+flushed) and cuDNN's time over each. Every variant's gradients are first compared with the
+split design's (relative Frobenius difference < 1e-2); the GPU tests check the kernels against
+the float64 oracle.
+
+    PYTHONUNBUFFERED=1 python backends/triton/bench_walk_order.py [--grid] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+
+import torch
+from attn_dispatch_triton import tuning
+from attn_dispatch_triton.backward import attention_backward
+from triton.testing import do_bench
+
+import attn_dispatch as ad
+
+SHAPES = [(4096, True), (8192, True), (16384, True), (4096, False), (8192, False)]
+# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER); the default set, --grid adds the rest
+VARIANTS = {"s4": (4, 0, 0), "s4-inner": (4, 0, 1), "s4-hf-inner": (4, 1, 1),
+            "s2-hf-inner": (2, 1, 1), "s1-hf-inner": (1, 1, 1), "s1": (1, 0, 0),
+            "s1-inner": (1, 0, 1)}
+
+
+def grid() -> dict[str, tuple[int, int, int]]:
+    out = {}
+    for split, heavy, inner in itertools.product((1, 2, 4, 8), (0, 1), (0, 1)):
+        out[f"s{split}{'-hf' if heavy else ''}{'-inner' if inner else ''}"] = (split, heavy, inner)
+    return out
+
+
+def bench_shape(s: int, causal: bool, variants: dict, rounds: int) -> dict[str, list[float]]:
+    torch.manual_seed(0)
+    q = torch.randn(1, s, 64, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, s, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(1, 64, s, device="cuda") + 6.0
+
+    def call(atomic: bool):
+        return attention_backward(q, k, v, out, lse, do, causal=causal, bottom_right=False,
+                                  scale=128 ** -0.5, atomic_dq=atomic)
+
+    ref = [t.clone() for t in call(False)]
+    key = tuning.lookup_keys(128, causal, 8, s)[-1]
+    table = tuning.get_backward_config(q.device, 128, causal, 8, s)["dkdvq"]
+    configs = {"table": None}
+    for name, (split, heavy, inner) in variants.items():
+        if causal or not heavy:  # (the launch order changes nothing without a mask)
+            configs[name] = {**table, "SPLIT": split, "HEAVY_FIRST": heavy, "HEADS_INNER": inner}
+
+    def timed(name: str) -> float:
+        if name == "cudnn":
+            fn = lambda: ad.backward(q, k, v, out, lse, do, causal=causal,  # noqa: E731
+                                     backend="torch_sdpa:cudnn")
+            return do_bench(fn, warmup=10, rep=200) * 1e3
+        if configs[name] is None:
+            return do_bench(lambda: call(True), warmup=10, rep=200) * 1e3
+        with tuning.trial("sm_90", key, {"dkdvq": configs[name]}):
+            return do_bench(lambda: call(True), warmup=10, rep=200) * 1e3
+
+    for name, cfg in configs.items():
+        with tuning.trial("sm_90", key, {"dkdvq": cfg} if cfg else {}):
+            for g, r in zip(call(True), ref):
+                diff = ((g.double() - r.double()).norm() / r.double().norm()).item()
+                if not diff < 1e-2:
+                    raise AssertionError(f"{name}: differs from the split design by {diff:.2e}")
+    res: dict[str, list[float]] = {n: [] for n in ("cudnn", *configs)}
+    for rnd in range(rounds):
+        order = list(res) if rnd % 2 == 0 else list(res)[::-1]
+        for name in order:
+            res[name].append(timed(name))
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", action="store_true", help="all 16 layouts, not the default 7")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if tuning.arch_of(torch.device("cuda")) != "sm_90":
+        print("needs an sm_90 GPU (the table entries measured are sm_90's)")
+        return 2
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    variants = grid() if args.grid else VARIANTS
+    lines = []
+    for s, causal in SHAPES:
+        res = bench_shape(s, causal, variants, args.rounds)
+        med = {n: statistics.median(t) for n, t in res.items()}
+        label = f"GQA 64/8 {s // 1024}K{' causal' if causal else ''}"
+        lines.append(f"{label}: " + "  ".join(
+            f"{n} {t:.0f} ({med['cudnn'] / t:.3f})" for n, t in med.items()))
+        print(lines[-1] + "\n    rounds: " + "  ".join(
+            f"{n} " + "/".join(f"{x:.0f}" for x in t) for n, t in res.items()), flush=True)
+    print("\nmedian µs (cuDNN's time over it):\n" + "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
