@@ -119,8 +119,9 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
                                         "CONCURRENT_MAX_SK": 8192}},
         # GQA 4K causal, fused-atomic: one program per key block (no split partials to sum),
         # heaviest first, query blocks walked last to first with the heads innermost
-        # (HEADS_INNER): 1644 -> 1548 us end to end; at 8K-16K split 4 in the natural order
-        # stays faster (5.8 vs 6.3 ms, 21.7 vs 24.7 ms; docs/triton_notes.md)
+        # (HEADS_INNER): 3.6-6.1% faster than split 4 in 4 of 5 same-process A/Bs (e.g. 1644
+        # -> 1548 us end to end); at 8K-16K split 4 in the natural order stays faster (5.8 vs
+        # 6.3 ms, 21.7 vs 24.7 ms; docs/triton_notes.md, bench_walk_order.py)
         "d128-causal-gqa-long-4k": {"dkdvq": _gluon_atomic(SPLIT=1, HEAVY_FIRST=1,
                                                            HEADS_INNER=1)},
         # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
