@@ -1,9 +1,10 @@
 """How triton:fused_atomic's programs are laid out and walk their GQA group, against cuDNN.
 
-The Gluon dK/dV kernel with atomic dQ has three layout keys (``tuning``): ``SPLIT`` (programs per
+The Gluon dK/dV kernel with atomic dQ has four layout keys (``tuning``): ``SPLIT`` (programs per
 kv head's group of query heads; partial dK/dV summed afterwards), ``HEAVY_FIRST`` (causal: the
-programs with the most query blocks launch first) and ``HEADS_INNER`` (each program walks its
-query blocks last to first with the heads innermost, instead of head by head). For GQA 64/8
+programs with the most query blocks launch first), ``HEADS_INNER`` (each program walks its
+query blocks last to first with the heads innermost, instead of head by head) and ``WINDOW``
+(the programs of that many kv heads launch together, key block by key block). For GQA 64/8
 (B=1, D=128, bf16) this times the backward through the planned path with the table's choice and
 with each variant (``tuning.trial``), and cuDNN's backward in the same process. Rounds alternate
 the order of the candidates; the table prints medians (µs, ``triton.testing.do_bench``, L2
@@ -29,16 +30,22 @@ from triton.testing import do_bench
 import attn_dispatch as ad
 
 SHAPES = [(4096, True), (8192, True), (16384, True), (4096, False), (8192, False)]
-# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER); the default set, --grid adds the rest
-VARIANTS = {"s4": (4, 0, 0), "s4-inner": (4, 0, 1), "s4-hf-inner": (4, 1, 1),
-            "s2-hf-inner": (2, 1, 1), "s1-hf-inner": (1, 1, 1), "s1": (1, 0, 0),
-            "s1-inner": (1, 0, 1)}
+# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER, WINDOW); the default set, --grid adds the rest
+VARIANTS = {"s4": (4, 0, 0, 0), "s1-hf-inner": (1, 1, 1, 0), "s4-w1": (4, 0, 0, 1),
+            "s4-w2": (4, 0, 0, 2), "s2-w1": (2, 0, 0, 1), "s2-w2": (2, 0, 0, 2),
+            "s1-w4": (1, 0, 0, 4), "s1-w4-inner": (1, 0, 1, 4), "s4-w1-inner": (4, 0, 1, 1),
+            "s2-w2-inner": (2, 0, 1, 2)}
 
 
-def grid() -> dict[str, tuple[int, int, int]]:
+def grid() -> dict[str, tuple[int, int, int, int]]:
     out = {}
-    for split, heavy, inner in itertools.product((1, 2, 4, 8), (0, 1), (0, 1)):
-        out[f"s{split}{'-hf' if heavy else ''}{'-inner' if inner else ''}"] = (split, heavy, inner)
+    for split, heavy, inner, window in itertools.product((1, 2, 4, 8), (0, 1), (0, 1),
+                                                         (0, 1, 2, 4)):
+        if heavy and window:  # (a window replaces the heaviest-first grid)
+            continue
+        name = (f"s{split}{'-hf' if heavy else ''}{'-inner' if inner else ''}"
+                f"{f'-w{window}' if window else ''}")
+        out[name] = (split, heavy, inner, window)
     return out
 
 
@@ -57,9 +64,10 @@ def bench_shape(s: int, causal: bool, variants: dict, rounds: int) -> dict[str, 
     key = tuning.lookup_keys(128, causal, 8, s)[-1]
     table = tuning.get_backward_config(q.device, 128, causal, 8, s)["dkdvq"]
     configs = {"table": None}
-    for name, (split, heavy, inner) in variants.items():
-        if causal or not heavy:  # (the launch order changes nothing without a mask)
-            configs[name] = {**table, "SPLIT": split, "HEAVY_FIRST": heavy, "HEADS_INNER": inner}
+    for name, (split, heavy, inner, window) in variants.items():
+        if causal or not (heavy or window):  # (without a mask all programs do the same work)
+            configs[name] = {**table, "SPLIT": split, "HEAVY_FIRST": heavy, "HEADS_INNER": inner,
+                             "WINDOW": window}
 
     def timed(name: str) -> float:
         if name == "cudnn":
@@ -90,7 +98,7 @@ def bench_shape(s: int, causal: bool, variants: dict, rounds: int) -> dict[str, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", action="store_true", help="all 16 layouts, not the default 7")
+    ap.add_argument("--grid", action="store_true", help="all 40 layouts, not the default 10")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     if tuning.arch_of(torch.device("cuda")) != "sm_90":

@@ -30,7 +30,10 @@ enter dQ. Ring of 2 only (3 would need 240 KB).
 The loop is flattened over (query head of the program's GQA slice, query block), so the prefetch
 runs across head boundaries; with ``HEADS_INNER`` over (query block, last to first; query head),
 so that the programs of one kv head, whatever their key block, start on the same query tiles
-(measured faster for GQA 4K causal with the heaviest programs first, ``tuning``). Inputs are
+(measured faster for GQA 4K causal with the heaviest programs first). ``WINDOW`` lays the grid
+out as ``(slices * WINDOW, key blocks, B * Hkv / WINDOW)``: the programs of ``WINDOW`` kv heads
+launch together key block by key block, heaviest first under a causal mask, so that the last
+heads' heavy programs do not start last (GQA 4K / 8K causal, ``tuning``). Inputs are
 read through 2-D descriptors over ``[rows, heads * D]`` (``_sm90.sm90_descriptors``), so a tile
 past a sequence's end reads the next sequence's finite rows or TMA's zeros; those queries get
 ``P = 0`` from their ``lse2``, and those keys' rows are never stored. Those rows still enter the
@@ -219,10 +222,17 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
                         D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                         IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
                         ATOMIC_DQ: gl.constexpr, HEADS_INNER: gl.constexpr,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        WINDOW: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr,
                         num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
-    if HEAVY_FIRST:
+    if WINDOW > 0:  # grid (splits * WINDOW, key blocks, B * Hkv / WINDOW)
+        n_splits = gl.num_programs(0) // WINDOW
+        split = gl.program_id(0) % n_splits
+        bh = gl.program_id(2) * WINDOW + gl.program_id(0) // n_splits
+        pid_n = gl.program_id(1)
+        heads_per_split = group // n_splits
+    elif HEAVY_FIRST:
         split = gl.program_id(0)
         bh = gl.program_id(1)
         pid_n = gl.program_id(2)

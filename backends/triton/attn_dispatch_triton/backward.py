@@ -189,7 +189,10 @@ class BackwardLaunch:
         grid = (triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]), self.batch * self.kv_heads,
                 split)
         heavy_first = self.heavy_first(c, grid[0])
-        if heavy_first:
+        window = self.window(c, grid) if sm90 is not None else 0
+        if window:
+            grid = (split * window, grid[0], grid[1] // window)
+        elif heavy_first:
             grid = grid[::-1]
         if sm90 is not None:
             from ._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90
@@ -201,7 +204,7 @@ class BackwardLaunch:
                 *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
                 self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
                 self.qk_scale, self.scale,
-            ), self.sm90_constants(c, heavy_first, atomic_dq))
+            ), {**self.sm90_constants(c, heavy_first, atomic_dq), "WINDOW": window})
         else:
             self._dkdv_portable(c, grid, dk, dv, dk_part, dv_part, acc, s_acc, split,
                                 heavy_first, atomic_dq, tma)
@@ -318,6 +321,18 @@ class BackwardLaunch:
         if atomic_dq:  # a ring of 3 does not fit beside the dS^T and dQ tiles (240 KB)
             consts["STAGES"] = 2
         return consts
+
+    def window(self, c: dict, grid: tuple) -> int:
+        """Kv heads per launch window of the Gluon dK/dV kernel (config ``WINDOW``; 0: off):
+        the programs of ``WINDOW`` kv heads (all their group slices) launch together, key block
+        by key block, so that with a causal mask the heavy programs of the last heads do not
+        start last. Only where it divides ``B * Hkv``; the key blocks' axis must fit 65535."""
+        w = int(c.get("WINDOW", 0))
+        if not w or grid[0] > MAX_GRID_YZ:
+            return 0
+        while grid[1] % w:
+            w //= 2
+        return w
 
     def heavy_first(self, c: dict, blocks: int) -> bool:
         """Whether to launch the programs with the most work first (config ``HEAVY_FIRST``;

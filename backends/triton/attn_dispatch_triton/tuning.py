@@ -1,8 +1,8 @@
 """Kernel configurations per arch and shape class, with an on-disk cache of tuned choices.
 
 A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` (plus optional keys:
-``SPLIT``, ``TMA``, ``HEAVY_FIRST``, ``HEADS_INNER``, ``LOAD_TMA``, ``CONCURRENT_MAX_SK``,
-``DP_FIRST``, ``GLUON``, ``GLUON_STAGES``) per
+``SPLIT``, ``TMA``, ``HEAVY_FIRST``, ``HEADS_INNER``, ``WINDOW``, ``LOAD_TMA``,
+``CONCURRENT_MAX_SK``, ``DP_FIRST``, ``GLUON``, ``GLUON_STAGES``) per
 kernel (``fwd``, ``pre``, ``dkdv``, ``dq``; for the fused-atomic backward ``dkdvq``, the dK/dV
 kernel with atomic dQ, and ``cvt``, the dQ convert pass). Lookup, first hit wins:
 
@@ -117,13 +117,15 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # dQ beside dK/dV on a side stream: GQA 4K causal 2074 -> 1938 us, 8K 7393 -> 7087
         "d128-causal-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 3)),
                                         "CONCURRENT_MAX_SK": 8192}},
-        # GQA 4K causal, fused-atomic: one program per key block (no split partials to sum),
-        # heaviest first, query blocks walked last to first with the heads innermost
-        # (HEADS_INNER): 3.6-6.1% faster than split 4 in 4 of 5 same-process A/Bs (e.g. 1644
-        # -> 1548 us end to end); at 8K-16K split 4 in the natural order stays faster (5.8 vs
-        # 6.3 ms, 21.7 vs 24.7 ms; docs/triton_notes.md, bench_walk_order.py)
-        "d128-causal-gqa-long-4k": {"dkdvq": _gluon_atomic(SPLIT=1, HEAVY_FIRST=1,
-                                                           HEADS_INNER=1)},
+        # GQA 4K and 8K causal, fused-atomic: split 4, launched in windows of one kv head
+        # (WINDOW 1: its 4 slices' programs together, key block by key block, so the heavy
+        # programs of the last heads do not start last). Same-process A/Bs against the previous
+        # entries (docs/triton_notes.md): 4K 1598 -> 1558 and 1592 -> 1553 us (before: one
+        # program per key block, heaviest first, heads innermost), 8K 5723 -> 5630 and 5718 ->
+        # 5654 us (before: split 4 in the natural order, which 16K keeps: 21735 vs 21956 and
+        # 21113 vs 21952 us with the window)
+        "d128-causal-gqa-long-4k": {"dkdvq": _gluon_atomic(SPLIT=4, WINDOW=1)},
+        "d128-causal-gqa-long-8k": {"dkdvq": _gluon_atomic(SPLIT=4, WINDOW=1)},
         # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
         "d128-causal-mha-long": {"dkdv": _gluon({**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1}),
                                  "dq": _gluon({**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}),
@@ -159,9 +161,10 @@ SHORT_SEQ = 2048  # at or below: fewer key blocks than SMs, so smaller tiles pay
 # Inside "short", entries may also be keyed per length ("-1k": Sk <= 1024, "-2k": up to 2048),
 # where the best tile differs between the two (e.g. MHA 8: 8 vs 16 key blocks of 128 per head).
 SHORT_SPLIT = 1024
-# Above "short", entries may be keyed "-4k" (2048 < Sk <= 4096), where a few waves of programs
-# make the launch order matter more than at longer lengths.
+# Above "short", entries may be keyed "-4k" (2048 < Sk <= 4096) or "-8k" (up to 8192), where a
+# few waves of programs make the launch order matter more than at longer lengths.
 LONG_SPLIT = 4096
+LONG_SPLIT_8K = 8192
 
 
 def shape_class(head_dim: int, causal: bool, group: int, seqlen_k: int | None = None) -> str:
@@ -179,13 +182,13 @@ def shape_class(head_dim: int, causal: bool, group: int, seqlen_k: int | None = 
 def lookup_keys(head_dim: int, causal: bool, group: int, seqlen_k: int) -> tuple[str, ...]:
     """The keys a lookup applies, general to specific: ``"*"``, the class, the class with its
     length bucket and, for short lengths, with the finer ``-1k``/``-2k`` bucket (long ones up
-    to 4K: ``-4k``)."""
+    to 8K: ``-4k``/``-8k``)."""
     cls = shape_class(head_dim, causal, group)
     bucket = shape_class(head_dim, causal, group, seqlen_k)
-    if seqlen_k > LONG_SPLIT:
+    if seqlen_k > LONG_SPLIT_8K:
         return ("*", cls, bucket)
     if seqlen_k > SHORT_SEQ:
-        return ("*", cls, bucket, f"{bucket}-4k")
+        return ("*", cls, bucket, f"{bucket}-{'4k' if seqlen_k <= LONG_SPLIT else '8k'}")
     return ("*", cls, bucket, f"{bucket}-{'1k' if seqlen_k <= SHORT_SPLIT else '2k'}")
 
 
@@ -291,7 +294,7 @@ def trial(arch: str, key: str, configs: dict[str, Config]) -> Iterator[None]:
 
 def _bucket(seqlen_k: int) -> int:
     """One memo entry per length bucket of :func:`lookup_keys`."""
-    for edge in (SHORT_SPLIT, SHORT_SEQ, LONG_SPLIT):
+    for edge in (SHORT_SPLIT, SHORT_SEQ, LONG_SPLIT, LONG_SPLIT_8K):
         if seqlen_k <= edge:
             return edge
     return 1 << 30

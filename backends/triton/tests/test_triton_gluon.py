@@ -37,13 +37,14 @@ DESC_DQ = ("tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
 
 def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool = False,
                  stages: int = 2, dtype: str = "bf16", atomic_dq: bool = False,
-                 heads_inner: bool = False):
+                 heads_inner: bool = False, window: int = 0):
     """Compile one Gluon kernel for sm_90 as the launcher would launch it."""
     fn, (block_m, block_n) = KERNELS[kernel]
     q_rows, k_rows = (block_m, block_n)
     consts = dict(D=128, CAUSAL=causal, BOTTOM_RIGHT=causal, IS_VARLEN=varlen,
                   HEAVY_FIRST=heavy_first, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                  ATOMIC_DQ=atomic_dq, HEADS_INNER=heads_inner, num_warps=_sm90.WARPS)
+                  ATOMIC_DQ=atomic_dq, HEADS_INNER=heads_inner, WINDOW=window,
+                  num_warps=_sm90.WARPS)
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
@@ -93,15 +94,19 @@ def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first, sta
 
 @pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
                     reason="kernels were defined in interpreter mode: nothing to compile")
-@pytest.mark.parametrize(("causal", "varlen", "heads_inner"),
-                         [(False, False, False), (True, True, False), (True, False, True)],
-                         ids=["full-dense", "causal-varlen", "causal-dense-heads-inner"])
-def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heads_inner) -> None:
+@pytest.mark.parametrize(("causal", "varlen", "heads_inner", "window"),
+                         [(False, False, False, 0), (True, True, False, 0),
+                          (True, False, True, 0), (True, False, False, 1)],
+                         ids=["full-dense", "causal-varlen", "causal-dense-heads-inner",
+                              "causal-dense-window"])
+def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heads_inner,
+                                                     window) -> None:
     """The fused-atomic variant: a fifth warp-group MMA per step (dQ, with dS^T from shared
     memory), dQ added to the fp32 scratch by TMA reductions, shared memory in budget."""
-    plain = compile_sm90("dkdv", causal=causal, varlen=varlen, heads_inner=heads_inner)
+    plain = compile_sm90("dkdv", causal=causal, varlen=varlen, heads_inner=heads_inner,
+                         window=window)
     fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True,
-                         heads_inner=heads_inner)
+                         heads_inner=heads_inner, window=window)
     ptx = fused.asm["ptx"]
     reduce = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
     assert reduce in ptx and reduce not in plain.asm["ptx"]
@@ -179,7 +184,7 @@ def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dk
 
 ON_SM90 = torch.cuda.is_available() and _gluon_sm90(torch.device("cuda"))
 GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bottom_right, dtype,
-    #            split, order: "heavy-first" / "heads-inner", "+"-joined)
+    #            split, order: "heavy-first" / "heads-inner" / "window", "+"-joined)
     ("mha-full-odd", 1, 8, 8, 1000, 1000, False, False, torch.bfloat16, None, ""),
     ("gqa-causal-top-left-sq<sk", 2, 8, 2, 300, 517, True, False, torch.bfloat16, None, ""),
     ("gqa-causal-bottom-right-sq<sk", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None, ""),
@@ -196,6 +201,10 @@ GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bott
      torch.bfloat16, None, "heavy-first+heads-inner"),
     ("gqa-full-split2-heads-inner", 1, 16, 4, 700, 700, False, False, torch.bfloat16, 2,
      "heads-inner"),
+    # launch windows of 2 kv heads (B * Hkv = 8): key block by key block, all slices together
+    ("gqa-causal-split2-window", 2, 16, 4, 700, 700, True, False, torch.bfloat16, 2, "window"),
+    ("gqa-causal-bottom-right-window-heads-inner", 2, 8, 2, 300, 517, True, True,
+     torch.bfloat16, None, "window+heads-inner"),
 ]
 
 
@@ -213,6 +222,8 @@ def _gluon_config(causal, group, seqlen_k, split, order, stages) -> dict:
         cfg["dkdv"]["HEAVY_FIRST"] = cfg["dq"]["HEAVY_FIRST"] = 1
     if "heads-inner" in order:
         cfg["dkdv"]["HEADS_INNER"] = 1
+    if "window" in order:
+        cfg["dkdv"]["WINDOW"] = 2
     return cfg
 
 
@@ -253,7 +264,8 @@ def test_gluon_kernels_match_the_oracle(case, stages, atomic_dq) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
-@pytest.mark.parametrize("order", ["", "heads-inner"], ids=["heads-outer", "heads-inner"])
+@pytest.mark.parametrize("order", ["", "heads-inner", "window"],
+                         ids=["heads-outer", "heads-inner", "window"])
 @pytest.mark.parametrize("atomic_dq", [False, True], ids=["split", "atomic-dq"])
 def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq, order) -> None:
     """Packed sequences (one with no queries, whose keys get zero gradients) with a

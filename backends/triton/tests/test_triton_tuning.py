@@ -28,7 +28,9 @@ def cache_dir(tmp_path, monkeypatch):
     (2048, ("*", "d128-full-mha", "d128-full-mha-short", "d128-full-mha-short-2k")),
     (2049, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-4k")),
     (4096, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-4k")),
-    (4097, ("*", "d128-full-mha", "d128-full-mha-long")),
+    (4097, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-8k")),
+    (8192, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-8k")),
+    (8193, ("*", "d128-full-mha", "d128-full-mha-long")),
 ])
 def test_lookup_keys_per_length(seqlen_k: int, want: tuple) -> None:
     assert tuning.lookup_keys(128, False, 1, seqlen_k) == want
@@ -87,15 +89,16 @@ def test_sm90_dp_first_only_where_measured(cache_dir, head_dim) -> None:
             assert "DP_FIRST" not in cfgs["dkdv"]
 
 
-@pytest.mark.parametrize(("seqlen_k", "split", "heavy_first", "heads_inner"), [
-    (2048, 4, 1, 0), (4096, 1, 1, 1), (8192, 4, 0, 0), (16384, 4, 0, 0)])
+@pytest.mark.parametrize(("seqlen_k", "split", "heavy_first", "heads_inner", "window"), [
+    (2048, 4, 1, 0, 0), (4096, 4, 0, 0, 1), (8192, 4, 0, 0, 1), (16384, 4, 0, 0, 0)])
 def test_sm90_causal_gqa_fused_atomic_order_per_length(cache_dir, seqlen_k, split, heavy_first,
-                                                       heads_inner) -> None:
-    """GQA causal, fused-atomic: one program per key block, heaviest first and heads innermost
-    at 4K only (the ``-4k`` entry); split 4 elsewhere (H200 measurements in the table)."""
+                                                       heads_inner, window) -> None:
+    """GQA causal, fused-atomic: split 4 throughout; heaviest first at 2K, launch windows of
+    one kv head at 4K and 8K (the ``-4k`` / ``-8k`` entries), the natural order at 16K (H200
+    measurements in the table)."""
     cfg = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(seqlen_k))["dkdvq"]
-    assert (cfg["SPLIT"], cfg.get("HEAVY_FIRST", 0), cfg.get("HEADS_INNER", 0)) == (
-        split, heavy_first, heads_inner)
+    assert (cfg["SPLIT"], cfg.get("HEAVY_FIRST", 0), cfg.get("HEADS_INNER", 0),
+            cfg.get("WINDOW", 0)) == (split, heavy_first, heads_inner, window)
 
 
 def test_trial_overrides_one_class_and_restores_it(cache_dir) -> None:
