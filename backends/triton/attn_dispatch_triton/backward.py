@@ -326,7 +326,8 @@ class BackwardLaunch:
         """Kv heads per launch window of the Gluon dK/dV kernel (config ``WINDOW``; 0: off):
         the programs of ``WINDOW`` kv heads (all their group slices) launch together, key block
         by key block, so that with a causal mask the heavy programs of the last heads do not
-        start last. Only where it divides ``B * Hkv``; the key blocks' axis must fit 65535."""
+        start last; it replaces ``HEAVY_FIRST``'s grid. Halved until it divides ``B * Hkv``;
+        off when the key blocks do not fit the grid's second axis (65535)."""
         w = int(c.get("WINDOW", 0))
         if not w or grid[0] > MAX_GRID_YZ:
             return 0
