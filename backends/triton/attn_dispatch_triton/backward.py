@@ -204,7 +204,7 @@ class BackwardLaunch:
                 *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
                 self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
                 self.qk_scale, self.scale,
-            ), {**self.sm90_constants(c, heavy_first, atomic_dq), "WINDOW": window})
+            ), self.sm90_constants(c, heavy_first, atomic_dq, window))
         else:
             self._dkdv_portable(c, grid, dk, dv, dk_part, dv_part, acc, s_acc, split,
                                 heavy_first, atomic_dq, tma)
@@ -307,9 +307,10 @@ class BackwardLaunch:
             self.rec.name_descriptor(desc, _plan.ACC)
         return desc
 
-    def sm90_constants(self, c: dict, heavy_first: bool, atomic_dq: bool | None = None) -> dict:
+    def sm90_constants(self, c: dict, heavy_first: bool, atomic_dq: bool | None = None,
+                       window: int = 0) -> dict:
         """Compile-time arguments and launch options of a Gluon sm_90 kernel (``atomic_dq``:
-        the dK/dV kernel's, with or without dQ)."""
+        the dK/dV kernel's, with or without dQ, launched in ``window``s, :meth:`window`)."""
         from . import _sm90
 
         consts = dict(D=self.d, **self.flags, HEAVY_FIRST=heavy_first, BLOCK_M=c["BLOCK_M"],
@@ -318,6 +319,7 @@ class BackwardLaunch:
         if atomic_dq is not None:
             consts["ATOMIC_DQ"] = atomic_dq
             consts["HEADS_INNER"] = bool(c.get("HEADS_INNER", 0))
+            consts["WINDOW"] = window
         if atomic_dq:  # a ring of 3 does not fit beside the dS^T and dQ tiles (240 KB)
             consts["STAGES"] = 2
         return consts

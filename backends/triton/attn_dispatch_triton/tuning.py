@@ -165,6 +165,9 @@ SHORT_SPLIT = 1024
 # few waves of programs make the launch order matter more than at longer lengths.
 LONG_SPLIT = 4096
 LONG_SPLIT_8K = 8192
+# The finer length buckets: (largest Sk, key suffix); longer sequences have none.
+_FINE_BUCKETS = ((SHORT_SPLIT, "1k"), (SHORT_SEQ, "2k"), (LONG_SPLIT, "4k"),
+                 (LONG_SPLIT_8K, "8k"))
 
 
 def shape_class(head_dim: int, causal: bool, group: int, seqlen_k: int | None = None) -> str:
@@ -185,11 +188,10 @@ def lookup_keys(head_dim: int, causal: bool, group: int, seqlen_k: int) -> tuple
     to 8K: ``-4k``/``-8k``)."""
     cls = shape_class(head_dim, causal, group)
     bucket = shape_class(head_dim, causal, group, seqlen_k)
-    if seqlen_k > LONG_SPLIT_8K:
-        return ("*", cls, bucket)
-    if seqlen_k > SHORT_SEQ:
-        return ("*", cls, bucket, f"{bucket}-{'4k' if seqlen_k <= LONG_SPLIT else '8k'}")
-    return ("*", cls, bucket, f"{bucket}-{'1k' if seqlen_k <= SHORT_SPLIT else '2k'}")
+    for edge, suffix in _FINE_BUCKETS:
+        if seqlen_k <= edge:
+            return ("*", cls, bucket, f"{bucket}-{suffix}")
+    return ("*", cls, bucket)
 
 
 def arch_of(device: torch.device) -> str:
@@ -294,7 +296,7 @@ def trial(arch: str, key: str, configs: dict[str, Config]) -> Iterator[None]:
 
 def _bucket(seqlen_k: int) -> int:
     """One memo entry per length bucket of :func:`lookup_keys`."""
-    for edge in (SHORT_SPLIT, SHORT_SEQ, LONG_SPLIT, LONG_SPLIT_8K):
+    for edge, _ in _FINE_BUCKETS:
         if seqlen_k <= edge:
             return edge
     return 1 << 30
