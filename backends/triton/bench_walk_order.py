@@ -4,7 +4,9 @@ The Gluon dK/dV kernel with atomic dQ has four layout keys (``tuning``): ``SPLIT
 kv head's group of query heads; partial dK/dV summed afterwards), ``HEAVY_FIRST`` (causal: the
 programs with the most query blocks launch first), ``HEADS_INNER`` (each program walks its
 query blocks last to first with the heads innermost, instead of head by head) and ``WINDOW``
-(the programs of that many kv heads launch together, key block by key block). For GQA 64/8
+(the programs of that many kv heads launch together, key block by key block); with a split,
+``SPLIT_ADD`` has the slices add dK/dV into one fp32 buffer by atomics instead of each storing
+its own partial for the sum launch to add (``-add`` variants). For GQA 64/8
 (B=1, D=128, bf16) this times the backward through the planned path with the table's choice and
 with each variant (``tuning.trial``), and cuDNN's backward in the same process. Rounds alternate
 the order of the candidates; the table prints medians (µs, ``triton.testing.do_bench``, L2
@@ -13,6 +15,7 @@ split design's (relative Frobenius difference < 1e-2); the GPU tests check the k
 the float64 oracle.
 
     PYTHONUNBUFFERED=1 python backends/triton/bench_walk_order.py [--grid] [--rounds 3]
+        [--only s4-w1,s4-w1-add] [--shapes 4096c,8192c,16384c]
 """
 
 from __future__ import annotations
@@ -30,22 +33,25 @@ from triton.testing import do_bench
 import attn_dispatch as ad
 
 SHAPES = [(4096, True), (8192, True), (16384, True), (4096, False), (8192, False)]
-# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER, WINDOW); the default set, --grid adds the rest
-VARIANTS = {"s4": (4, 0, 0, 0), "s1-hf-inner": (1, 1, 1, 0), "s4-w1": (4, 0, 0, 1),
-            "s4-w2": (4, 0, 0, 2), "s2-w1": (2, 0, 0, 1), "s2-w2": (2, 0, 0, 2),
-            "s1-w4": (1, 0, 0, 4), "s1-w4-inner": (1, 0, 1, 4), "s4-w1-inner": (4, 0, 1, 1),
-            "s2-w2-inner": (2, 0, 1, 2)}
+# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER, WINDOW, SPLIT_ADD); the default set, --grid adds
+# the rest
+VARIANTS = {"s4": (4, 0, 0, 0, 0), "s1-hf-inner": (1, 1, 1, 0, 0), "s4-w1": (4, 0, 0, 1, 0),
+            "s4-w2": (4, 0, 0, 2, 0), "s2-w1": (2, 0, 0, 1, 0), "s2-w2": (2, 0, 0, 2, 0),
+            "s1-w4": (1, 0, 0, 4, 0), "s1-w4-inner": (1, 0, 1, 4, 0),
+            "s4-w1-inner": (4, 0, 1, 1, 0), "s2-w2-inner": (2, 0, 1, 2, 0),
+            "s4-add": (4, 0, 0, 0, 1), "s4-w1-add": (4, 0, 0, 1, 1)}
+NAMES = ("SPLIT", "HEAVY_FIRST", "HEADS_INNER", "WINDOW", "SPLIT_ADD")
 
 
-def grid() -> dict[str, tuple[int, int, int, int]]:
+def grid() -> dict[str, tuple[int, ...]]:
     out = {}
-    for split, heavy, inner, window in itertools.product((1, 2, 4, 8), (0, 1), (0, 1),
-                                                         (0, 1, 2, 4)):
-        if heavy and window:  # (a window replaces the heaviest-first grid)
+    for split, heavy, inner, window, add in itertools.product((1, 2, 4, 8), (0, 1), (0, 1),
+                                                              (0, 1, 2, 4), (0, 1)):
+        if heavy and window or split == 1 and add:  # (a window replaces heaviest first)
             continue
         name = (f"s{split}{'-hf' if heavy else ''}{'-inner' if inner else ''}"
-                f"{f'-w{window}' if window else ''}")
-        out[name] = (split, heavy, inner, window)
+                f"{f'-w{window}' if window else ''}{'-add' if add else ''}")
+        out[name] = (split, heavy, inner, window, add)
     return out
 
 
@@ -64,10 +70,10 @@ def bench_shape(s: int, causal: bool, variants: dict, rounds: int) -> dict[str, 
     key = tuning.lookup_keys(128, causal, 8, s)[-1]
     table = tuning.get_backward_config(q.device, 128, causal, 8, s)["dkdvq"]
     configs = {"table": None}
-    for name, (split, heavy, inner, window) in variants.items():
+    for name, values in variants.items():
+        heavy, window = values[1], values[3]
         if causal or not (heavy or window):  # (without a mask all programs do the same work)
-            configs[name] = {**table, "SPLIT": split, "HEAVY_FIRST": heavy, "HEADS_INNER": inner,
-                             "WINDOW": window}
+            configs[name] = {**table, **dict(zip(NAMES, values))}
 
     def timed(name: str) -> float:
         if name == "cudnn":
@@ -100,14 +106,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", action="store_true", help="all 40 layouts, not the default 10")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", help="comma-separated variant names (of the chosen set)")
+    ap.add_argument("--shapes", help="comma-separated key lengths, 'c' for causal: 4096c,8192")
     args = ap.parse_args()
     if tuning.arch_of(torch.device("cuda")) != "sm_90":
         print("needs an sm_90 GPU (the table entries measured are sm_90's)")
         return 2
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     variants = grid() if args.grid else VARIANTS
+    if args.only:
+        names = args.only.split(",")
+        unknown = [n for n in names if n not in variants]
+        if unknown:
+            ap.error(f"--only: unknown variants {unknown}; known: {sorted(variants)}")
+        variants = {n: variants[n] for n in names}
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [(int(x.rstrip("c")), x.endswith("c")) for x in args.shapes.split(",")]
     lines = []
-    for s, causal in SHAPES:
+    for s, causal in shapes:
         res = bench_shape(s, causal, variants, args.rounds)
         med = {n: statistics.median(t) for n, t in res.items()}
         label = f"GQA 64/8 {s // 1024}K{' causal' if causal else ''}"

@@ -25,7 +25,9 @@ design: the kernel is bound by shared-memory bandwidth (the products' operands, 
 tiles) more than by its tensor cores. A slot's dS^T tile is rewritten only after the producer
 refilled the slot, i.e. after both groups released it, which they do after their dQ products. Keys
 past the sequence's end get ``P = 0`` here, since their rows (the next sequence's) would otherwise
-enter dQ. Ring of 2 only (3 would need 240 KB).
+enter dQ. Ring of 2 only (3 would need 240 KB). With ``ADD_DKDV`` (a split GQA group, config
+``SPLIT_ADD``) the slices add their dK / dV into one zero-filled fp32 buffer by atomics instead
+of each storing its own partial; the launcher's sum pass then only casts it.
 
 The loop is flattened over (query head of the program's GQA slice, query block), so the prefetch
 runs across head boundaries; with ``HEADS_INNER`` over (query block, last to first; query head),
@@ -112,8 +114,9 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, 
 @gluon.jit
 def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq_smem, bars,
               work, out, dqa_desc, qk_scale, scale, WG: gl.constexpr, CAUSAL: gl.constexpr,
-              ATOMIC_DQ: gl.constexpr, BLOCK_M: gl.constexpr, HALF_N: gl.constexpr,
-              D: gl.constexpr, STAGES: gl.constexpr, HEADS_INNER: gl.constexpr):
+              ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr, BLOCK_M: gl.constexpr,
+              HALF_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+              HEADS_INNER: gl.constexpr):
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
     total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, stride_ts, \
         q_len = work
@@ -210,8 +213,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
         tma.store_wait(0)
     else:
         first = n0 + WG * HALF_N
-    store_rows(dk_base, dk * scale, first, k_start, k_len, stride_dks, HALF_N, D)
-    store_rows(dv_base, dv, first, k_start, k_len, stride_dvs, HALF_N, D)
+    store_rows(dk_base, dk * scale, first, k_start, k_len, stride_dks, HALF_N, D, ADD_DKDV)
+    store_rows(dv_base, dv, first, k_start, k_len, stride_dvs, HALF_N, D, ADD_DKDV)
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
@@ -221,9 +224,9 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
                         stride_dv_split, seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
                         D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                         IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
-                        ATOMIC_DQ: gl.constexpr, HEADS_INNER: gl.constexpr,
-                        WINDOW: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr,
+                        ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr,
+                        HEADS_INNER: gl.constexpr, WINDOW: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
     if WINDOW > 0:  # grid (splits * WINDOW, key blocks, B * Hkv / WINDOW)
@@ -302,8 +305,8 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
                          HEADS_INNER)),
             (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
                          dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 0, CAUSAL,
-                         ATOMIC_DQ, BLOCK_M, half, D, STAGES, HEADS_INNER)),
+                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, HEADS_INNER)),
             (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
                          dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 1, CAUSAL,
-                         ATOMIC_DQ, BLOCK_M, half, D, STAGES, HEADS_INNER)),
+                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, HEADS_INNER)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

@@ -238,10 +238,11 @@ class Plan:
     """Precomputed launches of one signature; :meth:`run` only fills per-call values."""
 
     def __init__(self, launches: list, *, tmp_shape: tuple, part_numel: int | None,
-                 acc: dict | None):
+                 acc: dict | None, part_zeroed: bool = False):
         self.launches = launches
         self.tmp_shape = tmp_shape
         self.part_numel = part_numel
+        self.part_zeroed = part_zeroed  # the partials are added into it, not stored
         self.acc = acc  # {"shape", "tma": (desc shape, block)} for the fused-atomic scratch
 
     def run(self, values: list, device: torch.device, stream: int) -> None:
@@ -249,7 +250,8 @@ class Plan:
         tmp = torch.empty(self.tmp_shape, dtype=torch.float32, device=device)
         values[TMP] = tmp.data_ptr()
         if self.part_numel is not None:
-            part = torch.empty(self.part_numel, dtype=torch.float32, device=device)
+            alloc = torch.zeros if self.part_zeroed else torch.empty
+            part = alloc(self.part_numel, dtype=torch.float32, device=device)
             values[PART] = part.data_ptr()
         if self.acc is not None:
             acc = torch.zeros(self.acc["shape"], dtype=torch.float32, device=device)

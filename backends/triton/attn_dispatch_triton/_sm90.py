@@ -76,17 +76,20 @@ def operand_layout(rows, d):
 
 @gluon.jit
 def store_rows(base, x, first, start, n_valid, stride_row, ROWS: gl.constexpr,
-               D: gl.constexpr):
+               D: gl.constexpr, ADD: gl.constexpr):
     """Store the fp32 ``[ROWS, D]`` accumulator ``x`` (``mma_layout``) as ``base``'s element
     type: tile row ``i`` is row ``first + i`` of a sequence starting at row ``start``, stored
-    when ``first + i < n_valid``."""
+    when ``first + i < n_valid``. With ``ADD`` (an fp32 ``base``) it is added by atomics."""
     layout: gl.constexpr = mma_layout(ROWS, D)
     rows = first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     ok = gl.expand_dims(rows < n_valid, 1) & gl.expand_dims(cols < D, 0)
     ptrs = base + gl.expand_dims((start + rows).to(gl.int64), 1) * stride_row \
         + gl.expand_dims(cols, 0)
-    gl.store(ptrs, x.to(base.dtype.element_ty), mask=ok)
+    if ADD:
+        gl.atomic_add(ptrs, x, mask=ok, sem="relaxed")
+    else:
+        gl.store(ptrs, x.to(base.dtype.element_ty), mask=ok)
 
 
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}

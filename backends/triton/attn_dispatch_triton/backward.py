@@ -165,15 +165,21 @@ class BackwardLaunch:
         else:
             acc, s_acc = self.q, (0, 0, 0)  # an unused pointer
         fused_sum = split > 1 and self.dk.is_contiguous() and self.dv.is_contiguous()
+        # config SPLIT_ADD: the Gluon fused-atomic kernel's slices add their dK / dV into one
+        # zero-filled fp32 buffer by atomics, which the sum launch below then only casts
+        add_slices = fused_sum and atomic_dq and sm90 is not None and bool(c.get("SPLIT_ADD", 0))
         if fused_sum:  # fp32 partials in one buffer, summed and cast by one launch below
             n_k, n_v = self.dk.numel(), self.dv.numel()
             blocks_k = triton.cdiv(n_k, SUM_BLOCK)
             n_tot = blocks_k * SUM_BLOCK + n_v
-            part = torch.empty((split, n_tot), dtype=torch.float32, device=self.dk.device)
-            dk = part[:, :n_k].view(split, *self.dk.shape)
-            dv = part[:, blocks_k * SUM_BLOCK:].view(split, *self.dv.shape)
+            parts = 1 if add_slices else split
+            part = (torch.zeros if add_slices else torch.empty)(
+                (parts, n_tot), dtype=torch.float32, device=self.dk.device)
+            dk = part[:, :n_k].view(parts, *self.dk.shape)
+            dv = part[:, blocks_k * SUM_BLOCK:].view(parts, *self.dv.shape)
             dk_part, dv_part = dk[0], dv[0]
             self.plan_extra["part_numel"] = part.numel()
+            self.plan_extra["part_zeroed"] = add_slices
             if rec is not None:
                 rec.name(dk, _plan.PART, 0)
                 rec.name(dv, _plan.PART, dv.data_ptr() - part.data_ptr())
@@ -197,21 +203,22 @@ class BackwardLaunch:
         if sm90 is not None:
             from ._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90
 
+            slices_apart = split > 1 and not add_slices  # one partial per slice
             self._launch(_attn_bwd_dkdv_sm90, grid, (
                 *sm90, self.dq_scratch_descriptor() if atomic_dq else None, dk, dv,
                 self.lse2, self.delta, self.cu_q, self.cu_k,
                 *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
-                *self.s_t, dk.stride(0) if split > 1 else 0, dv.stride(0) if split > 1 else 0,
+                *self.s_t, *((dk.stride(0), dv.stride(0)) if slices_apart else (0, 0)),
                 self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
                 self.qk_scale, self.scale,
-            ), self.sm90_constants(c, heavy_first, atomic_dq, window))
+            ), self.sm90_constants(c, heavy_first, atomic_dq, window, add_slices))
         else:
             self._dkdv_portable(c, grid, dk, dv, dk_part, dv_part, acc, s_acc, split,
                                 heavy_first, atomic_dq, tma)
         if fused_sum:
             self._launch(_attn_bwd_split_sum, (blocks_k + triton.cdiv(n_v, SUM_BLOCK),),
                          (part, self.dk, self.dv, n_k, n_v, blocks_k, n_tot),
-                         dict(SPLIT=split, BLOCK=SUM_BLOCK, num_warps=4, num_stages=1))
+                         dict(SPLIT=part.shape[0], BLOCK=SUM_BLOCK, num_warps=4, num_stages=1))
         elif split > 1:
             self.dk.copy_(dk.sum(0))
             self.dv.copy_(dv.sum(0))
@@ -308,9 +315,10 @@ class BackwardLaunch:
         return desc
 
     def sm90_constants(self, c: dict, heavy_first: bool, atomic_dq: bool | None = None,
-                       window: int = 0) -> dict:
+                       window: int = 0, add_slices: bool = False) -> dict:
         """Compile-time arguments and launch options of a Gluon sm_90 kernel (``atomic_dq``:
-        the dK/dV kernel's, with or without dQ, launched in ``window``s, :meth:`window`)."""
+        the dK/dV kernel's, with or without dQ, launched in ``window``s, :meth:`window`;
+        ``add_slices``: the GQA slices add dK / dV into one fp32 buffer by atomics)."""
         from . import _sm90
 
         consts = dict(D=self.d, **self.flags, HEAVY_FIRST=heavy_first, BLOCK_M=c["BLOCK_M"],
@@ -320,6 +328,7 @@ class BackwardLaunch:
             consts["ATOMIC_DQ"] = atomic_dq
             consts["HEADS_INNER"] = bool(c.get("HEADS_INNER", 0))
             consts["WINDOW"] = window
+            consts["ADD_DKDV"] = add_slices
         if atomic_dq:  # a ring of 3 does not fit beside the dS^T and dQ tiles (240 KB)
             consts["STAGES"] = 2
         return consts

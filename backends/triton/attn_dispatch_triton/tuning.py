@@ -1,7 +1,7 @@
 """Kernel configurations per arch and shape class, with an on-disk cache of tuned choices.
 
 A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` (plus optional keys:
-``SPLIT``, ``TMA``, ``HEAVY_FIRST``, ``HEADS_INNER``, ``WINDOW``, ``LOAD_TMA``,
+``SPLIT``, ``SPLIT_ADD``, ``TMA``, ``HEAVY_FIRST``, ``HEADS_INNER``, ``WINDOW``, ``LOAD_TMA``,
 ``CONCURRENT_MAX_SK``, ``DP_FIRST``, ``GLUON``, ``GLUON_STAGES``) per
 kernel (``fwd``, ``pre``, ``dkdv``, ``dq``; for the fused-atomic backward ``dkdvq``, the dK/dV
 kernel with atomic dQ, and ``cvt``, the dQ convert pass). Lookup, first hit wins:
@@ -125,7 +125,11 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # 5654 us (before: split 4 in the natural order, which 16K keeps: 21735 vs 21956 and
         # 21113 vs 21952 us with the window)
         "d128-causal-gqa-long-4k": {"dkdvq": _gluon_atomic(SPLIT=4, WINDOW=1)},
-        "d128-causal-gqa-long-8k": {"dkdvq": _gluon_atomic(SPLIT=4, WINDOW=1)},
+        # SPLIT_ADD at 8K: the 4 slices add dK / dV into one fp32 buffer by atomics, so the
+        # sum launch reads 1 buffer, not 4 (bench_walk_order.py, two runs: 5779 -> 5650 and
+        # 5947 -> 5732 us; level at 4K, 1554 vs 1547; without windows, whose slices run far
+        # apart, it cost 1-3% at 4K-16K: s4 5731 -> 5920 us at 8K)
+        "d128-causal-gqa-long-8k": {"dkdvq": _gluon_atomic(SPLIT=4, WINDOW=1, SPLIT_ADD=1)},
         # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
         "d128-causal-mha-long": {"dkdv": _gluon({**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1}),
                                  "dq": _gluon({**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}),

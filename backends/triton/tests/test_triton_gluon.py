@@ -37,13 +37,14 @@ DESC_DQ = ("tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
 
 def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool = False,
                  stages: int = 2, dtype: str = "bf16", atomic_dq: bool = False,
-                 heads_inner: bool = False, window: int = 0):
+                 heads_inner: bool = False, window: int = 0, add_dkdv: bool = False):
     """Compile one Gluon kernel for sm_90 as the launcher would launch it."""
     fn, (block_m, block_n) = KERNELS[kernel]
     q_rows, k_rows = (block_m, block_n)
     consts = dict(D=128, CAUSAL=causal, BOTTOM_RIGHT=causal, IS_VARLEN=varlen,
                   HEAVY_FIRST=heavy_first, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                  ATOMIC_DQ=atomic_dq, HEADS_INNER=heads_inner, WINDOW=window,
+                  ATOMIC_DQ=atomic_dq, ADD_DKDV=add_dkdv, HEADS_INNER=heads_inner,
+                  WINDOW=window,
                   num_warps=_sm90.WARPS)
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -62,7 +63,8 @@ def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool =
         elif name.startswith(("stride_", "seqlen_")) or name in ("heads", "kv_heads", "group"):
             signature[name] = "i32"
         else:
-            signature[name] = ("*fp32" if name in ("Lse2", "Delta") else
+            fp32 = ("Lse2", "Delta", "DK", "DV_") if add_dkdv else ("Lse2", "Delta")
+            signature[name] = ("*fp32" if name in fp32 else
                                "*i32" if name.startswith("CU_") else f"*{dtype}")
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
@@ -94,20 +96,23 @@ def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first, sta
 
 @pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
                     reason="kernels were defined in interpreter mode: nothing to compile")
-@pytest.mark.parametrize(("causal", "varlen", "heads_inner", "window"),
-                         [(False, False, False, 0), (True, True, False, 0),
-                          (True, False, True, 0), (True, False, False, 1)],
+@pytest.mark.parametrize(("causal", "varlen", "heads_inner", "window", "add_dkdv"),
+                         [(False, False, False, 0, False), (True, True, False, 0, False),
+                          (True, False, True, 0, False), (True, False, False, 1, False),
+                          (True, False, False, 1, True)],
                          ids=["full-dense", "causal-varlen", "causal-dense-heads-inner",
-                              "causal-dense-window"])
+                              "causal-dense-window", "causal-dense-window-add-dkdv"])
 def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heads_inner,
-                                                     window) -> None:
+                                                     window, add_dkdv) -> None:
     """The fused-atomic variant: a fifth warp-group MMA per step (dQ, with dS^T from shared
-    memory), dQ added to the fp32 scratch by TMA reductions, shared memory in budget."""
+    memory), dQ added to the fp32 scratch by TMA reductions, shared memory in budget; with
+    ``ADD_DKDV`` (a split GQA group) dK and dV added to an fp32 buffer by atomics."""
     plain = compile_sm90("dkdv", causal=causal, varlen=varlen, heads_inner=heads_inner,
                          window=window)
     fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True,
-                         heads_inner=heads_inner, window=window)
+                         heads_inner=heads_inner, window=window, add_dkdv=add_dkdv)
     ptx = fused.asm["ptx"]
+    assert ("atom.global.gpu.relaxed.add.f32" in ptx) == add_dkdv
     reduce = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
     assert reduce in ptx and reduce not in plain.asm["ptx"]
     assert ptx.count("wgmma.mma_async") > plain.asm["ptx"].count("wgmma.mma_async")
@@ -184,7 +189,7 @@ def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dk
 
 ON_SM90 = torch.cuda.is_available() and _gluon_sm90(torch.device("cuda"))
 GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bottom_right, dtype,
-    #            split, order: "heavy-first" / "heads-inner" / "window", "+"-joined)
+    #            split, order: "heavy-first" / "heads-inner" / "window" / "add", "+"-joined)
     ("mha-full-odd", 1, 8, 8, 1000, 1000, False, False, torch.bfloat16, None, ""),
     ("gqa-causal-top-left-sq<sk", 2, 8, 2, 300, 517, True, False, torch.bfloat16, None, ""),
     ("gqa-causal-bottom-right-sq<sk", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None, ""),
@@ -205,6 +210,11 @@ GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bott
     ("gqa-causal-split2-window", 2, 16, 4, 700, 700, True, False, torch.bfloat16, 2, "window"),
     ("gqa-causal-bottom-right-window-heads-inner", 2, 8, 2, 300, 517, True, True,
      torch.bfloat16, None, "window+heads-inner"),
+    # a split whose slices add dK / dV into one fp32 buffer by atomics (with atomic dQ; config
+    # SPLIT_ADD), in windows, and in the natural order
+    ("gqa-causal-bottom-right-split4-add-window", 2, 16, 4, 300, 517, True, True,
+     torch.bfloat16, 4, "add+window"),
+    ("gqa-full-split2-add", 1, 16, 4, 700, 700, False, False, torch.float16, 2, "add"),
 ]
 
 
@@ -224,6 +234,8 @@ def _gluon_config(causal, group, seqlen_k, split, order, stages) -> dict:
         cfg["dkdv"]["HEADS_INNER"] = 1
     if "window" in order:
         cfg["dkdv"]["WINDOW"] = 2
+    if "add" in order:
+        cfg["dkdv"]["SPLIT_ADD"] = 1
     return cfg
 
 

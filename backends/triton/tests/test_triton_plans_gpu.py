@@ -180,3 +180,24 @@ def test_replayed_plan_of_the_gluon_kernels(varlen, impl, n_descriptors):
                                              impl), d=128)
     descriptors = [d for launch in _recorded_launches() for d in launch.descs]
     assert len(descriptors) == n_descriptors, descriptors
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_replayed_plan_zeroes_the_added_slices(varlen):
+    """``SPLIT_ADD`` (Gluon fused-atomic kernel, GQA group split): the slices add dK / dV into a
+    buffer that every replay must zero-fill again; with new data each time, a replay that reused
+    or skipped the zeroing would be off by the earlier call's gradients."""
+    from attn_dispatch_triton import _plan, tuning
+    from attn_dispatch_triton.backward import _gluon_sm90
+
+    device = torch.device("cuda")
+    if not _gluon_sm90(device):
+        pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
+    arch = tuning.arch_of(device)
+    cfgs = tuning.lookup(arch, 128, True, 4, tuning._bucket(384))
+    key = tuning.lookup_keys(128, True, 4, 384)[-1]
+    with tuning.trial(arch, key, {"dkdvq": {**cfgs["dkdvq"], "SPLIT": 4, "SPLIT_ADD": 1}}):
+        _plan.clear()
+        test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "bottom_right", varlen,
+                                                 "triton:fused_atomic"), d=128)
+        assert any(plan.part_zeroed for plan in _plan._PLANS.values() if plan)
