@@ -7,10 +7,6 @@ every backward tile.
 ``lse2_i = lse_i * log2(e)`` moves the lse to the base-2 domain the backward kernels use
 (``P = exp2(s * qk_scale - lse2)``). A row that sees no key has ``lse = -inf``; it gets
 ``lse2 = +inf`` so its ``P`` is exactly 0 and its gradients vanish, without a test in the loops.
-
-With ``ZERO_ACC`` (the fused-atomic backward) the same programs zero-fill the rows of the fp32
-dQ scratch that the dK/dV kernel then adds into: one pass over the query rows instead of a
-separate fill.
 """
 
 from __future__ import annotations
@@ -18,17 +14,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import head_rows, load_tile, seq_bounds, store_tile
+from ._common import head_rows, load_tile, seq_bounds
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "heads"])
-def _attn_bwd_preprocess(Out, DO, Lse, Delta, Lse2, CU_Q, ACC,
+def _attn_bwd_preprocess(Out, DO, Lse, Delta, Lse2, CU_Q,
                          stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh,
                          stride_lb, stride_lh, stride_ls, stride_tb, stride_th, stride_ts,
-                         stride_ab, stride_as, stride_ah, seqlen_q, heads,
+                         seqlen_q, heads,
                          DV: tl.constexpr, IS_VARLEN: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
-                         ZERO_ACC: tl.constexpr, ACC_D: tl.constexpr, BLOCK_ACC: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // heads
@@ -54,8 +49,3 @@ def _attn_bwd_preprocess(Out, DO, Lse, Delta, Lse2, CU_Q, ACC,
     t_off = b64 * stride_tb + row0 * stride_ts + h * stride_th + offs_m * stride_ts
     tl.store(Delta + t_off, delta, mask=row_ok)
     tl.store(Lse2 + t_off, lse2, mask=row_ok)
-    if ZERO_ACC:
-        offs_a = tl.arange(0, BLOCK_ACC)
-        store_tile(head_rows(ACC, b64, row0, h, stride_ab, stride_as, stride_ah, offs_m, offs_a),
-                   tl.zeros([BLOCK_M, BLOCK_ACC], tl.float32), offs_m, q_len, offs_a, ACC_D,
-                   BLOCK_ACC != ACC_D)

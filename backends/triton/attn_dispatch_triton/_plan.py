@@ -254,8 +254,7 @@ class Plan:
             part = alloc(self.part_numel, dtype=torch.float32, device=device)
             values[PART] = part.data_ptr()
         if self.acc is not None:
-            # (uninitialised: the recorded preprocess launch zero-fills it)
-            acc = torch.empty(self.acc["shape"], dtype=torch.float32, device=device)
+            acc = torch.zeros(self.acc["shape"], dtype=torch.float32, device=device)
             values[ACC] = acc.data_ptr()
             if self.acc["tma"] is not None:
                 from triton.tools.tensor_descriptor import TensorDescriptor

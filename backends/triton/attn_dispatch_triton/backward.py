@@ -5,9 +5,8 @@ the gradients (see the kernel modules for the math): ``_bwd_preprocess`` (delta,
 ``_bwd_dkdv`` (one program per key block and kv head, walking the GQA group), ``_bwd_dq`` (one
 program per query block and head).
 
-Fused-atomic design (``atomic_dq=True``, ``triton:fused_atomic``): preprocess (which also
-zero-fills the fp32 dQ scratch), then
-``_bwd_dkdv`` with ``ATOMIC_DQ`` also adds dQ into that scratch with atomics or
+Fused-atomic design (``atomic_dq=True``, ``triton:fused_atomic``): preprocess, then
+``_bwd_dkdv`` with ``ATOMIC_DQ`` also adds dQ into a zero-filled fp32 scratch with atomics or
 TMA reductions (config key ``"dkdvq"``; on sm_90 with ``GLUON`` the Gluon ``_bwd_dkdv_sm90``
 with ``ATOMIC_DQ``, TMA reductions), then ``_bwd_dq_convert`` scales and casts it (config key
 ``"cvt"``).
@@ -36,9 +35,6 @@ from ._bwd_split_sum import _attn_bwd_split_sum
 from ._common import LOG2E, last_dim_contiguous, lse_strides, padded_dim, token_strides
 
 SUM_BLOCK = 1024  # elements per program of the split-partial sum
-# Tests set this to fill new scratch buffers with NaN, so that an element nothing zero-filled or
-# wrote shows in the results (torch.empty may hand out zeros by chance).
-POISON_SCRATCH = False
 MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0 allows 2**31 - 1)
 
 
@@ -73,8 +69,6 @@ class BackwardLaunch:
         self.rec = recorder
         self.side: _plan.SideStream | None = None  # where launches go instead of the current
         self.plan_extra = dict(tmp_shape=tuple(tmp.shape), part_numel=None, acc=None)
-        self.dq_acc: torch.Tensor | None = None  # the fused-atomic backward's fp32 dQ scratch
-        self._dkdvq: tuple = ()  # its dK/dV kernel's (sm90 descriptors, tma, scratch, strides)
         if recorder is not None:
             for t, index in ((q, _plan.Q), (k, _plan.K), (v, _plan.V), (out, _plan.OUT),
                              (lse, _plan.LSE), (grad_out, _plan.DO), (self.dq, _plan.DQ),
@@ -104,60 +98,15 @@ class BackwardLaunch:
                 kernel[grid](*args, **kwargs)
 
     def preprocess(self, c: dict) -> None:
-        """delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf for rows that see no key); the
-        dQ scratch (:meth:`dq_scratch`), when there is one, zero-filled."""
+        """delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf for rows that see no key)."""
         grid = (triton.cdiv(max(self.seqlen_q, 1), c["BLOCK_M"]), self.batch * self.heads)
-        acc = self.dq_acc
-        acc_d = 1 if acc is None else acc.shape[-1]
         self._launch(_attn_bwd_preprocess, grid, (
             self.out, self.grad_out, self.lse, self.delta, self.lse2, self.cu_q,
-            self.q if acc is None else acc,  # (an unused pointer without a scratch)
             *token_strides(self.out, self.varlen), *self.s_do,
-            *lse_strides(self.lse, self.varlen), *self.s_t,
-            *((0, 0, 0) if acc is None else self.dq_acc_strides), self.seqlen_q, self.heads,
+            *lse_strides(self.lse, self.varlen), *self.s_t, self.seqlen_q, self.heads,
         ), dict(DV=self.d_v, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
-                BLOCK_DV=self.blocks["BLOCK_DV"], ZERO_ACC=acc is not None, ACC_D=acc_d,
-                BLOCK_ACC=padded_dim(acc_d), num_warps=c["num_warps"],
+                BLOCK_DV=self.blocks["BLOCK_DV"], num_warps=c["num_warps"],
                 num_stages=c["num_stages"]))
-
-    def dq_scratch(self, c: dict) -> None:
-        """Allocate the fp32 dQ scratch the fused-atomic dK/dV kernel (config ``c``) adds into:
-        shaped like Q, or ``[B, H, S, BLOCK_D]`` for the ``tl`` kernel's TMA reductions. It is
-        not filled here: :meth:`preprocess`, which runs next, zero-fills it."""
-        sm90 = self.sm90_descriptors(c, (64, 128))
-        tma = bool(c.get("TMA")) and sm90 is None and _tma_available(self.q.device)
-        rec = self.rec
-        if tma:  # rows of one (sequence, head) contiguous: [B,H,S,BLOCK_D] / [H,T,BLOCK_D]
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            bd = self.blocks["BLOCK_D"]
-            rows = self.q.shape[0] if self.varlen else self.seqlen_q
-            lead = (self.heads, rows) if self.varlen else (self.batch, self.heads, rows)
-            self.dq_acc = self._scratch((*lead, bd))
-            flat = self.dq_acc.view(-1, bd)
-            desc = TensorDescriptor(flat, list(flat.shape), [bd, 1], [c["BLOCK_M"], bd])
-            # (the tl kernel takes its strides in rows of BLOCK_D, the other passes in elements)
-            in_rows = (0, 1, rows) if self.varlen else (self.heads * rows, 1, rows)
-            self.dq_acc_strides = tuple(x * bd for x in in_rows)
-            self._dkdvq = (sm90, tma, desc, in_rows)
-            self.plan_extra["acc"] = dict(shape=tuple(self.dq_acc.shape),
-                                          tma=(tuple(flat.shape), [c["BLOCK_M"], bd]))
-            if rec is not None:
-                rec.name(desc, _plan.ACC_DESC, None)
-                rec.name(self.dq_acc, _plan.ACC)
-        else:
-            self.dq_acc = self._scratch(self.q.shape)
-            self.dq_acc_strides = token_strides(self.dq_acc, self.varlen)
-            self._dkdvq = (sm90, tma, self.dq_acc, self.dq_acc_strides)
-            self.plan_extra["acc"] = dict(shape=tuple(self.dq_acc.shape), tma=None)
-            if rec is not None:
-                rec.name(self.dq_acc, _plan.ACC)
-
-    def _scratch(self, shape: tuple) -> torch.Tensor:
-        """An uninitialised fp32 buffer (NaN-filled under :data:`POISON_SCRATCH`)."""
-        if POISON_SCRATCH:
-            return torch.full(shape, float("nan"), dtype=torch.float32, device=self.q.device)
-        return torch.empty(shape, dtype=torch.float32, device=self.q.device)
 
     def group_split(self, c: dict) -> int:
         """How many programs share one kv head's GQA group (``c["SPLIT"]`` or a heuristic).
@@ -183,19 +132,37 @@ class BackwardLaunch:
     def dkdv(self, c: dict, atomic_dq: bool = False) -> None:
         """dK, dV: one program per key block, kv head and slice of the GQA group.
 
-        With ``atomic_dq`` the same programs add the unscaled dQ into ``self.dq_acc``, the fp32
-        scratch of :meth:`dq_scratch`, zero-filled by :meth:`preprocess` (or here, when this
-        is called on its own); :meth:`dq_convert` finishes it.
+        With ``atomic_dq`` the same programs add the unscaled dQ into ``self.dq_acc`` (fp32,
+        zero-filled here); :meth:`dq_convert` finishes it.
         """
         split = self.group_split(c)
+        sm90 = self.sm90_descriptors(c, (64, 128))
+        tma = bool(atomic_dq and c.get("TMA") and sm90 is None) and _tma_available(self.q.device)
         rec = self.rec
-        if atomic_dq:
-            if self.dq_acc is None:  # (a kernel launched on its own, e.g. to time it)
-                self.dq_scratch(c)
-                self.dq_acc.zero_()
-            sm90, tma, acc, s_acc = self._dkdvq
+        if tma:  # rows of one (sequence, head) contiguous: [B,H,S,BLOCK_D] / [H,T,BLOCK_D]
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            bd = self.blocks["BLOCK_D"]
+            rows = self.q.shape[0] if self.varlen else self.seqlen_q
+            lead = (self.heads, rows) if self.varlen else (self.batch, self.heads, rows)
+            self.dq_acc = torch.zeros((*lead, bd), dtype=torch.float32, device=self.q.device)
+            flat = self.dq_acc.view(-1, bd)
+            acc = TensorDescriptor(flat, list(flat.shape), [bd, 1], [c["BLOCK_M"], bd])
+            s_acc = (0, 1, rows) if self.varlen else (self.heads * rows, 1, rows)  # in rows
+            self.dq_acc_strides = tuple(x * bd for x in s_acc)
+            self.plan_extra["acc"] = dict(shape=tuple(self.dq_acc.shape),
+                                          tma=(tuple(flat.shape), [c["BLOCK_M"], bd]))
+            if rec is not None:
+                rec.name(acc, _plan.ACC_DESC, None)
+                rec.name(self.dq_acc, _plan.ACC)
+        elif atomic_dq:
+            self.dq_acc = acc = torch.zeros(self.q.shape, dtype=torch.float32,
+                                            device=self.q.device)
+            s_acc = self.dq_acc_strides = token_strides(acc, self.varlen)
+            self.plan_extra["acc"] = dict(shape=tuple(acc.shape), tma=None)
+            if rec is not None:
+                rec.name(acc, _plan.ACC)
         else:
-            sm90, tma = self.sm90_descriptors(c, (64, 128)), False
             acc, s_acc = self.q, (0, 0, 0)  # an unused pointer
         fused_sum = split > 1 and self.dk.is_contiguous() and self.dv.is_contiguous()
         # config SPLIT_ADD: the Gluon fused-atomic kernel's slices add their dK / dV into one
@@ -206,8 +173,8 @@ class BackwardLaunch:
             blocks_k = triton.cdiv(n_k, SUM_BLOCK)
             n_tot = blocks_k * SUM_BLOCK + n_v
             parts = 1 if add_slices else split
-            part = (torch.zeros((parts, n_tot), dtype=torch.float32, device=self.dk.device)
-                    if add_slices else self._scratch((parts, n_tot)))
+            part = (torch.zeros if add_slices else torch.empty)(
+                (parts, n_tot), dtype=torch.float32, device=self.dk.device)
             dk = part[:, :n_k].view(parts, *self.dk.shape)
             dv = part[:, blocks_k * SUM_BLOCK:].view(parts, *self.dv.shape)
             dk_part, dv_part = dk[0], dv[0]
@@ -400,8 +367,6 @@ class BackwardLaunch:
     def run(self, config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """All kernels; ``config`` maps "pre"/"dkdv"/"dq" (split) or "pre"/"dkdvq"/"cvt"
         (``atomic_dq``) to launch configs."""
-        if self.atomic_dq:
-            self.dq_scratch(config["dkdvq"])
         self.preprocess(config["pre"])
         if self.atomic_dq:
             self.dkdv(config["dkdvq"], atomic_dq=True)

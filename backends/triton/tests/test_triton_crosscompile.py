@@ -73,9 +73,7 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
               "HEAVY_FIRST": causal and bool(cfg.get("HEAVY_FIRST", 0)),
               "DP_FIRST": bool(cfg.get("DP_FIRST", 0)),
               "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-              "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d), "LOAD_TMA": load_tma,
-              # the preprocess as the fused-atomic backward launches it: dQ scratch zero-filled
-              "ZERO_ACC": True, "ACC_D": d, "BLOCK_ACC": padded_dim(d)}
+              "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d), "LOAD_TMA": load_tma}
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
