@@ -15,7 +15,7 @@ $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends
 $PY -m attn_dispatch list | tee -a "$OUT/env.txt"
 
 echo "== GPU tests"
-timeout 250 $PY -m pytest -q -p no:cacheprovider tests/test_attention_op.py \
+timeout 600 $PY -m pytest -q -p no:cacheprovider tests/test_attention_op.py \
   tests/test_core_guards.py backends/triton/tests/test_triton_gpu.py \
   backends/triton/tests/test_triton_plans_gpu.py backends/triton/tests/test_triton_gluon.py \
   --tb=short -rfE \
