@@ -9,11 +9,16 @@ Two views per shape:
   sizes an H200 runs at its power limit, so the clock a kernel sustains is part of its speed.
 
     PYTHONUNBUFFERED=1 python backends/triton/bench_breakdown.py [--seqlens 4096 16384]
+        [--causal] [--variant SPLIT_ADD=0 ...]
+
+``--variant KEY=VALUE[,KEY=VALUE]`` adds ``triton:fused_atomic`` with those keys over the table's
+``dkdvq`` entry (``tuning.trial``), timed the same two ways.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -22,6 +27,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from attn_dispatch_triton import tuning
 from attn_dispatch_triton.backward import attention_backward
 from torch.profiler import ProfilerActivity, profile
 
@@ -100,25 +106,51 @@ def backward_calls(s: int, causal: bool) -> dict[str, Callable[[], object]]:
     }
 
 
+def parse_variant(text: str) -> dict[str, int]:
+    """``"SPLIT_ADD=0,WINDOW=1"`` -> ``{"SPLIT_ADD": 0, "WINDOW": 1}``."""
+    try:
+        return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KEY=INT[,KEY=INT], got {text!r}") from None
+
+
+def in_force(name: str, s: int, causal: bool):
+    """The config of implementation ``name`` (``triton:fused_atomic[K=V,...]``: the table's
+    dkdvq entry with those keys) in force while its calls run."""
+    if "[" not in name:
+        return contextlib.nullcontext()
+    keys = parse_variant(name[name.index("[") + 1:-1])
+    table = tuning.get_backward_config(torch.device("cuda"), 128, causal, 8, s)["dkdvq"]
+    return tuning.trial("sm_90", tuning.lookup_keys(128, causal, 8, s)[-1],
+                        {"dkdvq": {**table, **keys}})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--variant", type=parse_variant, action="append", default=[],
+                    help="KEY=INT[,KEY=INT]: also time triton:fused_atomic with these keys")
     args = ap.parse_args()
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     summary = []
     for s in args.seqlens:
         impls = backward_calls(s, args.causal)
+        for keys in args.variant:
+            name = "triton:fused_atomic[" + ",".join(f"{k}={v}" for k, v in keys.items()) + "]"
+            impls[name] = impls["triton:fused_atomic"]
         label = f"GQA 64/8 {s // 1024}K{' causal' if args.causal else ''}"
         for name, fn in impls.items():
-            times = kernel_times(fn)
+            with in_force(name, s, args.causal):
+                times = kernel_times(fn)
             print(f"{label} {name}: {sum(times.values()):.1f} µs of kernels per call", flush=True)
             for kernel, us in times.items():
                 print(f"    {us:10.1f}  {kernel}")
         for rnd in range(2):  # alternating, so that neither always runs on the hotter card
             for name, fn in list(impls.items())[::(-1 if rnd else 1)]:
-                us, mhz, watts, reasons = sustained(fn)
-                summary.append(f"{label:22s} {name:20s} {us:10.1f} µs  {mhz:5.0f} MHz  "
+                with in_force(name, s, args.causal):
+                    us, mhz, watts, reasons = sustained(fn)
+                summary.append(f"{label:22s} {name:34s} {us:10.1f} µs  {mhz:5.0f} MHz  "
                                f"{watts:4.0f} W  throttle {reasons}")
                 print(summary[-1], flush=True)
     print("\nsustained, back to back:\n" + "\n".join(summary))
