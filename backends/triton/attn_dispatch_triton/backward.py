@@ -215,10 +215,10 @@ class BackwardLaunch:
         else:
             self._dkdv_portable(c, grid, dk, dv, dk_part, dv_part, acc, s_acc, split,
                                 heavy_first, atomic_dq, tma)
-        if fused_sum:
+        if fused_sum:  # (8 warps: one 16-byte load per thread and partial; bench_split_sum.py)
             self._launch(_attn_bwd_split_sum, (blocks_k + triton.cdiv(n_v, SUM_BLOCK),),
                          (part, self.dk, self.dv, n_k, n_v, blocks_k, n_tot),
-                         dict(SPLIT=part.shape[0], BLOCK=SUM_BLOCK, num_warps=4, num_stages=1))
+                         dict(SPLIT=part.shape[0], BLOCK=SUM_BLOCK, num_warps=8, num_stages=1))
         elif split > 1:
             self.dk.copy_(dk.sum(0))
             self.dv.copy_(dv.sum(0))

@@ -168,6 +168,27 @@ def test_triton_fused_atomic_compiles_d256(arch: str) -> None:
     _check(compile_kernel("dkdvq", arch, d=256, causal=True, bottom_right=True), "dkdvq", arch)
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx950"])
+def test_triton_split_sum_compiles(arch: str) -> None:
+    """The split-partial sum (4 partials, as a split GQA group launches it; 1 with
+    ``SPLIT_ADD``) with the launcher's 1024 elements and 8 warps: no atomics, a binary."""
+    from attn_dispatch_triton._bwd_split_sum import _attn_bwd_split_sum
+    from attn_dispatch_triton.backward import SUM_BLOCK
+
+    _, asm_key, _, _ = TARGETS[arch]
+    for split in (4, 1):
+        signature = {"PART": "*fp32", "DK": "*bf16", "DV": "*bf16", "n_k": "i32", "n_v": "i32",
+                     "blocks_k": "i32", "stride_split": "i32", "SPLIT": "constexpr",
+                     "BLOCK": "constexpr"}
+        src = ASTSource(_attn_bwd_split_sum, signature,
+                        constexprs={"SPLIT": split, "BLOCK": SUM_BLOCK},
+                        attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
+        compiled = triton.compile(src, target=TARGETS[arch][0],
+                                  options={"num_warps": 8, "num_stages": 1})
+        assert ATOMICS[asm_key].search(compiled.asm[asm_key]) is None
+        assert len(compiled.asm["cubin" if asm_key == "ptx" else "hsaco"]) > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kernel_name", "arch", "dtype", "d", "causal", "varlen"),
