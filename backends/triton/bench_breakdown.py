@@ -132,6 +132,9 @@ def main() -> int:
     ap.add_argument("--variant", type=parse_variant, action="append", default=[],
                     help="KEY=INT[,KEY=INT]: also time triton:fused_atomic with these keys")
     args = ap.parse_args()
+    if args.variant and tuning.arch_of(torch.device("cuda")) != "sm_90":
+        print("--variant needs an sm_90 GPU (it changes the sm_90 table's entries)")
+        return 2
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     summary = []
     for s in args.seqlens:

@@ -33,8 +33,8 @@ from triton.testing import do_bench
 import attn_dispatch as ad
 
 SHAPES = [(4096, True), (8192, True), (16384, True), (4096, False), (8192, False)]
-# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER, WINDOW, SPLIT_ADD); the default set, --grid adds
-# the rest
+# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER, WINDOW, SPLIT_ADD); the default set (names as
+# variant_name makes them); --grid times every combination instead
 VARIANTS = {"s4": (4, 0, 0, 0, 0), "s1-hf-inner": (1, 1, 1, 0, 0), "s4-w1": (4, 0, 0, 1, 0),
             "s4-w2": (4, 0, 0, 2, 0), "s2-w1": (2, 0, 0, 1, 0), "s2-w2": (2, 0, 0, 2, 0),
             "s1-w4": (1, 0, 0, 4, 0), "s1-w4-inner": (1, 0, 1, 4, 0),
@@ -43,15 +43,19 @@ VARIANTS = {"s4": (4, 0, 0, 0, 0), "s1-hf-inner": (1, 1, 1, 0, 0), "s4-w1": (4, 
 NAMES = ("SPLIT", "HEAVY_FIRST", "HEADS_INNER", "WINDOW", "SPLIT_ADD")
 
 
+def variant_name(split: int, heavy: int, inner: int, window: int, add: int) -> str:
+    """E.g. ``s4-w1-inner-add``."""
+    return (f"s{split}{'-hf' if heavy else ''}{f'-w{window}' if window else ''}"
+            f"{'-inner' if inner else ''}{'-add' if add else ''}")
+
+
 def grid() -> dict[str, tuple[int, ...]]:
     out = {}
     for split, heavy, inner, window, add in itertools.product((1, 2, 4, 8), (0, 1), (0, 1),
                                                               (0, 1, 2, 4), (0, 1)):
         if heavy and window or split == 1 and add:  # (a window replaces heaviest first)
             continue
-        name = (f"s{split}{'-hf' if heavy else ''}{'-inner' if inner else ''}"
-                f"{f'-w{window}' if window else ''}{'-add' if add else ''}")
-        out[name] = (split, heavy, inner, window, add)
+        out[variant_name(split, heavy, inner, window, add)] = (split, heavy, inner, window, add)
     return out
 
 
@@ -104,7 +108,8 @@ def bench_shape(s: int, causal: bool, variants: dict, rounds: int) -> dict[str, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", action="store_true", help="all 40 layouts, not the default 10")
+    ap.add_argument("--grid", action="store_true",
+                    help="every combination (70 layouts) instead of the default set")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", help="comma-separated variant names (of the chosen set)")
     ap.add_argument("--shapes", help="comma-separated key lengths, 'c' for causal: 4096c,8192")

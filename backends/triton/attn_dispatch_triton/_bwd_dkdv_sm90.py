@@ -32,7 +32,8 @@ of each storing its own partial; the launcher's sum pass then only casts it.
 The loop is flattened over (query head of the program's GQA slice, query block), so the prefetch
 runs across head boundaries; with ``HEADS_INNER`` over (query block, last to first; query head),
 so that the programs of one kv head, whatever their key block, start on the same query tiles
-(measured faster for GQA 4K causal with the heaviest programs first). ``WINDOW`` lays the grid
+(measured faster for GQA 4K causal with the heaviest programs first, until ``WINDOW`` beat it
+there; no table entry sets it now, ``bench_walk_order.py`` times it). ``WINDOW`` lays the grid
 out as ``(slices * WINDOW, key blocks, B * Hkv / WINDOW)``: the programs of ``WINDOW`` kv heads
 launch together key block by key block, heaviest first under a causal mask, so that the last
 heads' heavy programs do not start last (GQA 4K / 8K causal, ``tuning``). Inputs are

@@ -93,8 +93,7 @@ def _consumer(q_smem, do_smem, k_bufs, v_bufs, bars, Lse2, Delta, work, rows_inf
         dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
         mbarrier.arrive(bars.index(STAGES + slot))  # this warp group is done with the slot
 
-    store_rows(dq_base, dq * scale, m0 + WG * HALF_M, q_start, q_len, stride_dqs, HALF_M, D,
-               False)
+    store_rows(dq_base, dq * scale, m0 + WG * HALF_M, q_start, q_len, stride_dqs, HALF_M, D)
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads", "group"])

@@ -5,7 +5,9 @@ partial dK and dV into one scratch buffer laid out ``[SPLIT, n_k_pad + n_v]`` (d
 elements first, padded to a whole number of blocks, then dV's ``n_v``). This kernel adds the
 partials in a fixed order (``0, 1, ..., SPLIT-1``, fp32) and writes both contiguous outputs in
 their dtype: one launch instead of two reductions and two casting copies, and still bitwise
-reproducible. Programs ``[0, blocks_k)`` write dK, the rest dV.
+reproducible. Programs ``[0, blocks_k)`` write dK, the rest dV. With ``SPLIT = 1`` it only
+casts: the launcher's case for the Gluon fused-atomic kernel with ``SPLIT_ADD``, whose slices
+add into one buffer by atomics (in arrival order, so not bitwise reproducible).
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def operand_layout(rows, d):
 
 @gluon.jit
 def store_rows(base, x, first, start, n_valid, stride_row, ROWS: gl.constexpr,
-               D: gl.constexpr, ADD: gl.constexpr):
+               D: gl.constexpr, ADD: gl.constexpr = False):
     """Store the fp32 ``[ROWS, D]`` accumulator ``x`` (``mma_layout``) as ``base``'s element
     type: tile row ``i`` is row ``first + i`` of a sequence starting at row ``start``, stored
     when ``first + i < n_valid``. With ``ADD`` (an fp32 ``base``) it is added by atomics."""
@@ -113,7 +113,10 @@ def rows_descriptor(t: torch.Tensor, varlen: bool, block: list[int]):
 def sm90_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
                      varlen: bool, block_m: int, block_n: int) -> tuple | None:
     """The kernels' four TMA descriptors (Q, K, V, dO with ``[block, D]`` tiles), or ``None``
-    when a tensor cannot be read as rows."""
+    when a tensor cannot be read as rows or the inputs are not 16-bit (the kernels' shared
+    memory is planned for bf16 / f16 tiles)."""
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return None
     descs = tuple(rows_descriptor(t, varlen, [block, t.shape[-1]])
                   for t, block in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m)))
     return None if any(d is None for d in descs) else descs

@@ -194,8 +194,8 @@ class BackwardLaunch:
             dk, dv = dk_part, dv_part = self.dk, self.dv
         grid = (triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]), self.batch * self.kv_heads,
                 split)
-        heavy_first = self.heavy_first(c, grid[0])
         window = self.window(c, grid) if sm90 is not None else 0
+        heavy_first = not window and self.heavy_first(c, grid[0])  # (a window replaces it)
         if window:
             grid = (split * window, grid[0], grid[1] // window)
         elif heavy_first:

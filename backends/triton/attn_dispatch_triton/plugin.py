@@ -181,7 +181,8 @@ class FusedAtomic(Fused):
     Priorities: per arch, just below ``triton:fused`` (45 / 60) and above FA2 (40), so where
     ``triton:fused`` runs it is chosen only if that one is disabled or rejects the call. The
     exception is sm_90 with the Gluon kernel (dQ by TMA reductions, D = 128): there an H200
-    measured it ahead of cuDNN at GQA up to 2K keys and causal MHA 4K-8K, where it takes 56
+    measured it ahead of cuDNN at GQA up to 2K keys and dense causal MHA with B*H <= 8 and
+    2K < Sk <= 8K, where it takes 56
     (:func:`gluon_fused_atomic_fastest`, docs/benchmarks.md). The `tl` kernel it runs
     elsewhere was 1.00-1.13x ``triton:fused``'s time at the seed shapes on an H200. On AMD it is
     compile-tested only (never run). Not deterministic: a call asking for determinism rules it

@@ -4,17 +4,20 @@ A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` (plus optional 
 ``SPLIT``, ``SPLIT_ADD``, ``TMA``, ``HEAVY_FIRST``, ``HEADS_INNER``, ``WINDOW``, ``LOAD_TMA``,
 ``CONCURRENT_MAX_SK``, ``DP_FIRST``, ``GLUON``, ``GLUON_STAGES``) per
 kernel (``fwd``, ``pre``, ``dkdv``, ``dq``; for the fused-atomic backward ``dkdvq``, the dK/dV
-kernel with atomic dQ, and ``cvt``, the dQ convert pass). Lookup, first hit wins:
+kernel with atomic dQ, and ``cvt``, the dQ convert pass). A lookup starts from a generic
+default and merges, each over the one before and each from the general key to the specific
+(:func:`lookup_keys`):
 
-1. the on-disk cache written by :func:`tune` on this machine
-   (``$ATTN_DISPATCH_TRITON_CACHE`` or ``~/.cache/attn_dispatch_triton/``, one JSON per arch and
-   triton version, keyed by shape class);
-2. the built-in table below (sm_90 measured on an NVIDIA H200, see docs/triton_notes.md; sm_80,
+1. the built-in table below (sm_90 measured on an NVIDIA H200, see docs/triton_notes.md; sm_80,
    gfx942 and gfx950 are untuned defaults);
-3. a generic default.
+2. the on-disk cache written by :func:`save_tuned` (``$ATTN_DISPATCH_TRITON_CACHE`` or
+   ``~/.cache/attn_dispatch_triton/``, one JSON per arch and triton version, keyed by shape
+   class);
+3. the configurations of an active :func:`trial` (for timing candidates).
 
 Lookups are memoised per process, so after the first call the hot path is a dict lookup. Nothing
-tunes implicitly: :func:`tune` runs only when called (e.g. from ``bench_kernels.py``).
+tunes implicitly: candidates are measured only when asked (e.g. by ``bench_kernels.py``, which
+writes the cache).
 """
 
 from __future__ import annotations

@@ -140,11 +140,14 @@ def test_descriptors_accept_tokens_in_rows() -> None:
 
 
 @pytest.mark.parametrize("bad", ["heads-not-adjacent", "batches-not-evenly-spaced", "empty",
-                                 "misaligned", "broadcast"])
+                                 "misaligned", "broadcast", "fp32"])
 def test_descriptors_refuse_other_layouts(bad) -> None:
-    """Layouts TMA cannot read as ``[rows, heads * D]`` give ``None`` (the tl kernels run)."""
+    """Layouts TMA cannot read as ``[rows, heads * D]``, and fp32 inputs (the kernels' shared
+    memory is planned for 16-bit tiles), give ``None`` (the tl kernels run)."""
     q, k, v, do = _qkv((2, 64, 4, 128), (2, 64, 2, 128))
-    if bad == "heads-not-adjacent":  # [B, H, S, D] storage seen as [B, S, H, D]
+    if bad == "fp32":
+        q, k, v, do = _qkv((2, 64, 4, 128), (2, 64, 2, 128), torch.float32)
+    elif bad == "heads-not-adjacent":  # [B, H, S, D] storage seen as [B, S, H, D]
         q = torch.randn(2, 4, 64, 128, dtype=q.dtype).transpose(1, 2)
     elif bad == "batches-not-evenly-spaced":
         q = torch.randn(2, 80, 4, 128, dtype=q.dtype)[:, :64]
