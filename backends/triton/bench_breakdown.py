@@ -120,9 +120,7 @@ def in_force(name: str, s: int, causal: bool):
     if "[" not in name:
         return contextlib.nullcontext()
     keys = parse_variant(name[name.index("[") + 1:-1])
-    table = tuning.get_backward_config(torch.device("cuda"), 128, causal, 8, s)["dkdvq"]
-    return tuning.trial("sm_90", tuning.lookup_keys(128, causal, 8, s)[-1],
-                        {"dkdvq": {**table, **keys}})
+    return tuning.trial_with("sm_90", "dkdvq", 128, causal, 8, s, **keys)
 
 
 def main() -> int:

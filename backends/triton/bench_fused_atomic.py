@@ -52,8 +52,8 @@ def bench_shape(h: int, hk: int, s: int, causal: bool) -> dict[str, float]:
     ref = [t.clone() for t in call(False)]
     res = {"split": do_bench(lambda: call(False), warmup=10, rep=200) * 1e3}
     key = tuning.lookup_keys(128, causal, h // hk, s)[-1]  # the most specific class
+    base = tuning._TABLES["sm_90"]["*"]["dkdvq"]  # (variants of the generic entry)
     for name, extra in variants(h != hk, causal).items():
-        base = tuning._TABLES["sm_90"]["*"]["dkdvq"]
         with tuning.trial("sm_90", key, {"dkdvq": {**base, **extra}}):
             got = call(True)
             for g, r in zip(got, ref):

@@ -71,13 +71,11 @@ def bench_shape(s: int, causal: bool, variants: dict, rounds: int) -> dict[str, 
                                   scale=128 ** -0.5, atomic_dq=atomic)
 
     ref = [t.clone() for t in call(False)]
-    key = tuning.lookup_keys(128, causal, 8, s)[-1]
-    table = tuning.get_backward_config(q.device, 128, causal, 8, s)["dkdvq"]
-    configs = {"table": None}
+    configs: dict[str, dict[str, int]] = {"table": {}}  # name -> keys changed in the entry
     for name, values in variants.items():
         heavy, window = values[1], values[3]
         if causal or not (heavy or window):  # (without a mask all programs do the same work)
-            configs[name] = {**table, **dict(zip(NAMES, values))}
+            configs[name] = dict(zip(NAMES, values))
 
     def timed(name: str) -> float:
         if name == "cudnn":
@@ -89,8 +87,7 @@ def bench_shape(s: int, causal: bool, variants: dict, rounds: int) -> dict[str, 
 
     def in_force(name: str):
         """The candidate's config in force ("table": the table's own)."""
-        cfg = configs[name]
-        return tuning.trial("sm_90", key, {"dkdvq": cfg} if cfg else {})
+        return tuning.trial_with("sm_90", "dkdvq", 128, causal, 8, s, **configs[name])
 
     for name in configs:
         with in_force(name):

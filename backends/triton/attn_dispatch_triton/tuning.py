@@ -301,6 +301,15 @@ def trial(arch: str, key: str, configs: dict[str, Config]) -> Iterator[None]:
         _forget_choices()
 
 
+def trial_with(arch: str, kernel: str, head_dim: int, causal: bool, group: int, seqlen_k: int,
+               **keys: int) -> contextlib.AbstractContextManager[None]:
+    """A :func:`trial` of one shape's ``kernel`` config as looked up now, with ``keys``
+    changed, at the shape's most specific class key (for timing one change to an entry)."""
+    base = lookup(arch, head_dim, causal, group, _bucket(seqlen_k))[kernel]
+    return trial(arch, lookup_keys(head_dim, causal, group, seqlen_k)[-1],
+                 {kernel: {**base, **keys}})
+
+
 def _bucket(seqlen_k: int) -> int:
     """One memo entry per length bucket of :func:`lookup_keys`."""
     for edge, _ in _FINE_BUCKETS:

@@ -193,10 +193,8 @@ def test_replayed_plan_zeroes_the_added_slices(varlen):
     device = torch.device("cuda")
     if not _gluon_sm90(device):
         pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
-    arch = tuning.arch_of(device)
-    cfgs = tuning.lookup(arch, 128, True, 4, tuning._bucket(384))
-    key = tuning.lookup_keys(128, True, 4, 384)[-1]
-    with tuning.trial(arch, key, {"dkdvq": {**cfgs["dkdvq"], "SPLIT": 4, "SPLIT_ADD": 1}}):
+    with tuning.trial_with(tuning.arch_of(device), "dkdvq", 128, True, 4, 384, SPLIT=4,
+                           SPLIT_ADD=1):
         _plan.clear()
         test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "bottom_right", varlen,
                                                  "triton:fused_atomic"), d=128)

@@ -118,3 +118,13 @@ def test_trial_overrides_one_class_and_restores_it(cache_dir) -> None:
         assert tuning.lookup("sm_90", 128, True, 8, tuning._bucket(8192)) == longer
     assert tuning.lookup("sm_90", 128, True, 8, tuning._bucket(4096)) == tuned
     assert tuned["dkdvq"]["SPLIT"] == 8
+
+
+def test_trial_with_changes_keys_of_the_entry_in_force(cache_dir) -> None:
+    """``trial_with``: the shape's entry as looked up, a few keys changed, inside the block."""
+    before = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(8192))
+    with tuning.trial_with("sm_90", "dkdvq", 128, True, 8, 8192, SPLIT_ADD=0, SPLIT=2):
+        inside = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(8192))
+        assert inside["dkdvq"] == {**before["dkdvq"], "SPLIT_ADD": 0, "SPLIT": 2}
+        assert inside["dq"] == before["dq"]
+    assert tuning.lookup("sm_90", 128, True, 8, tuning._bucket(8192)) == before
