@@ -6,9 +6,7 @@ programs with the most query blocks launch first), ``HEADS_INNER`` (each program
 query blocks last to first with the heads innermost, instead of head by head) and ``WINDOW``
 (the programs of that many kv heads launch together, key block by key block); with a split,
 ``SPLIT_ADD`` has the slices add dK/dV into one fp32 buffer by atomics instead of each storing
-its own partial for the sum launch to add (``-add`` variants); ``SPLIT_AT`` (``-at950``: two
-slices of the group's steps, the first 950 per mille of them, so the short second ones fill
-the last wave's idle SMs). For GQA 64/8
+its own partial for the sum launch to add (``-add`` variants). For GQA 64/8
 (B=1, D=128, bf16) this times the backward through the planned path with the table's choice and
 with each variant (``tuning.trial``), and cuDNN's backward in the same process. Rounds alternate
 the order of the candidates; the table prints medians (µs, ``triton.testing.do_bench``, L2
@@ -17,7 +15,7 @@ split design's (relative Frobenius difference < 1e-2); the GPU tests check the k
 the float64 oracle.
 
     PYTHONUNBUFFERED=1 python backends/triton/bench_walk_order.py [--grid] [--rounds 3]
-        [--only s4-w1,s4-w1-add,s2-at950-add] [--shapes 4096c,8192c,16384c]
+        [--only s4-w1,s4-w1-add,s8-add] [--shapes 4096c,8192c,16384c]
 """
 
 from __future__ import annotations
@@ -36,22 +34,21 @@ from triton.testing import do_bench
 import attn_dispatch as ad
 
 SHAPES = [(4096, True), (8192, True), (16384, True), (4096, False), (8192, False)]
-# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER, WINDOW, SPLIT_ADD, SPLIT_AT); the default set (names
-# as variant_name makes them); --grid times every combination instead
-VARIANTS = {"s4": (4, 0, 0, 0, 0, 0), "s1-hf-inner": (1, 1, 1, 0, 0, 0),
-            "s4-w1": (4, 0, 0, 1, 0, 0), "s4-w2": (4, 0, 0, 2, 0, 0), "s2-w1": (2, 0, 0, 1, 0, 0),
-            "s2-w2": (2, 0, 0, 2, 0, 0), "s1-w4": (1, 0, 0, 4, 0, 0),
-            "s1-w4-inner": (1, 0, 1, 4, 0, 0), "s4-w1-inner": (4, 0, 1, 1, 0, 0),
-            "s2-w2-inner": (2, 0, 1, 2, 0, 0), "s4-add": (4, 0, 0, 0, 1, 0),
-            "s4-w1-add": (4, 0, 0, 1, 1, 0), "s2-at950-add": (2, 0, 0, 0, 1, 950)}
-NAMES = ("SPLIT", "HEAVY_FIRST", "HEADS_INNER", "WINDOW", "SPLIT_ADD", "SPLIT_AT")
-_NAME = re.compile(r"s(\d+)(-hf)?(?:-w(\d+))?(-inner)?(?:-at(\d+))?(-add)?")
+# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER, WINDOW, SPLIT_ADD); the default set (names as
+# variant_name makes them); --grid times every combination instead
+VARIANTS = {"s4": (4, 0, 0, 0, 0), "s1-hf-inner": (1, 1, 1, 0, 0), "s4-w1": (4, 0, 0, 1, 0),
+            "s4-w2": (4, 0, 0, 2, 0), "s2-w1": (2, 0, 0, 1, 0), "s2-w2": (2, 0, 0, 2, 0),
+            "s1-w4": (1, 0, 0, 4, 0), "s1-w4-inner": (1, 0, 1, 4, 0),
+            "s4-w1-inner": (4, 0, 1, 1, 0), "s2-w2-inner": (2, 0, 1, 2, 0),
+            "s4-add": (4, 0, 0, 0, 1), "s4-w1-add": (4, 0, 0, 1, 1)}
+NAMES = ("SPLIT", "HEAVY_FIRST", "HEADS_INNER", "WINDOW", "SPLIT_ADD")
+_NAME = re.compile(r"s(\d+)(-hf)?(?:-w(\d+))?(-inner)?(-add)?")
 
 
-def variant_name(split: int, heavy: int, inner: int, window: int, add: int, at: int = 0) -> str:
-    """E.g. ``s4-w1-inner-add``, ``s2-at950-add``."""
+def variant_name(split: int, heavy: int, inner: int, window: int, add: int) -> str:
+    """E.g. ``s4-w1-inner-add``."""
     return (f"s{split}{'-hf' if heavy else ''}{f'-w{window}' if window else ''}"
-            f"{'-inner' if inner else ''}{f'-at{at}' if at else ''}{'-add' if add else ''}")
+            f"{'-inner' if inner else ''}{'-add' if add else ''}")
 
 
 def parse_variant(name: str) -> tuple[int, ...] | None:
@@ -59,8 +56,7 @@ def parse_variant(name: str) -> tuple[int, ...] | None:
     m = _NAME.fullmatch(name)
     if m is None:
         return None
-    return (int(m[1]), int(bool(m[2])), int(bool(m[4])), int(m[3] or 0), int(bool(m[6])),
-            int(m[5] or 0))
+    return int(m[1]), int(bool(m[2])), int(bool(m[4])), int(m[3] or 0), int(bool(m[5]))
 
 
 def grid() -> dict[str, tuple[int, ...]]:
@@ -69,8 +65,7 @@ def grid() -> dict[str, tuple[int, ...]]:
                                                               (0, 1, 2, 4), (0, 1)):
         if heavy and window or split == 1 and add:  # (a window replaces heaviest first)
             continue
-        out[variant_name(split, heavy, inner, window, add)] = (split, heavy, inner, window, add,
-                                                               0)
+        out[variant_name(split, heavy, inner, window, add)] = (split, heavy, inner, window, add)
     return out
 
 
@@ -123,7 +118,7 @@ def main() -> int:
     ap.add_argument("--grid", action="store_true",
                     help="every combination (70 layouts) instead of the default set")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", help="comma-separated variant names, e.g. s4-w1,s2-at950-add")
+    ap.add_argument("--only", help="comma-separated variant names, e.g. s4-w1,s8-add")
     ap.add_argument("--shapes", help="comma-separated key lengths, 'c' for causal: 4096c,8192")
     args = ap.parse_args()
     if tuning.arch_of(torch.device("cuda")) != "sm_90":

@@ -81,22 +81,14 @@ def _step_position(it, nblk, lo_blk, head0, heads, BLOCK_M: gl.constexpr,
 
 
 @gluon.jit
-def _slice_start(split, steps, split_at):
-    """First of the ``steps`` (head, query block) steps that slice ``split`` of two walks when
-    the first slice takes ``split_at`` / 1000 of them (``split == 2``: ``steps``, the end)."""
-    boundary = (steps.to(gl.int64) * split_at // 1000).to(gl.int32)
-    return boundary * gl.minimum(split, 1) + (steps - boundary) * (split // 2)
-
-
-@gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
               delta_bufs, bars, Lse2, Delta, work, BLOCK_M: gl.constexpr, D: gl.constexpr,
               STAGES: gl.constexpr, HEADS_INNER: gl.constexpr):
     """Fill the ring: K and V once, then per step the Q and dO tiles (TMA) and the step's
     lse2 / delta rows (loads, +inf / 0 past the sequence's end), STAGES steps ahead of the
     consumers."""
-    first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, \
-        stride_ts, q_len = work
+    total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, stride_ts, \
+        q_len = work
     kv_bar = bars.index(3 * STAGES)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [krow + n0, hk * D], kv_bar, k_smem)
@@ -108,8 +100,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, 
         phase = (it // STAGES) & 1
         ready = bars.index(slot)
         mbarrier.wait(bars.index(STAGES + slot), phase ^ 1)  # slot emptied by both consumers
-        h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
-                               HEADS_INNER)
+        h, m0 = _step_position(it, nblk, lo_blk, head0, heads, BLOCK_M, HEADS_INNER)
         mbarrier.expect(ready, 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [qrow + m0, h * D], ready, q_bufs.index(slot))
         tma.async_copy_global_to_shared(do_desc, [qrow + m0, h * D], ready, do_bufs.index(slot))
@@ -128,8 +119,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
               HALF_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
               HEADS_INNER: gl.constexpr):
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
-    first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, \
-        stride_ts, q_len = work
+    total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, stride_ts, \
+        q_len = work
     k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs = out
     s_layout: gl.constexpr = mma_layout(HALF_N, BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(HALF_N, D)
@@ -169,8 +160,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
         sT = warpgroup_mma_wait(1, deps=(s_tok, ))
         pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
-            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
-                                   HEADS_INNER)
+            h, m0 = _step_position(it, nblk, lo_blk, head0, heads, BLOCK_M, HEADS_INNER)
             # The fused-atomic kernel masks only the tiles the diagonal crosses (faster there);
             # the split one masks every step (its register budget: the branch made it spill more)
             if ATOMIC_DQ:
@@ -208,8 +198,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
             # (the producer refills this slot, so the next step's dS^T overwrites this one's,
             # only after both groups arrive here: their dQ products are done)
             mbarrier.arrive(bars.index(STAGES + slot))
-            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
-                                   HEADS_INNER)
+            h, m0 = _step_position(it, nblk, lo_blk, head0, heads, BLOCK_M, HEADS_INNER)
             dq_part = dq_smem.index(WG)
             tma.store_wait(0)  # the previous step's reduction has read dq_part
             dq_part.store(dq)
@@ -229,18 +218,15 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
     store_rows(dv_base, dv, first, k_start, k_len, stride_dvs, HALF_N, D, ADD_DKDV)
 
 
-@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group",
-                              "split_at"])
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
 def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2, Delta, CU_Q,
                         CU_K, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
                         stride_dvh, stride_tb, stride_th, stride_ts, stride_dk_split,
-                        stride_dv_split, seqlen_q, seqlen_k, kv_heads, group, split_at,
-                        qk_scale, scale,
+                        stride_dv_split, seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
                         D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                         IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
                         ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr,
-                        STEP_SLICES: gl.constexpr, HEADS_INNER: gl.constexpr,
-                        WINDOW: gl.constexpr,
+                        HEADS_INNER: gl.constexpr, WINDOW: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
@@ -249,16 +235,17 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
         split = gl.program_id(0) % n_splits
         bh = gl.program_id(2) * WINDOW + gl.program_id(0) // n_splits
         pid_n = gl.program_id(1)
+        heads_per_split = group // n_splits
     elif HEAVY_FIRST:
-        n_splits = gl.num_programs(0)
         split = gl.program_id(0)
         bh = gl.program_id(1)
         pid_n = gl.program_id(2)
+        heads_per_split = group // gl.num_programs(0)
     else:
         pid_n = gl.program_id(0)
         bh = gl.program_id(1)
-        n_splits = gl.num_programs(2)
         split = gl.program_id(2)
+        heads_per_split = group // gl.num_programs(2)
     b = bh // kv_heads
     hk = bh % kv_heads
     q_start, q_len, k_start, k_len, qrow, krow, off = sequence_rows(
@@ -292,19 +279,11 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
         else:
             lo_blk = 0
         nblk = gl.cdiv(q_len, BLOCK_M) - lo_blk
-        if STEP_SLICES:  # two slices of the group's (head, query block) steps
-            heads = group
-            head0 = hk * group
-            first_step = _slice_start(split, nblk * group, split_at)
-            total = _slice_start(split + 1, nblk * group, split_at) - first_step
-        else:  # a slice: group / n_splits heads, each over all its query blocks
-            heads = group // n_splits
-            head0 = hk * group + split * heads
-            first_step = 0
-            total = nblk * heads
+        head0 = hk * group + split * heads_per_split
+        total = nblk * heads_per_split
         t_base = b * stride_tb + q_start * stride_ts
-        work = (first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk,
-                t_base, stride_th, stride_ts, q_len)
+        work = (total, nblk, lo_blk, head0, heads_per_split, qrow, krow, n0, hk, t_base,
+                stride_th, stride_ts, q_len)
         dk_base = DK + split.to(gl.int64) * stride_dk_split + b.to(gl.int64) * stride_dkb \
             + hk * stride_dkh
         dv_base = DV_ + split.to(gl.int64) * stride_dv_split + b.to(gl.int64) * stride_dvb \

@@ -204,15 +204,14 @@ class BackwardLaunch:
             from ._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90
 
             slices_apart = split > 1 and not add_slices  # one partial per slice
-            split_at = self.split_at(c, split)
             self._launch(_attn_bwd_dkdv_sm90, grid, (
                 *sm90, self.dq_scratch_descriptor() if atomic_dq else None, dk, dv,
                 self.lse2, self.delta, self.cu_q, self.cu_k,
                 *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
                 *self.s_t, *((dk.stride(0), dv.stride(0)) if slices_apart else (0, 0)),
                 self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
-                split_at, self.qk_scale, self.scale,
-            ), self.sm90_constants(c, heavy_first, atomic_dq, window, add_slices, split_at > 0))
+                self.qk_scale, self.scale,
+            ), self.sm90_constants(c, heavy_first, atomic_dq, window, add_slices))
         else:
             self._dkdv_portable(c, grid, dk, dv, dk_part, dv_part, acc, s_acc, split,
                                 heavy_first, atomic_dq, tma)
@@ -316,12 +315,10 @@ class BackwardLaunch:
         return desc
 
     def sm90_constants(self, c: dict, heavy_first: bool, atomic_dq: bool | None = None,
-                       window: int = 0, add_slices: bool = False,
-                       step_slices: bool = False) -> dict:
+                       window: int = 0, add_slices: bool = False) -> dict:
         """Compile-time arguments and launch options of a Gluon sm_90 kernel (``atomic_dq``:
         the dK/dV kernel's, with or without dQ, launched in ``window``s, :meth:`window`;
-        ``add_slices``: the GQA slices add dK / dV into one fp32 buffer by atomics;
-        ``step_slices``: two slices of the group's steps, :meth:`split_at`)."""
+        ``add_slices``: the GQA slices add dK / dV into one fp32 buffer by atomics)."""
         from . import _sm90
 
         consts = dict(D=self.d, **self.flags, HEAVY_FIRST=heavy_first, BLOCK_M=c["BLOCK_M"],
@@ -332,26 +329,9 @@ class BackwardLaunch:
             consts["HEADS_INNER"] = bool(c.get("HEADS_INNER", 0))
             consts["WINDOW"] = window
             consts["ADD_DKDV"] = add_slices
-            consts["STEP_SLICES"] = step_slices
         if atomic_dq:  # a ring of 3 does not fit beside the dS^T and dQ tiles (240 KB)
             consts["STAGES"] = 2
         return consts
-
-    @staticmethod
-    def split_at(c: dict, split: int) -> int:
-        """Config ``SPLIT_AT`` (Gluon dK/dV kernel; per mille, 0: off): a GQA group split in two
-        slices of its (head, query block) steps, the first ``SPLIT_AT`` / 1000 of them. With
-        the grid's slices outermost, all first slices launch before the short second ones,
-        which then fill the SMs the last wave of first slices leaves idle."""
-        at = int(c.get("SPLIT_AT", 0))
-        if not at:
-            return 0
-        if not 0 < at < 1000:
-            raise ValueError(f"config SPLIT_AT must be in (0, 1000) per mille, got {at}")
-        if split != 2 or c.get("HEADS_INNER", 0):
-            raise ValueError(f"config SPLIT_AT needs SPLIT 2 and no HEADS_INNER, got SPLIT "
-                             f"{split}, HEADS_INNER {c.get('HEADS_INNER', 0)}")
-        return at
 
     def window(self, c: dict, grid: tuple) -> int:
         """Kv heads per launch window of the Gluon dK/dV kernel (config ``WINDOW``; 0: off):

@@ -37,15 +37,13 @@ DESC_DQ = ("tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
 
 def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool = False,
                  stages: int = 2, dtype: str = "bf16", atomic_dq: bool = False,
-                 heads_inner: bool = False, window: int = 0, add_dkdv: bool = False,
-                 step_slices: bool = False):
+                 heads_inner: bool = False, window: int = 0, add_dkdv: bool = False):
     """Compile one Gluon kernel for sm_90 as the launcher would launch it."""
     fn, (block_m, block_n) = KERNELS[kernel]
     q_rows, k_rows = (block_m, block_n)
     consts = dict(D=128, CAUSAL=causal, BOTTOM_RIGHT=causal, IS_VARLEN=varlen,
                   HEAVY_FIRST=heavy_first, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
-                  ATOMIC_DQ=atomic_dq, ADD_DKDV=add_dkdv, STEP_SLICES=step_slices,
-                  HEADS_INNER=heads_inner,
+                  ATOMIC_DQ=atomic_dq, ADD_DKDV=add_dkdv, HEADS_INNER=heads_inner,
                   WINDOW=window,
                   num_warps=_sm90.WARPS)
     signature, constexprs, attrs = {}, {}, {}
@@ -62,8 +60,7 @@ def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool =
             signature[name] = DESC.format(dtype=dtype, rows=k_rows)
         elif name in ("qk_scale", "scale"):
             signature[name] = "fp32"
-        elif name.startswith(("stride_", "seqlen_")) or name in ("heads", "kv_heads", "group",
-                                                                  "split_at"):
+        elif name.startswith(("stride_", "seqlen_")) or name in ("heads", "kv_heads", "group"):
             signature[name] = "i32"
         else:
             fp32 = ("Lse2", "Delta", "DK", "DV_") if add_dkdv else ("Lse2", "Delta")
@@ -99,27 +96,21 @@ def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first, sta
 
 @pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
                     reason="kernels were defined in interpreter mode: nothing to compile")
-@pytest.mark.parametrize(("causal", "varlen", "heads_inner", "window", "add_dkdv", "steps"),
-                         [(False, False, False, 0, False, False),
-                          (True, True, False, 0, False, False),
-                          (True, False, True, 0, False, False),
-                          (True, False, False, 1, False, False),
-                          (True, False, False, 1, True, False),
-                          (False, False, False, 0, True, True)],
+@pytest.mark.parametrize(("causal", "varlen", "heads_inner", "window", "add_dkdv"),
+                         [(False, False, False, 0, False), (True, True, False, 0, False),
+                          (True, False, True, 0, False), (True, False, False, 1, False),
+                          (True, False, False, 1, True)],
                          ids=["full-dense", "causal-varlen", "causal-dense-heads-inner",
-                              "causal-dense-window", "causal-dense-window-add-dkdv",
-                              "full-dense-step-slices-add-dkdv"])
+                              "causal-dense-window", "causal-dense-window-add-dkdv"])
 def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heads_inner,
-                                                     window, add_dkdv, steps) -> None:
+                                                     window, add_dkdv) -> None:
     """The fused-atomic variant: a fifth warp-group MMA per step (dQ, with dS^T from shared
     memory), dQ added to the fp32 scratch by TMA reductions, shared memory in budget; with
-    ``ADD_DKDV`` (a split GQA group) dK and dV added to an fp32 buffer by atomics; with
-    ``STEP_SLICES`` (config ``SPLIT_AT``) slices of the group's steps."""
+    ``ADD_DKDV`` (a split GQA group) dK and dV added to an fp32 buffer by atomics."""
     plain = compile_sm90("dkdv", causal=causal, varlen=varlen, heads_inner=heads_inner,
-                         window=window, step_slices=steps)
+                         window=window)
     fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True,
-                         heads_inner=heads_inner, window=window, add_dkdv=add_dkdv,
-                         step_slices=steps)
+                         heads_inner=heads_inner, window=window, add_dkdv=add_dkdv)
     ptx = fused.asm["ptx"]
     assert ("atom.global.gpu.relaxed.add.f32" in ptx) == add_dkdv
     reduce = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
@@ -169,19 +160,6 @@ def test_descriptors_refuse_other_layouts(bad) -> None:
     assert _sm90.sm90_descriptors(q, k, v, do, False, 64, 128) is None
 
 
-@pytest.mark.parametrize(("cfg", "split", "message"), [
-    ({"SPLIT_AT": 1000}, 2, "must be in"), ({"SPLIT_AT": -5}, 2, "must be in"),
-    ({"SPLIT_AT": 900}, 4, "needs SPLIT 2"),
-    ({"SPLIT_AT": 900, "HEADS_INNER": 1}, 2, "HEADS_INNER"),
-])
-def test_split_at_refuses_what_it_cannot_slice(cfg, split, message) -> None:
-    """``SPLIT_AT`` (two slices of the group's steps) names the bad value or combination."""
-    with pytest.raises(ValueError, match=message):
-        BackwardLaunch.split_at(cfg, split)
-    assert BackwardLaunch.split_at({"SPLIT_AT": 950}, 2) == 950
-    assert BackwardLaunch.split_at({}, 4) == 0
-
-
 def test_cpu_launch_keeps_the_portable_kernels() -> None:
     """Off a Hopper GPU a ``GLUON`` config runs the tl kernels: no descriptors are made."""
     q, k, v, do = _qkv((1, 64, 2, 128), (1, 64, 2, 128))
@@ -214,8 +192,7 @@ def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dk
 
 ON_SM90 = torch.cuda.is_available() and _gluon_sm90(torch.device("cuda"))
 GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bottom_right, dtype,
-    #            split, order: "heavy-first" / "heads-inner" / "window" / "add" / "at",
-    #            "+"-joined)
+    #            split, order: "heavy-first" / "heads-inner" / "window" / "add", "+"-joined)
     ("mha-full-odd", 1, 8, 8, 1000, 1000, False, False, torch.bfloat16, None, ""),
     ("gqa-causal-top-left-sq<sk", 2, 8, 2, 300, 517, True, False, torch.bfloat16, None, ""),
     ("gqa-causal-bottom-right-sq<sk", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None, ""),
@@ -241,11 +218,6 @@ GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bott
     ("gqa-causal-bottom-right-split4-add-window", 2, 16, 4, 300, 517, True, True,
      torch.bfloat16, 4, "add+window"),
     ("gqa-full-split2-add", 1, 16, 4, 700, 700, False, False, torch.float16, 2, "add"),
-    # two slices of the group's steps (config SPLIT_AT 700 per mille: the boundary falls inside
-    # a head), with and without SPLIT_ADD, causal bottom-right with an odd key length
-    ("gqa-full-split2-at-add", 1, 16, 4, 700, 700, False, False, torch.bfloat16, 2, "at+add"),
-    ("gqa-causal-bottom-right-split2-at", 2, 8, 2, 300, 517, True, True, torch.bfloat16, 2,
-     "at"),
 ]
 
 
@@ -259,17 +231,14 @@ def _gluon_config(causal, group, seqlen_k, split, order, stages) -> dict:
                  "GLUON_STAGES": stages}
     if split:
         cfg["dkdv"]["SPLIT"] = split
-    keys = set(order.split("+"))
-    if "heavy-first" in keys:
+    if "heavy-first" in order:
         cfg["dkdv"]["HEAVY_FIRST"] = cfg["dq"]["HEAVY_FIRST"] = 1
-    if "heads-inner" in keys:
+    if "heads-inner" in order:
         cfg["dkdv"]["HEADS_INNER"] = 1
-    if "window" in keys:
+    if "window" in order:
         cfg["dkdv"]["WINDOW"] = 2
-    if "add" in keys:
+    if "add" in order:
         cfg["dkdv"]["SPLIT_ADD"] = 1
-    if "at" in keys:
-        cfg["dkdv"]["SPLIT_AT"] = 700
     return cfg
 
 
