@@ -6,7 +6,9 @@ programs with the most query blocks launch first), ``HEADS_INNER`` (each program
 query blocks last to first with the heads innermost, instead of head by head) and ``WINDOW``
 (the programs of that many kv heads launch together, key block by key block); with a split,
 ``SPLIT_ADD`` has the slices add dK/dV into one fp32 buffer by atomics instead of each storing
-its own partial for the sum launch to add (``-add`` variants). For GQA 64/8
+its own partial for the sum launch to add (``-add`` variants); without a mask, ``TAIL_SLICES``
+(``-t16``: the units past the last whole wave cut into up to 16 slices of their steps). For
+GQA 64/8
 (B=1, D=128, bf16) this times the backward through the planned path with the table's choice and
 with each variant (``tuning.trial``), and cuDNN's backward in the same process. Rounds alternate
 the order of the candidates; the table prints medians (µs, ``triton.testing.do_bench``, L2
@@ -15,7 +17,7 @@ split design's (relative Frobenius difference < 1e-2); the GPU tests check the k
 the float64 oracle.
 
     PYTHONUNBUFFERED=1 python backends/triton/bench_walk_order.py [--grid] [--rounds 3]
-        [--only s4-w1,s4-w1-add,s8-add] [--shapes 4096c,8192c,16384c]
+        [--only s4-w1,s4-w1-add,s1-t16] [--shapes 4096c,8192c,16384c]
 """
 
 from __future__ import annotations
@@ -34,29 +36,31 @@ from triton.testing import do_bench
 import attn_dispatch as ad
 
 SHAPES = [(4096, True), (8192, True), (16384, True), (4096, False), (8192, False)]
-# name -> (SPLIT, HEAVY_FIRST, HEADS_INNER, WINDOW, SPLIT_ADD); the default set (names as
-# variant_name makes them); --grid times every combination instead
-VARIANTS = {"s4": (4, 0, 0, 0, 0), "s1-hf-inner": (1, 1, 1, 0, 0), "s4-w1": (4, 0, 0, 1, 0),
-            "s4-w2": (4, 0, 0, 2, 0), "s2-w1": (2, 0, 0, 1, 0), "s2-w2": (2, 0, 0, 2, 0),
-            "s1-w4": (1, 0, 0, 4, 0), "s1-w4-inner": (1, 0, 1, 4, 0),
-            "s4-w1-inner": (4, 0, 1, 1, 0), "s2-w2-inner": (2, 0, 1, 2, 0),
-            "s4-add": (4, 0, 0, 0, 1), "s4-w1-add": (4, 0, 0, 1, 1)}
-NAMES = ("SPLIT", "HEAVY_FIRST", "HEADS_INNER", "WINDOW", "SPLIT_ADD")
-_NAME = re.compile(r"s(\d+)(-hf)?(?:-w(\d+))?(-inner)?(-add)?")
+NAMES = ("SPLIT", "HEAVY_FIRST", "HEADS_INNER", "WINDOW", "SPLIT_ADD", "TAIL_SLICES")
+_NAME = re.compile(r"s(\d+)(-hf)?(?:-w(\d+))?(-inner)?(-add)?(?:-t(\d+))?")
 
 
-def variant_name(split: int, heavy: int, inner: int, window: int, add: int) -> str:
-    """E.g. ``s4-w1-inner-add``."""
+def variant_name(split: int, heavy: int, inner: int, window: int, add: int,
+                 tail: int = 0) -> str:
+    """E.g. ``s4-w1-inner-add``, ``s1-t16``."""
     return (f"s{split}{'-hf' if heavy else ''}{f'-w{window}' if window else ''}"
-            f"{'-inner' if inner else ''}{'-add' if add else ''}")
+            f"{'-inner' if inner else ''}{'-add' if add else ''}{f'-t{tail}' if tail else ''}")
 
 
 def parse_variant(name: str) -> tuple[int, ...] | None:
-    """The keys of a name :func:`variant_name` makes (None if it makes no such name)."""
+    """The keys (in ``NAMES``' order) of a name :func:`variant_name` makes (None if it makes
+    no such name)."""
     m = _NAME.fullmatch(name)
     if m is None:
         return None
-    return int(m[1]), int(bool(m[2])), int(bool(m[4])), int(m[3] or 0), int(bool(m[5]))
+    return (int(m[1]), int(bool(m[2])), int(bool(m[4])), int(m[3] or 0), int(bool(m[5])),
+            int(m[6] or 0))
+
+
+# the default set; --grid times every combination instead
+VARIANTS = {n: parse_variant(n) for n in (
+    "s4", "s1-hf-inner", "s4-w1", "s4-w2", "s2-w1", "s2-w2", "s1-w4", "s1-w4-inner",
+    "s4-w1-inner", "s2-w2-inner", "s4-add", "s4-w1-add")}
 
 
 def grid() -> dict[str, tuple[int, ...]]:
@@ -65,7 +69,8 @@ def grid() -> dict[str, tuple[int, ...]]:
                                                               (0, 1, 2, 4), (0, 1)):
         if heavy and window or split == 1 and add:  # (a window replaces heaviest first)
             continue
-        out[variant_name(split, heavy, inner, window, add)] = (split, heavy, inner, window, add)
+        out[variant_name(split, heavy, inner, window, add)] = (split, heavy, inner, window, add,
+                                                               0)
     return out
 
 
@@ -118,7 +123,7 @@ def main() -> int:
     ap.add_argument("--grid", action="store_true",
                     help="every combination (70 layouts) instead of the default set")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", help="comma-separated variant names, e.g. s4-w1,s8-add")
+    ap.add_argument("--only", help="comma-separated variant names, e.g. s4-w1,s8-add,s1-t16")
     ap.add_argument("--shapes", help="comma-separated key lengths, 'c' for causal: 4096c,8192")
     args = ap.parse_args()
     if tuning.arch_of(torch.device("cuda")) != "sm_90":

@@ -87,8 +87,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, 
     """Fill the ring: K and V once, then per step the Q and dO tiles (TMA) and the step's
     lse2 / delta rows (loads, +inf / 0 past the sequence's end), STAGES steps ahead of the
     consumers."""
-    total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, stride_ts, \
-        q_len = work
+    first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, \
+        stride_ts, q_len = work
     kv_bar = bars.index(3 * STAGES)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [krow + n0, hk * D], kv_bar, k_smem)
@@ -100,7 +100,8 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, 
         phase = (it // STAGES) & 1
         ready = bars.index(slot)
         mbarrier.wait(bars.index(STAGES + slot), phase ^ 1)  # slot emptied by both consumers
-        h, m0 = _step_position(it, nblk, lo_blk, head0, heads, BLOCK_M, HEADS_INNER)
+        h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
+                               HEADS_INNER)
         mbarrier.expect(ready, 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [qrow + m0, h * D], ready, q_bufs.index(slot))
         tma.async_copy_global_to_shared(do_desc, [qrow + m0, h * D], ready, do_bufs.index(slot))
@@ -119,8 +120,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
               HALF_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
               HEADS_INNER: gl.constexpr):
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
-    total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, stride_ts, \
-        q_len = work
+    first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, \
+        stride_ts, q_len = work
     k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs = out
     s_layout: gl.constexpr = mma_layout(HALF_N, BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(HALF_N, D)
@@ -160,7 +161,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
         sT = warpgroup_mma_wait(1, deps=(s_tok, ))
         pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
-            h, m0 = _step_position(it, nblk, lo_blk, head0, heads, BLOCK_M, HEADS_INNER)
+            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
+                               HEADS_INNER)
             # The fused-atomic kernel masks only the tiles the diagonal crosses (faster there);
             # the split one masks every step (its register budget: the branch made it spill more)
             if ATOMIC_DQ:
@@ -198,7 +200,8 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
             # (the producer refills this slot, so the next step's dS^T overwrites this one's,
             # only after both groups arrive here: their dQ products are done)
             mbarrier.arrive(bars.index(STAGES + slot))
-            h, m0 = _step_position(it, nblk, lo_blk, head0, heads, BLOCK_M, HEADS_INNER)
+            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
+                               HEADS_INNER)
             dq_part = dq_smem.index(WG)
             tma.store_wait(0)  # the previous step's reduction has read dq_part
             dq_part.store(dq)
@@ -218,15 +221,18 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
     store_rows(dv_base, dv, first, k_start, k_len, stride_dvs, HALF_N, D, ADD_DKDV)
 
 
-@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group", "unit_offset",
+                              "key_blocks"])
 def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2, Delta, CU_Q,
                         CU_K, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
                         stride_dvh, stride_tb, stride_th, stride_ts, stride_dk_split,
-                        stride_dv_split, seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
+                        stride_dv_split, seqlen_q, seqlen_k, kv_heads, group, unit_offset,
+                        key_blocks, qk_scale, scale,
                         D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
                         IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
                         ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr,
-                        HEADS_INNER: gl.constexpr, WINDOW: gl.constexpr,
+                        HEADS_INNER: gl.constexpr, WINDOW: gl.constexpr, UNITS: gl.constexpr,
+                        STEP_SLICES: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
@@ -241,6 +247,12 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
         bh = gl.program_id(1)
         pid_n = gl.program_id(2)
         heads_per_split = group // gl.num_programs(0)
+    elif UNITS:  # grid (units, 1, splits): unit unit_offset + program, key blocks fastest
+        unit = unit_offset + gl.program_id(0)
+        pid_n = unit % key_blocks
+        bh = unit // key_blocks
+        split = gl.program_id(2)
+        heads_per_split = group // gl.num_programs(2)
     else:
         pid_n = gl.program_id(0)
         bh = gl.program_id(1)
@@ -279,10 +291,19 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
         else:
             lo_blk = 0
         nblk = gl.cdiv(q_len, BLOCK_M) - lo_blk
-        head0 = hk * group + split * heads_per_split
-        total = nblk * heads_per_split
+        if STEP_SLICES:  # slice: an equal share of the group's (head, query block) steps
+            n_splits = gl.num_programs(2)
+            heads = group
+            head0 = hk * group
+            first_step = split * (nblk * group) // n_splits
+            total = (split + 1) * (nblk * group) // n_splits - first_step
+        else:  # slice: heads_per_split heads, each over all its query blocks
+            heads = heads_per_split
+            head0 = hk * group + split * heads_per_split
+            first_step = 0
+            total = nblk * heads_per_split
         t_base = b * stride_tb + q_start * stride_ts
-        work = (total, nblk, lo_blk, head0, heads_per_split, qrow, krow, n0, hk, t_base,
+        work = (first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base,
                 stride_th, stride_ts, q_len)
         dk_base = DK + split.to(gl.int64) * stride_dk_split + b.to(gl.int64) * stride_dkb \
             + hk * stride_dkh

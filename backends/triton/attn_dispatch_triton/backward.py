@@ -35,6 +35,8 @@ from ._bwd_split_sum import _attn_bwd_split_sum
 from ._common import LOG2E, last_dim_contiguous, lse_strides, padded_dim, token_strides
 
 SUM_BLOCK = 1024  # elements per program of the split-partial sum
+MIN_SLICE_STEPS = 16  # TAIL_SLICES: no slice shorter (each loads K / V and adds dK / dV)
+SLICE_COST_STEPS = 2  # a program's own start and end (K / V load, dK / dV), in steps: a guess
 MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0 allows 2**31 - 1)
 
 
@@ -164,10 +166,16 @@ class BackwardLaunch:
                 rec.name(acc, _plan.ACC)
         else:
             acc, s_acc = self.q, (0, 0, 0)  # an unused pointer
-        fused_sum = split > 1 and self.dk.is_contiguous() and self.dv.is_contiguous()
+        key_blocks = triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"])
+        contiguous = self.dk.is_contiguous() and self.dv.is_contiguous()
+        tail = self.tail_slices(c, split, key_blocks) if sm90 is not None and atomic_dq \
+            and contiguous else None
+        fused_sum = (split > 1 or tail is not None) and contiguous
         # config SPLIT_ADD: the Gluon fused-atomic kernel's slices add their dK / dV into one
-        # zero-filled fp32 buffer by atomics, which the sum launch below then only casts
-        add_slices = fused_sum and atomic_dq and sm90 is not None and bool(c.get("SPLIT_ADD", 0))
+        # zero-filled fp32 buffer by atomics, which the sum launch below then only casts (so do
+        # the slices of the last wave's units with TAIL_SLICES)
+        add_slices = fused_sum and atomic_dq and sm90 is not None and (
+            bool(c.get("SPLIT_ADD", 0)) or tail is not None)
         if fused_sum:  # fp32 partials in one buffer, summed and cast by one launch below
             n_k, n_v = self.dk.numel(), self.dv.numel()
             blocks_k = triton.cdiv(n_k, SUM_BLOCK)
@@ -192,8 +200,7 @@ class BackwardLaunch:
                 rec.ok = False
         else:
             dk, dv = dk_part, dv_part = self.dk, self.dv
-        grid = (triton.cdiv(max(self.seqlen_k, 1), c["BLOCK_N"]), self.batch * self.kv_heads,
-                split)
+        grid = (key_blocks, self.batch * self.kv_heads, split)
         window = self.window(c, grid) if sm90 is not None else 0
         heavy_first = not window and self.heavy_first(c, grid[0])  # (a window replaces it)
         if window:
@@ -204,14 +211,26 @@ class BackwardLaunch:
             from ._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90
 
             slices_apart = split > 1 and not add_slices  # one partial per slice
-            self._launch(_attn_bwd_dkdv_sm90, grid, (
-                *sm90, self.dq_scratch_descriptor() if atomic_dq else None, dk, dv,
-                self.lse2, self.delta, self.cu_q, self.cu_k,
-                *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
-                *self.s_t, *((dk.stride(0), dv.stride(0)) if slices_apart else (0, 0)),
-                self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
-                self.qk_scale, self.scale,
-            ), self.sm90_constants(c, heavy_first, atomic_dq, window, add_slices))
+            head = (*sm90, self.dq_scratch_descriptor() if atomic_dq else None, dk, dv,
+                    self.lse2, self.delta, self.cu_q, self.cu_k,
+                    *token_strides(dk_part, self.varlen), *token_strides(dv_part, self.varlen),
+                    *self.s_t, *((dk.stride(0), dv.stride(0)) if slices_apart else (0, 0)),
+                    self.seqlen_q, self.seqlen_k, self.kv_heads, self.group)
+            if tail is None:
+                self._launch(_attn_bwd_dkdv_sm90, grid, (
+                    *head, 0, key_blocks, self.qk_scale, self.scale,
+                ), self.sm90_constants(c, heavy_first, atomic_dq, window, add_slices))
+            else:  # whole units in full waves (stored), then the rest in slices (added)
+                full, slices = tail
+                units = key_blocks * self.batch * self.kv_heads
+                if full:
+                    self._launch(_attn_bwd_dkdv_sm90, (full, 1, 1), (
+                        *head, 0, key_blocks, self.qk_scale, self.scale,
+                    ), self.sm90_constants(c, False, atomic_dq, units=True))
+                self._launch(_attn_bwd_dkdv_sm90, (units - full, 1, slices), (
+                    *head, full, key_blocks, self.qk_scale, self.scale,
+                ), self.sm90_constants(c, False, atomic_dq, add_slices=True, units=True,
+                                       step_slices=True))
         else:
             self._dkdv_portable(c, grid, dk, dv, dk_part, dv_part, acc, s_acc, split,
                                 heavy_first, atomic_dq, tma)
@@ -315,10 +334,13 @@ class BackwardLaunch:
         return desc
 
     def sm90_constants(self, c: dict, heavy_first: bool, atomic_dq: bool | None = None,
-                       window: int = 0, add_slices: bool = False) -> dict:
+                       window: int = 0, add_slices: bool = False, units: bool = False,
+                       step_slices: bool = False) -> dict:
         """Compile-time arguments and launch options of a Gluon sm_90 kernel (``atomic_dq``:
         the dK/dV kernel's, with or without dQ, launched in ``window``s, :meth:`window`;
-        ``add_slices``: the GQA slices add dK / dV into one fp32 buffer by atomics)."""
+        ``add_slices``: the GQA slices add dK / dV into one fp32 buffer by atomics; ``units``:
+        a 1-D grid of (key block, kv head) units from an offset; ``step_slices``: slices are
+        equal shares of a group's steps, :meth:`tail_slices`)."""
         from . import _sm90
 
         consts = dict(D=self.d, **self.flags, HEAVY_FIRST=heavy_first, BLOCK_M=c["BLOCK_M"],
@@ -329,9 +351,45 @@ class BackwardLaunch:
             consts["HEADS_INNER"] = bool(c.get("HEADS_INNER", 0))
             consts["WINDOW"] = window
             consts["ADD_DKDV"] = add_slices
+            consts["UNITS"] = units
+            consts["STEP_SLICES"] = step_slices
         if atomic_dq:  # a ring of 3 does not fit beside the dS^T and dQ tiles (240 KB)
             consts["STAGES"] = 2
         return consts
+
+    def tail_slices(self, c: dict, split: int, key_blocks: int) -> tuple[int, int] | None:
+        """Config ``TAIL_SLICES`` (the Gluon fused-atomic kernel; 0: off): ``(full, slices)``.
+
+        Without a mask every (key block, kv head) unit is equally long and takes one SM, so
+        when the units do not fill whole waves the last wave leaves SMs idle. The first
+        ``full`` units (whole waves) then run as usual, and each of the others is cut into
+        ``slices`` equal shares of its GQA group's (head, query block) steps, which add their
+        dK / dV into a zero-filled fp32 buffer: the count, at most ``TAIL_SLICES``, that
+        finishes the rest soonest when each program costs ``SLICE_COST_STEPS`` steps more than
+        its own. ``None`` where it does not apply (a causal mask, varlen, a split group) or
+        saves less than 5% of a unit's time.
+        """
+        most = int(c.get("TAIL_SLICES", 0))
+        if most < 0:
+            raise ValueError(f"config TAIL_SLICES must be >= 0, got {most}")
+        if most < 2 or split != 1 or self.flags["CAUSAL"] or self.varlen:
+            return None
+        from .tuning import sm_count
+
+        sms = sm_count(self.q.device)
+        units = key_blocks * self.batch * self.kv_heads
+        full = units // sms * sms
+        rest = units - full
+        steps = self.group * triton.cdiv(self.seqlen_q, c["BLOCK_M"])
+        best, slices = steps + SLICE_COST_STEPS, 1  # the rest's time, in steps
+        for k in range(2, most + 1):
+            if steps // k < MIN_SLICE_STEPS:
+                break
+            time = triton.cdiv(rest * k, sms) * (steps / k + SLICE_COST_STEPS)
+            if time < best:
+                best, slices = time, k
+        # (and only for a clear gain: the fp32 buffer's fill and cast cost time too)
+        return (full, slices) if rest and best < 0.95 * (steps + SLICE_COST_STEPS) else None
 
     def window(self, c: dict, grid: tuple) -> int:
         """Kv heads per launch window of the Gluon dK/dV kernel (config ``WINDOW``; 0: off):

@@ -37,14 +37,15 @@ DESC_DQ = ("tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
 
 def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool = False,
                  stages: int = 2, dtype: str = "bf16", atomic_dq: bool = False,
-                 heads_inner: bool = False, window: int = 0, add_dkdv: bool = False):
+                 heads_inner: bool = False, window: int = 0, add_dkdv: bool = False,
+                 units: bool = False, step_slices: bool = False):
     """Compile one Gluon kernel for sm_90 as the launcher would launch it."""
     fn, (block_m, block_n) = KERNELS[kernel]
     q_rows, k_rows = (block_m, block_n)
     consts = dict(D=128, CAUSAL=causal, BOTTOM_RIGHT=causal, IS_VARLEN=varlen,
                   HEAVY_FIRST=heavy_first, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   ATOMIC_DQ=atomic_dq, ADD_DKDV=add_dkdv, HEADS_INNER=heads_inner,
-                  WINDOW=window,
+                  WINDOW=window, UNITS=units, STEP_SLICES=step_slices,
                   num_warps=_sm90.WARPS)
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -60,7 +61,8 @@ def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool =
             signature[name] = DESC.format(dtype=dtype, rows=k_rows)
         elif name in ("qk_scale", "scale"):
             signature[name] = "fp32"
-        elif name.startswith(("stride_", "seqlen_")) or name in ("heads", "kv_heads", "group"):
+        elif name.startswith(("stride_", "seqlen_")) or name in (
+                "heads", "kv_heads", "group", "unit_offset", "key_blocks"):
             signature[name] = "i32"
         else:
             fp32 = ("Lse2", "Delta", "DK", "DV_") if add_dkdv else ("Lse2", "Delta")
@@ -96,21 +98,27 @@ def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first, sta
 
 @pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
                     reason="kernels were defined in interpreter mode: nothing to compile")
-@pytest.mark.parametrize(("causal", "varlen", "heads_inner", "window", "add_dkdv"),
-                         [(False, False, False, 0, False), (True, True, False, 0, False),
-                          (True, False, True, 0, False), (True, False, False, 1, False),
-                          (True, False, False, 1, True)],
+@pytest.mark.parametrize(("causal", "varlen", "heads_inner", "window", "add_dkdv", "units"),
+                         [(False, False, False, 0, False, False),
+                          (True, True, False, 0, False, False),
+                          (True, False, True, 0, False, False),
+                          (True, False, False, 1, False, False),
+                          (True, False, False, 1, True, False),
+                          (False, False, False, 0, True, True)],
                          ids=["full-dense", "causal-varlen", "causal-dense-heads-inner",
-                              "causal-dense-window", "causal-dense-window-add-dkdv"])
+                              "causal-dense-window", "causal-dense-window-add-dkdv",
+                              "full-dense-tail-slices"])
 def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heads_inner,
-                                                     window, add_dkdv) -> None:
+                                                     window, add_dkdv, units) -> None:
     """The fused-atomic variant: a fifth warp-group MMA per step (dQ, with dS^T from shared
     memory), dQ added to the fp32 scratch by TMA reductions, shared memory in budget; with
-    ``ADD_DKDV`` (a split GQA group) dK and dV added to an fp32 buffer by atomics."""
+    ``ADD_DKDV`` (a split GQA group) dK and dV added to an fp32 buffer by atomics; with
+    ``UNITS`` and ``STEP_SLICES`` as ``TAIL_SLICES`` launches its last wave's slices."""
     plain = compile_sm90("dkdv", causal=causal, varlen=varlen, heads_inner=heads_inner,
-                         window=window)
+                         window=window, units=units, step_slices=units)
     fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True,
-                         heads_inner=heads_inner, window=window, add_dkdv=add_dkdv)
+                         heads_inner=heads_inner, window=window, add_dkdv=add_dkdv,
+                         units=units, step_slices=units)
     ptx = fused.asm["ptx"]
     assert ("atom.global.gpu.relaxed.add.f32" in ptx) == add_dkdv
     reduce = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
@@ -158,6 +166,35 @@ def test_descriptors_refuse_other_layouts(bad) -> None:
     else:  # one row expanded over the sequence (stride 0)
         q = torch.randn(2, 1, 4, 128, dtype=q.dtype).expand(2, 64, 4, 128)
     assert _sm90.sm90_descriptors(q, k, v, do, False, 64, 128) is None
+
+
+def test_tail_slices_where_they_apply(monkeypatch) -> None:
+    """``TAIL_SLICES``: on for whole GQA groups without a mask when the units leave a partly
+    filled last wave (the slice count that finishes soonest, slices of >= 16 steps); off with
+    a causal mask, a split group, whole waves, or slices too short; a negative count refused."""
+    from attn_dispatch_triton import tuning
+
+    monkeypatch.setattr(tuning, "sm_count", lambda device: 132)
+
+    def tail(sq, causal=False, split=1, most=32):
+        q, k, v, do = _qkv((1, sq, 16, 64), (1, sq, 2, 64))
+        launch = BackwardLaunch(q, k, v, do, torch.zeros(1, 16, sq), do, causal=causal,
+                                bottom_right=False, scale=0.1)
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "TAIL_SLICES": most}
+        return launch.tail_slices(cfg, split, (sq + 127) // 128)
+
+    # 9216 keys, 2 kv heads: 144 units of 8 x 144 steps = 1 full wave + 12 units, each in 11
+    # slices (132 programs of 104 steps + 2)
+    assert tail(9216) == (132, 11)
+    assert tail(9216, most=4) == (132, 4)
+    assert tail(8192) is None  # 128 units: 32 slices of 128 in 32 waves would take longer
+    assert tail(9216, causal=True) is None
+    assert tail(9216, split=2) is None
+    assert tail(128 * 66) is None  # 132 units: whole waves
+    assert tail(9216, most=1) is None
+    assert tail(128) is None  # 8 x 2 steps per unit: no slice of 16 steps fits twice
+    with pytest.raises(ValueError, match="TAIL_SLICES"):
+        tail(8192, most=-1)
 
 
 def test_cpu_launch_keeps_the_portable_kernels() -> None:
@@ -273,6 +310,36 @@ def test_gluon_kernels_match_the_oracle(case, stages, atomic_dq) -> None:
     attention_backward(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=causal,
                        bottom_right=bottom_right, scale=128 ** -0.5, config=cfg, dq=dq, dk=dk,
                        dv=dv, atomic_dq=atomic_dq)
+    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
+        _assert_close(got, want, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
+@pytest.mark.parametrize(("batch", "sms", "dtype"), [(1, 10, torch.bfloat16),
+                                                    (2, 11, torch.float16)],
+                         ids=["b1-bf16", "b2-f16"])
+def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
+    """``TAIL_SLICES`` (fused-atomic, no mask), with a pretended SM count so a small call has
+    full waves and a rest: GQA 12/4, 700 queries and keys (the last key block partial), 6 key
+    blocks x 4 kv heads per sequence. The full waves' units store dK / dV; each unit of the rest
+    runs as 2 slices of its 33 (head, query block) steps, split inside a head, which add into
+    the fp32 buffer. Outputs NaN-poisoned; against the float64 oracle."""
+    from attn_dispatch_triton import tuning
+
+    monkeypatch.setattr(tuning, "sm_count", lambda device: sms)
+    torch.manual_seed(2)
+    q, k, v, do = _qkv((batch, 700, 12, 128), (batch, 700, 4, 128), dtype, "cuda")
+    ref = oracle(q, k, v, do, causal=False)
+    cfg = _gluon_config(False, 3, 700, None, "", 2)
+    cfg["dkdv"]["TAIL_SLICES"] = 4
+    launch = BackwardLaunch(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=False,
+                            bottom_right=False, scale=128 ** -0.5)
+    assert launch.tail_slices(cfg["dkdv"], 1, 6) == (batch * 24 - 4, 2)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    attention_backward(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=False,
+                       bottom_right=False, scale=128 ** -0.5, config=cfg, dq=dq, dk=dk, dv=dv,
+                       atomic_dq=True)
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
 

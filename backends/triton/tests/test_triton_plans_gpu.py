@@ -199,3 +199,24 @@ def test_replayed_plan_zeroes_the_added_slices(varlen):
         test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "bottom_right", varlen,
                                                  "triton:fused_atomic"), d=128)
         assert any(plan.part_zeroed for plan in _plan._PLANS.values() if plan)
+
+
+def test_replayed_plan_with_tail_slices(monkeypatch):
+    """``TAIL_SLICES`` (no mask): whole units in full waves, then the rest cut into slices that
+    add into the zero-filled buffer. With a pretended SM count of 8, the 20 units of a 640-key
+    GQA 8/2 call (B=2) make 2 full waves, and the other 4 units run in 2 slices each. Replays on
+    new data must zero the buffer again."""
+    from attn_dispatch_triton import _plan, tuning
+    from attn_dispatch_triton.backward import _gluon_sm90
+
+    device = torch.device("cuda")
+    if not _gluon_sm90(device):
+        pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
+    monkeypatch.setattr(tuning, "sm_count", lambda device: 8)
+    with tuning.trial_with(tuning.arch_of(device), "dkdvq", 128, False, 4, 640, TAIL_SLICES=4):
+        _plan.clear()
+        test_replayed_plan_uses_the_new_tensors((8, 2, 640, 640, False, "top_left", False,
+                                                 "triton:fused_atomic"), d=128)
+        assert any(plan.part_zeroed for plan in _plan._PLANS.values() if plan)
+        grids = [launch.grid for launch in _recorded_launches()]
+        assert (16, 1, 1) in grids and (4, 1, 2) in grids, grids
