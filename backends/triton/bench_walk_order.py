@@ -10,7 +10,8 @@ its own partial for the sum launch to add (``-add`` variants); without a mask, `
 (``-t16``: the units past the last whole wave cut into up to 16 slices of their steps). For
 GQA 64/8
 (B=1, D=128, bf16) this times the backward through the planned path with the table's choice and
-with each variant (``tuning.trial``), and cuDNN's backward in the same process. Rounds alternate
+with each variant (``tuning.trial``), and cuDNN's backward in the same process (other head
+counts with ``--heads``). Rounds alternate
 the order of the candidates; the table prints medians (µs, ``triton.testing.do_bench``, L2
 flushed) and cuDNN's time over each. Every variant's gradients are first compared with the
 split design's (relative Frobenius difference < 1e-2); the GPU tests check the kernels against
@@ -74,12 +75,14 @@ def grid() -> dict[str, tuple[int, ...]]:
     return out
 
 
-def bench_shape(s: int, causal: bool, variants: dict, rounds: int) -> dict[str, list[float]]:
+def bench_shape(s: int, causal: bool, variants: dict, rounds: int,
+                heads: tuple[int, int] = (64, 8)) -> dict[str, list[float]]:
     torch.manual_seed(0)
-    q = torch.randn(1, s, 64, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, s, 8, 128, device="cuda", dtype=torch.bfloat16)
+    h, hk = heads
+    q = torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, s, hk, 128, device="cuda", dtype=torch.bfloat16)
     v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
-    lse = torch.randn(1, 64, s, device="cuda") + 6.0
+    lse = torch.randn(1, h, s, device="cuda") + 6.0
 
     def call(atomic: bool):
         return attention_backward(q, k, v, out, lse, do, causal=causal, bottom_right=False,
@@ -102,7 +105,7 @@ def bench_shape(s: int, causal: bool, variants: dict, rounds: int) -> dict[str, 
 
     def in_force(name: str):
         """The candidate's config in force ("table": the table's own)."""
-        return tuning.trial_with("sm_90", "dkdvq", 128, causal, 8, s, **configs[name])
+        return tuning.trial_with("sm_90", "dkdvq", 128, causal, h // hk, s, **configs[name])
 
     for name in configs:
         with in_force(name):
@@ -125,6 +128,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", help="comma-separated variant names, e.g. s4-w1,s8-add,s1-t16")
     ap.add_argument("--shapes", help="comma-separated key lengths, 'c' for causal: 4096c,8192")
+    ap.add_argument("--heads", default="64/8", help="query / kv heads (default 64/8)")
     args = ap.parse_args()
     if tuning.arch_of(torch.device("cuda")) != "sm_90":
         print("needs an sm_90 GPU (the table entries measured are sm_90's)")
@@ -140,11 +144,15 @@ def main() -> int:
     shapes = SHAPES
     if args.shapes:
         shapes = [(int(x.rstrip("c")), x.endswith("c")) for x in args.shapes.split(",")]
+    h, hk = (int(x) for x in args.heads.split("/"))
+    if h % hk:
+        ap.error(f"--heads: {h} query heads are not a multiple of {hk} kv heads")
     lines = []
     for s, causal in shapes:
-        res = bench_shape(s, causal, variants, args.rounds)
+        res = bench_shape(s, causal, variants, args.rounds, (h, hk))
         med = {n: statistics.median(t) for n, t in res.items()}
-        label = f"GQA 64/8 {s // 1024}K{' causal' if causal else ''}"
+        kind = f"GQA {h}/{hk}" if h != hk else f"MHA {h}"
+        label = f"{kind} {s // 1024}K{' causal' if causal else ''}"
         lines.append(f"{label}: " + "  ".join(
             f"{n} {t:.0f} ({med['cudnn'] / t:.3f})" for n, t in med.items()))
         print(lines[-1] + "\n    rounds: " + "  ".join(
