@@ -170,7 +170,7 @@ def test_descriptors_refuse_other_layouts(bad) -> None:
 
 def test_tail_slices_where_they_apply(monkeypatch) -> None:
     """``TAIL_SLICES``: on for whole GQA groups without a mask when the units leave a partly
-    filled last wave (the slice count that finishes soonest, slices of >= 16 steps); off with
+    filled last wave (the slice count that finishes soonest, slices of >= 64 steps); off with
     a causal mask, a split group, whole waves, or slices too short; a negative count refused."""
     from attn_dispatch_triton import tuning
 
@@ -192,7 +192,14 @@ def test_tail_slices_where_they_apply(monkeypatch) -> None:
     assert tail(9216, split=2) is None
     assert tail(128 * 66) is None  # 132 units: whole waves
     assert tail(9216, most=1) is None
-    assert tail(128) is None  # 8 x 2 steps per unit: no slice of 16 steps fits twice
+    assert tail(768) is None  # 8 x 12 steps per unit: no slice of 64 steps fits twice
+    # the seed's GQA 64/8 lengths (8 kv heads): 16K in 13 slices, 8K in 9, 4K none
+    for sq, expected in ((16384, (924, 13)), (8192, (396, 9)), (4096, None)):
+        q, k, v, do = _qkv((1, sq, 64, 64), (1, sq, 8, 64))
+        launch = BackwardLaunch(q, k, v, do, torch.zeros(1, 64, sq), do, causal=False,
+                                bottom_right=False, scale=0.1)
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "TAIL_SLICES": 16}
+        assert launch.tail_slices(cfg, 1, sq // 128) == expected, sq
     with pytest.raises(ValueError, match="TAIL_SLICES"):
         tail(8192, most=-1)
 
@@ -325,9 +332,10 @@ def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
     blocks x 4 kv heads per sequence. The full waves' units store dK / dV; each unit of the rest
     runs as 2 slices of its 33 (head, query block) steps, split inside a head, which add into
     the fp32 buffer. Outputs NaN-poisoned; against the float64 oracle."""
-    from attn_dispatch_triton import tuning
+    from attn_dispatch_triton import backward, tuning
 
     monkeypatch.setattr(tuning, "sm_count", lambda device: sms)
+    monkeypatch.setattr(backward, "MIN_SLICE_STEPS", 16)  # (a small call's units are short)
     torch.manual_seed(2)
     q, k, v, do = _qkv((batch, 700, 12, 128), (batch, 700, 4, 128), dtype, "cuda")
     ref = oracle(q, k, v, do, causal=False)

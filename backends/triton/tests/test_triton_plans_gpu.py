@@ -206,13 +206,14 @@ def test_replayed_plan_with_tail_slices(monkeypatch):
     add into the zero-filled buffer. With a pretended SM count of 8, the 20 units of a 640-key
     GQA 8/2 call (B=2) make 2 full waves, and the other 4 units run in 2 slices each. Replays on
     new data must zero the buffer again."""
-    from attn_dispatch_triton import _plan, tuning
+    from attn_dispatch_triton import _plan, backward, tuning
     from attn_dispatch_triton.backward import _gluon_sm90
 
     device = torch.device("cuda")
     if not _gluon_sm90(device):
         pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
     monkeypatch.setattr(tuning, "sm_count", lambda device: 8)
+    monkeypatch.setattr(backward, "MIN_SLICE_STEPS", 16)  # (a small call's units are short)
     with tuning.trial_with(tuning.arch_of(device), "dkdvq", 128, False, 4, 640, SPLIT=1,
                            TAIL_SLICES=4):
         _plan.clear()
