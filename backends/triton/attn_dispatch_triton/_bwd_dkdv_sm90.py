@@ -36,7 +36,11 @@ so that the programs of one kv head, whatever their key block, start on the same
 there; no table entry sets it now, ``bench_walk_order.py`` times it). ``WINDOW`` lays the grid
 out as ``(slices * WINDOW, key blocks, B * Hkv / WINDOW)``: the programs of ``WINDOW`` kv heads
 launch together key block by key block, heaviest first under a causal mask, so that the last
-heads' heavy programs do not start last (GQA 4K / 8K causal, ``tuning``). Inputs are
+heads' heavy programs do not start last (GQA 4K / 8K causal, ``tuning``). ``UNITS`` lays it
+out as ``(units, 1, slices)``, unit ``unit_offset + program`` being key block ``unit %
+key_blocks`` of ``B * Hkv`` row ``unit // key_blocks``; with ``STEP_SLICES`` a slice is an equal
+share of the group's steps rather than of its heads (the launcher's ``TAIL_SLICES``: the units
+past the last whole wave, cut so that the last wave leaves no SM idle). Inputs are
 read through 2-D descriptors over ``[rows, heads * D]`` (``_sm90.sm90_descriptors``), so a tile
 past a sequence's end reads the next sequence's finite rows or TMA's zeros; those queries get
 ``P = 0`` from their ``lse2``, and those keys' rows are never stored. Those rows still enter the
