@@ -54,8 +54,9 @@ def parse_variant(name: str) -> tuple[int, ...] | None:
     m = _NAME.fullmatch(name)
     if m is None:
         return None
-    return (int(m[1]), int(bool(m[2])), int(bool(m[4])), int(m[3] or 0), int(bool(m[5])),
+    keys = (int(m[1]), int(bool(m[2])), int(bool(m[4])), int(m[3] or 0), int(bool(m[5])),
             int(m[6] or 0))
+    return keys if keys[0] >= 1 and variant_name(*keys) == name else None  # (not s0, s01, -w0)
 
 
 # the default set; --grid times every combination instead
@@ -144,8 +145,11 @@ def main() -> int:
     shapes = SHAPES
     if args.shapes:
         shapes = [(int(x.rstrip("c")), x.endswith("c")) for x in args.shapes.split(",")]
-    h, hk = (int(x) for x in args.heads.split("/"))
-    if h % hk:
+    try:
+        h, hk = (int(x) for x in args.heads.split("/"))
+    except ValueError:
+        ap.error(f"--heads: expected query / kv heads such as 64/8, got {args.heads!r}")
+    if hk < 1 or h % hk:
         ap.error(f"--heads: {h} query heads are not a multiple of {hk} kv heads")
     lines = []
     for s, causal in shapes:

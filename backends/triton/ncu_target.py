@@ -10,13 +10,18 @@ Gluon dK/dV kernel can be profiled after warm-up::
         -o fused_atomic python3 backends/triton/ncu_target.py --seqlen 4096 [--causal]
 
 (docs/triton_notes.md, "What limits the fused-atomic kernel", has the numbers of one run.)
+Above 4K keys without a mask the table cuts the units past the last whole wave into slices
+(``TAIL_SLICES``), a second launch of the kernel per call; ``--no-tail-slices`` turns that off
+so that the launch profiled is the whole backward's dK/dV, as in the runs documented.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
+from attn_dispatch_triton import tuning
 from attn_dispatch_triton.backward import attention_backward
 
 
@@ -24,6 +29,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--no-tail-slices", action="store_true",
+                    help="one dK/dV launch per call (config TAIL_SLICES 0)")
     args = ap.parse_args()
     s, heads, kv_heads = args.seqlen, 64, 8
     torch.manual_seed(0)
@@ -31,10 +38,14 @@ def main() -> None:
     k = torch.randn(1, s, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
     v, grad_out, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
     lse = torch.randn(1, heads, s, device="cuda") + 6.0
-    for _ in range(3):
-        attention_backward(q, k, v, out, lse, grad_out, causal=args.causal, bottom_right=False,
-                           scale=128 ** -0.5, atomic_dq=True)
-    torch.cuda.synchronize()
+    in_force = (tuning.trial_with(tuning.arch_of(q.device), "dkdvq", 128, args.causal,
+                                  heads // kv_heads, s, TAIL_SLICES=0)
+                if args.no_tail_slices else contextlib.nullcontext())
+    with in_force:
+        for _ in range(3):
+            attention_backward(q, k, v, out, lse, grad_out, causal=args.causal,
+                               bottom_right=False, scale=128 ** -0.5, atomic_dq=True)
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

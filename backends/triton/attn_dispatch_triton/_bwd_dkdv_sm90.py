@@ -26,8 +26,9 @@ tiles) more than by its tensor cores. A slot's dS^T tile is rewritten only after
 refilled the slot, i.e. after both groups released it, which they do after their dQ products. Keys
 past the sequence's end get ``P = 0`` here, since their rows (the next sequence's) would otherwise
 enter dQ. Ring of 2 only (3 would need 240 KB). With ``ADD_DKDV`` (a split GQA group, config
-``SPLIT_ADD``) the slices add their dK / dV into one zero-filled fp32 buffer by atomics instead
-of each storing its own partial; the launcher's sum pass then only casts it.
+``SPLIT_ADD``, or the slices of ``TAIL_SLICES``) the slices add their dK / dV into one
+zero-filled fp32 buffer by atomics instead of each storing its own partial; the launcher's sum
+pass then only casts it.
 
 The loop is flattened over (query head of the program's GQA slice, query block), so the prefetch
 runs across head boundaries; with ``HEADS_INNER`` over (query block, last to first; query head),
@@ -40,7 +41,7 @@ heads' heavy programs do not start last (GQA 4K / 8K causal, ``tuning``). ``UNIT
 out as ``(units, 1, slices)``, unit ``unit_offset + program`` being key block ``unit %
 key_blocks`` of ``B * Hkv`` row ``unit // key_blocks``; with ``STEP_SLICES`` a slice is an equal
 share of the group's steps rather than of its heads (the launcher's ``TAIL_SLICES``: the units
-past the last whole wave, cut so that the last wave leaves no SM idle). Inputs are
+past the last whole wave, cut so that fewer SMs sit idle at the end). Inputs are
 read through 2-D descriptors over ``[rows, heads * D]`` (``_sm90.sm90_descriptors``), so a tile
 past a sequence's end reads the next sequence's finite rows or TMA's zeros; those queries get
 ``P = 0`` from their ``lse2``, and those keys' rows are never stored. Those rows still enter the
@@ -166,7 +167,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
         pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
             h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
-                               HEADS_INNER)
+                                   HEADS_INNER)
             # The fused-atomic kernel masks only the tiles the diagonal crosses (faster there);
             # the split one masks every step (its register budget: the branch made it spill more)
             if ATOMIC_DQ:
@@ -205,7 +206,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
             # only after both groups arrive here: their dQ products are done)
             mbarrier.arrive(bars.index(STAGES + slot))
             h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
-                               HEADS_INNER)
+                                   HEADS_INNER)
             dq_part = dq_smem.index(WG)
             tma.store_wait(0)  # the previous step's reduction has read dq_part
             dq_part.store(dq)
@@ -240,6 +241,9 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
+    gl.static_assert(not UNITS or (WINDOW == 0 and not HEAVY_FIRST),
+                     "UNITS is a grid layout of its own")
+    gl.static_assert(not STEP_SLICES or UNITS, "STEP_SLICES reads its slices off UNITS' grid")
     if WINDOW > 0:  # grid (splits * WINDOW, key blocks, B * Hkv / WINDOW)
         n_splits = gl.num_programs(0) // WINDOW
         split = gl.program_id(0) % n_splits

@@ -36,9 +36,12 @@ from ._common import LOG2E, last_dim_contiguous, lse_strides, padded_dim, token_
 
 SUM_BLOCK = 1024  # elements per program of the split-partial sum
 # TAIL_SLICES: no slice shorter (each loads K / V and adds dK / dV; MHA 8 16K's 256-step units
-# in 13 slices of ~20 steps took 4.8% longer, GQA 64/8 16K's 2048 in 13 took 1.8-2.2% less)
+# in 13 slices of ~20 steps took 4.8% longer, GQA 64/8 16K's 2048 in 13 took 1.6-1.8% less)
 MIN_SLICE_STEPS = 64
 SLICE_COST_STEPS = 2  # a program's own start and end (K / V load, dK / dV), in steps: a guess
+# ... and the fp32 buffer's fill and cast per unit (128 keys of dK and dV: ~330 KB of traffic),
+# in steps of one program (~2.3 us at D = 128 on an H200): an estimate
+BUFFER_COST_STEPS_PER_UNIT = 0.04
 MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0 allows 2**31 - 1)
 
 
@@ -364,12 +367,15 @@ class BackwardLaunch:
 
         Without a mask every (key block, kv head) unit is equally long and takes one SM, so
         when the units do not fill whole waves the last wave leaves SMs idle. The first
-        ``full`` units (whole waves) then run as usual, and each of the others is cut into
-        ``slices`` equal shares of its GQA group's (head, query block) steps, which add their
-        dK / dV into a zero-filled fp32 buffer: the count, at most ``TAIL_SLICES``, that
-        finishes the rest soonest when each program costs ``SLICE_COST_STEPS`` steps more than
-        its own, with no slice under ``MIN_SLICE_STEPS`` steps. ``None`` where it does not
-        apply (a causal mask, varlen, a split group) or saves less than 5% of a unit's time.
+        ``full`` units (at least one whole wave) then run one program each, and each of the
+        others is cut into ``slices`` equal shares of its GQA group's (head, query block)
+        steps: the count, at most ``TAIL_SLICES``, that finishes the rest soonest when each
+        program costs ``SLICE_COST_STEPS`` steps more than its own, with no slice under
+        ``MIN_SLICE_STEPS`` steps. All of dK / dV then goes through a zero-filled fp32 buffer
+        (the whole units store into it, the slices add into it, the sum launch casts it), so
+        the time saved must exceed 5% of a unit's and that buffer's estimated cost
+        (``BUFFER_COST_STEPS_PER_UNIT``). ``None`` where it does not apply (a causal mask,
+        varlen, a split group) or does not pay.
         """
         most = int(c.get("TAIL_SLICES", 0))
         if most < 0:
@@ -390,8 +396,9 @@ class BackwardLaunch:
             time = triton.cdiv(rest * k, sms) * (steps / k + SLICE_COST_STEPS)
             if time < best:
                 best, slices = time, k
-        # (and only for a clear gain: the fp32 buffer's fill and cast cost time too)
-        return (full, slices) if rest and best < 0.95 * (steps + SLICE_COST_STEPS) else None
+        saved = steps + SLICE_COST_STEPS - best
+        pays = saved > max(0.05 * (steps + SLICE_COST_STEPS), units * BUFFER_COST_STEPS_PER_UNIT)
+        return (full, slices) if full and rest and pays else None
 
     def window(self, c: dict, grid: tuple) -> int:
         """Kv heads per launch window of the Gluon dK/dV kernel (config ``WINDOW``; 0: off):

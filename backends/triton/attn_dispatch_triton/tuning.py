@@ -97,12 +97,14 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         "d128-full-mha": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
         # Sk > 2048 without a mask: the tl dQ with a 4-stage pipeline (0-2% faster than 3);
         # fused-atomic: the units past the last whole wave in slices (TAIL_SLICES, at most 16:
-        # GQA 64/8 16K in 13 slices, 8K in 9, 4K none; two same-process A/Bs, bench_walk_order
-        # s1 vs s1-t16: 16K 41337 -> 40661 and 42532 -> 41766 us, 8K 10434 -> 10400 and
-        # 10814 -> 10666; MHA 8 16K took 4.8% longer in 20-step slices, which the launcher's
-        # 64-step minimum now rules out)
+        # GQA 64/8 16K in 13 slices, 8K in 9; two same-process A/Bs, bench_walk_order s1 vs
+        # s1-t16: 16K 41337 -> 40661 and 42532 -> 41766 us, 8K 10434 -> 10400 and 10814 ->
+        # 10666; MHA 8 16K took 4.8% longer in 20-step slices, which the launcher's 64-step
+        # minimum now rules out). Not measured at 2K < Sk <= 4K (the seed's 4K gets no slices
+        # anyway), so off there.
         "d128-full-gqa-long": {"dq": _gluon(_cfg(128, 64, 8, 4)),
                                "dkdvq": _gluon_atomic(TAIL_SLICES=16)},
+        "d128-full-gqa-long-4k": {"dkdvq": _gluon_atomic(TAIL_SLICES=0)},
         "d128-full-mha-long": {"dq": _gluon(_cfg(128, 64, 8, 4))},
         # Sk <= 2048: bench_kernels.py --shapes short (1K and 2K, kernel time summed per class)
         "d128-full-mha-short": {"dkdv": _dp_first(_cfg(32, 64, 4, 3)),

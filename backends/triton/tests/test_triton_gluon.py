@@ -65,7 +65,8 @@ def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool =
                 "heads", "kv_heads", "group", "unit_offset", "key_blocks"):
             signature[name] = "i32"
         else:
-            fp32 = ("Lse2", "Delta", "DK", "DV_") if add_dkdv else ("Lse2", "Delta")
+            # (dK / dV in the fp32 buffer: the slices add, TAIL_SLICES' whole units store)
+            fp32 = ("Lse2", "Delta", "DK", "DV_") if add_dkdv or units else ("Lse2", "Delta")
             signature[name] = ("*fp32" if name in fp32 else
                                "*i32" if name.startswith("CU_") else f"*{dtype}")
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -98,27 +99,30 @@ def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first, sta
 
 @pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
                     reason="kernels were defined in interpreter mode: nothing to compile")
-@pytest.mark.parametrize(("causal", "varlen", "heads_inner", "window", "add_dkdv", "units"),
-                         [(False, False, False, 0, False, False),
-                          (True, True, False, 0, False, False),
-                          (True, False, True, 0, False, False),
-                          (True, False, False, 1, False, False),
-                          (True, False, False, 1, True, False),
-                          (False, False, False, 0, True, True)],
+@pytest.mark.parametrize(("causal", "varlen", "heads_inner", "window", "add_dkdv", "units",
+                          "steps"),
+                         [(False, False, False, 0, False, False, False),
+                          (True, True, False, 0, False, False, False),
+                          (True, False, True, 0, False, False, False),
+                          (True, False, False, 1, False, False, False),
+                          (True, False, False, 1, True, False, False),
+                          (False, False, False, 0, False, True, False),
+                          (False, False, False, 0, True, True, True)],
                          ids=["full-dense", "causal-varlen", "causal-dense-heads-inner",
                               "causal-dense-window", "causal-dense-window-add-dkdv",
-                              "full-dense-tail-slices"])
+                              "full-dense-tail-whole-units", "full-dense-tail-slices"])
 def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heads_inner,
-                                                     window, add_dkdv, units) -> None:
+                                                     window, add_dkdv, units, steps) -> None:
     """The fused-atomic variant: a fifth warp-group MMA per step (dQ, with dS^T from shared
     memory), dQ added to the fp32 scratch by TMA reductions, shared memory in budget; with
     ``ADD_DKDV`` (a split GQA group) dK and dV added to an fp32 buffer by atomics; with
-    ``UNITS`` and ``STEP_SLICES`` as ``TAIL_SLICES`` launches its last wave's slices."""
+    ``UNITS`` (and ``STEP_SLICES``) as ``TAIL_SLICES`` launches its whole units (and its last
+    wave's slices)."""
     plain = compile_sm90("dkdv", causal=causal, varlen=varlen, heads_inner=heads_inner,
-                         window=window, units=units, step_slices=units)
+                         window=window, units=units, step_slices=steps)
     fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True,
                          heads_inner=heads_inner, window=window, add_dkdv=add_dkdv,
-                         units=units, step_slices=units)
+                         units=units, step_slices=steps)
     ptx = fused.asm["ptx"]
     assert ("atom.global.gpu.relaxed.add.f32" in ptx) == add_dkdv
     reduce = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
@@ -187,7 +191,8 @@ def test_tail_slices_where_they_apply(monkeypatch) -> None:
     # slices (132 programs of 104 steps + 2)
     assert tail(9216) == (132, 11)
     assert tail(9216, most=4) == (132, 4)
-    assert tail(8192) is None  # 128 units: 32 slices of 128 in 32 waves would take longer
+    assert tail(8192) is None  # 128 units: not one whole wave
+    assert tail(128 * 140, most=16) == (264, 8)  # 280 units: 2 waves + 16 units x 8 slices
     assert tail(9216, causal=True) is None
     assert tail(9216, split=2) is None
     assert tail(128 * 66) is None  # 132 units: whole waves
@@ -344,10 +349,19 @@ def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
     launch = BackwardLaunch(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=False,
                             bottom_right=False, scale=128 ** -0.5)
     assert launch.tail_slices(cfg["dkdv"], 1, 6) == (batch * 24 - 4, 2)
+    grids = []  # the dK/dV kernel's launches, as the call makes them
+
+    def spy(self, kernel, grid, args, kwargs, _launch=BackwardLaunch._launch):
+        if kernel is _attn_bwd_dkdv_sm90:
+            grids.append(tuple(grid))
+        return _launch(self, kernel, grid, args, kwargs)
+
+    monkeypatch.setattr(BackwardLaunch, "_launch", spy)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     attention_backward(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=False,
                        bottom_right=False, scale=128 ** -0.5, config=cfg, dq=dq, dk=dk, dv=dv,
                        atomic_dq=True)
+    assert grids == [(batch * 24 - 4, 1, 1), (4, 1, 2)]
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
 
