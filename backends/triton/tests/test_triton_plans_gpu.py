@@ -182,23 +182,31 @@ def test_replayed_plan_of_the_gluon_kernels(varlen, impl, n_descriptors):
     assert len(descriptors) == n_descriptors, descriptors
 
 
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_replayed_plan_zeroes_the_added_slices(varlen):
-    """``SPLIT_ADD`` (Gluon fused-atomic kernel, GQA group split): the slices add dK / dV into a
-    buffer that every replay must zero-fill again; with new data each time, a replay that reused
-    or skipped the zeroing would be off by the earlier call's gradients."""
+def _replays_zero_the_added_buffer(case: tuple, **keys: int) -> list[tuple]:
+    """Replay ``triton:fused_atomic`` at ``case`` (``_fresh``'s arguments) with the ``dkdvq``
+    entry's ``keys`` changed; the plan must zero the fp32 dK / dV buffer on every call. Returns
+    the recorded launches' grids (read before the trial's end clears the plans)."""
     from attn_dispatch_triton import _plan, tuning
     from attn_dispatch_triton.backward import _gluon_sm90
 
     device = torch.device("cuda")
     if not _gluon_sm90(device):
         pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
-    with tuning.trial_with(tuning.arch_of(device), "dkdvq", 128, True, 4, 384, SPLIT=4,
-                           SPLIT_ADD=1):
+    h, hkv, sq, sk, causal = case[:5]
+    with tuning.trial_with(tuning.arch_of(device), "dkdvq", 128, causal, h // hkv, sk, **keys):
         _plan.clear()
-        test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "bottom_right", varlen,
-                                                 "triton:fused_atomic"), d=128)
+        test_replayed_plan_uses_the_new_tensors((*case, "triton:fused_atomic"), d=128)
         assert any(plan.part_zeroed for plan in _plan._PLANS.values() if plan)
+        return [launch.grid for launch in _recorded_launches()]
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_replayed_plan_zeroes_the_added_slices(varlen):
+    """``SPLIT_ADD`` (Gluon fused-atomic kernel, GQA group split): the slices add dK / dV into a
+    buffer that every replay must zero-fill again; with new data each time, a replay that reused
+    or skipped the zeroing would be off by the earlier call's gradients."""
+    _replays_zero_the_added_buffer((8, 2, 384, 384, True, "bottom_right", varlen), SPLIT=4,
+                                   SPLIT_ADD=1)
 
 
 def test_replayed_plan_with_tail_slices(monkeypatch):
@@ -206,19 +214,10 @@ def test_replayed_plan_with_tail_slices(monkeypatch):
     add into the zero-filled buffer. With a pretended SM count of 8, the 20 units of a 640-key
     GQA 8/2 call (B=2) make 2 full waves, and the other 4 units run in 2 slices each. Replays on
     new data must zero the buffer again."""
-    from attn_dispatch_triton import _plan, backward, tuning
-    from attn_dispatch_triton.backward import _gluon_sm90
+    from attn_dispatch_triton import backward, tuning
 
-    device = torch.device("cuda")
-    if not _gluon_sm90(device):
-        pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
     monkeypatch.setattr(tuning, "sm_count", lambda device: 8)
     monkeypatch.setattr(backward, "MIN_SLICE_STEPS", 16)  # (a small call's units are short)
-    with tuning.trial_with(tuning.arch_of(device), "dkdvq", 128, False, 4, 640, SPLIT=1,
-                           TAIL_SLICES=4):
-        _plan.clear()
-        test_replayed_plan_uses_the_new_tensors((8, 2, 640, 640, False, "top_left", False,
-                                                 "triton:fused_atomic"), d=128)
-        assert any(plan.part_zeroed for plan in _plan._PLANS.values() if plan)
-        grids = [launch.grid for launch in _recorded_launches()]
-        assert (16, 1, 1) in grids and (4, 1, 2) in grids, grids
+    grids = _replays_zero_the_added_buffer((8, 2, 640, 640, False, "top_left", False), SPLIT=1,
+                                           TAIL_SLICES=4)
+    assert (16, 1, 1) in grids and (4, 1, 2) in grids, grids
