@@ -20,6 +20,7 @@ import sys
 import torch
 from attn_dispatch_triton import tuning
 from attn_dispatch_triton.backward import attention_backward
+from bench_kernels import timing_inputs
 from triton.testing import do_bench
 
 SEQLENS = (1024, 2048, 4096, 8192, 16384)
@@ -39,11 +40,7 @@ def variants(gqa: bool, causal: bool) -> dict[str, dict]:
 
 
 def bench_shape(h: int, hk: int, s: int, causal: bool) -> dict[str, float]:
-    torch.manual_seed(0)
-    q = torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, s, hk, 128, device="cuda", dtype=torch.bfloat16)
-    v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
-    lse = torch.randn(1, h, s, device="cuda") + 6.0
+    q, k, v, out, lse, do = timing_inputs(h, hk, s)
 
     def call(atomic: bool):
         return attention_backward(q, k, v, out, lse, do, causal=causal, bottom_right=False,

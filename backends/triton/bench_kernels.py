@@ -106,6 +106,16 @@ def make_problem(h: int, hk: int, s: int, d: int = 128, dtype=torch.bfloat16, b:
     return rnd(b, s, h, d), rnd(b, sk, hk, d), rnd(b, sk, hk, d), rnd(b, s, h, d)
 
 
+def timing_inputs(h: int, hk: int, s: int, sk: int | None = None, device: str = "cuda",
+                  seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """``(q, k, v, out, lse, do)`` for timing a backward (B=1, D=128, bf16): random ``out``
+    and ``lse`` (around 6) instead of a forward's, which timing does not need."""
+    q, k, v, do = make_problem(h, hk, s, sk=sk, device=device, seed=seed)
+    out = make_problem(h, hk, s, device=device, seed=seed + 1)[0]
+    lse = torch.randn(1, h, s, device=device) + 6.0
+    return q, k, v, out, lse, do
+
+
 def oracle_heads(q, k, v, do, causal, bottom_right, scale, heads):
     """float64 out/lse/dq/dk/dv for the listed query heads of batch 0 (plain math)."""
     sq, sk = q.shape[1], k.shape[1]

@@ -32,6 +32,7 @@ import sys
 import torch
 from attn_dispatch_triton import tuning
 from attn_dispatch_triton.backward import attention_backward
+from bench_kernels import timing_inputs
 from triton.testing import do_bench
 
 import attn_dispatch as ad
@@ -78,12 +79,8 @@ def grid() -> dict[str, tuple[int, ...]]:
 
 def bench_shape(s: int, causal: bool, variants: dict, rounds: int,
                 heads: tuple[int, int] = (64, 8)) -> dict[str, list[float]]:
-    torch.manual_seed(0)
     h, hk = heads
-    q = torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, s, hk, 128, device="cuda", dtype=torch.bfloat16)
-    v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
-    lse = torch.randn(1, h, s, device="cuda") + 6.0
+    q, k, v, out, lse, do = timing_inputs(h, hk, s)
 
     def call(atomic: bool):
         return attention_backward(q, k, v, out, lse, do, causal=causal, bottom_right=False,

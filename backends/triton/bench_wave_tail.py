@@ -19,17 +19,14 @@ import sys
 
 import torch
 from attn_dispatch_triton.backward import attention_backward
+from bench_kernels import timing_inputs
 from triton.testing import do_bench
 
 import attn_dispatch as ad
 
 
 def times(sq: int, sk: int, rounds: int = 3) -> dict[str, float]:
-    torch.manual_seed(0)
-    q = torch.randn(1, sq, 64, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, sk, 8, 128, device="cuda", dtype=torch.bfloat16)
-    v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
-    lse = torch.randn(1, 64, sq, device="cuda") + 6.0
+    q, k, v, out, lse, do = timing_inputs(64, 8, sq, sk)
     calls = {
         "ours": lambda: attention_backward(q, k, v, out, lse, do, causal=False,
                                            bottom_right=False, scale=128 ** -0.5,
