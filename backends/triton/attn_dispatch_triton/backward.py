@@ -228,10 +228,9 @@ class BackwardLaunch:
             else:  # whole units in full waves (stored), then the rest in slices (added)
                 full, slices = tail
                 units = key_blocks * self.batch * self.kv_heads
-                if full:
-                    self._launch(_attn_bwd_dkdv_sm90, (full, 1, 1), (
-                        *head, 0, key_blocks, self.qk_scale, self.scale,
-                    ), self.sm90_constants(c, False, atomic_dq, units=True))
+                self._launch(_attn_bwd_dkdv_sm90, (full, 1, 1), (
+                    *head, 0, key_blocks, self.qk_scale, self.scale,
+                ), self.sm90_constants(c, False, atomic_dq, units=True))
                 self._launch(_attn_bwd_dkdv_sm90, (units - full, 1, slices), (
                     *head, full, key_blocks, self.qk_scale, self.scale,
                 ), self.sm90_constants(c, False, atomic_dq, add_slices=True, units=True,
@@ -393,9 +392,9 @@ class BackwardLaunch:
         for k in range(2, most + 1):
             if steps // k < MIN_SLICE_STEPS:
                 break
-            time = triton.cdiv(rest * k, sms) * (steps / k + SLICE_COST_STEPS)
-            if time < best:
-                best, slices = time, k
+            rest_time = triton.cdiv(rest * k, sms) * (steps / k + SLICE_COST_STEPS)
+            if rest_time < best:
+                best, slices = rest_time, k
         saved = steps + SLICE_COST_STEPS - best
         pays = saved > max(0.05 * (steps + SLICE_COST_STEPS), units * BUFFER_COST_STEPS_PER_UNIT)
         return (full, slices) if full and rest and pays else None
