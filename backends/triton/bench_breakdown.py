@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 from attn_dispatch_triton import tuning
 from attn_dispatch_triton.backward import attention_backward
+from bench_kernels import timing_inputs
 from torch.profiler import ProfilerActivity, profile
 
 import attn_dispatch as ad
@@ -92,11 +93,7 @@ def sustained(fn: Callable[[], object], seconds: float = 3.0) -> tuple[float, fl
 
 def backward_calls(s: int, causal: bool) -> dict[str, Callable[[], object]]:
     """Both backward calls on fresh random GQA 64/8 inputs of ``s`` tokens."""
-    torch.manual_seed(0)
-    q = torch.randn(1, s, 64, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, s, 8, 128, device="cuda", dtype=torch.bfloat16)
-    v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
-    lse = torch.randn(1, 64, s, device="cuda") + 6.0
+    q, k, v, out, lse, do = timing_inputs(64, 8, s)
     return {
         "triton:fused_atomic": lambda: attention_backward(
             q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=128 ** -0.5,

@@ -20,6 +20,7 @@ import sys
 import torch
 from attn_dispatch_triton.backward import BackwardLaunch
 from attn_dispatch_triton.tuning import get_backward_config
+from bench_kernels import timing_inputs
 from triton.testing import do_bench
 
 SHAPES = [  # (name, H, Hkv, S, causal): the seed shapes
@@ -57,11 +58,7 @@ def main() -> int:
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     rows, failed = [], False
     for name, h, hk, s, causal in shapes:
-        torch.manual_seed(0)
-        q = torch.randn(1, s, h, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(1, s, hk, 128, device="cuda", dtype=torch.bfloat16)
-        v, do, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
-        lse = torch.randn(1, h, s, device="cuda") + 6.0
+        q, k, v, out, lse, do = timing_inputs(h, hk, s)
         launch = BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False,
                                 scale=128 ** -0.5)
         cfgs = variants(causal, h // hk, s)

@@ -23,6 +23,7 @@ import contextlib
 import torch
 from attn_dispatch_triton import tuning
 from attn_dispatch_triton.backward import attention_backward
+from bench_kernels import timing_inputs
 
 
 def main() -> None:
@@ -33,11 +34,7 @@ def main() -> None:
                     help="one dK/dV launch per call (config TAIL_SLICES 0)")
     args = ap.parse_args()
     s, heads, kv_heads = args.seqlen, 64, 8
-    torch.manual_seed(0)
-    q = torch.randn(1, s, heads, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, s, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
-    v, grad_out, out = torch.randn_like(k), torch.randn_like(q), torch.randn_like(q)
-    lse = torch.randn(1, heads, s, device="cuda") + 6.0
+    q, k, v, out, lse, grad_out = timing_inputs(heads, kv_heads, s)
     in_force = (tuning.trial_with(tuning.arch_of(q.device), "dkdvq", 128, args.causal,
                                   heads // kv_heads, s, TAIL_SLICES=0)
                 if args.no_tail_slices else contextlib.nullcontext())
