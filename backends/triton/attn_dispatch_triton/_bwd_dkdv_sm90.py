@@ -86,6 +86,24 @@ def _step_position(it, nblk, lo_blk, head0, heads, BLOCK_M: gl.constexpr,
 
 
 @gluon.jit
+def _wide_store_order(dq, BLOCK_M: gl.constexpr, W: gl.constexpr):
+    """The ``[BLOCK_M, W]`` dQ accumulator with its columns in the scratch's order of
+    ``WIDE_STORE`` (undone by ``_bwd_dq_convert.logical_columns``): a register relabelling, no
+    data moves.
+
+    In the accumulator a thread holds columns ``8j + 2q + t`` (``q`` its lane mod 4, ``t`` 0 / 1,
+    ``j`` 0 ... W/8 - 1), so a plain store writes 8 bytes per thread, and in the 128-byte
+    swizzled tile the 16 lanes of a half warp (4 rows, rows ``r`` and ``r ^ 1`` on the same
+    swizzled 16-byte columns) collide: 4 wavefronts per store where 2 would do. Relabelled,
+    column ``8j + 2q + t`` with ``j = 4b + 2k + e`` goes to ``32b + 8q + 4k + 2e + t``: each
+    thread's 4 values of one ``(b, k)`` are adjacent (one 16-byte store), and the 8 lanes of a
+    quarter warp (rows ``r``, ``r ^ 1``; ``q`` 0-3) cover all eight 16-byte columns."""
+    x = gl.reshape(dq, [BLOCK_M, W // 32, 2, 2, 4, 2])  # (row, b, k, e, q, t)
+    x = gl.permute(x, [0, 1, 4, 2, 3, 5])  # (row, b, q, k, e, t)
+    return gl.reshape(x, [BLOCK_M, W])
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
               delta_bufs, bars, Lse2, Delta, work, BLOCK_M: gl.constexpr, D: gl.constexpr,
               STAGES: gl.constexpr, HEADS_INNER: gl.constexpr):
@@ -123,7 +141,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
               work, out, dqa_desc, qk_scale, scale, WG: gl.constexpr, CAUSAL: gl.constexpr,
               ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr, BLOCK_M: gl.constexpr,
               HALF_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-              HEADS_INNER: gl.constexpr):
+              HEADS_INNER: gl.constexpr, WIDE_STORE: gl.constexpr):
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
     first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, \
         stride_ts, q_len = work
@@ -209,7 +227,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
                                    HEADS_INNER)
             dq_part = dq_smem.index(WG)
             tma.store_wait(0)  # the previous step's reduction has read dq_part
-            dq_part.store(dq)
+            if WIDE_STORE:
+                dq_part.store(_wide_store_order(dq, BLOCK_M, HALF_D))
+            else:
+                dq_part.store(dq)
             fence_async_shared()
             tma_reduce_add(dqa_desc, [qrow + m0, h * D + WG * HALF_D], dq_part)
         else:
@@ -237,7 +258,7 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
                         IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
                         ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr,
                         HEADS_INNER: gl.constexpr, WINDOW: gl.constexpr, UNITS: gl.constexpr,
-                        STEP_SLICES: gl.constexpr,
+                        STEP_SLICES: gl.constexpr, WIDE_STORE: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
@@ -335,8 +356,10 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
                          HEADS_INNER)),
             (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
                          dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 0, CAUSAL,
-                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, HEADS_INNER)),
+                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, HEADS_INNER,
+                         WIDE_STORE)),
             (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
                          dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 1, CAUSAL,
-                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, HEADS_INNER)),
+                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, HEADS_INNER,
+                         WIDE_STORE)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

@@ -75,6 +75,7 @@ class BackwardLaunch:
         self.qk_scale = scale * LOG2E
         self.rec = recorder
         self.side: _plan.SideStream | None = None  # where launches go instead of the current
+        self.dq_wide_store = False  # the dQ scratch's columns in WIDE_STORE's order
         self.plan_extra = dict(tmp_shape=tuple(tmp.shape), part_numel=None, acc=None)
         if recorder is not None:
             for t, index in ((q, _plan.Q), (k, _plan.K), (v, _plan.V), (out, _plan.OUT),
@@ -214,6 +215,10 @@ class BackwardLaunch:
             grid = grid[::-1]
         if sm90 is not None:
             from ._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90
+
+            # config WIDE_STORE: the kernel stores dQ's columns in another order, which the
+            # convert launch reads back
+            self.dq_wide_store = bool(atomic_dq and c.get("WIDE_STORE", 0))
 
             slices_apart = split > 1 and not add_slices  # one partial per slice
             head = (*sm90, self.dq_scratch_descriptor() if atomic_dq else None, dk, dv,
@@ -357,6 +362,7 @@ class BackwardLaunch:
             consts["ADD_DKDV"] = add_slices
             consts["UNITS"] = units
             consts["STEP_SLICES"] = step_slices
+            consts["WIDE_STORE"] = bool(atomic_dq and c.get("WIDE_STORE", 0))
         if atomic_dq:  # a ring of 3 does not fit beside the dS^T and dQ tiles (240 KB)
             consts["STAGES"] = 2
         return consts
@@ -427,8 +433,8 @@ class BackwardLaunch:
             self.dq_acc, self.dq, self.cu_q, *self.dq_acc_strides,
             *token_strides(self.dq, self.varlen), self.seqlen_q, self.heads, self.scale,
         ), dict(D=self.d, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
-                BLOCK_D=self.blocks["BLOCK_D"], num_warps=c["num_warps"],
-                num_stages=c["num_stages"]))
+                BLOCK_D=self.blocks["BLOCK_D"], WIDE_STORE=self.dq_wide_store,
+                num_warps=c["num_warps"], num_stages=c["num_stages"]))
 
     def run(self, config: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """All kernels; ``config`` maps "pre"/"dkdv"/"dq" (split) or "pre"/"dkdvq"/"cvt"

@@ -38,7 +38,7 @@ DESC_DQ = ("tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
 def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool = False,
                  stages: int = 2, dtype: str = "bf16", atomic_dq: bool = False,
                  heads_inner: bool = False, window: int = 0, add_dkdv: bool = False,
-                 units: bool = False, step_slices: bool = False):
+                 units: bool = False, step_slices: bool = False, wide_store: bool = False):
     """Compile one Gluon kernel for sm_90 as the launcher would launch it."""
     fn, (block_m, block_n) = KERNELS[kernel]
     q_rows, k_rows = (block_m, block_n)
@@ -46,6 +46,7 @@ def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool =
                   HEAVY_FIRST=heavy_first, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
                   ATOMIC_DQ=atomic_dq, ADD_DKDV=add_dkdv, HEADS_INNER=heads_inner,
                   WINDOW=window, UNITS=units, STEP_SLICES=step_slices,
+                  WIDE_STORE=wide_store,
                   num_warps=_sm90.WARPS)
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -122,7 +123,7 @@ def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heads_inner
                          window=window, units=units, step_slices=steps)
     fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True,
                          heads_inner=heads_inner, window=window, add_dkdv=add_dkdv,
-                         units=units, step_slices=steps)
+                         units=units, step_slices=steps, wide_store=True)
     ptx = fused.asm["ptx"]
     assert ("atom.global.gpu.relaxed.add.f32" in ptx) == add_dkdv
     reduce = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
@@ -131,6 +132,20 @@ def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heads_inner
     assert "m64n64k16" in ptx  # dQ[:, half of D] per warp group
     assert fused.metadata.shared <= SMEM_SM90
     assert len(fused.asm["cubin"]) > 0
+
+
+@pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
+                    reason="kernels were defined in interpreter mode: nothing to compile")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gluon_wide_store_stores_dq_tiles_16_bytes_per_thread(causal) -> None:
+    """``WIDE_STORE``: each consumer thread's 32 dQ values go to shared memory as 8 16-byte
+    stores instead of 16 8-byte ones (the latter collide in the swizzled tile), both consumer
+    partitions; the relabelling moves no data (no more shared-memory loads)."""
+    plain, wide = (compile_sm90("dkdv", causal=causal, varlen=False, atomic_dq=True,
+                                wide_store=w).asm["ptx"] for w in (False, True))
+    assert wide.count("st.shared.v4.b32") - plain.count("st.shared.v4.b32") == 2 * 8
+    assert plain.count("st.shared.v2.b32") - wide.count("st.shared.v2.b32") == 2 * 16
+    assert wide.count("ld.shared") == plain.count("ld.shared")
 
 
 def _qkv(shape_q, shape_kv, dtype=torch.bfloat16, device="cpu"):
@@ -241,7 +256,8 @@ def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dk
 
 ON_SM90 = torch.cuda.is_available() and _gluon_sm90(torch.device("cuda"))
 GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bottom_right, dtype,
-    #            split, order: "heavy-first" / "heads-inner" / "window" / "add", "+"-joined)
+    #            split, order: "heavy-first" / "heads-inner" / "window" / "add" /
+    #            "plain-store" (atomic dQ without WIDE_STORE), "+"-joined)
     ("mha-full-odd", 1, 8, 8, 1000, 1000, False, False, torch.bfloat16, None, ""),
     ("gqa-causal-top-left-sq<sk", 2, 8, 2, 300, 517, True, False, torch.bfloat16, None, ""),
     ("gqa-causal-bottom-right-sq<sk", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None, ""),
@@ -267,6 +283,11 @@ GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bott
     ("gqa-causal-bottom-right-split4-add-window", 2, 16, 4, 300, 517, True, True,
      torch.bfloat16, 4, "add+window"),
     ("gqa-full-split2-add", 1, 16, 4, 700, 700, False, False, torch.float16, 2, "add"),
+    # the dQ tile stored in its own column order (WIDE_STORE off)
+    ("gqa-causal-bottom-right-plain-store", 2, 8, 2, 300, 517, True, True, torch.bfloat16,
+     None, "plain-store"),
+    ("gqa-full-b2-odd-plain-store", 2, 8, 2, 300, 300, False, False, torch.float16, None,
+     "plain-store"),
 ]
 
 
@@ -288,6 +309,8 @@ def _gluon_config(causal, group, seqlen_k, split, order, stages) -> dict:
         cfg["dkdv"]["WINDOW"] = 2
     if "add" in order:
         cfg["dkdv"]["SPLIT_ADD"] = 1
+    if "plain-store" not in order:  # (the table's form: the fused-atomic kernel's dQ tile
+        cfg["dkdv"]["WIDE_STORE"] = 1  # stored 16 bytes per thread, columns reordered)
     return cfg
 
 
