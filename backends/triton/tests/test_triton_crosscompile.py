@@ -73,7 +73,11 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
               "HEAVY_FIRST": causal and bool(cfg.get("HEAVY_FIRST", 0)),
               "DP_FIRST": bool(cfg.get("DP_FIRST", 0)),
               "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-              "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d), "LOAD_TMA": load_tma}
+              "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d), "LOAD_TMA": load_tma,
+              # the convert pass after the Gluon fused-atomic kernel (sm_90, D = 128) reads
+              # the scratch in WIDE_STORE's column order
+              "WIDE_STORE": arch == "sm_90" and d == 128 and bool(
+                  lookup(arch, d, causal, group, seqlen_k)["dkdvq"].get("WIDE_STORE"))}
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
