@@ -346,7 +346,8 @@ class BackwardLaunch:
                        window: int = 0, add_slices: bool = False, units: bool = False,
                        step_slices: bool = False) -> dict:
         """Compile-time arguments and launch options of a Gluon sm_90 kernel (``atomic_dq``:
-        the dK/dV kernel's, with or without dQ, launched in ``window``s, :meth:`window`;
+        the dK/dV kernel's, with or without dQ (stored in ``self.dq_wide_store``'s order),
+        launched in ``window``s, :meth:`window`;
         ``add_slices``: the GQA slices add dK / dV into one fp32 buffer by atomics; ``units``:
         a 1-D grid of (key block, kv head) units from an offset; ``step_slices``: slices are
         equal shares of a group's steps, :meth:`tail_slices`)."""
@@ -362,7 +363,7 @@ class BackwardLaunch:
             consts["ADD_DKDV"] = add_slices
             consts["UNITS"] = units
             consts["STEP_SLICES"] = step_slices
-            consts["WIDE_STORE"] = bool(atomic_dq and c.get("WIDE_STORE", 0))
+            consts["WIDE_STORE"] = self.dq_wide_store  # (False unless the dK/dV kernel adds dQ)
         if atomic_dq:  # a ring of 3 does not fit beside the dS^T and dQ tiles (240 KB)
             consts["STAGES"] = 2
         return consts
