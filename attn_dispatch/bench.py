@@ -13,6 +13,10 @@ For each shape the harness
    (host overhead = automatic vs direct), with CUDA events around every call (warm-up first,
    median of the repeats; all variants' calls run back to back in one shuffled order, so
    drift hits them alike; ``time.perf_counter`` on the CPU), and the host time of each call;
+   With ``--cuda-graphs`` every call is captured once per input set in a CUDA graph and the
+   replays are timed instead: the GPU's time alone, without the host's cost of a call (the
+   view of a training step that runs under CUDA graphs; at small shapes the eager calls are
+   bound by the host);
 4. prints µs, TFLOP/s (backward FLOPs = 10·B·H·Sq·Sk·D, halved when causal) and the ratio to
    the fastest, and writes JSON / CSV / a PNG plot on request (matplotlib is optional).
 
@@ -134,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed calls per variant (default 0: enough for ~2 s of the fastest "
                         "variant, 41 to 300)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="time CUDA-graph replays of each call (the GPU's time alone, without "
+                        "the host's cost of a call; CUDA only)")  # fmt: skip
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
@@ -246,6 +253,27 @@ class Timer:
             result[key] = (median, statistics.median(host[key]), len(times),
                            (q3 - q1) / median if median else 0.0)
         return result
+
+
+def graph_replays(calls: Sequence[Callable[[], object]]) -> list[Callable[[], object]]:
+    """The replays of one CUDA graph per call (each call bound to its input set).
+
+    The calls run once more on a side stream first, as ``torch.cuda.graph`` asks (lazy
+    initialisation must not happen during a capture); the graphs keep their own memory, and
+    their outputs are never read."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for call in calls:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        graphs.append(graph)
+    return [graph.replay for graph in graphs]
 
 
 def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
@@ -430,6 +458,16 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             direct = Row(shape, chosen, DIRECT)
             rows.append(direct)
             variants[direct] = direct_calls
+    if args.cuda_graphs:
+        for row in list(variants):
+            try:
+                variants[row] = graph_replays(variants[row])
+            except Exception as exc:  # an implementation that cannot be captured is reported
+                del variants[row]
+                row.status = "ERROR"
+                row.note = (f"CUDA graph capture failed: {type(exc).__name__}: "
+                            f"{exc}".splitlines()[0][:200])  # fmt: skip
+                log(f"  {row.impl} ({row.kind}): {row.note}")
     try:
         measured = timer.interleaved(variants, args.warmup, _repeats(args.repeats, estimate),
                                      seed=args.seed)  # fmt: skip
@@ -565,14 +603,18 @@ def plot(path: str, rows: list[Row], matmul: float | None) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry of ``attn-dispatch bench``; returns the exit status (1 if a check failed)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.cuda_graphs and device.type != "cuda":
+        parser.error(f"--cuda-graphs needs a CUDA device, not {device.type!r}")
 
     def log(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
     env = environment(device)
+    env["timing"] = "cuda-graphs" if args.cuda_graphs else "eager"
     log("environment: " + json.dumps(env))
     matmul = None if args.no_matmul else matmul_ceiling(device)
     if matmul is not None:
@@ -583,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, shape in enumerate(shapes, 1):
         log(f"[{i}/{len(shapes)}] {shape.label}")
         rows += bench_shape(shape, args, device, gen, log)
+    if args.cuda_graphs:
+        print("timing: CUDA-graph replays, the GPU's time alone (host us: one replay's)")
     print(format_table(rows))
     print()
     print(summary(rows))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's GPU check and benchmark in one go (an NVIDIA GPU with torch + triton installed,
 # no network needed): install every package editable, run the GPU tests, the demo, the dispatch
-# overhead benchmark, then the default `attn-dispatch bench` sweep. Results go to $OUT.
+# overhead benchmark, then the default `attn-dispatch bench` sweep, eager and under CUDA graphs.
+# Results go to $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -18,6 +19,7 @@ echo "== GPU tests"
 timeout 600 $PY -m pytest -q -p no:cacheprovider tests/test_attention_op.py \
   tests/test_core_guards.py backends/triton/tests/test_triton_gpu.py \
   backends/triton/tests/test_triton_plans_gpu.py backends/triton/tests/test_triton_gluon.py \
+  backends/triton/tests/test_triton_wide_store.py tests/test_bench.py \
   --tb=short -rfE \
   > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests rc=$?"; tail -4 "$OUT/gpu_tests.txt"
@@ -35,3 +37,9 @@ timeout "${BENCH_TIMEOUT:-330}" $PY -m attn_dispatch bench --json "$OUT/bench.js
   --csv "$OUT/bench.csv" --plot "$OUT/bench.png" "$@" 2> "$OUT/progress.txt" \
   | tee "$OUT/table.txt"
 echo "bench rc=${PIPESTATUS[0]}"; tail -3 "$OUT/progress.txt"
+
+echo "== bench under CUDA graphs (the GPU's time alone)"
+timeout "${BENCH_TIMEOUT:-330}" $PY -m attn_dispatch bench --cuda-graphs \
+  --json "$OUT/bench_graphs.json" --csv "$OUT/bench_graphs.csv" "$@" \
+  2> "$OUT/progress_graphs.txt" | tee "$OUT/table_graphs.txt"
+echo "bench rc=${PIPESTATUS[0]}"; tail -3 "$OUT/progress_graphs.txt"

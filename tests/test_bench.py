@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
 import torch
 
 from attn_dispatch import bench
@@ -82,4 +83,37 @@ def test_bench_table_renders_the_committed_sweep() -> None:
                      key=lambda x: x[1])  # the faster triton implementation
     want = forced["torch_sdpa:flash"] / ours
     assert mha_2k.split(" | ")[-2] == f"{want:.2f}× ({name.split(':')[1]})"
-    assert (root / "docs" / "benchmarks.md").read_text().count(lines[0]) == 1
+    # the docs hold both committed sweeps' tables as rendered: eager and under CUDA graphs
+    docs = (root / "docs" / "benchmarks.md").read_text()
+    assert "\n".join(lines) in docs
+    graphs = json.loads((root / "docs" / "bench_h200_graphs.json").read_text())
+    assert graphs["environment"]["timing"] == "cuda-graphs"
+    assert module.table(graphs["rows"]) in docs
+
+
+def test_cuda_graphs_needs_a_cuda_device(capsys):
+    try:
+        bench.main(["--seqlens", "32", "--heads", "2", "--device", "cpu", "--cuda-graphs"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("--cuda-graphs on the CPU must be refused")
+    assert "--cuda-graphs needs a CUDA device, not 'cpu'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_times_replays_of_every_gpu_implementation(tmp_path, capsys):
+    """Every GPU implementation is captured in a CUDA graph and timed by its replays, after the
+    same correctness check as the eager sweep; none may fail to capture."""
+    js = tmp_path / "g.json"
+    rc = bench.main(["--seqlens", "512", "--heads", "8", "--kv-heads", "2", "--head-dim", "64",
+                     "--repeats", "20", "--warmup", "2", "--no-matmul", "--cuda-graphs",
+                     "--json", str(js)])  # fmt: skip
+    out = capsys.readouterr()
+    assert rc == 0, out.out + out.err
+    assert "timing: CUDA-graph replays" in out.out
+    data = json.loads(js.read_text())
+    assert data["environment"]["timing"] == "cuda-graphs"
+    forced = [r for r in data["rows"] if r["kind"] == "forced" and r["status"] != "rejected"]
+    assert {r["impl"].split(":")[0] for r in forced} >= {"torch_sdpa", "triton"}
+    assert all(r["status"] == "ok" and r["us"] > 0 for r in forced), forced
