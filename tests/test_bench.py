@@ -117,3 +117,22 @@ def test_cuda_graphs_times_replays_of_every_gpu_implementation(tmp_path, capsys)
     forced = [r for r in data["rows"] if r["kind"] == "forced" and r["status"] != "rejected"]
     assert {r["impl"].split(":")[0] for r in forced} >= {"torch_sdpa", "triton"}
     assert all(r["status"] == "ok" and r["us"] > 0 for r in forced), forced
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_a_failed_capture_costs_only_its_row(tmp_path, capsys, monkeypatch):
+    """An implementation that cannot be captured (it reads a value back to the host) is reported
+    as an error naming the capture; the others are still captured and timed."""
+    monkeypatch.setenv("ATTN_DISPATCH_TEST_PLUGINS", "1")
+    js = tmp_path / "g.json"
+    rc = bench.main(["--seqlens", "256", "--heads", "4", "--kv-heads", "4", "--head-dim", "64",
+                     "--no-causal", "--repeats", "5", "--warmup", "1", "--no-matmul",
+                     "--no-check", "--cuda-graphs", "--impls",
+                     "toy:host_sync,toy:fast,torch_sdpa:flash", "--json", str(js)])  # fmt: skip
+    capsys.readouterr()
+    assert rc == 1  # an ERROR row fails the run
+    rows = {r["impl"]: r for r in json.loads(js.read_text())["rows"] if r["kind"] == "forced"}
+    assert rows["toy:host_sync"]["status"] == "ERROR"
+    assert rows["toy:host_sync"]["note"].startswith("CUDA graph capture failed")
+    for name in ("toy:fast", "torch_sdpa:flash"):
+        assert rows[name]["status"] == "ok" and rows[name]["us"] > 0, rows[name]

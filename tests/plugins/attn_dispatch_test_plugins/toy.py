@@ -61,6 +61,19 @@ class GpuOnly(_Tagged):
     priority = {"sm_90": 80}
 
 
+class HostSync(_Tagged):
+    """Reads one value back to the host in every call: legal in an eager call, not inside a
+    CUDA graph capture. No priority anywhere: it runs only when forced."""
+
+    name, tag = "host_sync", 6.0
+
+    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+        grads = super().backward(inp)
+        if grads.dq.numel() and float(grads.dq.flatten()[0]) != self.tag:
+            raise RuntimeError("toy:host_sync wrote the wrong tag")
+        return grads
+
+
 class Trivial(ad.Implementation):
     """Returns its inputs untouched: used to measure the dispatcher's own overhead."""
 
@@ -70,11 +83,13 @@ class Trivial(ad.Implementation):
         return ad.Gradients(inp.q, inp.k, inp.v)
 
 
-TAGS = {cls.name: cls.tag for cls in (Fast, Slow, NonDeterministic, Experimental, GpuOnly)}
+TAGS = {cls.name: cls.tag for cls in (Fast, Slow, NonDeterministic, Experimental, GpuOnly,
+                                       HostSync)}
 
 
 @ad.hookimpl
 def attn_dispatch_implementations():
     if not active():
         return []
-    return [Fast(), Slow(), NonDeterministic(), Experimental(), GpuOnly(), Trivial()]
+    return [Fast(), Slow(), NonDeterministic(), Experimental(), GpuOnly(), HostSync(),
+            Trivial()]
