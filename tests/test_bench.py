@@ -120,10 +120,9 @@ def test_cuda_graphs_times_replays_of_every_gpu_implementation(tmp_path, capsys)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_graphs_a_failed_capture_costs_only_its_row(tmp_path, capsys, monkeypatch):
+def test_cuda_graphs_a_failed_capture_costs_only_its_row(tmp_path, capsys, toys):
     """An implementation that cannot be captured (it reads a value back to the host) is reported
     as an error naming the capture; the others are still captured and timed."""
-    monkeypatch.setenv("ATTN_DISPATCH_TEST_PLUGINS", "1")
     js = tmp_path / "g.json"
     rc = bench.main(["--seqlens", "256", "--heads", "4", "--kv-heads", "4", "--head-dim", "64",
                      "--no-causal", "--repeats", "5", "--warmup", "1", "--no-matmul",
