@@ -39,10 +39,10 @@ MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
 SMALL_CAUSAL_MHA_SK, GLUON_CAUSAL_MHA_SK = 1024, (2049, 8192)
 SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
 GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic where gluon_fused_atomic_fastest
-# GQA 64/8, B=1 (docs/benchmarks.md, sweep with WIDE_STORE): without a mask 1.10x / 1.07x /
-# 1.02x / 1.02x / 1.02x cuDNN at 1K-16K; causal 1.15x / 1.05x / 1.02x at 1K / 2K / 4K, 0.99x
-# and 0.96x at 8K / 16K. So every length without a mask, up to 4K keys causal.
-GLUON_ATOMIC_GQA_CAUSAL_SK = 4096  # longest key length with a causal mask
+# GQA 64/8, B=1 (docs/benchmarks.md, GQA sweep with the causal kernel's late delta): without a
+# mask 1.10x / 1.06x / 1.02x / 1.02x / 1.01x cuDNN at 1K-16K, causal 1.18x / 1.09x / 1.05x /
+# 1.03x / 1.01x (under CUDA graphs 1.05x / 1.03x / 1.03x at 4K-16K causal). So GQA at every
+# length, causal or not.
 
 
 def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
@@ -165,13 +165,12 @@ class Fused(ad.Implementation):
 
 def gluon_fused_atomic_fastest(inp: ad.BackwardInputs, arch: ad.Arch) -> bool:
     """Where ``triton:fused_atomic`` runs the Gluon dK/dV kernel with dQ by TMA reductions and an
-    H200 measured it ahead of cuDNN: a dense D=128 backward on sm_90, GQA without a mask or
-    causal up to ``GLUON_ATOMIC_GQA_CAUSAL_SK`` keys, or causal MHA with B*H <= 8 in
-    ``GLUON_CAUSAL_MHA_SK``."""
+    H200 measured it ahead of cuDNN: a dense D=128 backward on sm_90, GQA (with or without a
+    causal mask), or causal MHA with B*H <= 8 in ``GLUON_CAUSAL_MHA_SK``."""
     if not (arch.name == "sm_90" and not inp.is_varlen and gluon_kernels_apply(inp)):
         return False
     if inp.kv_heads < inp.heads:
-        return not inp.causal or inp.seqlen_k <= GLUON_ATOMIC_GQA_CAUSAL_SK
+        return True
     return small_dense_causal_mha(inp) and in_gluon_causal_mha_range(inp)
 
 
@@ -181,7 +180,7 @@ class FusedAtomic(Fused):
     Priorities: per arch, just below ``triton:fused`` (45 / 60) and above FA2 (40), so where
     ``triton:fused`` runs it is chosen only if that one is disabled or rejects the call. The
     exception is sm_90 with the Gluon kernel (dQ by TMA reductions, D = 128): there an H200
-    measured it ahead of cuDNN at GQA without a mask, GQA causal up to 4K keys and dense causal
+    measured it ahead of cuDNN at GQA (every seed length, causal or not) and dense causal
     MHA with B*H <= 8 and 2K < Sk <= 8K, where it takes 56
     (:func:`gluon_fused_atomic_fastest`, docs/benchmarks.md). The `tl` kernel it runs
     elsewhere was 1.00-1.13x ``triton:fused``'s time at the seed shapes on an H200. On AMD it is

@@ -105,7 +105,9 @@ ATOMIC = 56 if gluon_triton_installed() else 43  # triton:fused_atomic with the 
     ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),  # GQA: Gluon fused-atomic
     ({"s": 2048, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
     ({"s": 4096, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
-    ({"s": 8192, "h": 8, "hk": 2, "causal": True}, 45, 43),  # cuDNN faster from 8K causal
+    ({"s": 8192, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),  # every length, causal too
+    ({"s": 16384, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
+    ({"s": 16384, "h": 8, "hk": 2, "causal": True, "d": 64}, 45, 43),  # Gluon needs D = 128
     ({"s": 2048, "h": 8, "hk": 2, "causal": False}, 45, ATOMIC),
     ({"s": 16384, "h": 8, "hk": 2, "causal": False}, 45, ATOMIC),  # every length, no mask
     ({"s": 4096, "h": 8, "hk": 2, "d": 64, "causal": False}, 45, 43),
