@@ -39,10 +39,6 @@ MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
 SMALL_CAUSAL_MHA_SK, GLUON_CAUSAL_MHA_SK = 1024, (2049, 8192)
 SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
 GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic where gluon_fused_atomic_fastest
-# GQA 64/8, B=1 (docs/benchmarks.md, GQA sweep with the causal kernel's late delta): without a
-# mask 1.10x / 1.06x / 1.02x / 1.02x / 1.01x cuDNN at 1K-16K, causal 1.18x / 1.09x / 1.05x /
-# 1.03x / 1.01x (under CUDA graphs 1.05x / 1.03x / 1.03x at 4K-16K causal). So GQA at every
-# length, causal or not.
 
 
 def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
@@ -169,9 +165,11 @@ def gluon_fused_atomic_fastest(inp: ad.BackwardInputs, arch: ad.Arch) -> bool:
     causal mask), or causal MHA with B*H <= 8 in ``GLUON_CAUSAL_MHA_SK``."""
     if not (arch.name == "sm_90" and not inp.is_varlen and gluon_kernels_apply(inp)):
         return False
-    if inp.kv_heads < inp.heads:
-        return True
-    return small_dense_causal_mha(inp) and in_gluon_causal_mha_range(inp)
+    # GQA 64/8, B=1 (docs/benchmarks.md, the GQA sweep at b1ffdbe): without a mask 1.10x / 1.06x
+    # / 1.02x / 1.02x / 1.01x cuDNN at 1K-16K, causal 1.18x / 1.09x / 1.05x / 1.03x / 1.01x
+    # (under CUDA graphs 1.05x / 1.03x / 1.03x at 4K-16K causal): every length, causal or not.
+    gqa = inp.kv_heads < inp.heads
+    return gqa or (small_dense_causal_mha(inp) and in_gluon_causal_mha_range(inp))
 
 
 class FusedAtomic(Fused):
