@@ -1,8 +1,9 @@
 """The fused-atomic Gluon dK/dV kernel of this tree against its source at another commit, with
 cuDNN, in one process (GQA 64/8, B=1, D=128, bf16).
 
-The file ``_bwd_dkdv_sm90.py`` as it was at ``REV`` (``git show``) is loaded as a second module
-of the package, and each call of ``triton:fused_atomic`` runs either kernel (launch plans off:
+The file ``_bwd_dkdv_sm90.py`` as it was at ``REV`` (``git show``; or ``REV`` is the path of a
+saved copy of that file, for a tree without its git history) is loaded as a second module of the
+package, and each call of ``triton:fused_atomic`` runs either kernel (launch plans off:
 a plan would replay the kernel it recorded; the rest of the backward is this tree's). Per shape:
 both forms' gradients against cuDNN's (relative Frobenius difference < 2e-2) and against each
 other; the kernels' GPU time per call (``torch.profiler``, as ``bench_breakdown.py``); then
@@ -28,7 +29,14 @@ KERNEL_FILE = "backends/triton/attn_dispatch_triton/_bwd_dkdv_sm90.py"
 
 
 def kernel_source_at(rev: str) -> str:
-    """The Gluon dK/dV kernel's source at ``rev`` (``git show``, from this checkout)."""
+    """The Gluon dK/dV kernel's source at ``rev``: the file itself where ``rev`` is the path of
+    a ``.py`` file, else ``git show`` from this checkout."""
+    if rev.endswith(".py"):
+        try:
+            with open(rev) as f:
+                return f.read()
+        except OSError as exc:
+            raise SystemExit(f"REV {rev!r}: cannot read the kernel file: {exc}") from None
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         return subprocess.run(["git", "show", f"{rev}:{KERNEL_FILE}"], cwd=root, check=True,
@@ -68,7 +76,8 @@ def parse_shapes(text: str) -> list[tuple[int, bool]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("rev", help="the commit whose kernel source to compare with (e.g. HEAD~1)")
+    ap.add_argument("rev", help="the commit whose kernel source to compare with (e.g. "
+                    "HEAD~1), or a saved copy of that file (a path ending in .py)")
     ap.add_argument("--shapes", type=parse_shapes,
                     default=parse_shapes("4096c,8192c,16384c,4096,16384"))
     ap.add_argument("--rounds", type=int, default=4)

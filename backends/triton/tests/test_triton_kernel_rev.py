@@ -45,3 +45,11 @@ def test_an_unknown_commit_is_named() -> None:
         pytest.skip("not a git checkout")
     with pytest.raises(SystemExit, match="no-such-rev"):
         bench_kernel_rev.kernel_source_at("no-such-rev")
+
+
+def test_a_saved_copy_of_the_kernel_is_read_and_a_missing_one_named(tmp_path: Path) -> None:
+    saved = tmp_path / "kernel_old.py"
+    saved.write_text("def _attn_bwd_dkdv_sm90(): pass\n")
+    assert bench_kernel_rev.kernel_source_at(str(saved)) == saved.read_text()
+    with pytest.raises(SystemExit, match="absent.py"):
+        bench_kernel_rev.kernel_source_at(str(tmp_path / "absent.py"))
