@@ -46,12 +46,14 @@ def kernel_source_at(rev: str) -> str:
         raise SystemExit(f"REV {rev!r}: cannot read {KERNEL_FILE}: {detail}") from None
 
 
-def load_kernel_module(source: str, name: str = "_bwd_dkdv_sm90_rev") -> ModuleType:
+def load_kernel_module(source: str, name: str = "_bwd_dkdv_sm90_rev",
+                       directory: str | None = None) -> ModuleType:
     """``source`` as module ``attn_dispatch_triton.<name>``: its relative imports resolve in the
-    package, and triton reads its kernels' source from a real file (a temporary one)."""
+    package, and triton reads its kernels' source from a real file (in ``directory``, by default
+    a new temporary one)."""
     import attn_dispatch_triton
 
-    path = os.path.join(tempfile.mkdtemp(prefix="kernel_rev_"), f"{name}.py")
+    path = os.path.join(directory or tempfile.mkdtemp(prefix="kernel_rev_"), f"{name}.py")
     with open(path, "w") as f:
         f.write(source)
     full = f"{attn_dispatch_triton.__name__}.{name}"

@@ -23,7 +23,7 @@ def test_shapes_parse_and_bad_ones_are_named() -> None:
             bench_kernel_rev.parse_shapes(bad)
 
 
-def test_the_kernel_at_a_commit_loads_beside_this_one() -> None:
+def test_the_kernel_at_a_commit_loads_beside_this_one(tmp_path: Path) -> None:
     """The committed source of the kernel, loaded as ``_bwd_dkdv_sm90_rev``: a second kernel
     object whose source is that text (triton reads it from the module's file)."""
     try:
@@ -32,10 +32,11 @@ def test_the_kernel_at_a_commit_loads_beside_this_one() -> None:
         pytest.skip(str(exc))
     from attn_dispatch_triton import _bwd_dkdv_sm90
 
-    module = bench_kernel_rev.load_kernel_module(source)
+    module = bench_kernel_rev.load_kernel_module(source, directory=str(tmp_path))
     assert module.__name__ == "attn_dispatch_triton._bwd_dkdv_sm90_rev"
     kernel = module._attn_bwd_dkdv_sm90
     assert kernel is not _bwd_dkdv_sm90._attn_bwd_dkdv_sm90
+    assert Path(module.__file__).parent == tmp_path
     assert Path(module.__file__).read_text() == source
     assert kernel.src.startswith("def _attn_bwd_dkdv_sm90(") and kernel.src in source
 
