@@ -1,23 +1,31 @@
-"""Host µs per ``ad.backward`` call at MHA 8 1K (B=1, D=128, bf16), causal and not: both triton
+"""Host µs per ``ad.backward`` call at MHA 8 (B=1, D=128, bf16), causal and not: both triton
 implementations, cuDNN and FA2, forced.
 
 Checks both triton implementations against the reference backend first (rel. Frobenius < 1e-2),
 then per row times 1500 calls after warm-up with the GPU synchronised every 20 calls (so the
 host never waits on a full launch queue): median host µs per round, three rounds, and their
-median. To compare two versions of the backend, run it once per version with the older
+median. Each triton row also says whether its signature replays a launch plan (and how many
+launches it holds) or takes the normal ``kernel[grid]`` path on every call. ``--profile N``
+prints, per triton row, the N functions with the most own time under ``cProfile``.
+To compare two versions of the backend, run it once per version with the older
 package first on ``PYTHONPATH`` (the first line printed names the package that ran)::
 
-    PYTHONUNBUFFERED=1 python backends/triton/bench_host_short.py
+    PYTHONUNBUFFERED=1 python backends/triton/bench_host_short.py [--seqlens 1024,2048]
     PYTHONPATH=/path/to/old/backends/triton python backends/triton/bench_host_short.py
 """
 
 from __future__ import annotations
 
+import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import time
 
 import attn_dispatch_triton
 import torch
+from attn_dispatch_triton import _plan
 
 import attn_dispatch as ad
 
@@ -38,29 +46,68 @@ def host_us(args: tuple, causal: bool, backend: str, calls: int = 1500) -> float
     return statistics.median(times)
 
 
-def main() -> None:
+def plan_status(args: tuple, causal: bool, backend: str) -> str:
+    """Whether a repeated call of ``backend`` replays a plan (recorded on a first call)."""
+    _plan.clear()
+    for _ in range(2):
+        ad.backward(*args, causal=causal, backend=backend)
+    plans = list(_plan._PLANS.values())
+    if not plans:
+        return "no plan (normal path)"
+    if any(p is None for p in plans):
+        return "not plannable (normal path every call)"
+    return f"plan, {sum(len(p.launches) for p in plans)} launches"
+
+
+def profile(args: tuple, causal: bool, backend: str, top: int, calls: int = 2000) -> str:
+    """The ``top`` functions by own time over ``calls`` calls (GPU synchronised every 20)."""
+    prof = cProfile.Profile()
+    for i in range(calls):
+        if i % 20 == 0:
+            torch.cuda.synchronize()
+        prof.enable()
+        ad.backward(*args, causal=causal, backend=backend)
+        prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return "\n".join(line for line in text.getvalue().splitlines()
+                     if line.strip() and not line.startswith("   Ordered by"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqlens", default="1024", help="comma list (default 1024)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print the N functions with most own time per triton row")
+    opts = parser.parse_args(argv)
     print("package:", attn_dispatch_triton.__file__, flush=True)
-    q, k, v, grad_out = (torch.randn(1, 1024, 8, 128, device="cuda", dtype=torch.bfloat16)
-                         for _ in range(4))
-    for causal in (False, True):
-        out, lse = ad.forward(q, k, v, causal=causal, backend="triton:fused")
-        args = (q, k, v, out, lse, grad_out)
-        ref = ad.backward(*args, causal=causal, backend="reference")
-        for impl in IMPLS[:2]:
-            for _ in range(3):  # the third call replays the launch plan
-                got = ad.backward(*args, causal=causal, backend=impl)
-            for g, r in zip(got, ref):
-                err = ((g.double() - r.double()).norm() / r.double().norm()).item()
-                if not err < 1e-2:
-                    raise AssertionError(f"{impl}: rel. error {err:.2e} against the reference")
-        rounds: dict[str, list[float]] = {impl: [] for impl in IMPLS}
-        for _ in range(3):
-            for impl in IMPLS:
-                rounds[impl].append(host_us(args, causal, impl))
-        for impl, values in rounds.items():
-            print(f"{'causal' if causal else 'full':6s} {impl:22s} host µs "
-                  f"{statistics.median(values):6.1f}  ({' '.join(f'{x:.1f}' for x in values)})",
-                  flush=True)
+    for seqlen in (int(s) for s in opts.seqlens.split(",")):
+        q, k, v, grad_out = (torch.randn(1, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16)
+                             for _ in range(4))
+        for causal in (False, True):
+            label = f"{seqlen:5d} {'causal' if causal else 'full':6s}"
+            out, lse = ad.forward(q, k, v, causal=causal, backend="triton:fused")
+            args = (q, k, v, out, lse, grad_out)
+            ref = ad.backward(*args, causal=causal, backend="reference")
+            for impl in IMPLS[:2]:
+                for _ in range(3):  # the third call replays the launch plan
+                    got = ad.backward(*args, causal=causal, backend=impl)
+                for g, r in zip(got, ref):
+                    err = ((g.double() - r.double()).norm() / r.double().norm()).item()
+                    if not err < 1e-2:
+                        raise AssertionError(f"{impl}: rel. error {err:.2e} against the "
+                                             "reference")
+                print(f"{label} {impl:22s} {plan_status(args, causal, impl)}", flush=True)
+            rounds: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+            for _ in range(3):
+                for impl in IMPLS:
+                    rounds[impl].append(host_us(args, causal, impl))
+            for impl, values in rounds.items():
+                print(f"{label} {impl:22s} host µs {statistics.median(values):6.1f}  "
+                      f"({' '.join(f'{x:.1f}' for x in values)})", flush=True)
+            for impl in IMPLS[:2] if opts.profile else ():
+                print(f"-- {label} {impl}: cProfile, own time\n"
+                      f"{profile(args, causal, impl, opts.profile)}", flush=True)
 
 
 if __name__ == "__main__":

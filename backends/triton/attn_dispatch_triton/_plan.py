@@ -10,8 +10,16 @@ the scale into copies of those lists, and calls the compiled kernels' launchers
 (``CompiledKernel.run``, or the C launcher behind it when the kernel needs no scratch memory)
 directly. Same compiled kernels, same arguments: identical results.
 
-The launcher call relies on the signatures of triton's ``CompiledKernel.run`` and
-``CudaLauncher.launch``, checked on the versions in :data:`VERIFIED_TRITON` on NVIDIA GPUs;
+A kernel that takes tensor descriptors has its ``CudaLauncher.launch`` wrapped by triton in a
+Python function that walks every argument and expands each descriptor into the C launcher's
+arguments (for TMA: a ``CUtensorMap`` encoded from the descriptor, then its shape and strides).
+A replay expands them itself: everything but the pointer is fixed per signature, so the plan
+keeps the expanded list and, per call and descriptor, only encodes the tensor map around the
+new pointer (or, for a descriptor passed as pointer, shape and strides, puts in the pointer).
+
+The launcher call relies on the signatures of triton's ``CompiledKernel.run``,
+``CudaLauncher.launch`` and its descriptor wrapper (``wrap_handle_tensordesc``,
+``make_tensordesc_arg``), checked on the versions in :data:`VERIFIED_TRITON` on NVIDIA GPUs;
 elsewhere, under the interpreter, with launch hooks installed (profilers), or with
 ``ATTN_DISPATCH_TRITON_PLANS=0``, every call takes the normal ``kernel[grid]`` path.
 """
@@ -29,8 +37,8 @@ VERIFIED_TRITON = ((3, 6),)
 MAX_PLANS = 512
 
 # Indices of the per-call values a plan slot refers to.
-Q, K, V, OUT, LSE, DO, CU_Q, CU_K, DQ, DK, DV, TMP, PART, ACC, SCALE, QK_SCALE, ACC_DESC = range(17)
-N_VALUES = 17
+Q, K, V, OUT, LSE, DO, CU_Q, CU_K, DQ, DK, DV, TMP, PART, ACC, SCALE, QK_SCALE = range(16)
+N_VALUES = 16
 
 
 @functools.cache
@@ -123,41 +131,110 @@ class Recorder:
             return None
         launches = []
         for compiled, grid, full, on_side in self.launches:
-            launcher, lead = _launcher(compiled)
-            slots, descs, template = [], [], [*lead, *full]
-            for pos, arg in enumerate(full, start=len(lead)):
-                if id(arg) in self.descriptors:
-                    descs.append((pos, self.descriptors[id(arg)], list(arg.shape),
-                                  list(arg.strides)))
-                    template[pos] = None
+            launcher, lead, expand = _launcher(compiled)
+            slots, descs, template = [], [], list(lead)
+            meta = iter(expand[1]) if expand is not None else None
+            for i, arg in enumerate(full):
+                pos = len(template)
+                if expand is not None and i in expand[0]:
+                    index = self.descriptors.get(id(arg))
+                    if index is None:
+                        return None
+                    pieces, make = _expanded_descriptor(arg, next(meta))
+                    descs.append((pos, index, make))
+                    template.extend(pieces)
+                elif id(arg) in self.descriptors:
+                    shape, strides = list(arg.shape), list(arg.strides)
+                    make = functools.partial(_Descriptor, shape=shape, strides=strides)
+                    descs.append((pos, self.descriptors[id(arg)], make))
+                    template.append(None)
                 elif isinstance(arg, (torch.Tensor, float)) or hasattr(arg, "base"):
                     role = self.slots.get(id(arg))
                     if role is None:
                         return None
                     slots.append((pos, *role))
-                    template[pos] = None
+                    template.append(None)
+                else:
+                    template.append(arg)
             head = (*grid, *(1,) * (3 - len(grid)))
             launches.append(Launch(launcher, head, compiled.function, template, tuple(slots),
                                    tuple(descs), on_side))
         return Plan(launches, **extra)
 
 
-def _launcher(compiled: Any) -> tuple[Any, tuple]:
-    """The callable a replay launches ``compiled`` with, and its arguments before the kernel's.
+def _launcher(compiled: Any) -> tuple[Any, tuple, tuple | None]:
+    """The callable a replay launches ``compiled`` with, its arguments before the kernel's, and
+    for a kernel with tensor descriptors that the replay expands itself, ``(positions of the
+    descriptor arguments, their metadata)`` (else ``None``).
 
     ``compiled.run`` (triton's ``CudaLauncher``) allocates per-launch scratch, then calls its C
     launcher ``launch``. A kernel that needs no scratch (every kernel of this backend so far) is
     launched through ``launch`` itself, one Python frame less per launch; the leading arguments
     are those ``CudaLauncher.__call__`` would pass (cooperative grid, PDL, no scratch), then the
-    packed metadata and, with no launch hooks, no launch metadata and no hooks.
+    packed metadata and, with no launch hooks, no launch metadata and no hooks. When ``launch``
+    is triton's descriptor wrapper, the C launcher behind it is called instead, with the
+    descriptors expanded by the plan (:func:`_expanded_descriptor`).
     """
     run = compiled.run
     tail = (compiled.packed_metadata, None, None, None)
-    if (getattr(run, "global_scratch_size", None) == 0
+    if not (getattr(run, "global_scratch_size", None) == 0
             and getattr(run, "profile_scratch_size", None) == 0
             and hasattr(run, "launch_cooperative_grid") and hasattr(run, "launch_pdl")):
-        return run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None, *tail)
-    return run, tail
+        return run, tail, None
+    lead = (run.launch_cooperative_grid, run.launch_pdl, None, None, *tail)
+    wrapped = _descriptor_wrapper(run.launch)
+    if wrapped is None:
+        return run.launch, lead, None
+    c_launch, indices, meta = wrapped
+    return c_launch, lead, (indices, meta)
+
+
+def _descriptor_wrapper(launch: Any) -> tuple[Any, frozenset, list] | None:
+    """``(C launcher, descriptor positions, their metadata)`` behind triton 3.6's
+    ``wrap_handle_tensordesc`` wrapper ``launch``; ``None`` for a plain C launcher or anything
+    not shaped as that wrapper (then it is called as it is)."""
+    code, cells = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
+    if code is None or not cells:
+        return None
+    free = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells)))
+    if set(free) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+        return None
+    indices, meta = free["tensordesc_indices"], free["tensordesc_meta"]
+    if not meta:
+        meta = [None] * len(indices)
+    if len(meta) != len(indices):
+        return None
+    return free["launcher"], frozenset(indices), list(meta)
+
+
+def _expanded_descriptor(desc: Any, meta: dict | None) -> tuple[list, Any]:
+    """The C launcher's arguments for descriptor ``desc``, as triton 3.6's
+    ``make_tensordesc_arg`` makes them, with the per-call first one left ``None``, and what
+    turns a call's pointer into that one (``None``: the pointer itself)."""
+    shape, strides = list(desc.shape), list(desc.strides)
+    if meta is None:  # passed as pointer, shape, strides (twice: triton's own decomposition)
+        return [None, *shape, *strides, desc.padding == "nan", *shape, *strides], None
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+
+    if strides[-1] != 1:
+        raise ValueError(f"a TMA descriptor needs a unit last stride, got strides {strides}")
+    if meta["fp4_padded"]:
+        shape[-1] *= 2
+    fill = triton_fill_tma_descriptor()
+    fixed = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+             meta["block_size"], shape, strides, 1 if desc.padding == "nan" else 0)
+
+    def encode(ptr: int) -> Any:
+        return fill(ptr, *fixed)
+
+    return [None, *shape, *strides], encode
+
+
+def triton_fill_tma_descriptor() -> Any:
+    """The active driver's ``fill_tma_descriptor`` (encodes a ``CUtensorMap``)."""
+    import triton
+
+    return triton.runtime.driver.active.utils.fill_tma_descriptor
 
 
 class SideStream:
@@ -230,7 +307,7 @@ class Launch(NamedTuple):
     function: Any
     template: list  # the arguments after the function, per-call values left as None
     slots: tuple  # (position, value index, byte offset or None)
-    descs: tuple  # (position, value index, shape, strides): descriptors rebuilt per call
+    descs: tuple  # (position, value index, maker or None): descriptors made per call
     on_side: bool  # queued on the device's side stream
 
 
@@ -243,7 +320,7 @@ class Plan:
         self.tmp_shape = tmp_shape
         self.part_numel = part_numel
         self.part_zeroed = part_zeroed  # the partials are added into it, not stored
-        self.acc = acc  # {"shape", "tma": (desc shape, block)} for the fused-atomic scratch
+        self.acc = acc  # {"shape"} of the fused-atomic dQ scratch (zero-filled per call)
 
     def run(self, values: list, device: torch.device, stream: int) -> None:
         """Allocate the scratch, complete ``values`` with its pointers, launch everything."""
@@ -256,20 +333,13 @@ class Plan:
         if self.acc is not None:
             acc = torch.zeros(self.acc["shape"], dtype=torch.float32, device=device)
             values[ACC] = acc.data_ptr()
-            if self.acc["tma"] is not None:
-                from triton.tools.tensor_descriptor import TensorDescriptor
-
-                flat_shape, block = self.acc["tma"]
-                flat = acc.view(flat_shape)
-                values[ACC_DESC] = TensorDescriptor(flat, list(flat_shape),
-                                                    [flat_shape[1], 1], block)
         side = None
         for launcher, (gx, gy, gz), function, template, slots, descs, on_side in self.launches:
             args = template.copy()
             for pos, index, offset in slots:
                 args[pos] = values[index] if offset is None else values[index] + offset
-            for pos, index, shape, strides in descs:
-                args[pos] = _Descriptor(values[index], shape, strides)
+            for pos, index, make in descs:
+                args[pos] = values[index] if make is None else make(values[index])
             if on_side and side is None:
                 side = side_stream(device)
                 side.fork(stream)

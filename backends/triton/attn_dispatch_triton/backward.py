@@ -158,16 +158,15 @@ class BackwardLaunch:
             acc = TensorDescriptor(flat, list(flat.shape), [bd, 1], [c["BLOCK_M"], bd])
             s_acc = (0, 1, rows) if self.varlen else (self.heads * rows, 1, rows)  # in rows
             self.dq_acc_strides = tuple(x * bd for x in s_acc)
-            self.plan_extra["acc"] = dict(shape=tuple(self.dq_acc.shape),
-                                          tma=(tuple(flat.shape), [c["BLOCK_M"], bd]))
+            self.plan_extra["acc"] = dict(shape=tuple(self.dq_acc.shape))
             if rec is not None:
-                rec.name(acc, _plan.ACC_DESC, None)
+                rec.name_descriptor(acc, _plan.ACC)
                 rec.name(self.dq_acc, _plan.ACC)
         elif atomic_dq:
             self.dq_acc = acc = torch.zeros(self.q.shape, dtype=torch.float32,
                                             device=self.q.device)
             s_acc = self.dq_acc_strides = token_strides(acc, self.varlen)
-            self.plan_extra["acc"] = dict(shape=tuple(acc.shape), tma=None)
+            self.plan_extra["acc"] = dict(shape=tuple(acc.shape))
             if rec is not None:
                 rec.name(acc, _plan.ACC)
         else:

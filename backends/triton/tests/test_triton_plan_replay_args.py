@@ -64,3 +64,81 @@ def test_a_kernel_with_scratch_keeps_triton_s_call_path() -> None:
     assert launcher.calls == [("__call__", (
         3, 2, 1, 99, "function-handle", ("packed", "metadata"), None, None, None, 123456, 7,
         0.5))]
+
+
+class _FakeDriver:
+    """Stands in for the active GPU driver: ``fill_tma_descriptor`` returns its arguments, so
+    a test sees which tensor map a launch would get."""
+
+    class utils:  # noqa: N801 (the attribute path triton reads)
+        @staticmethod
+        def fill_tma_descriptor(*args):
+            return ("tensor-map", *args)
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    import triton
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", _FakeDriver())
+
+
+# A kernel (A, desc_q, 5, desc_k, scale): the first descriptor is a TMA one (with metadata), the
+# second is passed as pointer, shape and strides (no metadata), as triton 3.6 does either.
+_SIGNATURE = {"a": "*bf16", "desc_q": "tensordesc<bf16[64, 128]>", "n": "i32",
+              "desc_k": "tensordesc<bf16[128, 128]>", "scale": "fp32"}
+_META = [dict(swizzle=3, elem_size=2, elem_type=10, block_size=[64, 128], fp4_padded=False),
+         None]
+
+
+@pytest.mark.parametrize("meta", [_META, None], ids=["tma-and-pointer", "no-metadata"])
+def test_a_replay_expands_descriptors_as_triton_s_wrapper_does(meta, fake_driver) -> None:
+    """The C launcher behind triton's descriptor wrapper gets from a replay exactly what the
+    wrapper would give it for descriptors around this call's pointers."""
+    from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+    got: list[tuple] = []
+    kernel = _StandInKernel(global_scratch=0)
+    kernel.run.launch = wrap_handle_tensordesc(lambda *args: got.append(args), _SIGNATURE, meta)
+    q, k, scale = torch.zeros(8, 128), torch.zeros(8, 128), 0.25
+    desc_q, desc_k = (_plan._Descriptor(t.data_ptr(), [8, 128], [128, 1]) for t in (q, k))
+    recorder = _plan.Recorder()
+    recorder.name(q, _plan.Q)
+    recorder.name(scale, _plan.SCALE)
+    recorder.name_descriptor(desc_q, _plan.Q)
+    recorder.name_descriptor(desc_k, _plan.K)
+    recorder.launches.append((kernel, (3, 2), [q, desc_q, 5, desc_k, scale], False))
+    plan = recorder.plan(dict(tmp_shape=(2,), part_numel=None, acc=None))
+    assert plan is not None and plan.launches[0].launcher is not kernel.run.launch
+
+    values = [None] * _plan.N_VALUES
+    values[_plan.Q], values[_plan.K], values[_plan.SCALE] = 4096, 8192, 0.5
+    plan.run(values, torch.device("cpu"), stream=99)
+    replayed = got.pop()
+    expected_args = (4096, _plan._Descriptor(4096, [8, 128], [128, 1]), 5,
+                     _plan._Descriptor(8192, [8, 128], [128, 1]), 0.5)
+    kernel.run.launch(3, 2, 1, 99, "function-handle", False, True, None, None,
+                      ("packed", "metadata"), None, None, None, *expected_args)
+    expected = got.pop()
+
+    def pointers(args):  # triton's own expansion keeps the descriptor's base object
+        return tuple(a.data_ptr() if isinstance(a, _plan._Pointer) else a for a in args)
+
+    assert pointers(replayed) == pointers(expected)
+    if meta:  # the tensor map is encoded around this call's pointer, not the recorded one
+        assert ("tensor-map", 4096, 3, 2, 9, [64, 128], [8, 128], [128, 1], 0) in replayed
+    assert 8192 in pointers(replayed) and k.data_ptr() not in replayed
+
+
+def test_a_descriptor_with_no_known_tensor_makes_no_plan() -> None:
+    """A descriptor argument the launch recorded no role for cannot be replayed."""
+    from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+    kernel = _StandInKernel(global_scratch=0)
+    kernel.run.launch = wrap_handle_tensordesc(lambda *args: None, _SIGNATURE, None)
+    q = torch.zeros(8, 128)
+    stray = _plan._Descriptor(q.data_ptr(), [8, 128], [128, 1])
+    recorder = _plan.Recorder()
+    recorder.name(q, _plan.Q)
+    recorder.launches.append((kernel, (1,), [q, stray, 5, stray, 0.5], False))
+    assert recorder.plan(dict(tmp_shape=(2,), part_numel=None, acc=None)) is None
