@@ -7,11 +7,11 @@ host never waits on a full launch queue): median host µs per round, three round
 median. Each triton row also says whether its signature replays a launch plan (and how many
 launches it holds) or takes the normal ``kernel[grid]`` path on every call. ``--profile N``
 prints, per triton row, the N functions with the most own time under ``cProfile``.
-To compare two versions of the backend, run it once per version with the older
-package first on ``PYTHONPATH`` (the first line printed names the package that ran)::
+To compare two versions of the backend, run it once per version, alternating, with the other
+version's files copied over ``backends/triton/attn_dispatch_triton`` in between (``PYTHONPATH``
+does not override an editable install, whose import hook comes first)::
 
     PYTHONUNBUFFERED=1 python backends/triton/bench_host_short.py [--seqlens 1024,2048]
-    PYTHONPATH=/path/to/old/backends/triton python backends/triton/bench_host_short.py
 """
 
 from __future__ import annotations
