@@ -220,7 +220,7 @@ def _expanded_descriptor(desc: Any, meta: dict | None) -> tuple[list, Any]:
         raise ValueError(f"a TMA descriptor needs a unit last stride, got strides {strides}")
     if meta["fp4_padded"]:
         shape[-1] *= 2
-    fill = triton_fill_tma_descriptor()
+    fill = _fill_tma_descriptor()
     fixed = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
              meta["block_size"], shape, strides, 1 if desc.padding == "nan" else 0)
 
@@ -230,7 +230,7 @@ def _expanded_descriptor(desc: Any, meta: dict | None) -> tuple[list, Any]:
     return [None, *shape, *strides], encode
 
 
-def triton_fill_tma_descriptor() -> Any:
+def _fill_tma_descriptor() -> Any:
     """The active driver's ``fill_tma_descriptor`` (encodes a ``CUtensorMap``)."""
     import triton
 
