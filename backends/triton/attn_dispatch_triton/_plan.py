@@ -133,14 +133,13 @@ class Recorder:
         for compiled, grid, full, on_side in self.launches:
             launcher, lead, expand = _launcher(compiled)
             slots, descs, template = [], [], list(lead)
-            meta = iter(expand[1]) if expand is not None else None
             for i, arg in enumerate(full):
                 pos = len(template)
-                if expand is not None and i in expand[0]:
+                if i in expand:
                     index = self.descriptors.get(id(arg))
                     if index is None:
                         return None
-                    pieces, make = _expanded_descriptor(arg, next(meta))
+                    pieces, make = _expanded_descriptor(arg, expand[i])
                     descs.append((pos, index, make))
                     template.extend(pieces)
                 elif id(arg) in self.descriptors:
@@ -162,10 +161,10 @@ class Recorder:
         return Plan(launches, **extra)
 
 
-def _launcher(compiled: Any) -> tuple[Any, tuple, tuple | None]:
+def _launcher(compiled: Any) -> tuple[Any, tuple, dict]:
     """The callable a replay launches ``compiled`` with, its arguments before the kernel's, and
-    for a kernel with tensor descriptors that the replay expands itself, ``(positions of the
-    descriptor arguments, their metadata)`` (else ``None``).
+    the descriptor arguments the replay expands itself (kernel argument position -> triton's
+    metadata of that descriptor; empty when the callable expands them or there are none).
 
     ``compiled.run`` (triton's ``CudaLauncher``) allocates per-launch scratch, then calls its C
     launcher ``launch``. A kernel that needs no scratch (every kernel of this backend so far) is
@@ -180,31 +179,28 @@ def _launcher(compiled: Any) -> tuple[Any, tuple, tuple | None]:
     if not (getattr(run, "global_scratch_size", None) == 0
             and getattr(run, "profile_scratch_size", None) == 0
             and hasattr(run, "launch_cooperative_grid") and hasattr(run, "launch_pdl")):
-        return run, tail, None
+        return run, tail, {}
     lead = (run.launch_cooperative_grid, run.launch_pdl, None, None, *tail)
-    wrapped = _descriptor_wrapper(run.launch)
-    if wrapped is None:
-        return run.launch, lead, None
-    c_launch, indices, meta = wrapped
-    return c_launch, lead, (indices, meta)
+    launch, expand = _unwrap_descriptors(run.launch)
+    return launch, lead, expand
 
 
-def _descriptor_wrapper(launch: Any) -> tuple[Any, frozenset, list] | None:
-    """``(C launcher, descriptor positions, their metadata)`` behind triton 3.6's
-    ``wrap_handle_tensordesc`` wrapper ``launch``; ``None`` for a plain C launcher or anything
-    not shaped as that wrapper (then it is called as it is)."""
+def _unwrap_descriptors(launch: Any) -> tuple[Any, dict]:
+    """The C launcher behind triton 3.6's descriptor wrapper ``launch``
+    (``wrap_handle_tensordesc``) and its descriptors' metadata by kernel argument position;
+    ``(launch, {})`` for a plain C launcher or anything not shaped as that wrapper (then it is
+    called as it is)."""
     code, cells = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
     if code is None or not cells:
-        return None
+        return launch, {}
     free = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells)))
     if set(free) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
-        return None
-    indices, meta = free["tensordesc_indices"], free["tensordesc_meta"]
-    if not meta:
-        meta = [None] * len(indices)
+        return launch, {}
+    indices, meta = sorted(free["tensordesc_indices"]), free["tensordesc_meta"]
+    meta = meta or [None] * len(indices)
     if len(meta) != len(indices):
-        return None
-    return free["launcher"], frozenset(indices), list(meta)
+        return launch, {}
+    return free["launcher"], dict(zip(indices, meta))
 
 
 def _expanded_descriptor(desc: Any, meta: dict | None) -> tuple[list, Any]:
@@ -214,13 +210,12 @@ def _expanded_descriptor(desc: Any, meta: dict | None) -> tuple[list, Any]:
     shape, strides = list(desc.shape), list(desc.strides)
     if meta is None:  # passed as pointer, shape, strides (twice: triton's own decomposition)
         return [None, *shape, *strides, desc.padding == "nan", *shape, *strides], None
+    import triton
     from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
 
-    if strides[-1] != 1:
-        raise ValueError(f"a TMA descriptor needs a unit last stride, got strides {strides}")
     if meta["fp4_padded"]:
         shape[-1] *= 2
-    fill = _fill_tma_descriptor()
+    fill = triton.runtime.driver.active.utils.fill_tma_descriptor  # encodes a CUtensorMap
     fixed = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
              meta["block_size"], shape, strides, 1 if desc.padding == "nan" else 0)
 
@@ -228,13 +223,6 @@ def _expanded_descriptor(desc: Any, meta: dict | None) -> tuple[list, Any]:
         return fill(ptr, *fixed)
 
     return [None, *shape, *strides], encode
-
-
-def _fill_tma_descriptor() -> Any:
-    """The active driver's ``fill_tma_descriptor`` (encodes a ``CUtensorMap``)."""
-    import triton
-
-    return triton.runtime.driver.active.utils.fill_tma_descriptor
 
 
 class SideStream:
