@@ -31,17 +31,16 @@ zero-filled fp32 buffer by atomics instead of each storing its own partial; the 
 pass then only casts it.
 
 The loop is flattened over (query head of the program's GQA slice, query block), so the prefetch
-runs across head boundaries; with ``HEADS_INNER`` over (query block, last to first; query head),
-so that the programs of one kv head, whatever their key block, start on the same query tiles
-(measured faster for GQA 4K causal with the heaviest programs first, until ``WINDOW`` beat it
-there; no table entry sets it now, ``bench_walk_order.py`` times it). ``WINDOW`` lays the grid
-out as ``(slices * WINDOW, key blocks, B * Hkv / WINDOW)``: the programs of ``WINDOW`` kv heads
-launch together key block by key block, heaviest first under a causal mask, so that the last
-heads' heavy programs do not start last (GQA 4K / 8K causal, ``tuning``). ``UNITS`` lays it
-out as ``(units, 1, slices)``, unit ``unit_offset + program`` being key block ``unit %
-key_blocks`` of ``B * Hkv`` row ``unit // key_blocks``; with ``STEP_SLICES`` a slice is an equal
-share of the group's steps rather than of its heads (the launcher's ``TAIL_SLICES``: the units
-past the last whole wave, cut so that fewer SMs sit idle at the end). Inputs are
+runs across head boundaries. ``GRID_LAYOUT`` (:class:`._launch_policy.GridLayout`, chosen by the
+launch policy) says where a program finds its key block, kv head and slice: ``NATURAL``
+``(key blocks, B * Hkv, slices)``; ``HEAVY_FIRST`` ``(slices, B * Hkv, key blocks)``, the first
+key blocks (most query blocks under a causal mask) launched first; ``WINDOWED``
+``(slices * WINDOW, key blocks, B * Hkv / WINDOW)``, the programs of ``WINDOW`` kv heads launched
+together key block by key block, so that the last heads' heavy programs do not start last;
+``UNITS`` ``(units, 1, slices)``, unit ``unit_offset + program`` being key block ``unit %
+key_blocks`` of ``B * Hkv`` row ``unit // key_blocks``. With ``STEP_SLICES`` (``UNITS`` only) a
+slice is an equal share of the group's steps rather than of its heads (``TAIL_SLICES``: the
+units past the last whole wave, cut so that fewer SMs sit idle at the end). Inputs are
 read through 2-D descriptors over ``[rows, heads * D]`` (``_sm90.sm90_descriptors``), so a tile
 past a sequence's end reads the next sequence's finite rows or TMA's zeros; those queries get
 ``P = 0`` from their ``lse2``, and those keys' rows are never stored. Those rows still enter the
@@ -66,6 +65,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ._launch_policy import GridLayout
 from ._sm90 import (
     CONSUMER_REGS,
     mma_layout,
@@ -75,13 +75,16 @@ from ._sm90 import (
     tma_reduce_add,
 )
 
+# The grid layouts of :class:`._launch_policy.GridLayout` (the ``GRID_LAYOUT`` constexpr).
+GRID_NATURAL = gl.constexpr(int(GridLayout.NATURAL))
+GRID_HEAVY_FIRST = gl.constexpr(int(GridLayout.HEAVY_FIRST))
+GRID_WINDOWED = gl.constexpr(int(GridLayout.WINDOWED))
+GRID_UNITS = gl.constexpr(int(GridLayout.UNITS))
+
 
 @gluon.jit
-def _step_position(it, nblk, lo_blk, head0, heads, BLOCK_M: gl.constexpr,
-                   HEADS_INNER: gl.constexpr):
-    """Query head and first query row of loop step ``it``."""
-    if HEADS_INNER:
-        return head0 + it % heads, (lo_blk + nblk - 1 - it // heads) * BLOCK_M
+def _step_position(it, nblk, lo_blk, head0, BLOCK_M: gl.constexpr):
+    """Query head and first query row of loop step ``it`` (steps walk head by head)."""
     return head0 + it // nblk, (lo_blk + it % nblk) * BLOCK_M
 
 
@@ -106,12 +109,12 @@ def _wide_store_order(dq, BLOCK_M: gl.constexpr, W: gl.constexpr):
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
               delta_bufs, bars, Lse2, Delta, work, BLOCK_M: gl.constexpr, D: gl.constexpr,
-              STAGES: gl.constexpr, HEADS_INNER: gl.constexpr):
+              STAGES: gl.constexpr):
     """Fill the ring: K and V once, then per step the Q and dO tiles (TMA) and the step's
     lse2 / delta rows (loads, +inf / 0 past the sequence's end), STAGES steps ahead of the
     consumers."""
-    first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, \
-        stride_ts, q_len = work
+    first_step, total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th, stride_ts, \
+        q_len = work
     kv_bar = bars.index(3 * STAGES)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [krow + n0, hk * D], kv_bar, k_smem)
@@ -123,8 +126,7 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, 
         phase = (it // STAGES) & 1
         ready = bars.index(slot)
         mbarrier.wait(bars.index(STAGES + slot), phase ^ 1)  # slot emptied by both consumers
-        h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
-                               HEADS_INNER)
+        h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, BLOCK_M)
         mbarrier.expect(ready, 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [qrow + m0, h * D], ready, q_bufs.index(slot))
         tma.async_copy_global_to_shared(do_desc, [qrow + m0, h * D], ready, do_bufs.index(slot))
@@ -141,10 +143,10 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
               work, out, dqa_desc, qk_scale, scale, WG: gl.constexpr, CAUSAL: gl.constexpr,
               ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr, BLOCK_M: gl.constexpr,
               HALF_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-              HEADS_INNER: gl.constexpr, WIDE_STORE: gl.constexpr):
+              WIDE_STORE: gl.constexpr):
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
-    first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base, stride_th, \
-        stride_ts, q_len = work
+    first_step, total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th, stride_ts, \
+        q_len = work
     k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs = out
     s_layout: gl.constexpr = mma_layout(HALF_N, BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(HALF_N, D)
@@ -194,8 +196,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
         sT = warpgroup_mma_wait(1, deps=(s_tok, ))
         pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
-            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
-                                   HEADS_INNER)
+            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, BLOCK_M)
             # The fused-atomic kernel masks only the tiles the diagonal crosses (faster there);
             # the split one masks every step (its register budget: the branch made it spill more)
             if ATOMIC_DQ:
@@ -237,8 +238,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
             # (the producer refills this slot, so the next step's dS^T overwrites this one's,
             # only after both groups arrive here: their dQ products are done)
             mbarrier.arrive(bars.index(STAGES + slot))
-            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, heads, BLOCK_M,
-                                   HEADS_INNER)
+            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, BLOCK_M)
             dq_part = dq_smem.index(WG)
             tma.store_wait(0)  # the previous step's reduction has read dq_part
             if WIDE_STORE:
@@ -269,34 +269,34 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
                         stride_dv_split, seqlen_q, seqlen_k, kv_heads, group, unit_offset,
                         key_blocks, qk_scale, scale,
                         D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                        IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
-                        ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr,
-                        HEADS_INNER: gl.constexpr, WINDOW: gl.constexpr, UNITS: gl.constexpr,
+                        IS_VARLEN: gl.constexpr, GRID_LAYOUT: gl.constexpr,
+                        WINDOW: gl.constexpr, ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr,
                         STEP_SLICES: gl.constexpr, WIDE_STORE: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
-    gl.static_assert(not UNITS or (WINDOW == 0 and not HEAVY_FIRST),
-                     "UNITS is a grid layout of its own")
-    gl.static_assert(not STEP_SLICES or UNITS, "STEP_SLICES reads its slices off UNITS' grid")
-    if WINDOW > 0:  # grid (splits * WINDOW, key blocks, B * Hkv / WINDOW)
+    gl.static_assert((GRID_LAYOUT == GRID_WINDOWED) == (WINDOW > 0),
+                     "WINDOW is the window of the WINDOWED grid layout")
+    gl.static_assert(not STEP_SLICES or GRID_LAYOUT == GRID_UNITS,
+                     "STEP_SLICES reads its slices off the UNITS grid")
+    if GRID_LAYOUT == GRID_WINDOWED:  # grid (splits * WINDOW, key blocks, B * Hkv / WINDOW)
         n_splits = gl.num_programs(0) // WINDOW
         split = gl.program_id(0) % n_splits
         bh = gl.program_id(2) * WINDOW + gl.program_id(0) // n_splits
         pid_n = gl.program_id(1)
         heads_per_split = group // n_splits
-    elif HEAVY_FIRST:
+    elif GRID_LAYOUT == GRID_HEAVY_FIRST:  # grid (splits, B * Hkv, key blocks)
         split = gl.program_id(0)
         bh = gl.program_id(1)
         pid_n = gl.program_id(2)
         heads_per_split = group // gl.num_programs(0)
-    elif UNITS:  # grid (units, 1, splits): unit unit_offset + program, key blocks fastest
+    elif GRID_LAYOUT == GRID_UNITS:  # grid (units, 1, splits), key blocks fastest in a unit
         unit = unit_offset + gl.program_id(0)
         pid_n = unit % key_blocks
         bh = unit // key_blocks
         split = gl.program_id(2)
         heads_per_split = group // gl.num_programs(2)
-    else:
+    else:  # GRID_NATURAL: grid (key blocks, B * Hkv, splits)
         pid_n = gl.program_id(0)
         bh = gl.program_id(1)
         split = gl.program_id(2)
@@ -336,18 +336,16 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
         nblk = gl.cdiv(q_len, BLOCK_M) - lo_blk
         if STEP_SLICES:  # slice: an equal share of the group's (head, query block) steps
             n_splits = gl.num_programs(2)
-            heads = group
             head0 = hk * group
             first_step = split * (nblk * group) // n_splits
             total = (split + 1) * (nblk * group) // n_splits - first_step
         else:  # slice: heads_per_split heads, each over all its query blocks
-            heads = heads_per_split
             head0 = hk * group + split * heads_per_split
             first_step = 0
             total = nblk * heads_per_split
         t_base = b * stride_tb + q_start * stride_ts
-        work = (first_step, total, nblk, lo_blk, head0, heads, qrow, krow, n0, hk, t_base,
-                stride_th, stride_ts, q_len)
+        work = (first_step, total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th,
+                stride_ts, q_len)
         dk_base = DK + split.to(gl.int64) * stride_dk_split + b.to(gl.int64) * stride_dkb \
             + hk * stride_dkh
         dv_base = DV_ + split.to(gl.int64) * stride_dv_split + b.to(gl.int64) * stride_dvb \
@@ -366,14 +364,11 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
             dq_smem = q_bufs
         gl.warp_specialize([
             (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs,
-                         lse_bufs, delta_bufs, bars, Lse2, Delta, work, BLOCK_M, D, STAGES,
-                         HEADS_INNER)),
+                         lse_bufs, delta_bufs, bars, Lse2, Delta, work, BLOCK_M, D, STAGES)),
             (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
                          dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 0, CAUSAL,
-                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, HEADS_INNER,
-                         WIDE_STORE)),
+                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, WIDE_STORE)),
             (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
                          dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 1, CAUSAL,
-                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, HEADS_INNER,
-                         WIDE_STORE)),
+                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, WIDE_STORE)),
         ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])

@@ -177,7 +177,7 @@ def test_triton_split_sum_compiles(arch: str) -> None:
     """The split-partial sum (4 partials, as a split GQA group launches it; 1 with
     ``SPLIT_ADD``) with the launcher's 1024 elements and 8 warps: no atomics, a binary."""
     from attn_dispatch_triton._bwd_split_sum import _attn_bwd_split_sum
-    from attn_dispatch_triton.backward import SUM_BLOCK
+    from attn_dispatch_triton._launch_policy import SUM_BLOCK, SUM_WARPS
 
     _, asm_key, _, _ = TARGETS[arch]
     for split in (4, 1):
@@ -188,7 +188,7 @@ def test_triton_split_sum_compiles(arch: str) -> None:
                         constexprs={"SPLIT": split, "BLOCK": SUM_BLOCK},
                         attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
         compiled = triton.compile(src, target=TARGETS[arch][0],
-                                  options={"num_warps": 8, "num_stages": 1})
+                                  options={"num_warps": SUM_WARPS, "num_stages": 1})
         assert ATOMICS[asm_key].search(compiled.asm[asm_key]) is None
         assert len(compiled.asm["cubin" if asm_key == "ptx" else "hsaco"]) > 0
 

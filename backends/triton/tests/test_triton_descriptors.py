@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton.tools.tensor_descriptor")
 
-from attn_dispatch_triton.backward import tile_descriptor  # noqa: E402
+from attn_dispatch_triton._kernel_support import tile_descriptor  # noqa: E402
 
 
 def test_dense_bshd_becomes_a_4d_descriptor_with_one_head_row_blocks() -> None:

@@ -171,9 +171,9 @@ def test_replayed_plan_of_the_gluon_kernels(varlen, impl, n_descriptors):
     and dQ kernels (``triton:fused``), or for the dK/dV kernel plus the fresh dQ scratch it
     reduces into (``triton:fused_atomic``)."""
     from attn_dispatch_triton import _plan
-    from attn_dispatch_triton.backward import _gluon_sm90
+    from attn_dispatch_triton._kernel_support import gluon_sm90
 
-    if not _gluon_sm90(torch.device("cuda")):
+    if not gluon_sm90(torch.device("cuda")):
         pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
     _plan.clear()
     test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "bottom_right", varlen,
@@ -187,10 +187,10 @@ def _replays_zero_the_added_buffer(case: tuple, **keys: int) -> list[tuple]:
     entry's ``keys`` changed; the plan must zero the fp32 dK / dV buffer on every call. Returns
     the recorded launches' grids (read before the trial's end clears the plans)."""
     from attn_dispatch_triton import _plan, tuning
-    from attn_dispatch_triton.backward import _gluon_sm90
+    from attn_dispatch_triton._kernel_support import gluon_sm90
 
     device = torch.device("cuda")
-    if not _gluon_sm90(device):
+    if not gluon_sm90(device):
         pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
     h, hkv, sq, sk, causal = case[:5]
     with tuning.trial_with(tuning.arch_of(device), "dkdvq", 128, causal, h // hkv, sk, **keys):
@@ -214,10 +214,10 @@ def test_replayed_plan_with_tail_slices(monkeypatch):
     add into the zero-filled buffer. With a pretended SM count of 8, the 20 units of a 640-key
     GQA 8/2 call (B=2) make 2 full waves, and the other 4 units run in 2 slices each. Replays on
     new data must zero the buffer again."""
-    from attn_dispatch_triton import backward, tuning
+    from attn_dispatch_triton import _launch_policy, tuning
 
     monkeypatch.setattr(tuning, "sm_count", lambda device: 8)
-    monkeypatch.setattr(backward, "MIN_SLICE_STEPS", 16)  # (a small call's units are short)
+    monkeypatch.setattr(_launch_policy, "MIN_SLICE_STEPS", 16)  # (a small call's units are short)
     grids = _replays_zero_the_added_buffer((8, 2, 640, 640, False, "top_left", False), SPLIT=1,
                                            TAIL_SLICES=4)
     assert (16, 1, 1) in grids and (4, 1, 2) in grids, grids

@@ -89,18 +89,16 @@ def test_sm90_dp_first_only_where_measured(cache_dir, head_dim) -> None:
             assert "DP_FIRST" not in cfgs["dkdv"]
 
 
-@pytest.mark.parametrize(("seqlen_k", "split", "heavy_first", "heads_inner", "window", "add"), [
-    (2048, 4, 1, 0, 0, 0), (4096, 4, 0, 0, 1, 0), (8192, 4, 0, 0, 1, 1),
-    (16384, 4, 0, 0, 0, 0)])
+@pytest.mark.parametrize(("seqlen_k", "split", "heavy_first", "window", "add"), [
+    (2048, 4, 1, 0, 0), (4096, 4, 0, 1, 0), (8192, 4, 0, 1, 1), (16384, 4, 0, 0, 0)])
 def test_sm90_causal_gqa_fused_atomic_order_per_length(cache_dir, seqlen_k, split, heavy_first,
-                                                       heads_inner, window, add) -> None:
+                                                       window, add) -> None:
     """GQA causal, fused-atomic: split 4 throughout; heaviest first at 2K, launch windows of
     one kv head at 4K and 8K (the ``-4k`` / ``-8k`` entries), the natural order at 16K; the
     slices add dK / dV by atomics at 8K only (H200 measurements in the table)."""
     cfg = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(seqlen_k))["dkdvq"]
-    assert (cfg["SPLIT"], cfg.get("HEAVY_FIRST", 0), cfg.get("HEADS_INNER", 0),
-            cfg.get("WINDOW", 0), cfg.get("SPLIT_ADD", 0)) == (split, heavy_first, heads_inner,
-                                                               window, add)
+    assert (cfg["SPLIT"], cfg.get("HEAVY_FIRST", 0), cfg.get("WINDOW", 0),
+            cfg.get("SPLIT_ADD", 0)) == (split, heavy_first, window, add)
 
 
 def test_trial_overrides_one_class_and_restores_it(cache_dir) -> None:
@@ -108,7 +106,7 @@ def test_trial_overrides_one_class_and_restores_it(cache_dir) -> None:
     key = "d128-causal-gqa-long-4k"
     before = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(4096))
     longer = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(8192))
-    mine = {**before["dkdvq"], "SPLIT": 2, "HEADS_INNER": 0}
+    mine = {**before["dkdvq"], "SPLIT": 2, "WINDOW": 0}
     tuning.save_tuned("sm_90", key, {"dkdvq": {**mine, "SPLIT": 8}})
     tuned = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(4096))
     with tuning.trial("sm_90", key, {"dkdvq": mine}):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-HERE = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_kernel_rev  # noqa: E402

@@ -7,7 +7,7 @@ Gluon dK/dV kernel can be profiled after warm-up::
         --launch-count 1 --section SpeedOfLight --section WarpStateStats \\
         --section SchedulerStats --section Occupancy --section ComputeWorkloadAnalysis \\
         --section MemoryWorkloadAnalysis --section SourceCounters --section LaunchStats \\
-        -o fused_atomic python3 backends/triton/ncu_target.py --seqlen 4096 [--causal]
+        -o fused_atomic python3 benchmarks/triton/ncu_target.py --seqlen 4096 [--causal]
 
 (docs/triton_notes.md, "What limits the fused-atomic kernel", has the numbers of one run.)
 Above 4K keys without a mask the table cuts the units past the last whole wave into slices

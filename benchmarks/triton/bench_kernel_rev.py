@@ -10,7 +10,7 @@ other; the kernels' GPU time per call (``torch.profiler``, as ``bench_breakdown.
 ``triton.testing.do_bench`` medians over rounds in alternating order. A shape is ``4096`` or
 ``4096c`` (causal).
 
-    PYTHONUNBUFFERED=1 python backends/triton/bench_kernel_rev.py REV
+    PYTHONUNBUFFERED=1 python benchmarks/triton/bench_kernel_rev.py REV
         [--shapes 4096c,8192c,16384c,4096,16384] [--rounds 4]
 """
 
@@ -37,7 +37,7 @@ def kernel_source_at(rev: str) -> str:
                 return f.read()
         except OSError as exc:
             raise SystemExit(f"REV {rev!r}: cannot read the kernel file: {exc}") from None
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo
     try:
         return subprocess.run(["git", "show", f"{rev}:{KERNEL_FILE}"], cwd=root, check=True,
                               capture_output=True, text=True).stdout

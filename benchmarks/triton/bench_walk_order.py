@@ -1,10 +1,9 @@
 """How triton:fused_atomic's programs are laid out and walk their GQA group, against cuDNN.
 
-The Gluon dK/dV kernel with atomic dQ has four layout keys (``tuning``): ``SPLIT`` (programs per
-kv head's group of query heads; partial dK/dV summed afterwards), ``HEAVY_FIRST`` (causal: the
-programs with the most query blocks launch first), ``HEADS_INNER`` (each program walks its
-query blocks last to first with the heads innermost, instead of head by head) and ``WINDOW``
-(the programs of that many kv heads launch together, key block by key block); with a split,
+The Gluon dK/dV kernel with atomic dQ has three layout keys (``tuning``): ``SPLIT`` (programs
+per kv head's group of query heads; partial dK/dV summed afterwards), ``HEAVY_FIRST`` (causal:
+the programs with the most query blocks launch first) and ``WINDOW`` (the programs of that many
+kv heads launch together, key block by key block); with a split,
 ``SPLIT_ADD`` has the slices add dK/dV into one fp32 buffer by atomics instead of each storing
 its own partial for the sum launch to add (``-add`` variants); without a mask, ``TAIL_SLICES``
 (``-t16``: the units past the last whole wave cut into up to 16 slices of their steps). For
@@ -17,7 +16,7 @@ flushed) and cuDNN's time over each. Every variant's gradients are first compare
 split design's (relative Frobenius difference < 1e-2); the GPU tests check the kernels against
 the float64 oracle.
 
-    PYTHONUNBUFFERED=1 python backends/triton/bench_walk_order.py [--grid] [--rounds 3]
+    PYTHONUNBUFFERED=1 python benchmarks/triton/bench_walk_order.py [--grid] [--rounds 3]
         [--only s4-w1,s4-w1-add,s1-t16] [--shapes 4096c,8192c,16384c]
 """
 
@@ -38,15 +37,14 @@ from triton.testing import do_bench
 import attn_dispatch as ad
 
 SHAPES = [(4096, True), (8192, True), (16384, True), (4096, False), (8192, False)]
-NAMES = ("SPLIT", "HEAVY_FIRST", "HEADS_INNER", "WINDOW", "SPLIT_ADD", "TAIL_SLICES")
-_NAME = re.compile(r"s(\d+)(-hf)?(?:-w(\d+))?(-inner)?(-add)?(?:-t(\d+))?")
+NAMES = ("SPLIT", "HEAVY_FIRST", "WINDOW", "SPLIT_ADD", "TAIL_SLICES")
+_NAME = re.compile(r"s(\d+)(-hf)?(?:-w(\d+))?(-add)?(?:-t(\d+))?")
 
 
-def variant_name(split: int, heavy: int, inner: int, window: int, add: int,
-                 tail: int = 0) -> str:
-    """E.g. ``s4-w1-inner-add``, ``s1-t16``."""
+def variant_name(split: int, heavy: int, window: int, add: int, tail: int = 0) -> str:
+    """E.g. ``s4-w1-add``, ``s1-t16``."""
     return (f"s{split}{'-hf' if heavy else ''}{f'-w{window}' if window else ''}"
-            f"{'-inner' if inner else ''}{'-add' if add else ''}{f'-t{tail}' if tail else ''}")
+            f"{'-add' if add else ''}{f'-t{tail}' if tail else ''}")
 
 
 def parse_variant(name: str) -> tuple[int, ...] | None:
@@ -55,25 +53,23 @@ def parse_variant(name: str) -> tuple[int, ...] | None:
     m = _NAME.fullmatch(name)
     if m is None:
         return None
-    keys = (int(m[1]), int(bool(m[2])), int(bool(m[4])), int(m[3] or 0), int(bool(m[5])),
-            int(m[6] or 0))
+    keys = (int(m[1]), int(bool(m[2])), int(m[3] or 0), int(bool(m[4])), int(m[5] or 0))
     return keys if keys[0] >= 1 and variant_name(*keys) == name else None  # (not s0, s01, -w0)
 
 
 # the default set; --grid times every combination instead
 VARIANTS = {n: parse_variant(n) for n in (
-    "s4", "s1-hf-inner", "s4-w1", "s4-w2", "s2-w1", "s2-w2", "s1-w4", "s1-w4-inner",
-    "s4-w1-inner", "s2-w2-inner", "s4-add", "s4-w1-add")}
+    "s4", "s1-hf", "s4-w1", "s4-w2", "s2-w1", "s2-w2", "s1-w4", "s4-add", "s4-w1-add",
+    "s1-t16")}
 
 
 def grid() -> dict[str, tuple[int, ...]]:
     out = {}
-    for split, heavy, inner, window, add in itertools.product((1, 2, 4, 8), (0, 1), (0, 1),
-                                                              (0, 1, 2, 4), (0, 1)):
+    for split, heavy, window, add in itertools.product((1, 2, 4, 8), (0, 1), (0, 1, 2, 4),
+                                                       (0, 1)):
         if heavy and window or split == 1 and add:  # (a window replaces heaviest first)
             continue
-        out[variant_name(split, heavy, inner, window, add)] = (split, heavy, inner, window, add,
-                                                               0)
+        out[variant_name(split, heavy, window, add)] = (split, heavy, window, add, 0)
     return out
 
 

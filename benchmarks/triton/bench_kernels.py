@@ -16,9 +16,9 @@ One run does, in order (printing a table last, writing everything under ``--out`
 
 Usage::
 
-    PYTHONUNBUFFERED=1 python backends/triton/bench_kernels.py --out /tmp/bench
-    PYTHONUNBUFFERED=1 python backends/triton/bench_kernels.py --shapes short --out /tmp/short
-    python backends/triton/bench_kernels.py --smoke   # CPU: interpreter, tiny shapes, no timing
+    PYTHONUNBUFFERED=1 python benchmarks/triton/bench_kernels.py --out /tmp/bench
+    PYTHONUNBUFFERED=1 python benchmarks/triton/bench_kernels.py --shapes short --out /tmp/short
+    python benchmarks/triton/bench_kernels.py --smoke   # CPU: interpreter, tiny shapes, no timing
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 if "--smoke" in sys.argv:  # the interpreter must be chosen before the kernels are defined
     os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
+                                    os.pardir, "backends", "triton", "tests"))
     from triton_interp_worker import patch_interpreter
 
     patch_interpreter()
@@ -353,7 +354,7 @@ def main() -> None:
         t_dq = [candidate_ms(launch, "dq", c, ref, smoke, est, name) for c in dq_cands]
         per_shape[name] = dict(pre=t_pre, dkdv=t_dkdv, dq=t_dq)
         best = dkdv_cands[min(range(len(dkdv_cands)), key=t_dkdv.__getitem__)]
-        split_ms = {f"auto={launch.group_split(best)}": min(t_dkdv)}
+        split_ms = {f"auto={launch.dkdv_plan(best).split}": min(t_dkdv)}
         for sp in (1, 2, 4, 8):
             if h // hk > 1 and (h // hk) % sp == 0:
                 split_ms[sp] = bench(lambda L=launch, c={**best, "SPLIT": sp}: L.dkdv(c), smoke,

@@ -8,7 +8,7 @@ Two views per shape:
   the board power and the active throttle reasons (medians of the last two thirds). At these
   sizes an H200 runs at its power limit, so the clock a kernel sustains is part of its speed.
 
-    PYTHONUNBUFFERED=1 python backends/triton/bench_breakdown.py [--seqlens 4096 16384]
+    PYTHONUNBUFFERED=1 python benchmarks/triton/bench_breakdown.py [--seqlens 4096 16384]
         [--causal] [--variant SPLIT_ADD=0 ...]
 
 ``--variant KEY=VALUE[,KEY=VALUE]`` adds ``triton:fused_atomic`` with those keys over the table's

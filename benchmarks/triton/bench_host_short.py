@@ -11,7 +11,7 @@ To compare two versions of the backend, run it once per version, alternating, wi
 version's files copied over ``backends/triton/attn_dispatch_triton`` in between (``PYTHONPATH``
 does not override an editable install, whose import hook comes first)::
 
-    PYTHONUNBUFFERED=1 python backends/triton/bench_host_short.py [--seqlens 1024,2048]
+    PYTHONUNBUFFERED=1 python benchmarks/triton/bench_host_short.py [--seqlens 1024,2048]
 """
 
 from __future__ import annotations

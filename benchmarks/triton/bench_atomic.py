@@ -16,8 +16,8 @@ One GPU run, in order (table printed last, everything written under ``--out``):
 
 Usage::
 
-    PYTHONUNBUFFERED=1 python backends/triton/bench_atomic.py --out $OUT
-    python backends/triton/bench_atomic.py --smoke   # CPU: interpreter, tiny shapes, no timing
+    PYTHONUNBUFFERED=1 python benchmarks/triton/bench_atomic.py --out $OUT
+    python benchmarks/triton/bench_atomic.py --smoke   # CPU: interpreter, tiny shapes, no timing
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def main() -> None:
             got = atom.run(full)
             row["atomic_vs_split_err"].append(max(rel(g, r.double()) for g, r in zip(got, ref)))
             row["atomic"].append(bench(lambda L=atom, f=full: L.run(f), smoke, est))
-        row["split_of_best"] = atom.group_split(cands[0])
+        row["split_of_best"] = atom.dkdv_plan(cands[0], atomic_dq=True).split
         for label, backend in (("fa2", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION")):
             row[label] = None if smoke else sdpa_backward_ms(q, k, v, do, causal, backend, est)
         if name in ("GQA 64/8 16K", shapes[0][0]):  # what the atomic dQ adds to dK/dV
