@@ -158,13 +158,11 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
     dtype: gl.constexpr = k_smem.dtype
     k_part = k_smem.slice(WG * HALF_N, HALF_N)
     v_part = v_smem.slice(WG * HALF_N, HALF_N)
-    # The fused-atomic kernel with a causal mask sits at the register cap: kept across the loop,
-    # the query offsets (16 registers) spilled, and so did other values while ``delta`` (16)
-    # waited beside S^T and dP^T in flight; 18-20 local loads / stores per step went through the
-    # shared-memory pipe that bounds the kernel. So there the offsets are made where the diagonal
-    # crosses a tile and ``delta`` is read from shared memory once dP^T is there: spills 172 /
-    # 188 -> 48 / 48 bytes, 1-5 per step, 1.7-3.6% faster at GQA 4K-16K causal. Without a mask
-    # (3-6 per step) the late read made it 0.6-3.4% slower, so that form stays.
+    # The fused-atomic kernel with a causal mask sits at the register cap: query offsets kept
+    # across the loop and ``delta`` waiting beside S^T and dP^T in flight spill, and the spills
+    # go through the shared-memory pipe that bounds the kernel. So there (LATE_DELTA) the
+    # offsets are made only where the diagonal crosses a tile and ``delta`` is read from shared
+    # memory once dP^T is there. Without a mask the late read is slower, so that form stays.
     LATE_DELTA: gl.constexpr = ATOMIC_DQ and CAUSAL
     if not LATE_DELTA:
         offs_m0 = gl.arange(0, BLOCK_M, layout=row_layout)

@@ -2,8 +2,8 @@
 
 A configuration is ``{BLOCK_M, BLOCK_N, num_warps, num_stages}`` (plus optional keys:
 ``SPLIT``, ``SPLIT_ADD``, ``TAIL_SLICES``, ``WIDE_STORE``, ``TMA``, ``HEAVY_FIRST``,
-``HEADS_INNER``, ``WINDOW``, ``LOAD_TMA``, ``CONCURRENT_MAX_SK``, ``DP_FIRST``, ``GLUON``,
-``GLUON_STAGES``) per kernel (``fwd``, ``pre``, ``dkdv``, ``dq``; for the fused-atomic
+``WINDOW``, ``LOAD_TMA``, ``CONCURRENT_MAX_SK``, ``DP_FIRST``, ``GLUON``; ``_launch_policy``
+reads the launch-order ones) per kernel (``fwd``, ``pre``, ``dkdv``, ``dq``; for the fused-atomic
 backward ``dkdvq``, the dK/dV kernel with atomic dQ, and ``cvt``, the dQ convert pass). A
 lookup starts from a generic default and merges, each over the one before and each from the
 general key to the specific (:func:`lookup_keys`):
@@ -16,8 +16,8 @@ general key to the specific (:func:`lookup_keys`):
 3. the configurations of an active :func:`trial` (for timing candidates).
 
 Lookups are memoised per process, so after the first call the hot path is a dict lookup. Nothing
-tunes implicitly: candidates are measured only when asked (e.g. by ``bench_kernels.py``, which
-writes the cache).
+tunes implicitly: candidates are measured only when asked (e.g. by
+``benchmarks/triton/bench_kernels.py``, which writes the cache).
 """
 
 from __future__ import annotations
@@ -51,10 +51,8 @@ def _gluon_atomic(**extra: int) -> Config:
     at these tiles, adding dQ by TMA reductions (``TMA``).
 
     ``WIDE_STORE`` (Gluon only): the dQ tiles stored to shared memory 16 bytes per thread,
-    free of bank conflicts, in a column order the convert pass undoes. On an H200 (GQA 64/8):
-    the kernel's shared-memory wavefronts -8.3% and its cycles -3.9% at 4K (Nsight Compute),
-    its time -2.5% to -3.9% at 4K, 16K and 4K causal and level at 16K causal
-    (``bench_breakdown.py --variant WIDE_STORE=0``; docs/triton_notes.md)."""
+    free of bank conflicts, in a column order the convert pass undoes: fewer shared-memory
+    wavefronts in a kernel bound by shared-memory bandwidth (docs/triton_notes.md)."""
     return {**_cfg(64, 128, 8, 3), "TMA": 1, "GLUON": 1, "WIDE_STORE": 1, **extra}
 
 
@@ -81,79 +79,59 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
     "cpu": {"*": {"fwd": _cfg(16, 16, 4, 1), "pre": _cfg(16, 0, 4, 1),
                   "dkdv": _cfg(16, 16, 4, 1), "dq": _cfg(16, 16, 4, 1),
                   "dkdvq": _cfg(16, 16, 4, 1), "cvt": _cfg(16, 0, 4, 1)}},
-    # sm_90: measured on an NVIDIA H200 (bench_kernels.py, docs/triton_notes.md). LOAD_TMA:
-    # the loop's tiles come by TMA copies (dK/dV 3-13% faster; dQ gains only at GQA causal
-    # short, so elsewhere it keeps pointer loads).
+    # sm_90: measured on an NVIDIA H200; the figures behind each entry are in
+    # docs/triton_notes.md and docs/experiments.md. LOAD_TMA: the tl loops' tiles by TMA copies
+    # (pays for dK/dV; for dQ only at GQA causal short).
     "sm_90": {
-        # GLUON: the warp-specialised Gluon kernels, a TMA producer and two consumer warp
-        # groups (bench_gluon.py, docs/triton_notes.md "Gluon kernels for sm_90"; ring of 2
-        # buffers): dK/dV 0.70-0.98x and dQ 0.91-1.00x the tl kernels' time at most shapes from
-        # 2K keys up; much slower at MHA 1K-2K (few programs: dK/dV up to 2.3x, dQ up to
-        # 3.6x), which keep the tl kernels but for dK/dV at MHA 2K causal (0.70-0.93x in
-        # three runs).
+        # GLUON: the warp-specialised Gluon kernels (ring of 2) win from 2K keys up; with few
+        # programs (MHA 1K-2K) they lose, so those classes keep the tl kernels (but for dK/dV
+        # at MHA 2K causal).
         "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
               "dkdv": _gluon(_tma(64, 128, 8, 3)), "dq": _gluon(_cfg(128, 64, 8, 3)),
               "dkdvq": _gluon_atomic()},
-        # DP_FIRST (dK/dV, the tl kernel): dP's product before the exponentials; per class on
-        # an H200 (bench_dp_first.py): backward kernels 0.8-3.9% faster without a causal mask
-        # and at MHA 1K causal, level at MHA 2K causal, 11-21% slower with the 64x128 causal
-        # tiles (Sk > 2048), which keep the other order; GQA causal short keeps it too
-        # (kernels 0.5-2% faster, end to end inconclusive)
+        # DP_FIRST (tl dK/dV): faster without a causal mask and at MHA 1K causal; slower with
+        # the 64x128 causal tiles (Sk > 2048), which keep the other order.
         "d128-full-gqa": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
         "d128-full-mha": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
-        # Sk > 2048 without a mask: the tl dQ with a 4-stage pipeline (0-2% faster than 3);
-        # fused-atomic: the units past the last whole wave in slices (TAIL_SLICES, at most 16:
-        # GQA 64/8 16K in 13 slices, 8K in 9; two same-process A/Bs, bench_walk_order s1 vs
-        # s1-t16: 16K 41337 -> 40661 and 42532 -> 41766 us, 8K 10434 -> 10400 and 10814 ->
-        # 10666; MHA 8 16K took 4.8% longer in 20-step slices, which the launcher's 64-step
-        # minimum now rules out). Not measured at 2K < Sk <= 4K (the seed's 4K gets no slices
-        # anyway), so off there.
+        # Sk > 2048 without a mask: a 4-stage tl dQ; fused-atomic: the units past the last
+        # whole wave in at most 16 slices (TAIL_SLICES; the launcher's 64-step minimum keeps
+        # MHA's short units whole). Unmeasured at 2K < Sk <= 4K, so off there.
         "d128-full-gqa-long": {"dq": _gluon(_cfg(128, 64, 8, 4)),
                                "dkdvq": _gluon_atomic(TAIL_SLICES=16)},
         "d128-full-gqa-long-4k": {"dkdvq": _gluon_atomic(TAIL_SLICES=0)},
         "d128-full-mha-long": {"dq": _gluon(_cfg(128, 64, 8, 4))},
-        # Sk <= 2048: bench_kernels.py --shapes short (1K and 2K, kernel time summed per class)
+        # Sk <= 2048: the tile sizes bench_kernels.py --shapes short picked per class
         "d128-full-mha-short": {"dkdv": _dp_first(_cfg(32, 64, 4, 3)),
                                 "dq": _cfg(128, 64, 8, 3)},
-        # MHA 8 2K: 129 -> 123 us end to end (16 key blocks of 128 fill the SMs; at 1K, 8 do
-        # not); the Gluon dK/dV is not faster here (76 / 72 us with rings of 2 / 3 vs 70 us)
+        # MHA 2K: 16 key blocks of 128 per head fill the SMs (8 at 1K do not); the Gluon dK/dV
+        # is not faster here
         "d128-full-mha-short-2k": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
         "d128-full-gqa-short": {"dq": {**_gluon(_cfg(128, 64, 8, 3)), "CONCURRENT_MAX_SK": 1024}},
-        # (before: tl dK/dV 32x64 and dQ 64x64 tiles here; against that dQ the Gluon one was
-        # level at 1K, 75 vs 75 us, and 5% faster at 2K, 201 vs 212 us; bench_gluon.py, which
-        # compares with the tl kernels at the Gluon tiles, read 89 vs 82 and 202 vs 223 us)
         "d128-causal-gqa-short": {"dkdv": _gluon(_tma(64, 128, 8, 3)),
                                   "dq": {**_gluon(_cfg(128, 64, 8, 3)),
                                          "CONCURRENT_MAX_SK": 2048}},
         "d128-causal-mha-short": {"dkdv": _dp_first(_tma(32, 64, 4, 4)),
                                   "dq": {**_cfg(64, 64, 4, 3), "CONCURRENT_MAX_SK": 2048}},
         "d128-causal-mha-short-2k": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
-        # MHA 8 1K causal is host-bound: the two TMA descriptors cost ~11 us of host time per
-        # call (triton's launcher expands them in Python) and save ~4 us on the GPU.
+        # MHA 1K causal is host-bound: TMA descriptors cost more host time than they save on
+        # the GPU, so pointer loads.
         "d128-causal-mha-short-1k": {"dkdv": _dp_first(_cfg(32, 64, 4, 4))},
-        # dQ beside dK/dV on a side stream: GQA 4K causal 2074 -> 1938 us, 8K 7393 -> 7087
+        # dQ beside dK/dV on a side stream (CONCURRENT_MAX_SK)
         "d128-causal-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 3)),
                                         "CONCURRENT_MAX_SK": 8192}},
         # GQA 4K and 8K causal, fused-atomic: split 4, launched in windows of one kv head
-        # (WINDOW 1: its 4 slices' programs together, key block by key block, so the heavy
-        # programs of the last heads do not start last). Same-process A/Bs against the previous
-        # entries (docs/triton_notes.md): 4K 1598 -> 1558 and 1592 -> 1553 us (before: one
-        # program per key block, heaviest first, heads innermost), 8K 5723 -> 5630 and 5718 ->
-        # 5654 us (before: split 4 in the natural order, which 16K keeps: 21735 vs 21956 and
-        # 21113 vs 21952 us with the window)
+        # (its 4 slices' programs together, key block by key block), so the heavy programs of
+        # the last heads do not start last; 16K keeps the natural order.
         "d128-causal-gqa-long-4k": {"dkdvq": _gluon_atomic(SPLIT=4, WINDOW=1)},
-        # SPLIT_ADD at 8K: the 4 slices add dK / dV into one fp32 buffer by atomics, so the
-        # sum launch reads 1 buffer, not 4 (bench_walk_order.py, two runs: 5779 -> 5650 and
-        # 5947 -> 5732 us; level at 4K, 1554 vs 1547; without windows, whose slices run far
-        # apart, it cost 1-3% at 4K-16K: s4 5731 -> 5920 us at 8K)
+        # at 8K the 4 slices also add dK / dV into one fp32 buffer (SPLIT_ADD), so the sum
+        # launch reads one buffer, not 4 (it pays only with windows, whose slices run together)
         "d128-causal-gqa-long-8k": {"dkdvq": _gluon_atomic(SPLIT=4, WINDOW=1, SPLIT_ADD=1)},
-        # heaviest programs first: MHA 8 4K causal 386 -> 271 us, 16K causal -0.6%
+        # MHA causal, long: few heads, so the heaviest programs first balance the SMs
         "d128-causal-mha-long": {"dkdv": _gluon({**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1}),
                                  "dq": _gluon({**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}),
                                  "dkdvq": _gluon_atomic(HEAVY_FIRST=1)},
-        # dkdvq (triton:fused_atomic): the Gluon dK/dV kernel adding dQ by TMA reductions.
-        # SPLIT (GQA heads per program) and HEAVY_FIRST per class, from 1-4 x with/without on
-        # an H200 (docs/triton_notes.md): causal GQA 4 (1K-2K heaviest first), GQA 1K 2
+        # dkdvq (triton:fused_atomic): GQA slices per program and launch order per class:
+        # causal GQA split 4 (heaviest first at 1K-2K), GQA 1K split 2
         "d128-full-gqa-short-1k": {"dkdv": _dp_first(_tma(64, 128, 8, 3)),
                                    "dkdvq": _gluon_atomic(SPLIT=2)},
         "d128-causal-gqa": {"dkdvq": _gluon_atomic(SPLIT=4)},
@@ -216,13 +194,13 @@ def lookup_keys(head_dim: int, causal: bool, group: int, seqlen_k: int) -> tuple
 
 
 def arch_of(device: torch.device) -> str:
-    """``cpu``, ``sm_XY`` or the base gfx name of a device."""
+    """``cpu`` (the interpreter's table), else the core's arch name of the GPU (``sm_XY``, the
+    base gfx name)."""
     if device.type != "cuda":
         return "cpu"
-    props = torch.cuda.get_device_properties(device)
-    if torch.version.hip:
-        return props.gcnArchName.split(":")[0]
-    return f"sm_{props.major}{props.minor}"
+    import attn_dispatch as ad
+
+    return ad.detect_arch(device).name
 
 
 _arch_of = functools.cache(arch_of)  # per device: the hot path asks the driver once
