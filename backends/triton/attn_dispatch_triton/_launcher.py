@@ -169,9 +169,10 @@ class BackwardLaunch:
         self._sum_partials(plan, dk, dv, part)
 
     def _dq_scratch(self, c: dict, atomic_dq: bool, tma: bool) -> tuple:
-        """The fused-atomic design's zero-filled fp32 dQ scratch (``self.dq_acc``) and its
-        strides: as ``[B, H, S, BLOCK_D]`` / ``[H, T, BLOCK_D]`` behind a TMA descriptor
-        (``tma``), else shaped like Q. Without ``atomic_dq``: an unused pointer."""
+        """The fused-atomic design's zero-filled fp32 dQ scratch (``self.dq_acc``) and the
+        strides the dK/dV kernel takes: as ``[B, H, S, BLOCK_D]`` / ``[H, T, BLOCK_D]`` behind a
+        TMA descriptor (``tma``; strides in rows), else shaped like Q (in elements). Without
+        ``atomic_dq``: an unused pointer."""
         if not atomic_dq:
             return self.q, (0, 0, 0)
         if not tma:
@@ -191,12 +192,12 @@ class BackwardLaunch:
         flat = self.dq_acc.view(-1, bd)
         desc = TensorDescriptor(flat, list(flat.shape), [bd, 1], [c["BLOCK_M"], bd])
         s_acc = (0, 1, rows) if self.varlen else (self.heads * rows, 1, rows)  # in rows
-        self.dq_acc_strides = tuple(x * bd for x in s_acc)
+        self.dq_acc_strides = tuple(x * bd for x in s_acc)  # in elements (the convert pass)
         self.plan_extra["acc"] = dict(shape=tuple(self.dq_acc.shape))
         if self.rec is not None:
             self.rec.name_descriptor(desc, _plan.ACC)
             self.rec.name(self.dq_acc, _plan.ACC)
-        return desc, self.dq_acc_strides
+        return desc, s_acc
 
     def _dkdv_outputs(self, plan: policy.DkdvPlan) -> tuple:
         """``(dk, dv, part)``: where the dK/dV programs write. With partials, fp32 tensors
