@@ -1,8 +1,8 @@
-"""The Markdown table of docs/benchmarks.md section 1 from an ``attn-dispatch bench --json``
+"""The Markdown tables of docs/benchmarks.md section 1 from an ``attn-dispatch bench --json``
 file: per shape, µs (TFLOP/s) of the implementations, the automatic choice against the fastest
 and the direct call, and the faster triton implementation against FA2 and cuDNN.
 
-    python benchmarks/bench_table.py docs/bench_h200.json
+    python benchmarks/bench_table.py docs/results/2026-12-01-h200/bench.json
 """
 
 from __future__ import annotations

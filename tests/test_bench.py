@@ -70,7 +70,8 @@ def test_bench_table_renders_the_committed_sweep() -> None:
                                                   root / "benchmarks" / "bench_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    rows = json.loads((root / "docs" / "bench_h200.json").read_text())["rows"]
+    results = root / "docs" / "results" / "2026-12-01-h200"
+    rows = json.loads((results / "bench.json").read_text())["rows"]
     lines = module.table(rows).splitlines()
     body = lines[2:]
     assert len(body) == len({module.shape_name(r) for r in rows}) == 20
@@ -86,7 +87,7 @@ def test_bench_table_renders_the_committed_sweep() -> None:
     # the docs hold both committed sweeps' tables as rendered: eager and under CUDA graphs
     docs = (root / "docs" / "benchmarks.md").read_text()
     assert "\n".join(lines) in docs
-    graphs = json.loads((root / "docs" / "bench_h200_graphs.json").read_text())
+    graphs = json.loads((results / "bench_graphs.json").read_text())
     assert graphs["environment"]["timing"] == "cuda-graphs"
     assert module.table(graphs["rows"]) in docs
 
