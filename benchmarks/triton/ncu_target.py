@@ -9,7 +9,8 @@ Gluon dK/dV kernel can be profiled after warm-up::
         --section MemoryWorkloadAnalysis --section SourceCounters --section LaunchStats \\
         -o fused_atomic python3 benchmarks/triton/ncu_target.py --seqlen 4096 [--causal]
 
-(docs/triton_notes.md, "What limits the fused-atomic kernel", has the numbers of one run.)
+(docs/backends/triton.md, "What limits the kernels", and docs/experiments.md, "Where the
+fused-atomic kernel is bound", have the numbers of one run.)
 Above 4K keys without a mask the table cuts the units past the last whole wave into slices
 (``TAIL_SLICES``), a second launch of the kernel per call; ``--no-tail-slices`` turns that off
 so that the launch profiled is the whole backward's dK/dV, as in the runs documented.

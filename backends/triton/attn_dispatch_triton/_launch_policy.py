@@ -2,7 +2,7 @@
 
 Pure functions from a problem's shape, a kernel's tuning config and the GPU's SM count to a
 frozen launch plan; no tensors, no triton, so every rule is unit-tested on the CPU
-(``tests/test_triton_launch_policy.py``). ``backward.BackwardLaunch`` allocates what a plan
+(``tests/test_triton_launch_policy.py``). ``_launcher.BackwardLaunch`` allocates what a plan
 names and launches it.
 
 The dK/dV kernels run one program per (key block, kv head, slice of the GQA group). How those
@@ -140,7 +140,7 @@ def group_split(p: Problem, config: dict, block_n: int, sms: int | None) -> int:
 
     Splitting pays when the key blocks alone leave SMs idle: the group is halved while the
     programs stay within about one per SM (``CAUSAL_PROGRAMS_PER_SM`` per SM with a causal
-    mask, whose programs differ in work); docs/triton_notes.md has the measurements.
+    mask, whose programs differ in work); docs/experiments.md has the measurements.
     """
     if "SPLIT" in config:
         return config["SPLIT"]

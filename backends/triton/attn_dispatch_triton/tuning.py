@@ -8,7 +8,7 @@ backward ``dkdvq``, the dK/dV kernel with atomic dQ, and ``cvt``, the dQ convert
 lookup starts from a generic default and merges, each over the one before and each from the
 general key to the specific (:func:`lookup_keys`):
 
-1. the built-in table below (sm_90 measured on an NVIDIA H200, see docs/triton_notes.md; sm_80,
+1. the built-in table below (sm_90 measured on an NVIDIA H200, see docs/backends/triton.md; sm_80,
    gfx942 and gfx950 are untuned defaults);
 2. the on-disk cache written by :func:`save_tuned` (``$ATTN_DISPATCH_TRITON_CACHE`` or
    ``~/.cache/attn_dispatch_triton/``, one JSON per arch and triton version, keyed by shape
@@ -52,7 +52,7 @@ def _gluon_atomic(**extra: int) -> Config:
 
     ``WIDE_STORE`` (Gluon only): the dQ tiles stored to shared memory 16 bytes per thread,
     free of bank conflicts, in a column order the convert pass undoes: fewer shared-memory
-    wavefronts in a kernel bound by shared-memory bandwidth (docs/triton_notes.md)."""
+    wavefronts in a kernel bound by shared-memory bandwidth (docs/experiments.md)."""
     return {**_cfg(64, 128, 8, 3), "TMA": 1, "GLUON": 1, "WIDE_STORE": 1, **extra}
 
 
@@ -80,7 +80,7 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
                   "dkdv": _cfg(16, 16, 4, 1), "dq": _cfg(16, 16, 4, 1),
                   "dkdvq": _cfg(16, 16, 4, 1), "cvt": _cfg(16, 0, 4, 1)}},
     # sm_90: measured on an NVIDIA H200; the figures behind each entry are in
-    # docs/triton_notes.md and docs/experiments.md. LOAD_TMA: the tl loops' tiles by TMA copies
+    # docs/backends/triton.md and docs/experiments.md. LOAD_TMA: the tl loops' tiles by TMA copies
     # (pays for dK/dV; for dQ only at GQA causal short).
     "sm_90": {
         # GLUON: the warp-specialised Gluon kernels (ring of 2) win from 2K keys up; with few

@@ -206,7 +206,7 @@ def test_cpu_launch_keeps_the_portable_kernels() -> None:
     (True, 8, 1024, True, True), (True, 8, 2048, True, True), (True, 8, 16384, True, True),
 ])
 def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dkdv, dq) -> None:
-    """The Gluon kernels where an H200 measured them faster (docs/triton_notes.md), with the
+    """The Gluon kernels where an H200 measured them faster (docs/experiments.md), with the
     tiles they are written for; MHA 1K-2K keep the tl kernels but dK/dV at MHA 2K causal."""
     cfgs = lookup("sm_90", 128, causal, group, seqlen_k)
     assert bool(cfgs["dkdv"].get("GLUON")) == dkdv
