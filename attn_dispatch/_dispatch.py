@@ -136,18 +136,29 @@ def dispatch(
     forced = _settings.forced_name(backend, settings)
     flags = (mode.name, causal, causal_align, scale, deterministic, forced)
     dense = cu_q is None and cu_k is None and max_q is None and max_k is None
-    decision = _guards.lookup(settings.guarded, flags, tensors) if dense else None
+    decision = None
+    if dense and (entries := settings.guarded.get(flags)):
+        decision = _guards.match(entries, tensors)
     if decision is None:
         key, decision = _cached(settings.decisions, flags, tensors, cu_q, cu_k, max_q, max_k)
         if decision is None:
-            options = dict(causal=causal, causal_align=causal_align, scale=scale,
-                           deterministic=deterministic, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                           max_seqlen_q=max_q, max_seqlen_k=max_k)  # fmt: skip
+            options = dict(
+                causal=causal,
+                causal_align=causal_align,
+                scale=scale,
+                deterministic=deterministic,
+                cu_seqlens_q=cu_q,
+                cu_seqlens_k=cu_k,
+                max_seqlen_q=max_q,
+                max_seqlen_k=max_k,
+            )
             guard_flags = flags if dense else None
             return _first_call(mode, settings, tensors, options, backend, key, guard_flags)
         _revisit(settings, decision, tensors, cu_q, cu_k, flags if dense else None)
-    inp = mode.inputs(*tensors, cu_q, cu_k, causal, causal_align, deterministic, decision.facts)
-    return getattr(decision.impl, mode.name)(inp)
+    facts, impl = decision
+    inp = mode.inputs(*tensors, cu_q, cu_k, causal, causal_align, deterministic, facts)
+    return impl.backward(inp) if mode is BACKWARD else impl.forward(inp)
+
 
 def _revisit(
     settings: _settings.Settings,

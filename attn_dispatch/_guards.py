@@ -56,15 +56,13 @@ def _build(cls, tensors: Sequence[torch.Tensor]):
     )
 
 
-def lookup(table: dict, flags: tuple, tensors: Sequence[torch.Tensor]):
-    """The decision a guard under ``flags`` holds for ``tensors``, or ``None``.
+def match(entries: list, tensors: Sequence[torch.Tensor]):
+    """The decision of the first of ``entries`` (``[(guard, decision)]``) whose guard accepts
+    ``tensors``, or ``None``.
 
     A nested tensor never reaches a guard (reading its strides in C++ aborts the process); a
     non-tensor argument is a miss (validation explains it on the slower path).
     """
-    entries = table.get(flags)
-    if not entries:
-        return None
     try:
         for t in tensors:
             if t.is_nested:
