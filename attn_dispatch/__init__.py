@@ -13,7 +13,7 @@ from ._autograd import attention
 from ._errors import NoBackendError, UnknownBackendError
 from ._hookspecs import hookimpl
 from ._implementation import Gradients, Implementation
-from ._inputs import BackwardInputs, ForwardInputs
+from ._inputs import BackwardInputs, ForwardInputs, lse_dtype
 from ._report import Candidate, Report
 from ._requirements import missing_requirement
 from ._settings import enable, reload, use_backend
@@ -43,6 +43,7 @@ __all__ = [
     "explain",
     "forward",
     "hookimpl",
+    "lse_dtype",
     "missing_requirement",
     "reload",
     "use_backend",

@@ -28,6 +28,22 @@ class Arch:
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def sm(self) -> int | None:
+        """The CUDA compute capability as one number (``sm_90`` -> 90, ``sm_100`` -> 100);
+        ``None`` on a non-CUDA arch."""
+        if self.vendor != "cuda" or not self.name.startswith("sm_"):
+            return None
+        digits = self.name[3:]
+        return int(digits) if digits.isdigit() else None
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The CUDA compute capability ``(major, minor)`` (``sm_90`` -> (9, 0), ``sm_120`` ->
+        (12, 0)); ``None`` on a non-CUDA arch."""
+        sm = self.sm
+        return None if sm is None else divmod(sm, 10)
+
     @classmethod
     def parse(cls, text: str) -> Arch:
         """Parse ``cpu``, ``sm_90`` / ``sm90``, or a gfx name with optional feature suffixes."""

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ._api import backward as _dispatch_backward
 from ._api import forward as _dispatch_forward
-from ._inputs import check_flags
+from ._inputs import check_flags, lse_dtype
 
 _FLAGS = (
     "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, "
@@ -40,10 +40,6 @@ def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
     if any(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for x in inputs):
         t = t.clone()
     return t
-
-
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @torch.library.custom_op("attn_dispatch::fwd", mutates_args=(), schema=FWD_SCHEMA)
@@ -72,7 +68,7 @@ def _fwd_fake(
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     else:  # varlen: q [Tq, H, D] -> lse [H, Tq]
         lse_shape = (q.shape[1], q.shape[0])
-    return out, q.new_empty(lse_shape, dtype=_lse_dtype(q.dtype))
+    return out, q.new_empty(lse_shape, dtype=lse_dtype(q.dtype))
 
 
 @torch.library.custom_op("attn_dispatch::bwd", mutates_args=(), schema=BWD_SCHEMA)

@@ -56,7 +56,26 @@ def _build(cls, tensors: Sequence[torch.Tensor]):
     )
 
 
-def remember(table: dict, flags: tuple, tensors: Sequence[torch.Tensor], decision: tuple) -> None:
+def match(entries: list, tensors: Sequence[torch.Tensor]):
+    """The decision of the first of ``entries`` (``[(guard, decision)]``) whose guard accepts
+    ``tensors``, or ``None``.
+
+    A nested tensor never reaches a guard (reading its strides in C++ aborts the process); a
+    non-tensor argument is a miss (validation explains it on the slower path).
+    """
+    try:
+        for t in tensors:
+            if t.is_nested:
+                return None
+        for guard, decision in entries:
+            if guard.check(*tensors):
+                return decision
+    except (AttributeError, TypeError):
+        pass
+    return None
+
+
+def remember(table: dict, flags: tuple, tensors: Sequence[torch.Tensor], decision) -> None:
     """Add a guard for ``tensors`` answering ``decision`` under ``flags`` (if there is room)."""
     entries = table.get(flags)
     if entries is not None and len(entries) >= MAX_GUARDS_PER_FLAGS:
@@ -70,4 +89,4 @@ def remember(table: dict, flags: tuple, tensors: Sequence[torch.Tensor], decisio
             return
     except Exception:  # e.g. symbolic sizes while tracing: the dictionary serves these
         return
-    table.setdefault(flags, []).append((guard, *decision))
+    table.setdefault(flags, []).append((guard, decision))

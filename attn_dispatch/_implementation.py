@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Collection
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -35,8 +36,33 @@ class Implementation:
 
     Subclasses set ``backend`` (the entry-point name), ``name``, ``priority`` (fnmatch pattern on
     ``arch.name`` -> int; an exact name beats patterns, else the first matching pattern in order;
-    no match: never chosen automatically there), ``opt_in`` and ``deterministic``, and implement
-    ``supports`` and ``backward`` (and optionally ``forward``).
+    no match: never chosen automatically there) and ``opt_in``, declare what they can run with
+    the capability attributes below, and implement ``backward`` (and optionally ``forward``)
+    and, for what the declarations cannot say, ``supports``.
+
+    Capabilities (checked when the plugin loads; the core writes the reasons from them, each
+    naming the offending value; the defaults allow everything):
+
+    * ``deterministic``: the backward gives bit-identical results run to run; a call asking for
+      determinism rejects an implementation that is not.
+    * ``dtypes``: query dtypes it runs (``None``: every dtype the core accepts).
+    * ``head_dims``: head dims it runs, for both D and Dv: a ``range`` (``range(8, 257, 8)``:
+      multiples of 8 up to 256) or a set (``None``: any). ``same_head_dims``: Dv must equal D.
+    * ``vendors``: where the tensors must live (``"cuda"``, ``"rocm"``, ``"cpu"``; ``None``:
+      anywhere). When declared, the arch's vendor must match the tensors' too.
+    * ``archs``: fnmatch patterns on ``arch.name`` it runs on (``None``: any).
+      ``min_sm``: the oldest CUDA compute capability as one number (80 for sm_80); it applies
+      to CUDA archs only. A device or arch outside these is the one reason given, and
+      ``supports`` is not asked.
+    * ``dense`` / ``varlen``: whether it runs dense (BSHD) and varlen (THD + cu_seqlens) inputs.
+    * ``gqa``: whether it runs ``heads != kv_heads`` (GQA/MQA).
+    * ``causal_aligns``: the causal mask alignments it computes (``()``: no causal mask). A
+      call with the other alignment is still accepted where the two agree (Sq == Sk, or varlen
+      with ``cu_seqlens_q is cu_seqlens_k``).
+    * ``alignment``: when set (bytes, e.g. 16), q, k, v (and out, grad_out) need a contiguous
+      last dim, every other stride a multiple of it and data pointers aligned to it.
+    * ``window`` / ``softcap``: whether it runs sliding-window attention and logit soft-capping.
+      The inputs do not carry these options yet; the declarations are read once they do.
     """
 
     backend: ClassVar[str] = ""
@@ -44,6 +70,19 @@ class Implementation:
     priority: ClassVar[dict[str, int]] = {}
     opt_in: ClassVar[bool] = False
     deterministic: ClassVar[bool] = True
+    dtypes: ClassVar[Collection[torch.dtype] | None] = None
+    head_dims: ClassVar[Collection[int] | None] = None
+    same_head_dims: ClassVar[bool] = False
+    vendors: ClassVar[Collection[str] | None] = None
+    archs: ClassVar[Collection[str] | None] = None
+    min_sm: ClassVar[int | None] = None
+    dense: ClassVar[bool] = True
+    varlen: ClassVar[bool] = True
+    gqa: ClassVar[bool] = True
+    causal_aligns: ClassVar[Collection[str]] = ("top_left", "bottom_right")
+    alignment: ClassVar[int | None] = None
+    window: ClassVar[bool] = False
+    softcap: ClassVar[bool] = False
 
     @property
     def full_name(self) -> str:
@@ -71,6 +110,8 @@ class Implementation:
     def supports(self, inp: ForwardInputs, arch: Arch) -> list[str]:
         """Reasons this implementation cannot run ``inp`` on ``arch``; ``[]`` means it can.
 
+        Only what the capability attributes cannot declare: the core has already written the
+        reasons for those (and asks this only on a device and arch the declarations allow).
         Must be cheap and import nothing heavy. ``inp`` is a ``BackwardInputs`` for backward
         dispatch and a ``ForwardInputs`` for forward dispatch.
         """

@@ -169,19 +169,26 @@ def _describe_tensor(name: str, t: torch.Tensor) -> str:
 # Validation (runs once per signature)
 
 
-def build_inputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                 max_seqlen_k, causal, causal_align, scale,
-                 deterministic) -> ForwardInputs:  # fmt: skip
+def build_inputs(q, k, v, out=None, lse=None, grad_out=None, *, causal, causal_align, scale,
+                 deterministic, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                 max_seqlen_k=None) -> ForwardInputs:  # fmt: skip
     """Validate a call and wrap it: ``BackwardInputs`` when any of out/lse/grad_out is given,
-    else ``ForwardInputs``."""
-    facts = validate(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, causal, causal_align, scale, deterministic)  # fmt: skip
+    else ``ForwardInputs``. Flags are keywords, named as in ``attn_dispatch.backward``."""
+    facts = validate(q, k, v, out, lse, grad_out, causal=causal, causal_align=causal_align,
+                     scale=scale, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
+                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k)  # fmt: skip
     if out is None and lse is None and grad_out is None:
         return ForwardInputs(
             q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
         )
     return BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, causal,
                           causal_align, deterministic, facts)  # fmt: skip
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of lse for queries of ``dtype``: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -245,22 +252,9 @@ def check_flags(causal, causal_align, deterministic) -> None:
         )
 
 
-def validate(
-    q,
-    k,
-    v,
-    out,
-    lse,
-    grad_out,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
-) -> Facts:
+def validate(q, k, v, out=None, lse=None, grad_out=None, *, causal, causal_align, scale,
+             deterministic, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+             max_seqlen_k=None) -> Facts:  # fmt: skip
     """Check every argument of a forward (``out``/``lse``/``grad_out`` None) or backward call.
 
     Raises ``TypeError``/``ValueError`` naming the argument, the expectation and what was given.
@@ -286,9 +280,9 @@ def validate(
                 f"argument '{name}': expected dtype {q.dtype} (same as q), got {t.dtype}"
             )
     if backward:
-        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        if lse.dtype != lse_dtype:
-            raise TypeError(f"argument 'lse': expected dtype {lse_dtype}, got {lse.dtype}")
+        want = lse_dtype(q.dtype)
+        if lse.dtype != want:
+            raise TypeError(f"argument 'lse': expected dtype {want}, got {lse.dtype}")
     for name, t in named + ([("lse", lse)] if backward else []):
         if t.device != q.device:
             raise ValueError(

@@ -16,6 +16,7 @@ from importlib import metadata
 import pluggy
 
 from . import _hookspecs
+from ._capabilities import declaration_problems
 from ._implementation import Implementation
 
 log = logging.getLogger("attn_dispatch")
@@ -58,6 +59,15 @@ def describe_error(exc: BaseException) -> str:
 def _report_failure(message: str) -> None:
     log.warning("attn_dispatch: %s", message)
     warnings.warn(message, stacklevel=2)
+
+
+def _declaration_problems(impl: Implementation) -> list[str]:
+    """``impl``'s invalid capability declarations, each prefixed with its name."""
+    try:
+        problems = declaration_problems(impl)
+    except Exception as exc:  # e.g. a capability property that raises
+        problems = [f"reading its capabilities raised {describe_error(exc)}"]
+    return [f"{impl.full_name}: {problem}" for problem in problems]
 
 
 def discover(allowlist: list[str] | None) -> Registry:
@@ -113,6 +123,8 @@ def _load_one(
             problems.append(f"{impl!r} has an empty name")
         elif impl.full_name in registry.implementations:
             problems.append(f"{impl.full_name} is provided twice")
+        else:
+            problems += _declaration_problems(impl)
     if problems:
         record.error = "; ".join(problems)
         _report_failure(f"backend plugin {ep.name!r} is invalid: {record.error}")

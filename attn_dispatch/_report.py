@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ._arch import Arch
 
@@ -43,7 +43,6 @@ class Report:
     inputs: str = ""
     forced: str | None = None
     mode: str = "backward"
-    notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict:
         return {
@@ -59,7 +58,6 @@ class Report:
         if self.inputs:
             lines += ["inputs:"] + [f"  {line}" for line in self.inputs.splitlines()]
         lines.append(f"selected: {self.selected or 'none'}")
-        lines += [f"note: {note}" for note in self.notes]
         lines.append(format_table(self.candidates))
         return "\n".join(lines)
 

@@ -9,6 +9,7 @@ back and needs no priority entry.
 from __future__ import annotations
 
 from ._arch import Arch
+from ._capabilities import input_reasons, where_reasons
 from ._errors import NoBackendError
 from ._implementation import Implementation
 from ._inputs import ForwardInputs
@@ -23,11 +24,16 @@ NON_DETERMINISTIC = (
 
 
 def _reasons(impl: Implementation, inp: ForwardInputs, arch: Arch, mode: str) -> list[str]:
+    """The core's reasons (mode, determinism, declared capabilities), then ``supports``'s."""
     reasons = []
     if mode == "forward" and not impl.has_forward:
         reasons.append("provides no forward")
     if inp.deterministic and not impl.deterministic:
         reasons.append(NON_DETERMINISTIC)
+    where = where_reasons(impl, inp, arch)
+    if where:
+        return reasons + where
+    reasons += input_reasons(impl, inp)
     answer = impl.supports(inp, arch)
     if not isinstance(answer, (list, tuple)) or not all(isinstance(r, str) for r in answer):
         raise TypeError(f"supports() must return a list of str, got {answer!r}")

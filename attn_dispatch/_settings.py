@@ -44,8 +44,9 @@ class Settings:
     enabled: set[str]
     disabled: set[str]
     arch_override: Arch | None
+    # signature key -> Decision (see _dispatch); cleared on every change of the settings.
     decisions: dict = field(default_factory=dict)
-    # flags -> [(guard, facts, impl)]: the C-level front of ``decisions`` (see _guards).
+    # flags -> [(guard, Decision)]: the C-level front of ``decisions`` (see _guards).
     guarded: dict = field(default_factory=dict)
 
     def forget(self) -> None:
@@ -138,6 +139,24 @@ def check_name(name: object, argument: str) -> str:
             f"{', '.join(registry.known_names()) or 'none (no backend plugin is installed)'}"
         )
     return name
+
+
+def forced_name(backend: str | None, settings: Settings) -> str | None:
+    """The name forced for a call, unchecked (it goes into the decision key): the ``backend``
+    argument, else ``use_backend()``, else ``ATTN_DISPATCH_BACKEND``."""
+    return backend or _forced.get() or settings.forced_env
+
+
+def resolve_forced(backend: object, settings: Settings) -> str | None:
+    """:func:`forced_name`, checked: an unknown name raises listing the known ones."""
+    if backend is not None:
+        return check_name(backend, "backend")
+    name = _forced.get()
+    if name is not None:
+        return name
+    if settings.forced_env is not None:
+        check_name(settings.forced_env, BACKEND_ENV)
+    return settings.forced_env
 
 
 def enable(*names: str) -> None:

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from . import _api, _settings
+from . import _api, _inputs, _settings
 from ._arch import Arch, detect_arch
 
 DTYPES = {
@@ -54,7 +54,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _meta_inputs(args: argparse.Namespace) -> dict:
     dtype = DTYPES[args.dtype]
-    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    lse_dtype = _inputs.lse_dtype(dtype)
     sk = args.seqlen_k or args.seqlen
     dv = args.head_dim_v or args.head_dim
     kv_heads = args.kv_heads or args.heads

@@ -57,7 +57,7 @@ def make_inputs(b=1, sq=8, sk=None, h=4, hkv=2, d=16, dv=None, dtype=torch.float
     """Random backward inputs (q, k, v, out, lse, grad_out) in the dense BSHD layout."""
     sk = sk or sq
     dv = dv or d
-    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    lse_dtype = ad.lse_dtype(dtype)
 
     def rand(*shape, dt=dtype):
         return torch.randn(shape, dtype=dt, device=device)

@@ -11,7 +11,7 @@ import torch
 from conftest import make_inputs
 
 import attn_dispatch as ad
-from attn_dispatch import _api, _guards
+from attn_dispatch import _dispatch, _guards
 
 NAMES = ("q", "k", "v", "out", "lse", "grad_out")
 
@@ -28,7 +28,7 @@ def _served_by_guard_only(monkeypatch, call):
     def no_validation(*args, **kwargs):
         raise AssertionError("the guard did not serve the call")
 
-    monkeypatch.setattr(_api, "build_inputs", no_validation)
+    monkeypatch.setattr(_dispatch, "build_inputs", no_validation)
     try:
         return call()
     finally:

@@ -162,7 +162,7 @@ def _oracle_backward(q, k, v, out, lse, grad_out, *, deterministic=None, max_seq
 
 def _oracle_forward(q, k, v, *, max_seqlen_q=None, max_seqlen_k=None, **flags):
     r = oracle(q, k, v, **flags)
-    return r.out.to(q.dtype), r.lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    return r.out.to(q.dtype), r.lse.to(ad.lse_dtype(q.dtype))
 
 
 GQA = Case((20,), (24,), heads=8, kv_heads=2, head_dim=16, seed=1)

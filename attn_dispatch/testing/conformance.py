@@ -1,7 +1,7 @@
 """Conformance checks: run a backend on a :class:`~attn_dispatch.testing.cases.Case` and compare
 it with the float64 oracle.
 
-``backend`` is a name (``"reference"``, ``"triton:fwd_bwd"``) run through ``ad.backward`` /
+``backend`` is a name (``"reference"``, ``"triton:fused"``) run through ``ad.backward`` /
 ``ad.forward`` with ``backend=`` forcing it, or a callable with the same signature as those
 functions (handy for checking a kernel before it is registered). A forced implementation that
 rejects the case raises :class:`Unsupported` carrying its reasons: a rejection is a legitimate
@@ -38,10 +38,6 @@ class Unsupported(Exception):  # noqa: N818 - reads as "the backend says: unsupp
     def __init__(self, backend: str, reasons: list[str]) -> None:
         self.reasons = reasons
         super().__init__(f"{backend} rejects this case: " + "; ".join(reasons))
-
-
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _oracle_for(inputs: CaseInputs) -> OracleResult:
@@ -179,7 +175,7 @@ def check_backward(
     inputs = case.make_inputs(dtype, device)
     ref = _oracle_for(inputs)
     out = place(ref.out, case.layout, dtype, device)
-    lse = place(ref.lse, case.layout, _lse_dtype(dtype), device)
+    lse = place(ref.lse, case.layout, ad.lse_dtype(dtype), device)
     args = (inputs.q, inputs.k, inputs.v, out, lse, inputs.grad_out)
     flags = inputs.flags() | {"deterministic": deterministic}
     if isinstance(backend, str):
@@ -243,7 +239,7 @@ def check_forward(
         rows.append(f"  expected a tuple (out, lse), got {type(result).__name__}")
         _fail("forward", backend, case, dtype, device, rows)
     out, lse = result
-    lse_like = torch.empty(ref.lse.shape, dtype=_lse_dtype(dtype), device=device)
+    lse_like = torch.empty(ref.lse.shape, dtype=ad.lse_dtype(dtype), device=device)
     ok = _check_like("out", out, inputs.grad_out, rows)
     ok = _check_like("lse", lse, lse_like, rows) and ok
     if ok:
@@ -268,7 +264,7 @@ def check_deterministic(
     inputs = case.make_inputs(dtype, device)
     ref = _oracle_for(inputs)
     out = place(ref.out, case.layout, dtype, device)
-    lse = place(ref.lse, case.layout, _lse_dtype(dtype), device)
+    lse = place(ref.lse, case.layout, ad.lse_dtype(dtype), device)
     args = (inputs.q, inputs.k, inputs.v, out, lse, inputs.grad_out)
     flags = inputs.flags() | {"deterministic": True}
     _require_supported(backend, args, flags)

@@ -7,7 +7,9 @@ launching; both are cached by ``KernelSpec.key()`` (the scale is a run-time argu
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -21,20 +23,35 @@ from ._toolchain import cache_dir, compile_in_subprocess, rocm_path
 _launchers: dict[str, object] = {}
 
 
+@contextlib.contextmanager
+def _target_arch(arch: str) -> Iterator[None]:
+    """``ARCH=arch`` while FlyDSL compiles (it reads its target from that variable), then the
+    caller's value back: the rest of the process never sees it."""
+    saved = os.environ.get("ARCH")
+    os.environ["ARCH"] = arch
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("ARCH", None)
+        else:
+            os.environ["ARCH"] = saved
+
+
 def _compiled(spec: KernelSpec, args: list):
     fn = _launchers.get(spec.key())
     if fn is None:
         compile_in_subprocess(spec)  # surfaces a crashing compile as an exception, not an abort
-        os.environ["ARCH"] = spec.arch
         os.environ.setdefault("FLYDSL_RUNTIME_CACHE_DIR", str(cache_dir() / "flydsl"))
         rp = rocm_path()
         if rp:
             os.environ.setdefault("ROCM_PATH", rp)
-        import flydsl.compiler as flyc
+        with _target_arch(spec.arch):
+            import flydsl.compiler as flyc
 
-        from ._builders import launcher
+            from ._builders import launcher
 
-        fn = flyc.compile(launcher(spec), *args)
+            fn = flyc.compile(launcher(spec), *args)
         _launchers[spec.key()] = fn
         return fn, True  # flyc.compile already ran it once with these arguments
     return fn, False

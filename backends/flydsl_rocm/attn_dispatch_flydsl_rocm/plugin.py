@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import attn_dispatch as ad
 
-from ._support import reasons
+from ._support import DTYPES, HEAD_DIMS, reasons
 
 
 class _FlyDSL(ad.Implementation):
+    """Backward only; capabilities as declared here, the rest in ``_support.reasons``."""
+
     backend = "flydsl_rocm"
     opt_in = True
-    deterministic = False
+    deterministic = False  # dQ accumulates with f32 atomics
+    vendors = ("rocm",)
+    dtypes = tuple(DTYPES)
+    head_dims = HEAD_DIMS
+    same_head_dims = True
+    causal_aligns = ("top_left",)
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
         return reasons(self.name, inp, arch)
@@ -30,6 +37,7 @@ class Gfx950Fused(_FlyDSL):
 
     name = "gfx950_fused"
     priority = {"gfx950": 95}
+    archs = ("gfx950",)  # needs MFMA 16x16x32 and ds_read_b64_tr_b16
 
 
 class Gfx942Mfma(_FlyDSL):
@@ -37,6 +45,7 @@ class Gfx942Mfma(_FlyDSL):
 
     name = "gfx942_mfma"
     priority = {"gfx942": 90, "gfx950": 85}
+    archs = ("gfx942", "gfx950")
 
 
 @ad.hookimpl

@@ -1,4 +1,7 @@
-"""What the three implementations share: capability checks, lse conventions, GQA expansion.
+"""What the three implementations share: causal-mask and lse conventions, GQA expansion.
+
+Their capabilities (vendors, archs, dtypes, head dims, strides) are class attributes that the
+core turns into reasons; ``supports`` keeps only what those cannot say.
 
 Conventions at the boundary:
 
@@ -22,68 +25,6 @@ import attn_dispatch as ad
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 INF = math.inf
-
-
-def cuda_capability(arch: ad.Arch) -> int | None:
-    """``sm_90`` -> 90; ``None`` for a name that is not ``sm_<digits>``."""
-    digits = arch.name[3:] if arch.name.startswith("sm_") else ""
-    return int(digits) if digits.isdigit() else None
-
-
-def vendor_reasons(inp: ad.ForwardInputs, arch: ad.Arch, vendors: tuple[str, ...]) -> list[str]:
-    """Reject tensors that are not on a GPU of one of ``vendors``."""
-    vendor = inp.device_vendor(arch)
-    if vendor not in vendors:
-        wanted = " or ".join({"cuda": "an NVIDIA (CUDA)", "rocm": "an AMD (ROCm)"}[v]
-                             for v in vendors)
-        return [f"device vendor {vendor!r} (tensors on {inp.device.type}): needs {wanted} GPU"]
-    if vendor != arch.vendor:
-        return [f"tensors are on a {vendor} device but arch={arch.name} is a {arch.vendor} arch"]
-    return []
-
-
-def dtype_reasons(inp: ad.ForwardInputs, dtypes: tuple[torch.dtype, ...]) -> list[str]:
-    """Reject dtypes outside ``dtypes``."""
-    if inp.dtype in dtypes:
-        return []
-    names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-    return [f"dtype={str(inp.dtype).replace('torch.', '')}: needs one of {names}"]
-
-
-def head_dim_reasons(inp: ad.ForwardInputs, max_dim: int, same_dv: bool) -> list[str]:
-    """Head dims must be multiples of 8 (16-byte rows) and at most ``max_dim``."""
-    reasons = []
-    for name, d in (("head_dim", inp.head_dim), ("head_dim_v", inp.head_dim_v)):
-        if d % 8 or d > max_dim:
-            reasons.append(f"{name}={d}: needs a multiple of 8 that is at most {max_dim}")
-    if same_dv and inp.head_dim != inp.head_dim_v:
-        reasons.append(f"head_dim_v={inp.head_dim_v} != head_dim={inp.head_dim}: needs equal dims")
-    return reasons
-
-
-def tensors_of(inp: ad.ForwardInputs) -> list[tuple[str, torch.Tensor]]:
-    """The q/k/v (and out/grad_out for backward) tensors with their names."""
-    named = [("q", inp.q), ("k", inp.k), ("v", inp.v)]
-    if isinstance(inp, ad.BackwardInputs):
-        named += [("out", inp.out), ("grad_out", inp.grad_out)]
-    return named
-
-
-def stride_reasons(inp: ad.ForwardInputs) -> list[str]:
-    """Last dim contiguous, every other stride a multiple of 16 bytes, 16-byte aligned data."""
-    reasons = []
-    for name, t in tensors_of(inp):
-        elems = 16 // t.element_size()
-        strides = t.stride()
-        if t.shape[-1] > 1 and strides[-1] != 1:
-            reasons.append(f"{name}.stride()={strides}: needs a contiguous last dim")
-        elif any(s % elems for s, n in zip(strides[:-1], t.shape[:-1]) if n > 1):
-            reasons.append(f"{name}.stride()={strides}: needs strides that are multiples of "
-                           f"{elems} elements (16 bytes)")
-        elif t.device.type != "meta" and t.numel() and t.data_ptr() % 16:
-            reasons.append(f"{name}.data_ptr() % 16 = {t.data_ptr() % 16}: needs 16-byte "
-                           "alignment")
-    return reasons
 
 
 def causal_matches(inp: ad.ForwardInputs, native_align: str) -> bool:
@@ -159,4 +100,4 @@ def empty_forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         lse_shape = (inp.heads, inp.q.shape[0])
     else:
         lse_shape = (inp.batch, inp.heads, inp.seqlen_q)
-    return out, torch.full(lse_shape, -INF, dtype=torch.float32, device=inp.q.device)
+    return out, torch.full(lse_shape, -INF, dtype=ad.lse_dtype(inp.dtype), device=inp.q.device)

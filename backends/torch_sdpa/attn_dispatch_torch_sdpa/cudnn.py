@@ -50,28 +50,20 @@ class Cudnn(ad.Implementation):
     priority = {"sm_90": 50, "sm_10*": 50, "sm_8*": 35}
     opt_in = False
     deterministic = False
-    max_head_dim = 128
+    vendors = ("cuda",)
+    min_sm = 80
+    dtypes = c.HALF_DTYPES
+    head_dims = range(8, 129, 8)  # 16-byte rows, at most 128
+    varlen = False  # not through this cuDNN op
+    causal_aligns = ("top_left",)  # PyTorch's cuDNN op knows no other
+    alignment = 16
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
-        """Reasons, each naming the offending value."""
-        reasons = c.vendor_reasons(inp, arch, ("cuda",))
-        if reasons:
-            return reasons
-        cap = c.cuda_capability(arch)
-        if cap is None or cap < 80:
-            reasons.append(f"arch={arch.name}: cuDNN attention needs sm_80 or newer")
-        reasons += c.dtype_reasons(inp, c.HALF_DTYPES)
-        reasons += c.head_dim_reasons(inp, self.max_head_dim, same_dv=False)
-        if inp.is_varlen:
-            reasons.append("varlen (cu_seqlens given): not supported through this cuDNN op")
-        if not c.causal_matches(inp, "top_left"):
-            reasons.append(f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
-                           f"Sk={inp.seqlen_k}: cuDNN's causal mask is top-left only")
+        """Beyond the declarations: at least one key, and the private ops' schemas."""
+        reasons = []
         if inp.seqlen_k == 0:
             reasons.append("Sk=0: cuDNN needs at least one key")
-        reasons += c.stride_reasons(inp)
-        reasons += ops_problems(CUDNN_FWD, CUDNN_BWD)
-        return reasons
+        return reasons + ops_problems(CUDNN_FWD, CUDNN_BWD)
 
     def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out [B,Sq,H,Dv], lse [B,H,Sq])``."""

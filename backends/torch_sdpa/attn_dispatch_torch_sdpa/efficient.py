@@ -69,6 +69,36 @@ def _padded_lse(inp: ad.BackwardInputs, lse: torch.Tensor) -> torch.Tensor:
     return padded
 
 
+def _rocm_reasons(inp: ad.ForwardInputs) -> list[str]:
+    """AOTriton: half dtypes, top-left causal mask, no varlen, no deterministic mode."""
+    reasons = []
+    if inp.deterministic:
+        reasons.append("deterministic=True on ROCm: AOTriton's backward exposes no "
+                       "deterministic mode")
+    if inp.is_varlen:
+        reasons.append("varlen on ROCm: not supported by this backend")
+    if not c.causal_matches(inp, "top_left"):
+        reasons.append(f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
+                       f"Sk={inp.seqlen_k} on ROCm: AOTriton's mask is top-left only")
+    if inp.dtype not in c.HALF_DTYPES:
+        reasons.append(f"dtype={str(inp.dtype).replace('torch.', '')} on ROCm: needs float16 "
+                       "or bfloat16")
+    return reasons
+
+
+def _cuda_reasons(inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    """bf16 needs sm_80; the bottom-right mask is wrong where rows see no key (Sq > Sk)."""
+    reasons = []
+    if inp.dtype == torch.bfloat16 and (arch.sm or 0) < 80:
+        reasons.append(f"dtype=bfloat16 on {arch.name}: needs sm_80 or newer")
+    if inp.causal and not c.causal_matches(inp, "top_left") and (
+            inp.is_varlen or inp.seqlen_q > inp.seqlen_k):
+        reasons.append(f"causal_align='bottom_right' with Sq={inp.seqlen_q} > "
+                       f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the "
+                       "kernel's bottom-right mask is wrong where rows see no key")
+    return reasons
+
+
 class Efficient(ad.Implementation):
     """Memory-efficient attention forward/backward (NVIDIA sm50+, AMD through AOTriton)."""
 
@@ -76,44 +106,22 @@ class Efficient(ad.Implementation):
     name = "efficient"
     priority = {"sm_*": 30, "gfx9*": 15, "gfx1*": 15}
     opt_in = False
-    deterministic = True
-    max_head_dim = 256
+    deterministic = True  # num_splits_key=1 when asked (CUDA; ROCm is refused in supports)
+    vendors = ("cuda", "rocm")
+    archs = ("sm_*", *ROCM_ARCHS)  # ROCm: where AOTriton builds these kernels
+    min_sm = 50
+    dtypes = (*c.HALF_DTYPES, torch.float32)  # float32 on CUDA only (see supports)
+    head_dims = range(8, 257, 8)  # 16-byte rows, at most 256
+    alignment = 16
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
-        """Reasons, each naming the offending value."""
-        reasons = c.vendor_reasons(inp, arch, ("cuda", "rocm"))
-        if reasons:
-            return reasons
-        rocm = arch.vendor == "rocm"
-        if rocm:
-            if arch.name not in ROCM_ARCHS:
-                reasons.append(f"arch={arch.name}: AOTriton attention runs on "
-                               f"{', '.join(ROCM_ARCHS)}")
-            if inp.deterministic:
-                reasons.append("deterministic=True on ROCm: AOTriton's backward exposes no "
-                               "deterministic mode")
-            if inp.is_varlen:
-                reasons.append("varlen on ROCm: not supported by this backend")
-            if not c.causal_matches(inp, "top_left"):
-                reasons.append(f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
-                               f"Sk={inp.seqlen_k} on ROCm: AOTriton's mask is top-left only")
-            reasons += c.dtype_reasons(inp, c.HALF_DTYPES)
+        """Beyond the declarations: what differs between CUDA and AOTriton on ROCm, and the
+        private ops' schemas."""
+        if arch.vendor == "rocm":
+            reasons = _rocm_reasons(inp)
         else:
-            cap = c.cuda_capability(arch)
-            if cap is None or cap < 50:
-                reasons.append(f"arch={arch.name}: memory-efficient attention needs sm_50+")
-            elif inp.dtype == torch.bfloat16 and cap < 80:
-                reasons.append(f"dtype=bfloat16 on {arch.name}: needs sm_80 or newer")
-            reasons += c.dtype_reasons(inp, (*c.HALF_DTYPES, torch.float32))
-            if inp.causal and not c.causal_matches(inp, "top_left") and (
-                    inp.is_varlen or inp.seqlen_q > inp.seqlen_k):
-                reasons.append(f"causal_align='bottom_right' with Sq={inp.seqlen_q} > "
-                               f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the "
-                               "kernel's bottom-right mask is wrong where rows see no key")
-        reasons += c.head_dim_reasons(inp, self.max_head_dim, same_dv=False)
-        reasons += c.stride_reasons(inp)
-        reasons += ops_problems(EFFICIENT_FWD, EFFICIENT_BWD)
-        return reasons
+            reasons = _cuda_reasons(inp, arch)
+        return reasons + ops_problems(EFFICIENT_FWD, EFFICIENT_BWD)
 
     def _kernel_views(self, inp: ad.ForwardInputs):
         """q, k, v as the op takes them: batch 1 for varlen, K/V expanded to H heads."""

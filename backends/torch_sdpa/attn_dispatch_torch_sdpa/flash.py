@@ -38,7 +38,13 @@ class Flash(ad.Implementation):
     name = "flash"
     priority = {"sm_90": 40, "sm_8*": 40, "sm_1*": 40, "gfx9*": 20, "gfx1*": 20}
     opt_in = False
-    max_head_dim = 256
+    vendors = ("cuda", "rocm")
+    archs = ("sm_*", *ROCM_ARCHS)  # ROCm: where AOTriton builds these kernels
+    min_sm = 80
+    dtypes = c.HALF_DTYPES
+    head_dims = range(8, 257, 8)  # 16-byte rows, at most 256
+    same_head_dims = True
+    alignment = 16
 
     @property
     def deterministic(self) -> bool:  # type: ignore[override]
@@ -46,37 +52,23 @@ class Flash(ad.Implementation):
         return _torch_deterministic()
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
-        """Reasons, each naming the offending value."""
-        reasons = c.vendor_reasons(inp, arch, ("cuda", "rocm"))
-        if reasons:
-            return reasons
+        """Beyond the declarations: the causal mask (bottom-right on NVIDIA, Sq == Sk only on
+        ROCm), D > 192 only on sm_80/sm_90, no varlen on ROCm, the private ops' schemas."""
+        reasons = []
         rocm = arch.vendor == "rocm"
-        if rocm:
-            if arch.name not in ROCM_ARCHS:
-                reasons.append(f"arch={arch.name}: AOTriton flash attention runs on "
-                               f"{', '.join(ROCM_ARCHS)}")
-        else:
-            cap = c.cuda_capability(arch)
-            if cap is None or cap < 80:
-                reasons.append(f"arch={arch.name}: FlashAttention-2 needs sm_80 or newer")
-            elif inp.head_dim > 192 and cap not in (80, 90):
-                reasons.append(f"head_dim={inp.head_dim} > 192 on {arch.name}: the backward "
-                               "needs sm_80 or sm_90")
-        reasons += c.dtype_reasons(inp, c.HALF_DTYPES)
-        reasons += c.head_dim_reasons(inp, self.max_head_dim, same_dv=True)
-        native = "top_left" if rocm else "bottom_right"
+        if not rocm and inp.head_dim > 192 and arch.sm not in (80, 90):
+            reasons.append(f"head_dim={inp.head_dim} > 192 on {arch.name}: the backward "
+                           "needs sm_80 or sm_90")
         if rocm and inp.causal and not c.causal_matches(inp, "never"):
             reasons.append(f"causal with Sq={inp.seqlen_q} != Sk={inp.seqlen_k} on ROCm: "
                            "the alignment of AOTriton's mask is not relied on")
-        elif not c.causal_matches(inp, native):
+        elif not rocm and not c.causal_matches(inp, "bottom_right"):
             reasons.append(f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
                            f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the "
-                           f"kernel's causal mask is {native}")
+                           "kernel's causal mask is bottom_right")
         if rocm and inp.is_varlen:
             reasons.append("varlen on ROCm: not supported by this backend")
-        reasons += c.stride_reasons(inp)
-        reasons += ops_problems(FLASH_FWD, FLASH_BWD)
-        return reasons
+        return reasons + ops_problems(FLASH_FWD, FLASH_BWD)
 
     def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, lse)`` in our layout."""

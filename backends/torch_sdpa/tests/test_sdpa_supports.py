@@ -108,7 +108,7 @@ def test_old_gpu_arch_rejected():
 def test_bottom_right_causal_with_sq_ne_sk():
     args = _dense(sq=256, sk=512)
     br = ad.explain(*args, causal=True, causal_align="bottom_right", arch="sm_90")
-    assert "top-left" in _reasons(br, "torch_sdpa:cudnn")
+    assert "top_left only" in _reasons(br, "torch_sdpa:cudnn")
     assert _status(br)["torch_sdpa:flash"][0] in ("selected", "supported")
     assert _status(br)["torch_sdpa:efficient"][0] in ("selected", "supported")
     tl = ad.explain(*args, causal=True, causal_align="top_left", arch="sm_90")

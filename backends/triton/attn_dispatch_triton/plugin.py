@@ -7,10 +7,10 @@ when a kernel runs; ``supports`` reads package metadata alone.
 Priorities: the default automatic choice on ROCm (60; FlyDSL, opt-in, ranks above it once
 enabled); on NVIDIA a contender placed by the H200 measurements in docs/triton_notes.md.
 
-Capabilities and non-goals (each rejected with a reason by ``supports``): bf16/f16 only (fp32
-accumulation inside); head dims 32-256, any value (tiles padded to a power of two); D may differ
-from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native. No dropout, no
-bias, no float32 inputs.
+Capabilities (class attributes; the core rejects what they exclude, with a reason): bf16/f16
+only (fp32 accumulation inside); head dims 32-256, any value (tiles padded to a power of two); D
+may differ from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native.
+Non-goals: dropout, bias, float32 inputs.
 
 ``triton:fused`` is deterministic (split dQ kernel, no atomics anywhere); ``triton:fused_atomic``
 computes dQ in the dK/dV kernel and adds it with fp32 atomics or TMA reductions (5 tile products
@@ -28,9 +28,6 @@ TRITON_REQUIREMENT = ">=3.2"
 # Triton ships as "triton" (PyPI, NVIDIA and AMD wheels) and, with some PyTorch builds,
 # as "pytorch-triton-rocm" / "pytorch-triton".
 TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton")
-AMD_ARCHES = ("gfx942", "gfx950")
-MIN_SM = 80
-MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
 # Where triton:fused outranks cuDNN on sm_90 (measured: B*H = 8, D = 128, causal MHA): up to
 # SMALL_CAUSAL_MHA_SK keys (dQ beside dK/dV), and in GLUON_CAUSAL_MHA_SK where the Gluon kernels
@@ -76,23 +73,6 @@ def triton_missing() -> str | None:
         r for r in reasons if "not installed" not in r)
 
 
-def arch_reasons(inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
-    """The tensors must live on an NVIDIA sm_80+ or AMD gfx942/gfx950 GPU."""
-    vendor = inp.device_vendor(arch)
-    if vendor not in ("cuda", "rocm"):
-        return [f"device vendor {vendor!r} (tensors on {inp.device.type}): needs an NVIDIA "
-                "(sm_80+) or AMD (gfx942/gfx950) GPU"]
-    if vendor != arch.vendor:
-        return [f"tensors are on a {vendor} device but arch={arch.name} is a {arch.vendor} arch"]
-    if vendor == "cuda":
-        digits = arch.name[3:]
-        if not digits.isdigit() or int(digits) < MIN_SM:
-            return [f"arch={arch.name}: needs sm_80 or newer (tensor-core tiles of Ampere+)"]
-    elif arch.name not in AMD_ARCHES:
-        return [f"arch={arch.name}: tuned and compile-tested for {', '.join(AMD_ARCHES)} only"]
-    return []
-
-
 class Fused(ad.Implementation):
     """Triton FMHA: forward, and backward as preprocess + dK/dV (GQA-walking) + dQ."""
 
@@ -101,24 +81,20 @@ class Fused(ad.Implementation):
     priority = {"gfx942": 60, "gfx950": 60, "sm_9*": 45, "sm_10*": 45, "sm_8*": 45}
     opt_in = False
     deterministic = True
+    vendors = ("cuda", "rocm")
+    archs = ("sm_*", "gfx942", "gfx950")  # AMD: the archs it is tuned and compile-tested for
+    min_sm = 80  # tensor-core tiles of Ampere and newer
+    dtypes = (torch.float16, torch.bfloat16)  # fp32 accumulation inside
+    head_dims = range(32, 257)  # any value: tiles are padded to a power of two
     atomic_dq = False  # dQ by the split kernel (no atomics)
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
-        """Reasons, each naming the offending value; ``[]`` means supported."""
+        """Beyond the declarations: an installed triton, and batch*heads within one grid axis."""
         missing = triton_missing()
         reasons = [missing] if missing else []
-        reasons += arch_reasons(inp, arch)
-        if inp.dtype not in (torch.float16, torch.bfloat16):
-            reasons.append(f"dtype={str(inp.dtype).replace('torch.', '')}: needs float16 or "
-                           "bfloat16")
-        for name, d in (("head_dim", inp.head_dim), ("head_dim_v", inp.head_dim_v)):
-            if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
-                reasons.append(f"{name}={d}: needs {MIN_HEAD_DIM} <= {name} <= {MAX_HEAD_DIM}")
         if inp.batch * inp.heads > MAX_GRID_Y:
             reasons.append(f"batch*heads={inp.batch * inp.heads}: needs at most {MAX_GRID_Y} "
                            "(one grid axis)")
-        if isinstance(inp, ad.BackwardInputs) and inp.lse.dtype != torch.float32:
-            reasons.append(f"lse.dtype={inp.lse.dtype}: needs float32")
         return reasons
 
     def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
@@ -165,7 +141,7 @@ def gluon_fused_atomic_fastest(inp: ad.BackwardInputs, arch: ad.Arch) -> bool:
     causal mask), or causal MHA with B*H <= 8 in ``GLUON_CAUSAL_MHA_SK``."""
     if not (arch.name == "sm_90" and not inp.is_varlen and gluon_kernels_apply(inp)):
         return False
-    # GQA 64/8, B=1 (docs/benchmarks.md, the GQA sweep at b1ffdbe): without a mask 1.10x / 1.06x
+    # GQA 64/8, B=1 (docs/benchmarks.md, the GQA sweep): without a mask 1.10x / 1.06x
     # / 1.02x / 1.02x / 1.01x cuDNN at 1K-16K, causal 1.18x / 1.09x / 1.05x / 1.03x / 1.01x
     # (under CUDA graphs 1.05x / 1.03x / 1.03x at 4K-16K causal): every length, causal or not.
     gqa = inp.kv_heads < inp.heads
