@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+import attn_dispatch as ad
+
 #: Default budget for one score-sized buffer (``batch · heads · chunk · keys`` elements).
 DEFAULT_BUDGET_BYTES = 128 * 1024 * 1024
 
@@ -204,7 +206,7 @@ def attention_forward(
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) for dense [B, S, H, D] or varlen [T, H, D] inputs (varlen iff cu_seqlens)."""
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse_dtype = ad.lse_dtype(q.dtype)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=lse_dtype, device=q.device)
@@ -253,7 +255,7 @@ def attention_backward(
         dense_backward(
             q, k, v, out, lse, grad_out, dq, dk, dv,
             scale=scale, offset=off, budget_bytes=budget_bytes,
-        )  # fmt: skip
+        )
         return dq, dk, dv
     dq.zero_()
     dk.zero_()

@@ -41,7 +41,7 @@ class Chunked(ad.Implementation):
             scale=inp.scale, causal=inp.causal, causal_align=inp.causal_align,
             cu_seqlens_q=inp.cu_seqlens_q, cu_seqlens_k=inp.cu_seqlens_k,
             budget_bytes=self._budget(),
-        )  # fmt: skip
+        )
 
     def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the given ``out`` and ``lse``."""
@@ -52,7 +52,7 @@ class Chunked(ad.Implementation):
             scale=inp.scale, causal=inp.causal, causal_align=inp.causal_align,
             cu_seqlens_q=inp.cu_seqlens_q, cu_seqlens_k=inp.cu_seqlens_k,
             budget_bytes=self._budget(),
-        ))  # fmt: skip
+        ))
 
 
 @ad.hookimpl

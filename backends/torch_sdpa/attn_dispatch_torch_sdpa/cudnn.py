@@ -34,7 +34,7 @@ def _run_backward(inp: ad.BackwardInputs, lse: torch.Tensor):
                 inp.grad_out.transpose(1, 2), inp.q.transpose(1, 2), inp.k.transpose(1, 2),
                 inp.v.transpose(1, 2), inp.out.transpose(1, 2), stats, seed, seed, None, None,
                 None, inp.seqlen_q, inp.seqlen_k, 0.0, inp.causal, scale=inp.scale,
-            )  # fmt: skip
+            )
         except RuntimeError as exc:
             if "Stats" not in str(exc) or attempt == len(_stats_rank) - 1:
                 raise
@@ -72,7 +72,7 @@ class Cudnn(ad.Implementation):
         res = aten(CUDNN_FWD)(
             inp.q.transpose(1, 2), inp.k.transpose(1, 2), inp.v.transpose(1, 2), None,
             True, 0.0, inp.causal, False, scale=inp.scale,
-        )  # fmt: skip
+        )
         out, lse = res[0], res[1]
         lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()
         return out.transpose(1, 2), lse

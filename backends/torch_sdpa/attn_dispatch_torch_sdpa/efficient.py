@@ -141,7 +141,7 @@ class Efficient(ad.Implementation):
             q, k, v, None, inp.cu_seqlens_q, inp.cu_seqlens_k,
             inp.max_seqlen_q if varlen else None, inp.max_seqlen_k if varlen else None,
             0.0, _mask_type(inp), True, scale=inp.scale,
-        )  # fmt: skip
+        )
         out, lse = res[0], res[1]
         if varlen:
             seq, pos = _token_positions(inp)
@@ -167,7 +167,7 @@ class Efficient(ad.Implementation):
             grad_out, q, k, v, None, out, inp.cu_seqlens_q, inp.cu_seqlens_k,
             inp.max_seqlen_q, inp.max_seqlen_k, lse, 0.0, seed, seed, _mask_type(inp), False,
             scale=inp.scale, num_splits_key=splits,
-        )  # fmt: skip
+        )
         if inp.is_varlen:
             dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)
             keyless = _keyless_tokens(inp, _token_positions(inp)[0])

@@ -77,7 +77,7 @@ class Flash(ad.Implementation):
         res = aten(FLASH_FWD)(
             inp.q, inp.k, inp.v, inp.cu_seqlens_q, inp.cu_seqlens_k,
             inp.max_seqlen_q, inp.max_seqlen_k, 0.0, inp.causal, False, scale=inp.scale,
-        )  # fmt: skip
+        )
         out, lse = res[0], res[1]
         expected = 2 if inp.is_varlen else 3
         if lse.dim() != expected:
@@ -94,5 +94,5 @@ class Flash(ad.Implementation):
             inp.grad_out, inp.q, inp.k, inp.v, inp.out, c.lse_to_kernel(inp),
             inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k,
             0.0, inp.causal, rng, rng, scale=inp.scale,
-        )  # fmt: skip
+        )
         return ad.Gradients(dq, dk, dv)

@@ -26,7 +26,7 @@ test_flash = make_conformance_tests(
 test_efficient = make_conformance_tests(
     "torch_sdpa:efficient", dtypes=("bfloat16", "float32"), device="cuda",
     tol={torch.float32: TF32},
-)  # fmt: skip
+)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -38,17 +38,17 @@ def test_seed_shape_gqa_against_reference(impl):
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape_q, shape_k = (1, 1024, 64, 128), (1, 1024, 8, 128)
     q, do = (torch.randn(shape_q, generator=gen, device="cuda", dtype=torch.bfloat16)
-             for _ in range(2))  # fmt: skip
+             for _ in range(2))
     k, v = (torch.randn(shape_k, generator=gen, device="cuda", dtype=torch.bfloat16)
-            for _ in range(2))  # fmt: skip
+            for _ in range(2))
     out, lse = ad.forward(q, k, v, causal=True, backend=f"torch_sdpa:{impl}")
     ref_out, ref_lse = ad.forward(q.float(), k.float(), v.float(), causal=True,
-                                  backend="reference")  # fmt: skip
+                                  backend="reference")
     assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
     assert (lse - ref_lse).abs().max() < 2e-2
     grads = ad.backward(q, k, v, out, lse, do, causal=True, backend=f"torch_sdpa:{impl}")
     ref = ad.backward(q.float(), k.float(), v.float(), out.float(), lse, do.float(),
-                      causal=True, backend="reference")  # fmt: skip
+                      causal=True, backend="reference")
     for name, got, want in zip("qkv", grads, ref, strict=True):
         assert got.shape == want.shape, name
         err = ((got.float() - want).norm() / want.norm()).item()

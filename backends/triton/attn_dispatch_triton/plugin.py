@@ -5,7 +5,8 @@ three-kernel backward in ``forward`` / ``backward``. Cheap to import: triton is 
 when a kernel runs; ``supports`` reads package metadata alone.
 
 Priorities: the default automatic choice on ROCm (60; FlyDSL, opt-in, ranks above it once
-enabled); on NVIDIA a contender placed by the H200 measurements in docs/triton_notes.md.
+enabled); on NVIDIA a contender placed by the H200 measurements in docs/benchmarks.md
+(design: docs/backends/triton.md).
 
 Capabilities (class attributes; the core rejects what they exclude, with a reason): bf16/f16
 only (fp32 accumulation inside); head dims 32-256, any value (tiles padded to a power of two); D
