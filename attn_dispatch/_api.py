@@ -19,26 +19,74 @@ from ._report import Report
 from ._selection import evaluate
 
 
-def backward(q, k, v, out, lse, grad_out, *, causal=False, causal_align="top_left", scale=None,
-             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-             deterministic=None, backend=None) -> Gradients:  # fmt: skip
+def backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    *,
+    causal=False,
+    causal_align="top_left",
+    scale=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    deterministic=None,
+    backend=None,
+) -> Gradients:
     """Gradients ``(dq, dk, dv)`` of attention, by the best (or the forced) implementation.
 
     Tensors are BSHD (dense) or THD with ``cu_seqlens`` (varlen); see the README for shapes.
     Raises ``TypeError``/``ValueError`` for malformed input and ``NoBackendError`` when no
     implementation (or not the forced one) accepts the inputs.
     """
-    return dispatch(BACKWARD, (q, k, v, out, lse, grad_out), cu_seqlens_q, cu_seqlens_k,
-                    max_seqlen_q, max_seqlen_k, causal, causal_align, scale, deterministic,
-                    backend)  # fmt: skip
+    return dispatch(
+        BACKWARD,
+        (q, k, v, out, lse, grad_out),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        causal_align,
+        scale,
+        deterministic,
+        backend,
+    )
 
 
-def forward(q, k, v, *, causal=False, causal_align="top_left", scale=None, cu_seqlens_q=None,
-            cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, deterministic=None,
-            backend=None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def forward(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    causal_align="top_left",
+    scale=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    deterministic=None,
+    backend=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of attention by the best (or forced) implementation that has a forward."""
-    return dispatch(FORWARD, (q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    causal, causal_align, scale, deterministic, backend)  # fmt: skip
+    return dispatch(
+        FORWARD,
+        (q, k, v),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        causal_align,
+        scale,
+        deterministic,
+        backend,
+    )
 
 
 def explain(
@@ -72,10 +120,21 @@ def explain(
     if arch is not None and not isinstance(arch, Arch):
         arch = Arch.parse(arch)
     inp = build_inputs(
-        q, k, v, out, lse, grad_out, causal=causal, causal_align=causal_align, scale=scale,
-        deterministic=deterministic, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        deterministic=deterministic,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+    )
     mode = "backward" if isinstance(inp, BackwardInputs) else "forward"
     forced = _settings.resolve_forced(backend, settings)
     report, _ = evaluate(settings, inp, arch or arch_for(settings, inp.device), mode, forced)

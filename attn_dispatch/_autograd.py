@@ -44,25 +44,52 @@ def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
 
 @torch.library.custom_op("attn_dispatch::fwd", mutates_args=(), schema=FWD_SCHEMA)
 def _fwd(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    causal, causal_align, scale, deterministic, backend,
-):  # fmt: skip
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    causal_align,
+    scale,
+    deterministic,
+    backend,
+):
     out, lse = _dispatch_forward(
-        q, k, v,
-        causal=causal, causal_align=causal_align, scale=scale,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        deterministic=deterministic, backend=backend,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        deterministic=deterministic,
+        backend=backend,
+    )
     inputs = (q, k, v)
     return _fresh(out, inputs), _fresh(lse, inputs)
 
 
 @_fwd.register_fake
 def _fwd_fake(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    causal, causal_align, scale, deterministic, backend,
-):  # fmt: skip
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    causal_align,
+    scale,
+    deterministic,
+    backend,
+):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:  # dense: q [B, Sq, H, D] -> lse [B, H, Sq]
         lse_shape = (q.shape[0], q.shape[2], q.shape[1])
@@ -73,25 +100,61 @@ def _fwd_fake(
 
 @torch.library.custom_op("attn_dispatch::bwd", mutates_args=(), schema=BWD_SCHEMA)
 def _bwd(
-    grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    causal, causal_align, scale, deterministic, backend,
-):  # fmt: skip
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    causal_align,
+    scale,
+    deterministic,
+    backend,
+):
     dq, dk, dv = _dispatch_backward(
-        q, k, v, out, lse, grad_out,
-        causal=causal, causal_align=causal_align, scale=scale,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-        deterministic=deterministic, backend=backend,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        deterministic=deterministic,
+        backend=backend,
+    )
     inputs = (grad_out, q, k, v, out, lse)
     return _fresh(dq, inputs), _fresh(dk, inputs), _fresh(dv, inputs)
 
 
 @_bwd.register_fake
 def _bwd_fake(
-    grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-    causal, causal_align, scale, deterministic, backend,
-):  # fmt: skip
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    causal_align,
+    scale,
+    deterministic,
+    backend,
+):
     return (
         q.new_empty(q.shape),
         k.new_empty(k.shape),
@@ -159,7 +222,17 @@ def attention(
     if scale is not None:
         scale = float(scale)
     out, _ = _fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        causal, causal_align, scale, deterministic, backend,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        causal_align,
+        scale,
+        deterministic,
+        backend,
+    )
     return out

@@ -169,21 +169,59 @@ def _describe_tensor(name: str, t: torch.Tensor) -> str:
 # Validation (runs once per signature)
 
 
-def build_inputs(q, k, v, out=None, lse=None, grad_out=None, *, causal, causal_align, scale,
-                 deterministic, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                 max_seqlen_k=None) -> ForwardInputs:  # fmt: skip
+def build_inputs(
+    q,
+    k,
+    v,
+    out=None,
+    lse=None,
+    grad_out=None,
+    *,
+    causal,
+    causal_align,
+    scale,
+    deterministic,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+) -> ForwardInputs:
     """Validate a call and wrap it: ``BackwardInputs`` when any of out/lse/grad_out is given,
     else ``ForwardInputs``. Flags are keywords, named as in ``attn_dispatch.backward``."""
-    facts = validate(q, k, v, out, lse, grad_out, causal=causal, causal_align=causal_align,
-                     scale=scale, deterministic=deterministic, cu_seqlens_q=cu_seqlens_q,
-                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                     max_seqlen_k=max_seqlen_k)  # fmt: skip
+    facts = validate(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        deterministic=deterministic,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+    )
     if out is None and lse is None and grad_out is None:
         return ForwardInputs(
             q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
         )
-    return BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, causal,
-                          causal_align, deterministic, facts)  # fmt: skip
+    return BackwardInputs(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        causal,
+        causal_align,
+        deterministic,
+        facts,
+    )
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -199,11 +237,14 @@ def _require_tensor(name: str, value) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"argument '{name}': expected a torch.Tensor, got {type(value).__name__}")
     if value.is_nested:
-        raise TypeError(f"argument '{name}': expected a dense tensor, got a nested tensor "
-                        "(pass varlen batches as THD tensors with cu_seqlens)")
+        raise TypeError(
+            f"argument '{name}': expected a dense tensor, got a nested tensor "
+            "(pass varlen batches as THD tensors with cu_seqlens)"
+        )
     if value.layout != torch.strided:
-        raise TypeError(f"argument '{name}': expected a dense (strided) tensor, got layout "
-                        f"{value.layout}")
+        raise TypeError(
+            f"argument '{name}': expected a dense (strided) tensor, got layout {value.layout}"
+        )
     return value
 
 
@@ -252,9 +293,23 @@ def check_flags(causal, causal_align, deterministic) -> None:
         )
 
 
-def validate(q, k, v, out=None, lse=None, grad_out=None, *, causal, causal_align, scale,
-             deterministic, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-             max_seqlen_k=None) -> Facts:  # fmt: skip
+def validate(
+    q,
+    k,
+    v,
+    out=None,
+    lse=None,
+    grad_out=None,
+    *,
+    causal,
+    causal_align,
+    scale,
+    deterministic,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+) -> Facts:
     """Check every argument of a forward (``out``/``lse``/``grad_out`` None) or backward call.
 
     Raises ``TypeError``/``ValueError`` naming the argument, the expectation and what was given.
@@ -335,8 +390,9 @@ def validate(q, k, v, out=None, lse=None, grad_out=None, *, causal, causal_align
     )
 
 
-def _require_backward_shapes(out, grad_out, lse, out_shape: tuple, out_layout: str,
-                             lse_shape: tuple, lse_layout: str) -> None:  # fmt: skip
+def _require_backward_shapes(
+    out, grad_out, lse, out_shape: tuple, out_layout: str, lse_shape: tuple, lse_layout: str
+) -> None:
     _require_shape("out", out, out_shape, out_layout)
     _require_shape("grad_out", grad_out, out_shape, out_layout)
     _require_shape("lse", lse, lse_shape, lse_layout)
@@ -358,8 +414,9 @@ def _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, bac
         )
     dv = v.shape[3]
     if backward:
-        _require_backward_shapes(out, grad_out, lse, (b, sq, h, dv), "[B, Sq, H, Dv]",
-                                 (b, h, sq), "[B, H, Sq]")  # fmt: skip
+        _require_backward_shapes(
+            out, grad_out, lse, (b, sq, h, dv), "[B, Sq, H, Dv]", (b, h, sq), "[B, H, Sq]"
+        )
     for name, given, actual in (
         ("max_seqlen_q", max_seqlen_q, sq),
         ("max_seqlen_k", max_seqlen_k, sk),
@@ -418,8 +475,7 @@ def _validate_varlen(q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_
         )
     dv = v.shape[2]
     if backward:
-        _require_backward_shapes(out, grad_out, lse, (tq, h, dv), "[Tq, H, Dv]", (h, tq),
-                                 "[H, Tq]")  # fmt: skip
+        _require_backward_shapes(out, grad_out, lse, (tq, h, dv), "[Tq, H, Dv]", (h, tq), "[H, Tq]")
     check_cu_seqlens(cu_q, cu_k, tq, tk, max_seqlen_q, max_seqlen_k)
     return cu_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, h, hkv, d, dv, max_seqlen_q, max_seqlen_k
 

@@ -61,8 +61,13 @@ def _verdict(
         if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
             raise TypeError(f"priority_for_inputs() must return an int or None, got {priority!r}")
     except Exception as exc:
-        return Candidate(name, impl.priority_for(arch), impl.opt_in, FAILED,
-                         (f"priority_for_inputs() raised {describe_error(exc)}",))
+        return Candidate(
+            name,
+            impl.priority_for(arch),
+            impl.opt_in,
+            FAILED,
+            (f"priority_for_inputs() raised {describe_error(exc)}",),
+        )
     if settings.matches(settings.disabled, name):
         return Candidate(
             name, priority, impl.opt_in, BLOCKED, (f"blocked by {DISABLE_ENV}",) + tuple(reasons)

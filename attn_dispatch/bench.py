@@ -68,8 +68,10 @@ class Shape:
     def label(self) -> str:
         kind = "MHA" if self.heads == self.kv_heads else "GQA"
         heads = f"{self.heads}" if kind == "MHA" else f"{self.heads}/{self.kv_heads}"
-        return (f"{kind} {heads} B={self.batch} S={self.seqlen} D={self.head_dim}"
-                f"{' causal' if self.causal else ''}")
+        return (
+            f"{kind} {heads} B={self.batch} S={self.seqlen} D={self.head_dim}"
+            f"{' causal' if self.causal else ''}"
+        )
 
     @property
     def flops(self) -> float:
@@ -117,30 +119,65 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attn-dispatch bench", description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seqlens", type=_ints, default=_ints(DEFAULT_SEQLENS),
-                   help=f"comma list of Sq=Sk (default {DEFAULT_SEQLENS})")
-    p.add_argument("--heads", type=_ints, default=[64, 8],
-                   help="comma list of query head counts (default 64,8)")
-    p.add_argument("--kv-heads", type=_ints, default=None,
-                   help="comma list paired with --heads, or one value for all (default 8)")
+    p.add_argument(
+        "--seqlens",
+        type=_ints,
+        default=_ints(DEFAULT_SEQLENS),
+        help=f"comma list of Sq=Sk (default {DEFAULT_SEQLENS})",
+    )
+    p.add_argument(
+        "--heads",
+        type=_ints,
+        default=[64, 8],
+        help="comma list of query head counts (default 64,8)",
+    )
+    p.add_argument(
+        "--kv-heads",
+        type=_ints,
+        default=None,
+        help="comma list paired with --heads, or one value for all (default 8)",
+    )
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     causal = p.add_mutually_exclusive_group()
-    causal.add_argument("--causal", dest="causal", action="store_const", const=[True],
-                        help="causal only (default: both)")
-    causal.add_argument("--no-causal", dest="causal", action="store_const", const=[False],
-                        help="non-causal only (default: both)")
-    p.add_argument("--impls", default=None,
-                   help="comma list of names or fnmatch patterns (e.g. 'torch_sdpa:*,triton')")
-    p.add_argument("--include-reference", action="store_true",
-                   help="also time the reference backend (always timed on the CPU)")
-    p.add_argument("--repeats", type=int, default=0,
-                   help="timed calls per variant (default 0: enough for ~2 s of the fastest "
-                        "variant, 41 to 300)")  # fmt: skip
+    causal.add_argument(
+        "--causal",
+        dest="causal",
+        action="store_const",
+        const=[True],
+        help="causal only (default: both)",
+    )
+    causal.add_argument(
+        "--no-causal",
+        dest="causal",
+        action="store_const",
+        const=[False],
+        help="non-causal only (default: both)",
+    )
+    p.add_argument(
+        "--impls",
+        default=None,
+        help="comma list of names or fnmatch patterns (e.g. 'torch_sdpa:*,triton')",
+    )
+    p.add_argument(
+        "--include-reference",
+        action="store_true",
+        help="also time the reference backend (always timed on the CPU)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=0,
+        help="timed calls per variant (default 0: enough for ~2 s of the fastest "
+        "variant, 41 to 300)",
+    )
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="time CUDA-graph replays of each call (the GPU's time alone, without "
-                        "the host's cost of a call; CUDA only)")  # fmt: skip
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="time CUDA-graph replays of each call (the GPU's time alone, without "
+        "the host's cost of a call; CUDA only)",
+    )
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
@@ -160,8 +197,12 @@ def shapes_from(args: argparse.Namespace) -> list[Shape]:
         raise SystemExit(f"--kv-heads: expected 1 or {len(args.heads)} values, got {len(kv)}")
     pairs = [(h, min(k, h)) for h, k in zip(args.heads, kv)]
     causals = args.causal if args.causal is not None else [False, True]
-    return [Shape(args.batch, s, h, k, args.head_dim, c, args.dtype)
-            for h, k in pairs for c in causals for s in args.seqlens]  # fmt: skip
+    return [
+        Shape(args.batch, s, h, k, args.head_dim, c, args.dtype)
+        for h, k in pairs
+        for c in causals
+        for s in args.seqlens
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,8 +231,10 @@ class Timer:
         self.sync()
         host = []
         if self.cuda:
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(repeats)]  # fmt: skip
+            events = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(repeats)
+            ]
             for i, (start, end) in enumerate(events):
                 start.record()
                 t0 = time.perf_counter()
@@ -246,12 +289,15 @@ class Timer:
         self.sync()
         result = {}
         for key in keys:
-            times = ([s.elapsed_time(e) * 1e3 for s, e in marks[key]] if self.cuda
-                     else host[key])  # fmt: skip
+            times = [s.elapsed_time(e) * 1e3 for s, e in marks[key]] if self.cuda else host[key]
             median = statistics.median(times)
             q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (median,) * 3
-            result[key] = (median, statistics.median(host[key]), len(times),
-                           (q3 - q1) / median if median else 0.0)
+            result[key] = (
+                median,
+                statistics.median(host[key]),
+                len(times),
+                (q3 - q1) / median if median else 0.0,
+            )
         return result
 
 
@@ -293,8 +339,9 @@ def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> fl
 def _l2_bytes(device: torch.device) -> int:
     if device.type != "cuda":
         return L2_FALLBACK_BYTES
-    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
-               or L2_FALLBACK_BYTES)  # fmt: skip
+    return int(
+        getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or L2_FALLBACK_BYTES
+    )
 
 
 def make_sets(shape: Shape, device: torch.device, gen: torch.Generator) -> list[dict]:
@@ -305,6 +352,7 @@ def make_sets(shape: Shape, device: torch.device, gen: torch.Generator) -> list[
     n_sets = max(1, min(8, math.ceil(2 * _l2_bytes(device) / max(per_set, 1))))
     sets = []
     for _ in range(n_sets):
+
         def rnd(*size):
             return torch.randn(size, generator=gen, device=device, dtype=dtype)
 
@@ -318,8 +366,9 @@ def _args(t: dict) -> tuple:
     return t["q"], t["k"], t["v"], t["out"], t["lse"], t["grad_out"]
 
 
-def candidates(shape: Shape, tensors: dict, patterns: list[str] | None,
-               include_reference: bool) -> tuple[list[str], str | None, dict[str, str]]:
+def candidates(
+    shape: Shape, tensors: dict, patterns: list[str] | None, include_reference: bool
+) -> tuple[list[str], str | None, dict[str, str]]:
     """(implementations to time, the automatic choice, rejected name -> reasons)."""
     report = ad.explain(*_args(tensors), causal=shape.causal)
     names, rejected = [], {}
@@ -331,8 +380,11 @@ def candidates(shape: Shape, tensors: dict, patterns: list[str] | None,
     if not include_reference:
         names = [n for n in names if not n.startswith("reference:")] or names
     if patterns:
-        names = [n for n in names if any(fnmatch.fnmatchcase(n, p) or n.split(":")[0] == p
-                                         for p in patterns)]  # fmt: skip
+        names = [
+            n
+            for n in names
+            if any(fnmatch.fnmatchcase(n, p) or n.split(":")[0] == p for p in patterns)
+        ]
     return names, report.selected, rejected
 
 
@@ -342,8 +394,18 @@ def reference_grads(shape: Shape, t: dict) -> tuple[torch.Tensor, ...]:
     ref_dtype = torch.float64 if (shape.dtype == "fp32" or small) else torch.float32
     up = {k: t[k].to(ref_dtype) for k in ("q", "k", "v", "out", "grad_out")}
     lse = t["lse"].to(ref_dtype)
-    return tuple(ad.backward(up["q"], up["k"], up["v"], up["out"], lse, up["grad_out"],
-                             causal=shape.causal, backend="reference"))  # fmt: skip
+    return tuple(
+        ad.backward(
+            up["q"],
+            up["k"],
+            up["v"],
+            up["out"],
+            lse,
+            up["grad_out"],
+            causal=shape.causal,
+            backend="reference",
+        )
+    )
 
 
 def compare(grads, ref) -> tuple[float, float]:
@@ -441,8 +503,10 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
                     row.note = f"outside tolerance (max_err<={max_tol:g}, rel_l2<={l2_tol:g})"
                     log(f"  {name}: WRONG max_err={row.max_err:.2e} rel_l2={row.rel_l2:.2e}")
                     continue
-            calls = [lambda t=t, n=name: ad.backward(*_args(t), causal=shape.causal, backend=n)
-                     for t in sets]  # fmt: skip
+            calls = [
+                lambda t=t, n=name: ad.backward(*_args(t), causal=shape.causal, backend=n)
+                for t in sets
+            ]
             first, _ = timer.samples(calls, args.warmup, 1)  # compile / first calls stay out
             estimate = min(estimate, first[0])
             variants[row] = calls
@@ -465,12 +529,14 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             except Exception as exc:  # an implementation that cannot be captured is reported
                 del variants[row]
                 row.status = "ERROR"
-                row.note = (f"CUDA graph capture failed: {type(exc).__name__}: "
-                            f"{exc}".splitlines()[0][:200])  # fmt: skip
+                row.note = f"CUDA graph capture failed: {type(exc).__name__}: {exc}".splitlines()[
+                    0
+                ][:200]
                 log(f"  {row.impl} ({row.kind}): {row.note}")
     try:
-        measured = timer.interleaved(variants, args.warmup, _repeats(args.repeats, estimate),
-                                     seed=args.seed)  # fmt: skip
+        measured = timer.interleaved(
+            variants, args.warmup, _repeats(args.repeats, estimate), seed=args.seed
+        )
     except Exception as exc:
         measured = {}
         log(f"  timing failed: {type(exc).__name__}: {exc}")
@@ -492,19 +558,33 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
 
 
 def environment(device: torch.device) -> dict:
-    env = {"python": platform.python_version(), "torch": torch.__version__,
-           "attn_dispatch": ad.__version__, "device": str(device)}  # fmt: skip
-    for dist in ("triton", "attn-dispatch-torch-sdpa", "attn-dispatch-triton",
-                 "attn-dispatch-reference"):  # fmt: skip
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "attn_dispatch": ad.__version__,
+        "device": str(device),
+    }
+    for dist in (
+        "triton",
+        "attn-dispatch-torch-sdpa",
+        "attn-dispatch-triton",
+        "attn-dispatch-reference",
+    ):
         try:
             env[dist] = md.version(dist)
         except md.PackageNotFoundError:
             pass
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(gpu=props.name, arch=str(ad.detect_arch(device)), cuda=torch.version.cuda,
-                   hip=torch.version.hip, cudnn=torch.backends.cudnn.version(),
-                   sms=props.multi_processor_count, l2_bytes=_l2_bytes(device))  # fmt: skip
+        env.update(
+            gpu=props.name,
+            arch=str(ad.detect_arch(device)),
+            cuda=torch.version.cuda,
+            hip=torch.version.hip,
+            cudnn=torch.backends.cudnn.version(),
+            sms=props.multi_processor_count,
+            l2_bytes=_l2_bytes(device),
+        )
         try:
             query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
             out = subprocess.run(query, capture_output=True, text=True, timeout=20)
@@ -515,15 +595,19 @@ def environment(device: torch.device) -> dict:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = f"{'shape':<34} {'implementation':<24} {'kind':<7} {'us':>10} {'TFLOP/s':>8} " \
-           f"{'xfastest':>8} {'host us':>8}  check"  # fmt: skip
+    head = (
+        f"{'shape':<34} {'implementation':<24} {'kind':<7} {'us':>10} {'TFLOP/s':>8} "
+        f"{'xfastest':>8} {'host us':>8}  check"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.us is None:
             if r.status == "rejected":
                 continue
-            lines.append(f"{r.shape.label:<34} {r.impl:<24} {r.kind:<7} {'-':>10} {'-':>8} "
-                         f"{'-':>8} {'-':>8}  {r.status} {r.note}")  # fmt: skip
+            lines.append(
+                f"{r.shape.label:<34} {r.impl:<24} {r.kind:<7} {'-':>10} {'-':>8} "
+                f"{'-':>8} {'-':>8}  {r.status} {r.note}"
+            )
             continue
         check = "" if r.rel_l2 is None else f"rel_l2={r.rel_l2:.1e}"
         lines.append(
@@ -546,8 +630,10 @@ def summary(rows: list[Row]) -> str:
         if not forced or auto is None:
             continue
         best = min(forced, key=lambda r: r.us)
-        line = f"{shape.label:<34} fastest {best.impl} {best.us:.1f} us; auto {auto.impl} " \
-               f"{auto.us:.1f} us ({auto.us / best.us - 1:+.1%} vs fastest"  # fmt: skip
+        line = (
+            f"{shape.label:<34} fastest {best.impl} {best.us:.1f} us; auto {auto.impl} "
+            f"{auto.us:.1f} us ({auto.us / best.us - 1:+.1%} vs fastest"
+        )
         if direct is not None:
             line += f", {auto.us / direct.us - 1:+.1%} vs direct {direct.us:.1f} us"
             same = next((r for r in forced if r.impl == direct.impl), None)
@@ -586,8 +672,13 @@ def plot(path: str, rows: list[Row], matmul: float | None) -> bool:
     for ax, ((h, hkv, causal), series) in zip(axes[0], sorted(groups.items())):
         for label, pts in sorted(series.items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    linestyle="--" if label == "auto" else "-", label=label)  # fmt: skip
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                linestyle="--" if label == "auto" else "-",
+                label=label,
+            )
         if matmul:
             ax.axhline(matmul, color="gray", linewidth=0.8, label="bf16 matmul")
         ax.set_xscale("log", base=2)
@@ -634,8 +725,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nbf16 matmul 8192^3 ceiling: {matmul:.0f} TFLOP/s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"environment": env, "matmul_tflops": matmul, "argv": argv,
-                       "rows": [r.to_dict() for r in rows]}, f, indent=1)  # fmt: skip
+            json.dump(
+                {
+                    "environment": env,
+                    "matmul_tflops": matmul,
+                    "argv": argv,
+                    "rows": [r.to_dict() for r in rows],
+                },
+                f,
+                indent=1,
+            )
     if args.csv:
         write_csv(args.csv, rows)
     if args.plot and not plot(args.plot, rows, matmul):

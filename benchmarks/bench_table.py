@@ -10,9 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 
-COLUMNS = [("torch_sdpa:cudnn", "cuDNN"), ("triton:fused", "triton:fused"),
-           ("triton:fused_atomic", "triton:fused_atomic"), ("torch_sdpa:flash", "FA2"),
-           ("torch_sdpa:efficient", "efficient")]
+COLUMNS = [
+    ("torch_sdpa:cudnn", "cuDNN"),
+    ("triton:fused", "triton:fused"),
+    ("triton:fused_atomic", "triton:fused_atomic"),
+    ("torch_sdpa:flash", "FA2"),
+    ("torch_sdpa:efficient", "efficient"),
+]
 
 
 def shape_name(r: dict) -> str:
@@ -25,8 +29,15 @@ def table(rows: list[dict]) -> str:
     shapes: dict[str, dict] = {}
     for r in rows:
         shapes.setdefault(shape_name(r), {})[(r["impl"], r["kind"])] = r
-    head = ["shape", *(label for _, label in COLUMNS), "auto vs fastest", "auto vs direct",
-            "forced vs direct (same kernel)", "triton vs FA2", "triton vs cuDNN"]
+    head = [
+        "shape",
+        *(label for _, label in COLUMNS),
+        "auto vs fastest",
+        "auto vs direct",
+        "forced vs direct (same kernel)",
+        "triton vs FA2",
+        "triton vs cuDNN",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, by in shapes.items():
         forced = {impl: r for (impl, kind), r in by.items() if kind == "forced"}
@@ -39,8 +50,11 @@ def table(rows: list[dict]) -> str:
             cell = "—" if r is None else f"{r['us']:.0f} ({r['tflops']:.0f})"
             cells.append(f"**{cell}**" if r is best else cell)
         same = forced[direct["impl"]]
-        cells += [f"{auto['us'] / best['us'] - 1:+.1%}", f"{auto['us'] / direct['us'] - 1:+.1%}",
-                  f"{same['us'] / direct['us'] - 1:+.1%}"]
+        cells += [
+            f"{auto['us'] / best['us'] - 1:+.1%}",
+            f"{auto['us'] / direct['us'] - 1:+.1%}",
+            f"{same['us'] / direct['us'] - 1:+.1%}",
+        ]
         triton = [r for impl, r in forced.items() if impl.startswith("triton:")]
         ours = min(triton, key=lambda r: r["us"]) if triton else None
         for other in ("torch_sdpa:flash", "torch_sdpa:cudnn"):

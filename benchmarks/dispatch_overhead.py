@@ -43,9 +43,10 @@ def main() -> int:
     facts = next(iter(ad._settings.current().decisions.values()))[0]
     inp = ad.BackwardInputs(q, k, v, out, lse, do, None, None, False, "top_left", False, facts)
     rows = []
-    for label, call in (("forced (backend='toy:trivial')",
-                         lambda: ad.backward(*args, backend="toy:trivial")),
-                        ("use_backend('toy:trivial')", None)):
+    for label, call in (
+        ("forced (backend='toy:trivial')", lambda: ad.backward(*args, backend="toy:trivial")),
+        ("use_backend('toy:trivial')", None),
+    ):
         if call is None:
             with ad.use_backend("toy:trivial"):
                 total = median_us(lambda: ad.backward(*args))
@@ -53,10 +54,17 @@ def main() -> int:
             total = median_us(call)
         direct = median_us(lambda: impl.backward(inp))
         rows.append((label, total, direct, total - direct))
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.machine())
-    print(f"python {platform.python_version()}, torch {torch.__version__}, {cpu}, "
-          f"tensors on {device}")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in open("/proc/cpuinfo")
+            if line.startswith("model name")
+        ),
+        platform.machine(),
+    )
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, {cpu}, tensors on {device}"
+    )
     print(f"{'path':<34}{'ad.backward µs':>16}{'direct µs':>12}{'overhead µs':>14}")
     for label, total, direct, overhead in rows:
         print(f"{label:<34}{total:>16.2f}{direct:>12.2f}{overhead:>14.2f}")

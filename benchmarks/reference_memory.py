@@ -59,8 +59,12 @@ def measure(
     grad_out = torch.randn(batch, seqlen, heads, head_dim, generator=gen).to(dtype)
     q, k, v, grad_out = (t.to(device) for t in (q, k, v, grad_out))
     cuda = torch.device(device).type == "cuda"
-    flags = {"scale": head_dim**-0.5, "causal": causal, "causal_align": "top_left",
-             "budget_bytes": budget_bytes}  # fmt: skip
+    flags = {
+        "scale": head_dim**-0.5,
+        "causal": causal,
+        "causal_align": "top_left",
+        "budget_bytes": budget_bytes,
+    }
     # warm up thread pools and kernels on a small problem, so they are not counted
     small = [t[:, :64].contiguous() for t in (q, k, v, grad_out)]
     o_s, l_s = attention_forward(*small[:3], **flags)
@@ -88,9 +92,15 @@ def measure(
     above_inputs = peak - rss_before
     score_matrix = batch * heads * seqlen * seqlen * torch.finfo(torch.float32).bits // 8
     return {
-        "shape": {"batch": batch, "heads": heads, "kv_heads": kv_heads, "seqlen": seqlen,
-                  "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."),
-                  "causal": causal},  # fmt: skip
+        "shape": {
+            "batch": batch,
+            "heads": heads,
+            "kv_heads": kv_heads,
+            "seqlen": seqlen,
+            "head_dim": head_dim,
+            "dtype": str(dtype).removeprefix("torch."),
+            "causal": causal,
+        },
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "budget_mib": budget_bytes / MIB,
         "threads": torch.get_num_threads(),
@@ -117,8 +127,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     budget = int(args.budget_mib * MIB)
-    result = measure(args.batch, args.heads, args.kv_heads, args.seqlen, args.head_dim,
-                     args.causal, budget, getattr(torch, args.dtype), args.device)  # fmt: skip
+    result = measure(
+        args.batch,
+        args.heads,
+        args.kv_heads,
+        args.seqlen,
+        args.head_dim,
+        args.causal,
+        budget,
+        getattr(torch, args.dtype),
+        args.device,
+    )
     if args.json:
         print(json.dumps(result))
         return

@@ -221,8 +221,13 @@ def compare(cfg: Config, device: torch.device, dtype: torch.dtype) -> Result:
         start = time.perf_counter()
         losses[name], acc[name] = train(model, batches, cfg)
         secs[name] = time.perf_counter() - start
-    return Result(losses, acc, _max_rel(losses["ad"], losses["sdpa"]),
-                  _max_rel(losses["math"], losses["sdpa"]), secs)  # fmt: skip
+    return Result(
+        losses,
+        acc,
+        _max_rel(losses["ad"], losses["sdpa"]),
+        _max_rel(losses["math"], losses["sdpa"]),
+        secs,
+    )
 
 
 def _max_rel(a: list[float], b: list[float]) -> float:
@@ -233,16 +238,21 @@ def print_table(result: Result, rows: int = 10) -> None:
     la, ls, lm = (result.losses[name] for name in ("ad", "sdpa", "math"))
     n = len(la)
     shown = sorted({0, n - 1, *range(0, n, max(1, n // rows))})
-    print(f"{'step':>6} {'loss ad':>10} {'loss sdpa':>10} {'loss math':>10} "
-          f"{'ad/sdpa':>9} {'math/sdpa':>9}")  # fmt: skip
+    print(
+        f"{'step':>6} {'loss ad':>10} {'loss sdpa':>10} {'loss math':>10} "
+        f"{'ad/sdpa':>9} {'math/sdpa':>9}"
+    )
     for i in shown:
-        print(f"{i:>6} {la[i]:>10.6f} {ls[i]:>10.6f} {lm[i]:>10.6f} "
-              f"{abs(la[i] - ls[i]) / ls[i]:>9.1e} {abs(lm[i] - ls[i]) / ls[i]:>9.1e}")  # fmt: skip
-    print(f"max relative loss difference over {n} steps: ad vs sdpa {result.max_rel_diff:.2e}, "
-          f"math vs sdpa (noise floor) {result.noise_floor:.2e}")  # fmt: skip
+        print(
+            f"{i:>6} {la[i]:>10.6f} {ls[i]:>10.6f} {lm[i]:>10.6f} "
+            f"{abs(la[i] - ls[i]) / ls[i]:>9.1e} {abs(lm[i] - ls[i]) / ls[i]:>9.1e}"
+        )
+    print(
+        f"max relative loss difference over {n} steps: ad vs sdpa {result.max_rel_diff:.2e}, "
+        f"math vs sdpa (noise floor) {result.noise_floor:.2e}"
+    )
     for name in ATTENTION:
-        print(f"{name:>5}: final accuracy {result.accuracy[name]:.3f}, "
-              f"{result.seconds[name]:.1f}s")  # fmt: skip
+        print(f"{name:>5}: final accuracy {result.accuracy[name]:.3f}, {result.seconds[name]:.1f}s")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -270,9 +280,16 @@ def main(argv: list[str] | None = None) -> Result:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = Config(
-        layers=args.layers, dim=args.dim, heads=args.heads, kv_heads=args.kv_heads,
-        digits=args.digits, batch=args.batch, steps=args.steps, lr=args.lr, seed=args.seed,
-    )  # fmt: skip
+        layers=args.layers,
+        dim=args.dim,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        digits=args.digits,
+        batch=args.batch,
+        steps=args.steps,
+        lr=args.lr,
+        seed=args.seed,
+    )
     result = compare(cfg, torch.device(args.device), getattr(torch, args.dtype))
     print_table(result)
     failures = []

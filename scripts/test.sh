@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-python3}"
 bash scripts/setup.sh
-echo "test: ruff"
+echo "test: ruff (lint and format)"
 "$PY" -m ruff check .
+"$PY" -m ruff format --check .
 echo "test: pytest"
 shopt -s nullglob
 "$PY" -m pytest tests backends/*/tests --durations=15 "$@"

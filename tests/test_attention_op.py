@@ -94,8 +94,12 @@ def _oracle_flags(flags: dict) -> dict:
 def test_gradients_match_oracle(case: Case, backend: str | None) -> None:
     out, (dq, dk, dv), ref = _run(case, torch.float32, backend)
     tol = tolerance_for(torch.float32)
-    for name, got, want in (("out", out, ref.out), ("dq", dq, ref.dq), ("dk", dk, ref.dk),
-                            ("dv", dv, ref.dv)):  # fmt: skip
+    for name, got, want in (
+        ("out", out, ref.out),
+        ("dq", dq, ref.dq),
+        ("dk", dk, ref.dk),
+        ("dv", dv, ref.dv),
+    ):
         assert got.shape == want.shape and got.dtype == torch.float32, name
         assert torch.isfinite(got).all(), f"{name} has non-finite values"
         max_err, rel_l2 = error_metrics(got, want)
@@ -135,8 +139,20 @@ def _fwd_args(case: Case, dtype=torch.float64, requires_grad=True):
     flags = inp.flags()
     q, k, v = (t.requires_grad_(requires_grad) for t in (inp.q, inp.k, inp.v))
     scale = flags.get("scale")
-    args = (q, k, v, inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k,
-            inp.causal, inp.causal_align, scale, False, "reference")  # fmt: skip
+    args = (
+        q,
+        k,
+        v,
+        inp.cu_seqlens_q,
+        inp.cu_seqlens_k,
+        inp.max_seqlen_q,
+        inp.max_seqlen_k,
+        inp.causal,
+        inp.causal_align,
+        scale,
+        False,
+        "reference",
+    )
     return args, inp.grad_out
 
 
@@ -183,13 +199,20 @@ def test_lse_is_not_differentiated_and_flags_reach_dispatch(monkeypatch) -> None
     q = torch.randn(1, 5, 2, 4, requires_grad=True)
     k = torch.randn(1, 7, 1, 4, requires_grad=True)
     v = torch.randn(1, 7, 1, 4, requires_grad=True)
-    out = ad.attention(q, k, v, causal=True, causal_align="bottom_right", scale=0.5,
-                       deterministic=True, backend="reference")  # fmt: skip
+    out = ad.attention(
+        q,
+        k,
+        v,
+        causal=True,
+        causal_align="bottom_right",
+        scale=0.5,
+        deterministic=True,
+        backend="reference",
+    )
     out.sum().backward()  # grad_out is a broadcast (stride 0): made contiguous before dispatch
     assert seen["causal"] and seen["causal_align"] == "bottom_right" and seen["scale"] == 0.5
     assert seen["deterministic"] is True and seen["backend"] == "reference"
-    ref = oracle(q, k, v, torch.ones_like(out), causal=True, causal_align="bottom_right",
-                 scale=0.5)  # fmt: skip
+    ref = oracle(q, k, v, torch.ones_like(out), causal=True, causal_align="bottom_right", scale=0.5)
     torch.testing.assert_close(q.grad, ref.dq.float(), atol=1e-5, rtol=1e-4)
 
 
@@ -222,8 +245,16 @@ class Block(torch.nn.Module):
         shape = x.shape[:-1]
         q = self.wq(x).view(*shape, self.heads, self.head_dim)
         k, v = self.wkv(x).view(*shape, 2, self.kv_heads, self.head_dim).unbind(-3)
-        o = ad.attention(q, k, v, causal=True, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                         max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)  # fmt: skip
+        o = ad.attention(
+            q,
+            k,
+            v,
+            causal=True,
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_k=cu_seqlens,
+            max_seqlen_q=max_seqlen,
+            max_seqlen_k=max_seqlen,
+        )
         return self.wo(o.reshape(*shape, -1))
 
 
@@ -287,8 +318,16 @@ def test_compile_dynamic_varlen_is_one_graph() -> None:
 
     @torch.compile(backend=counting, fullgraph=True, dynamic=True)
     def step(q, k, v, cu, max_len):
-        out = ad.attention(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                           max_seqlen_q=max_len, max_seqlen_k=max_len)  # fmt: skip
+        out = ad.attention(
+            q,
+            k,
+            v,
+            causal=True,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=max_len,
+            max_seqlen_k=max_len,
+        )
         return out
 
     for lengths in ([3, 7], [6, 7], [12, 8, 1]):

@@ -40,9 +40,31 @@ def test_compare_flags_wrong_and_nan():
 
 def test_tiny_cpu_run_writes_json_and_csv(tmp_path, capsys):
     js, cs = tmp_path / "b.json", tmp_path / "b.csv"
-    rc = bench.main(["--seqlens", "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-                     "--dtype", "fp32", "--causal", "--repeats", "2", "--warmup", "1",
-                     "--device", "cpu", "--json", str(js), "--csv", str(cs)])  # fmt: skip
+    rc = bench.main(
+        [
+            "--seqlens",
+            "32",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--dtype",
+            "fp32",
+            "--causal",
+            "--repeats",
+            "2",
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            "--json",
+            str(js),
+            "--csv",
+            str(cs),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr()
     assert "GQA 4/2 B=1 S=32 D=16 causal" in out.out
@@ -66,8 +88,9 @@ def test_bench_table_renders_the_committed_sweep() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("bench_table",
-                                                  root / "benchmarks" / "bench_table.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_table", root / "benchmarks" / "bench_table.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     results = root / "docs" / "results" / "2026-12-01-h200"
@@ -78,10 +101,15 @@ def test_bench_table_renders_the_committed_sweep() -> None:
     for line in body:
         assert line.count("**") == 2, line  # exactly one fastest cell
     mha_2k = next(line for line in body if line.startswith("| MHA 8 2K |"))
-    forced = {r["impl"]: r["us"] for r in rows if r["kind"] == "forced" and r["heads"] == 8
-              and r["seqlen"] == 2048 and not r["causal"]}
-    name, ours = min(((impl, us) for impl, us in forced.items() if impl.startswith("triton:")),
-                     key=lambda x: x[1])  # the faster triton implementation
+    forced = {
+        r["impl"]: r["us"]
+        for r in rows
+        if r["kind"] == "forced" and r["heads"] == 8 and r["seqlen"] == 2048 and not r["causal"]
+    }
+    name, ours = min(
+        ((impl, us) for impl, us in forced.items() if impl.startswith("triton:")),
+        key=lambda x: x[1],
+    )  # the faster triton implementation
     want = forced["torch_sdpa:flash"] / ours
     assert mha_2k.split(" | ")[-2] == f"{want:.2f}× ({name.split(':')[1]})"
     # the docs hold both committed sweeps' tables as rendered: eager and under CUDA graphs
@@ -107,9 +135,26 @@ def test_cuda_graphs_times_replays_of_every_gpu_implementation(tmp_path, capsys)
     """Every GPU implementation is captured in a CUDA graph and timed by its replays, after the
     same correctness check as the eager sweep; none may fail to capture."""
     js = tmp_path / "g.json"
-    rc = bench.main(["--seqlens", "512", "--heads", "8", "--kv-heads", "2", "--head-dim", "64",
-                     "--repeats", "20", "--warmup", "2", "--no-matmul", "--cuda-graphs",
-                     "--json", str(js)])  # fmt: skip
+    rc = bench.main(
+        [
+            "--seqlens",
+            "512",
+            "--heads",
+            "8",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "64",
+            "--repeats",
+            "20",
+            "--warmup",
+            "2",
+            "--no-matmul",
+            "--cuda-graphs",
+            "--json",
+            str(js),
+        ]
+    )
     out = capsys.readouterr()
     assert rc == 0, out.out + out.err
     assert "timing: CUDA-graph replays" in out.out
@@ -125,10 +170,30 @@ def test_cuda_graphs_a_failed_capture_costs_only_its_row(tmp_path, capsys, toys)
     """An implementation that cannot be captured (it reads a value back to the host) is reported
     as an error naming the capture; the others are still captured and timed."""
     js = tmp_path / "g.json"
-    rc = bench.main(["--seqlens", "256", "--heads", "4", "--kv-heads", "4", "--head-dim", "64",
-                     "--no-causal", "--repeats", "5", "--warmup", "1", "--no-matmul",
-                     "--no-check", "--cuda-graphs", "--impls",
-                     "toy:host_sync,toy:fast,torch_sdpa:flash", "--json", str(js)])  # fmt: skip
+    rc = bench.main(
+        [
+            "--seqlens",
+            "256",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "4",
+            "--head-dim",
+            "64",
+            "--no-causal",
+            "--repeats",
+            "5",
+            "--warmup",
+            "1",
+            "--no-matmul",
+            "--no-check",
+            "--cuda-graphs",
+            "--impls",
+            "toy:host_sync,toy:fast,torch_sdpa:flash",
+            "--json",
+            str(js),
+        ]
+    )
     capsys.readouterr()
     assert rc == 1  # an ERROR row fails the run
     rows = {r["impl"]: r for r in json.loads(js.read_text())["rows"] if r["kind"] == "forced"}

@@ -25,8 +25,14 @@ def statuses(report: ad.Report) -> dict[str, str]:
 
 def test_discovery_lists_every_plugin_with_versions(toys):
     infos = {b.name: b for b in ad.backends()}
-    assert {"toy", "reference", "broken_import", "broken_hook", "broken_supports",
-            "broken_priority"} <= set(infos)
+    assert {
+        "toy",
+        "reference",
+        "broken_import",
+        "broken_hook",
+        "broken_supports",
+        "broken_priority",
+    } <= set(infos)
     toy = infos["toy"]
     assert toy.distribution == "attn-dispatch-test-plugins" and toy.version == "0.0.1"
     assert {i.name for i in toy.implementations} >= {"toy:fast", "toy:experimental"}

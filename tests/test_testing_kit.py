@@ -74,8 +74,9 @@ def test_oracle_masked_rows_and_varlen():
     k, v = torch.randn(6, 1, 4, generator=g), torch.randn(6, 1, 4, generator=g)
     cu_q = torch.tensor([0, 3, 3, 9], dtype=torch.int32)
     cu_k = torch.tensor([0, 0, 4, 6], dtype=torch.int32)  # first sequence: 3 queries, no keys
-    res = oracle(q, k, v, do, causal=True, causal_align="bottom_right", cu_seqlens_q=cu_q,
-                 cu_seqlens_k=cu_k)  # fmt: skip
+    res = oracle(
+        q, k, v, do, causal=True, causal_align="bottom_right", cu_seqlens_q=cu_q, cu_seqlens_k=cu_k
+    )
     assert res.lse.shape == (2, 9)
     # seq 0: no keys; seq 2: 6 queries, 2 keys, bottom_right -> first 4 rows see nothing
     masked = torch.tensor([1, 1, 1, 1, 1, 1, 1, 0, 0], dtype=torch.bool)
@@ -83,8 +84,14 @@ def test_oracle_masked_rows_and_varlen():
     assert (res.out[masked] == 0).all() and (res.dq[masked] == 0).all()
     assert all(torch.isfinite(t).all() for t in (res.out, res.dq, res.dk, res.dv))
     # seq 2 on its own equals a dense call
-    dense = oracle(q[None, 3:], k[None, 4:], v[None, 4:], do[None, 3:], causal=True,
-                   causal_align="bottom_right")  # fmt: skip
+    dense = oracle(
+        q[None, 3:],
+        k[None, 4:],
+        v[None, 4:],
+        do[None, 3:],
+        causal=True,
+        causal_align="bottom_right",
+    )
     torch.testing.assert_close(res.dk[4:], dense.dk[0])
 
 
@@ -119,8 +126,21 @@ def test_error_metrics():
 def test_standard_cases_cover_every_feature():
     cases = standard_cases()
     tags = {t for c in cases for t in c.tags}
-    for feature in ("varlen", "empty", "masked_rows", "causal_tl", "causal_br", "noncontig",
-                    "gqa", "mqa", "dv", "scale", "strided", "sq>sk", "sq<sk"):  # fmt: skip
+    for feature in (
+        "varlen",
+        "empty",
+        "masked_rows",
+        "causal_tl",
+        "causal_br",
+        "noncontig",
+        "gqa",
+        "mqa",
+        "dv",
+        "scale",
+        "strided",
+        "sq>sk",
+        "sq<sk",
+    ):
         assert feature in tags, feature
     assert any(c.has_masked_rows and c.varlen for c in cases)
     assert {c.layout for c in cases} == {"contiguous", "sliced", "transposed", "strided"}
@@ -138,8 +158,9 @@ def test_case_inputs_are_valid_and_laid_out(case):
         assert not inp.q.is_contiguous()
     if case.layout == "strided":
         assert inp.q.stride(-1) == 2
-    lse = oracle(inp.q, inp.k, inp.v, **{k: v for k, v in inp.flags().items()
-                                          if not k.startswith("max_")}).lse  # fmt: skip
+    lse = oracle(
+        inp.q, inp.k, inp.v, **{k: v for k, v in inp.flags().items() if not k.startswith("max_")}
+    ).lse
     assert bool(torch.isneginf(lse).any()) == case.has_masked_rows
 
 
@@ -154,8 +175,19 @@ def test_cases_are_seeded():
 # the checks pass a correct implementation and fail wrong ones
 
 
-def _oracle_backward(q, k, v, out, lse, grad_out, *, deterministic=None, max_seqlen_q=None,
-                     max_seqlen_k=None, **flags):  # fmt: skip
+def _oracle_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    *,
+    deterministic=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    **flags,
+):
     r = oracle(q, k, v, grad_out, **flags)
     return ad.Gradients(r.dq.to(q.dtype), r.dk.to(k.dtype), r.dv.to(v.dtype))
 
@@ -166,8 +198,9 @@ def _oracle_forward(q, k, v, *, max_seqlen_q=None, max_seqlen_k=None, **flags):
 
 
 GQA = Case((20,), (24,), heads=8, kv_heads=2, head_dim=16, seed=1)
-BOTTOM_RIGHT = Case((30,), (12,), heads=2, kv_heads=2, head_dim=16, causal=True,
-                    causal_align="bottom_right", seed=2)  # fmt: skip
+BOTTOM_RIGHT = Case(
+    (30,), (12,), heads=2, kv_heads=2, head_dim=16, causal=True, causal_align="bottom_right", seed=2
+)
 SCALED = Case((16,), (16,), heads=2, kv_heads=1, head_dim=16, scale=0.11, seed=3)
 VARLEN = Case((5, 0, 9), (7, 3, 0), heads=2, kv_heads=1, head_dim=8, varlen=True, seed=4)
 
@@ -223,8 +256,15 @@ def _wrong_shape(q, k, v, out, lse, grad_out, **flags):
         (_slightly_off, GQA, torch.float64, "dk .* FAIL"),
         (_wrong_shape, GQA, torch.float32, "dk: expected"),
     ],
-    ids=["gqa-head-map", "ignores-scale", "ignores-alignment", "nan-rows", "f32-3e-3-off",
-         "f64-3e-3-off", "expanded-dk"],  # fmt: skip
+    ids=[
+        "gqa-head-map",
+        "ignores-scale",
+        "ignores-alignment",
+        "nan-rows",
+        "f32-3e-3-off",
+        "f64-3e-3-off",
+        "expanded-dk",
+    ],
 )
 def test_wrong_implementation_fails(wrong, case, dtype, match):
     with pytest.raises(AssertionError, match=match):
@@ -262,13 +302,19 @@ def test_bf16_tolerance_catches_a_percent_error():
 def test_make_conformance_tests_parametrises():
     cases = [GQA, VARLEN]
     fn = make_conformance_tests(
-        "some_backend", dtypes=("float32", torch.bfloat16), cases=cases,
-        filter=lambda c: c.varlen, checks=("backward", "forward"),
-    )  # fmt: skip
+        "some_backend",
+        dtypes=("float32", torch.bfloat16),
+        cases=cases,
+        filter=lambda c: c.varlen,
+        checks=("backward", "forward"),
+    )
     (mark,) = [m for m in fn.pytestmark if m.name == "parametrize"]
     ids = [p.id for p in mark.args[1]]
-    assert ids == [f"{check}-{d}-{VARLEN.id}" for check in ("backward", "forward")
-                   for d in ("float32", "bfloat16")]  # fmt: skip
+    assert ids == [
+        f"{check}-{d}-{VARLEN.id}"
+        for check in ("backward", "forward")
+        for d in ("float32", "bfloat16")
+    ]
     gpu = make_conformance_tests("x", device="cuda", cases=cases)
     assert any(m.name == "gpu" for m in gpu.pytestmark)
     with pytest.raises(ValueError, match="checks"):

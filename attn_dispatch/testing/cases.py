@@ -77,13 +77,16 @@ class Case:
 
     def __post_init__(self) -> None:
         if len(self.seqlens_q) != len(self.seqlens_k) or not self.seqlens_q:
-            raise ValueError(f"seqlens_q/seqlens_k: expected equal non-empty tuples, got "
-                             f"{self.seqlens_q} and {self.seqlens_k}")  # fmt: skip
+            raise ValueError(
+                f"seqlens_q/seqlens_k: expected equal non-empty tuples, got "
+                f"{self.seqlens_q} and {self.seqlens_k}"
+            )
         if not self.varlen and (len(set(self.seqlens_q)) > 1 or len(set(self.seqlens_k)) > 1):
             raise ValueError("seqlens: a dense case needs equal lengths; set varlen=True")
         if self.heads % self.kv_heads:
-            raise ValueError(f"heads: expected a multiple of kv_heads={self.kv_heads}, "
-                             f"got {self.heads}")  # fmt: skip
+            raise ValueError(
+                f"heads: expected a multiple of kv_heads={self.kv_heads}, got {self.heads}"
+            )
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout: expected one of {LAYOUTS}, got {self.layout!r}")
 
@@ -112,11 +115,16 @@ class Case:
             lens = "varlen" + "_".join(f"{a}x{b}" for a, b in zip(self.seqlens_q, self.seqlens_k))
         else:
             lens = f"b{self.batch}_sq{self.seqlens_q[0]}_sk{self.seqlens_k[0]}"
-        mask = ("causal_tl" if self.causal_align == "top_left" else "causal_br") if self.causal \
-            else "full"  # fmt: skip
+        mask = (
+            ("causal_tl" if self.causal_align == "top_left" else "causal_br")
+            if self.causal
+            else "full"
+        )
         scale = "" if self.scale is None else f"-scale{self.scale:g}"
-        return (f"{lens}-h{self.heads}kv{self.kv_heads}-d{self.head_dim}v{self.dv}-{mask}"
-                f"-{self.layout}{scale}-s{self.seed}")  # fmt: skip
+        return (
+            f"{lens}-h{self.heads}kv{self.kv_heads}-d{self.head_dim}v{self.dv}-{mask}"
+            f"-{self.layout}{scale}-s{self.seed}"
+        )
 
     def make_inputs(self, dtype: torch.dtype = torch.float32, device="cpu") -> CaseInputs:
         """Fresh random q, k, v, grad_out (N(0, 1), seeded) in this case's layout."""
@@ -127,11 +135,16 @@ class Case:
             shapes = {"q": (tq, h, d), "k": (tk, hkv, d), "v": (tk, hkv, dv), "do": (tq, h, dv)}
         else:
             sq, sk = self.seqlens_q[0], self.seqlens_k[0]
-            shapes = {"q": (b, sq, h, d), "k": (b, sk, hkv, d), "v": (b, sk, hkv, dv),
-                      "do": (b, sq, h, dv)}  # fmt: skip
+            shapes = {
+                "q": (b, sq, h, d),
+                "k": (b, sk, hkv, d),
+                "v": (b, sk, hkv, dv),
+                "do": (b, sq, h, dv),
+            }
         made = {
-            name: place(torch.randn(shape, generator=gen, dtype=torch.float64), self.layout,
-                        dtype, device)  # fmt: skip
+            name: place(
+                torch.randn(shape, generator=gen, dtype=torch.float64), self.layout, dtype, device
+            )
             for name, shape in shapes.items()
         }
         cu_q = cu_k = None
@@ -140,8 +153,19 @@ class Case:
             cu_q = _cumulative(self.seqlens_q, device)
             cu_k = _cumulative(self.seqlens_k, device)
             max_q, max_k = max(self.seqlens_q), max(self.seqlens_k)
-        return CaseInputs(made["q"], made["k"], made["v"], made["do"], cu_q, cu_k, max_q, max_k,
-                          self.causal, self.causal_align, self.scale)  # fmt: skip
+        return CaseInputs(
+            made["q"],
+            made["k"],
+            made["v"],
+            made["do"],
+            cu_q,
+            cu_k,
+            max_q,
+            max_k,
+            self.causal,
+            self.causal_align,
+            self.scale,
+        )
 
 
 def _cumulative(lengths: Sequence[int], device) -> Tensor:
@@ -163,14 +187,19 @@ def place(values: Tensor, layout: str, dtype: torch.dtype, device) -> Tensor:
     if layout == "transposed" and values.dim() >= 3:
         return values.transpose(-2, -3).contiguous().transpose(-2, -3)
     if layout == "strided":
-        buf = torch.full((*values.shape[:-1], 2 * values.shape[-1]), float("nan"),
-                         dtype=dtype, device=device)  # fmt: skip
+        buf = torch.full(
+            (*values.shape[:-1], 2 * values.shape[-1]), float("nan"), dtype=dtype, device=device
+        )
         buf[..., ::2] = values
         return buf[..., ::2]
     # "sliced": one extra slot in each dim but the first, and the last dim padded by 3
     pad = [0] + [1] * (values.dim() - 2) + [3]
-    buf = torch.full([n + p for n, p in zip(values.shape, pad, strict=True)], float("nan"),
-                     dtype=dtype, device=device)  # fmt: skip
+    buf = torch.full(
+        [n + p for n, p in zip(values.shape, pad, strict=True)],
+        float("nan"),
+        dtype=dtype,
+        device=device,
+    )
     view = buf[tuple(slice(0, n) for n in values.shape)]
     view.copy_(values)
     return view
@@ -182,36 +211,148 @@ def standard_cases() -> list[Case]:
     return [
         c((64,), (64,), tags=("basic",)),
         c((37, 37), (53, 53), heads=4, kv_heads=4, head_dim=24, seed=1, tags=("odd",)),
-        c((53,), (37,), heads=8, kv_heads=2, head_dim=16, head_dim_v=24, seed=2,
-          tags=("gqa", "dv")),
+        c(
+            (53,),
+            (37,),
+            heads=8,
+            kv_heads=2,
+            head_dim=16,
+            head_dim_v=24,
+            seed=2,
+            tags=("gqa", "dv"),
+        ),
         c((48,), (48,), heads=8, kv_heads=1, head_dim=64, causal=True, seed=3, tags=("mqa",)),
-        c((40, 40), (72, 72), heads=4, kv_heads=2, head_dim=32, causal=True, seed=4,
-          tags=("causal_tl", "sq<sk")),
-        c((40,), (72,), heads=4, kv_heads=1, head_dim=32, causal=True, causal_align="bottom_right",
-          seed=5, tags=("causal_br", "sq<sk")),
-        c((72,), (40,), heads=4, kv_heads=4, head_dim=32, causal=True, causal_align="bottom_right",
-          seed=6, tags=("causal_br", "masked_rows")),
-        c((72,), (40,), heads=8, kv_heads=4, head_dim=32, causal=True, seed=7,
-          tags=("causal_tl", "sq>sk")),
-        c((33,), (33,), heads=2, kv_heads=2, head_dim=40, head_dim_v=8, scale=0.7, seed=8,
-          tags=("scale", "dv")),
-        c((64,), (64,), heads=4, kv_heads=2, head_dim=32, causal=True, layout="sliced", seed=9,
-          tags=("noncontig",)),
-        c((50, 50), (50, 50), heads=4, kv_heads=4, head_dim=32, layout="transposed", seed=10,
-          tags=("noncontig",)),
-        c((24,), (24,), heads=2, kv_heads=1, head_dim=16, layout="strided", seed=11,
-          tags=("noncontig", "strided")),
-        c((17, 0, 40, 9), (23, 5, 40, 0), heads=4, kv_heads=2, head_dim=32, varlen=True, seed=12,
-          tags=("varlen", "empty", "masked_rows")),
-        c((30, 1, 45), (30, 60, 20), heads=8, kv_heads=2, head_dim=16, head_dim_v=32,
-          causal=True, varlen=True, seed=13, tags=("varlen", "causal_tl")),
-        c((30, 1, 45, 0), (30, 60, 20, 7), heads=4, kv_heads=4, head_dim=32, causal=True,
-          causal_align="bottom_right", varlen=True, seed=14,
-          tags=("varlen", "causal_br", "masked_rows", "empty")),
-        c((20, 33), (25, 33), heads=4, kv_heads=1, head_dim=32, causal=True, varlen=True,
-          layout="sliced", seed=15, tags=("varlen", "noncontig")),
-        c((128,), (128,), heads=2, kv_heads=2, head_dim=128, causal=True, seed=16,
-          tags=("d128",)),
+        c(
+            (40, 40),
+            (72, 72),
+            heads=4,
+            kv_heads=2,
+            head_dim=32,
+            causal=True,
+            seed=4,
+            tags=("causal_tl", "sq<sk"),
+        ),
+        c(
+            (40,),
+            (72,),
+            heads=4,
+            kv_heads=1,
+            head_dim=32,
+            causal=True,
+            causal_align="bottom_right",
+            seed=5,
+            tags=("causal_br", "sq<sk"),
+        ),
+        c(
+            (72,),
+            (40,),
+            heads=4,
+            kv_heads=4,
+            head_dim=32,
+            causal=True,
+            causal_align="bottom_right",
+            seed=6,
+            tags=("causal_br", "masked_rows"),
+        ),
+        c(
+            (72,),
+            (40,),
+            heads=8,
+            kv_heads=4,
+            head_dim=32,
+            causal=True,
+            seed=7,
+            tags=("causal_tl", "sq>sk"),
+        ),
+        c(
+            (33,),
+            (33,),
+            heads=2,
+            kv_heads=2,
+            head_dim=40,
+            head_dim_v=8,
+            scale=0.7,
+            seed=8,
+            tags=("scale", "dv"),
+        ),
+        c(
+            (64,),
+            (64,),
+            heads=4,
+            kv_heads=2,
+            head_dim=32,
+            causal=True,
+            layout="sliced",
+            seed=9,
+            tags=("noncontig",),
+        ),
+        c(
+            (50, 50),
+            (50, 50),
+            heads=4,
+            kv_heads=4,
+            head_dim=32,
+            layout="transposed",
+            seed=10,
+            tags=("noncontig",),
+        ),
+        c(
+            (24,),
+            (24,),
+            heads=2,
+            kv_heads=1,
+            head_dim=16,
+            layout="strided",
+            seed=11,
+            tags=("noncontig", "strided"),
+        ),
+        c(
+            (17, 0, 40, 9),
+            (23, 5, 40, 0),
+            heads=4,
+            kv_heads=2,
+            head_dim=32,
+            varlen=True,
+            seed=12,
+            tags=("varlen", "empty", "masked_rows"),
+        ),
+        c(
+            (30, 1, 45),
+            (30, 60, 20),
+            heads=8,
+            kv_heads=2,
+            head_dim=16,
+            head_dim_v=32,
+            causal=True,
+            varlen=True,
+            seed=13,
+            tags=("varlen", "causal_tl"),
+        ),
+        c(
+            (30, 1, 45, 0),
+            (30, 60, 20, 7),
+            heads=4,
+            kv_heads=4,
+            head_dim=32,
+            causal=True,
+            causal_align="bottom_right",
+            varlen=True,
+            seed=14,
+            tags=("varlen", "causal_br", "masked_rows", "empty"),
+        ),
+        c(
+            (20, 33),
+            (25, 33),
+            heads=4,
+            kv_heads=1,
+            head_dim=32,
+            causal=True,
+            varlen=True,
+            layout="sliced",
+            seed=15,
+            tags=("varlen", "noncontig"),
+        ),
+        c((128,), (128,), heads=2, kv_heads=2, head_dim=128, causal=True, seed=16, tags=("d128",)),
     ]
 
 
@@ -252,12 +393,21 @@ def random_cases(
         d = rng.choice(list(head_dims))
         dv = d if same_head_dim_v or rng.random() < 0.6 else rng.choice(list(head_dims))
         kv = rng.randint(1, max_kv_heads)
-        cases.append(Case(
-            sq, sk,
-            heads=kv * rng.choice(list(group_sizes)), kv_heads=kv, head_dim=d, head_dim_v=dv,
-            causal=is_causal, causal_align=rng.choice(["top_left", "bottom_right"]),
-            varlen=is_varlen, layout=rng.choice(list(layouts)),
-            scale=None if rng.random() < 0.7 else round(rng.uniform(0.3, 2.0) / d**0.5, 4),
-            seed=seed * 100_003 + i, tags=("random",),
-        ))  # fmt: skip
+        cases.append(
+            Case(
+                sq,
+                sk,
+                heads=kv * rng.choice(list(group_sizes)),
+                kv_heads=kv,
+                head_dim=d,
+                head_dim_v=dv,
+                causal=is_causal,
+                causal_align=rng.choice(["top_left", "bottom_right"]),
+                varlen=is_varlen,
+                layout=rng.choice(list(layouts)),
+                scale=None if rng.random() < 0.7 else round(rng.uniform(0.3, 2.0) / d**0.5, 4),
+                seed=seed * 100_003 + i,
+                tags=("random",),
+            )
+        )
     return cases

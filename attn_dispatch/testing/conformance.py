@@ -42,10 +42,16 @@ class Unsupported(Exception):  # noqa: N818 - reads as "the backend says: unsupp
 
 def _oracle_for(inputs: CaseInputs) -> OracleResult:
     return oracle(
-        inputs.q, inputs.k, inputs.v, inputs.grad_out,
-        causal=inputs.causal, causal_align=inputs.causal_align, scale=inputs.scale,
-        cu_seqlens_q=inputs.cu_seqlens_q, cu_seqlens_k=inputs.cu_seqlens_k,
-    )  # fmt: skip
+        inputs.q,
+        inputs.k,
+        inputs.v,
+        inputs.grad_out,
+        causal=inputs.causal,
+        causal_align=inputs.causal_align,
+        scale=inputs.scale,
+        cu_seqlens_q=inputs.cu_seqlens_q,
+        cu_seqlens_k=inputs.cu_seqlens_k,
+    )
 
 
 def _require_supported(backend: str, args: tuple, flags: dict) -> None:
@@ -97,8 +103,9 @@ def _check_like(name: str, got: Any, like: Tensor, problems: list[str]) -> bool:
     return True
 
 
-def _compare(name: str, got: Tensor, ref: Tensor, tol: Tolerance, rows: list[str],
-             floor: float = 0.0) -> bool:  # fmt: skip
+def _compare(
+    name: str, got: Tensor, ref: Tensor, tol: Tolerance, rows: list[str], floor: float = 0.0
+) -> bool:
     """Append a table row; True when within tolerance and finite."""
     finite = bool(torch.isfinite(got).all())
     max_err, rel_l2 = error_metrics(got, ref, floor)
@@ -134,16 +141,19 @@ def _check_lse(got: Tensor, ref: Tensor, tol: Tolerance, rows: list[str]) -> boo
     return ok
 
 
-def _check_masked_zero(name: str, got: Tensor, masked: Tensor, varlen: bool,
-                       rows: list[str]) -> bool:  # fmt: skip
+def _check_masked_zero(
+    name: str, got: Tensor, masked: Tensor, varlen: bool, rows: list[str]
+) -> bool:
     if not bool(masked.any()):
         return True
     vals = _row_view(got, varlen)[masked]
     ok = bool((vals == 0).all())
     if not ok:
         worst = vals.abs().max().item()
-        rows.append(f"  {name} on rows that see no key: expected exact zeros, got max "
-                    f"|x|={worst:.3e} (NaN={bool(vals.isnan().any())})")  # fmt: skip
+        rows.append(
+            f"  {name} on rows that see no key: expected exact zeros, got max "
+            f"|x|={worst:.3e} (NaN={bool(vals.isnan().any())})"
+        )
     return ok
 
 

@@ -76,8 +76,9 @@ def oracle(
             mask = visible_mask(q.shape[1], k.shape[1], causal, causal_align, q.device)
             out, lse = _dense(q64, k64, v64, scale, mask)
         else:
-            out, lse = _varlen(q64, k64, v64, scale, causal, causal_align, cu_seqlens_q,
-                               cu_seqlens_k)  # fmt: skip
+            out, lse = _varlen(
+                q64, k64, v64, scale, causal, causal_align, cu_seqlens_q, cu_seqlens_k
+            )
         if grad_out is None:
             return OracleResult(out.detach(), lse.detach(), None, None, None)
         grads = torch.autograd.grad(

@@ -20,8 +20,12 @@ import torch
 from .cases import Case
 from .tolerances import Tolerance
 
-_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-           "bfloat16": torch.bfloat16}  # fmt: skip
+_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
 
 
 def _dtype(d: torch.dtype | str) -> torch.dtype:
@@ -63,8 +67,11 @@ def make_conformance_tests(
 
     from . import conformance
 
-    chosen = [c for c in (list(cases) if cases is not None else conformance.default_cases())
-              if filter is None or filter(c)]  # fmt: skip
+    chosen = [
+        c
+        for c in (list(cases) if cases is not None else conformance.default_cases())
+        if filter is None or filter(c)
+    ]
     dev = torch.device(device)
     unknown = set(checks) - {"backward", "forward", "deterministic"}
     if unknown:
@@ -86,11 +93,13 @@ def make_conformance_tests(
             pytest.skip(f"device {device}: {missing}")
         try:
             if check == "backward":
-                conformance.check_backward(backend, case, dtype=dtype, device=dev,
-                                           tol=tolerance(dtype))  # fmt: skip
+                conformance.check_backward(
+                    backend, case, dtype=dtype, device=dev, tol=tolerance(dtype)
+                )
             elif check == "forward":
-                conformance.check_forward(backend, case, dtype=dtype, device=dev,
-                                          tol=tolerance(dtype))  # fmt: skip
+                conformance.check_forward(
+                    backend, case, dtype=dtype, device=dev, tol=tolerance(dtype)
+                )
             else:
                 conformance.check_deterministic(backend, case, dtype=dtype, device=dev)
         except conformance.Unsupported as exc:

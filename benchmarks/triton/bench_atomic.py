@@ -52,9 +52,13 @@ from bench_kernels import (  # noqa: E402
 )
 
 TMA = {"TMA": 1}  # dQ tiles added by TMA bulk reductions (cp.reduce.async.bulk) on Hopper
-ATOMIC_CANDIDATES = [cfg(64, 128, 8, 3), {**cfg(64, 128, 8, 2), **TMA},
-                     {**cfg(64, 128, 8, 3), **TMA}, {**cfg(32, 128, 8, 3), **TMA},
-                     {**cfg(64, 64, 4, 3), **TMA}]
+ATOMIC_CANDIDATES = [
+    cfg(64, 128, 8, 3),
+    {**cfg(64, 128, 8, 2), **TMA},
+    {**cfg(64, 128, 8, 3), **TMA},
+    {**cfg(32, 128, 8, 3), **TMA},
+    {**cfg(64, 64, 4, 3), **TMA},
+]
 CVT = cfg(64, 0, 4, 1)
 CHECK_HEADS = 8
 
@@ -68,10 +72,19 @@ def _warm(job: tuple) -> str:
 
     t = time.time()
     q, k, v, do = make_problem(16, 2, 256)
-    out, lse = attention_forward(q, k, v, causal=causal, bottom_right=False, scale=0.1,
-                                 config=FWD)
-    launch = BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=0.1,
-                            atomic_dq=kind == "atomic")
+    out, lse = attention_forward(q, k, v, causal=causal, bottom_right=False, scale=0.1, config=FWD)
+    launch = BackwardLaunch(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        do,
+        causal=causal,
+        bottom_right=False,
+        scale=0.1,
+        atomic_dq=kind == "atomic",
+    )
     if kind == "atomic":
         launch.run({"pre": PRE, "dkdvq": c, "cvt": CVT})
     else:  # c = (seqlen_k, group): the split backward's table configuration for that class
@@ -86,13 +99,16 @@ def _safe_extra_job(job: tuple) -> dict:
         return _extra_job(job)
     except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
         log(f"  check {job[1] and job[1][0]} FAILED: {type(exc).__name__}: {str(exc)[:300]}")
-        return {"case": f"{job[0]} {job[1] and job[1][0]} atomic FAILED",
-                "errors": {"dq": math.inf, "dk": math.inf, "dv": math.inf}}
+        return {
+            "case": f"{job[0]} {job[1] and job[1][0]} atomic FAILED",
+            "errors": {"dq": math.inf, "dk": math.inf, "dv": math.inf},
+        }
 
 
 def precompile(workers: int) -> None:
-    jobs = [("split", (s, g), causal) for causal in (False, True) for s in (1024, 4096)
-            for g in (1, 8)]
+    jobs = [
+        ("split", (s, g), causal) for causal in (False, True) for s in (1024, 4096) for g in (1, 8)
+    ]
     jobs += [("atomic", c, causal) for c in ATOMIC_CANDIDATES for causal in (False, True)]
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
         for line in ex.map(_warm, jobs):
@@ -124,9 +140,14 @@ def main() -> None:
         res["matmul_tflops"] = float("nan")
     else:
         props = torch.cuda.get_device_properties(0)
-        res["env"] = dict(gpu=props.name, sms=props.multi_processor_count,
-                          torch=torch.__version__, triton=triton.__version__,
-                          cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+        res["env"] = dict(
+            gpu=props.name,
+            sms=props.multi_processor_count,
+            torch=torch.__version__,
+            triton=triton.__version__,
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+        )
         log("env", res["env"])
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -143,14 +164,27 @@ def main() -> None:
         q, k, v, do = make_problem(h, hk, s, d, device=dev)
         out = torch.full_like(q, float("nan"))
         lse = torch.full((1, h, s), float("nan"), device=dev)
-        attention_forward(q, k, v, causal=causal, bottom_right=False, scale=scale, out=out,
-                          lse=lse)
+        attention_forward(q, k, v, causal=causal, bottom_right=False, scale=scale, out=out, lse=lse)
         grads = tuple(torch.full_like(x, float("nan")) for x in (q, k, v))
-        attention_backward(q, k, v, out, lse, do, causal=causal, bottom_right=False,
-                           scale=scale, dq=grads[0], dk=grads[1], dv=grads[2], atomic_dq=True,
-                           config={"pre": PRE, "dkdvq": cands[0], "cvt": CVT} if smoke else None)
-        err = check_against_oracle(q, k, v, do, out, lse, grads, causal, False, scale,
-                                   list(range(min(h, CHECK_HEADS))))
+        attention_backward(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            do,
+            causal=causal,
+            bottom_right=False,
+            scale=scale,
+            dq=grads[0],
+            dk=grads[1],
+            dv=grads[2],
+            atomic_dq=True,
+            config={"pre": PRE, "dkdvq": cands[0], "cvt": CVT} if smoke else None,
+        )
+        err = check_against_oracle(
+            q, k, v, do, out, lse, grads, causal, False, scale, list(range(min(h, CHECK_HEADS)))
+        )
         res["checks"].append({"case": name + " atomic", "errors": err})
         log(f"check {name} atomic: " + " ".join(f"{n}={e:.2e}" for n, e in err.items()))
         del q, k, v, do, out, lse, grads
@@ -163,8 +197,11 @@ def main() -> None:
             extra_results = list(ex.map(_safe_extra_job, jobs))
     for r in extra_results:
         res["checks"].append(r)
-        log(f"check {r['case']}: " + " ".join(f"{n}={e:.2e}" for n, e in r["errors"].items())
-            + (f" empty-ok={r['empty_sequences_ok']}" if "empty_sequences_ok" in r else ""))
+        log(
+            f"check {r['case']}: "
+            + " ".join(f"{n}={e:.2e}" for n, e in r["errors"].items())
+            + (f" empty-ok={r['empty_sequences_ok']}" if "empty_sequences_ok" in r else "")
+        )
     empty_cache(smoke)
 
     # ---- 4. timing
@@ -175,14 +212,19 @@ def main() -> None:
         table = get_backward_config(q.device, d, causal, h // hk, s)
         if smoke:
             table = {"pre": PRE, "dkdv": cands[0], "dq": cands[0]}
-        split = BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False,
-                               scale=scale)
-        row = {"shape": name, "class": shape_class(d, causal, h // hk, s),
-               "flops": bwd_flops(h, s, s, d, causal),
-               "split": bench(lambda L=split, c=table: L.run(c), smoke, est)}
+        split = BackwardLaunch(
+            q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=scale
+        )
+        row = {
+            "shape": name,
+            "class": shape_class(d, causal, h // hk, s),
+            "flops": bwd_flops(h, s, s, d, causal),
+            "split": bench(lambda L=split, c=table: L.run(c), smoke, est),
+        }
         ref = tuple(x.clone() for x in split.run(table))
-        atom = BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False,
-                              scale=scale, atomic_dq=True)
+        atom = BackwardLaunch(
+            q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=scale, atomic_dq=True
+        )
         row["atomic"], row["atomic_vs_split_err"] = [], []
         for c in cands:
             if time.time() - t0 > args.budget:
@@ -200,8 +242,7 @@ def main() -> None:
             c = cands[2 if len(cands) > 2 else 0]
             atom.preprocess(PRE)
             row["dkdv_only_ms"] = bench(lambda L=atom, c=c: L.dkdv(c), smoke, est)
-            row["dkdvq_only_ms"] = bench(lambda L=atom, c=c: L.dkdv(c, atomic_dq=True), smoke,
-                                         est)
+            row["dkdvq_only_ms"] = bench(lambda L=atom, c=c: L.dkdv(c, atomic_dq=True), smoke, est)
             row["cvt_ms"] = bench(lambda L=atom: L.dq_convert(CVT), smoke)
         res["timing"].append(row)
         log("time", json.dumps(row))
@@ -214,9 +255,12 @@ def main() -> None:
         classes.setdefault(r["class"], []).append(r)
     best = {}
     for key, rows in classes.items():
-        score = [sum(r["atomic"][i] / min(x for x in r["atomic"] if x) for r in rows)
-                 if all(r["atomic"][i] for r in rows) else math.inf
-                 for i in range(len(cands))]
+        score = [
+            sum(r["atomic"][i] / min(x for x in r["atomic"] if x) for r in rows)
+            if all(r["atomic"][i] for r in rows)
+            else math.inf
+            for i in range(len(cands))
+        ]
         best[key] = {"dkdvq": cands[min(range(len(score)), key=score.__getitem__)], "cvt": CVT}
     res["best"] = best
     with open(os.path.join(args.out, "atomic_results.json"), "w") as f:
@@ -241,8 +285,10 @@ def _x(num: float | None, den: float) -> str:
 def print_table(res: dict) -> None:
     peak = res["matmul_tflops"]
     cands = res["candidates"]
-    log("\n| shape | split us (TF/s) | atomic best us (TF/s) [cfg] | FA2 us | cuDNN us "
-        "| atomic/FA2 | atomic/cuDNN | split/cuDNN | candidates us | max rel diff vs split |")
+    log(
+        "\n| shape | split us (TF/s) | atomic best us (TF/s) [cfg] | FA2 us | cuDNN us "
+        "| atomic/FA2 | atomic/cuDNN | split/cuDNN | candidates us | max rel diff vs split |"
+    )
     log("|---|---|---|---|---|---|---|---|---|---|")
     for r in res["timing"]:
         f = r["flops"]
@@ -250,18 +296,22 @@ def print_table(res: dict) -> None:
         i = r["atomic"].index(min(ts))
         c = cands[i]
         fa2, cud = r["fa2"], r["cudnn"]
-        log(f"| {r['shape']} | {r['split'] * 1e3:.0f} ({f / r['split'] / 1e9:.0f}) | "
+        log(
+            f"| {r['shape']} | {r['split'] * 1e3:.0f} ({f / r['split'] / 1e9:.0f}) | "
             f"{min(ts) * 1e3:.0f} ({f / min(ts) / 1e9:.0f}) "
             f"[{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"
             f"{' tma' if c.get('TMA') else ''}] | "
             f"{_us(fa2)} | {_us(cud)} | {_x(fa2, min(ts))} | {_x(cud, min(ts))} | "
             f"{_x(cud, r['split'])} | "
             + "/".join("-" if x is None else f"{x * 1e3:.0f}" for x in r["atomic"])
-            + f" | {max(r['atomic_vs_split_err']):.1e} |")
+            + f" | {max(r['atomic_vs_split_err']):.1e} |"
+        )
     for r in res["timing"]:
         if "dkdv_only_ms" in r:
-            log(f"{r['shape']}: dK/dV kernel {r['dkdv_only_ms'] * 1e3:.0f} us, with atomic dQ "
-                f"{r['dkdvq_only_ms'] * 1e3:.0f} us, convert {r['cvt_ms'] * 1e3:.0f} us")
+            log(
+                f"{r['shape']}: dK/dV kernel {r['dkdv_only_ms'] * 1e3:.0f} us, with atomic dQ "
+                f"{r['dkdvq_only_ms'] * 1e3:.0f} us, convert {r['cvt_ms'] * 1e3:.0f} us"
+            )
     log(f"bf16 matmul ceiling: {peak:.0f} TFLOP/s; best per class: {json.dumps(res['best'])}")
 
 

@@ -57,8 +57,15 @@ def kernel_times(fn: Callable[[], object]) -> dict[str, float]:
 def _sample(stop: threading.Event, rows: list[list[str]]) -> None:
     query = "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active"
     while not stop.is_set():
-        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True).stdout.strip().split(", ")
+        out = (
+            subprocess.run(
+                ["nvidia-smi", query, "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+            )
+            .stdout.strip()
+            .split(", ")
+        )
         if len(out) == 3:
             rows.append(out)
         time.sleep(0.05)
@@ -84,7 +91,7 @@ def sustained(fn: Callable[[], object], seconds: float = 3.0) -> tuple[float, fl
     torch.cuda.synchronize()
     stop.set()
     sampler.join()
-    late = rows[len(rows) // 3:]
+    late = rows[len(rows) // 3 :]
     mhz = statistics.median(float(r[0]) for r in late)
     watts = statistics.median(float(r[1]) for r in late)
     reasons = ",".join(sorted({r[2] for r in late}))
@@ -96,10 +103,20 @@ def backward_calls(s: int, causal: bool) -> dict[str, Callable[[], object]]:
     q, k, v, out, lse, do = timing_inputs(64, 8, s)
     return {
         "triton:fused_atomic": lambda: attention_backward(
-            q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=128 ** -0.5,
-            atomic_dq=True),
-        "torch_sdpa:cudnn": lambda: ad.backward(q, k, v, out, lse, do, causal=causal,
-                                                backend="torch_sdpa:cudnn"),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            do,
+            causal=causal,
+            bottom_right=False,
+            scale=128**-0.5,
+            atomic_dq=True,
+        ),
+        "torch_sdpa:cudnn": lambda: ad.backward(
+            q, k, v, out, lse, do, causal=causal, backend="torch_sdpa:cudnn"
+        ),
     }
 
 
@@ -116,7 +133,7 @@ def in_force(name: str, s: int, causal: bool):
     dkdvq entry with those keys) in force while its calls run."""
     if "[" not in name:
         return contextlib.nullcontext()
-    keys = parse_variant(name[name.index("[") + 1:-1])
+    keys = parse_variant(name[name.index("[") + 1 : -1])
     return tuning.trial_with("sm_90", "dkdvq", 128, causal, 8, s, **keys)
 
 
@@ -124,8 +141,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--variant", type=parse_variant, action="append", default=[],
-                    help="KEY=INT[,KEY=INT]: also time triton:fused_atomic with these keys")
+    ap.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        default=[],
+        help="KEY=INT[,KEY=INT]: also time triton:fused_atomic with these keys",
+    )
     args = ap.parse_args()
     if args.variant and tuning.arch_of(torch.device("cuda")) != "sm_90":
         print("--variant needs an sm_90 GPU (it changes the sm_90 table's entries)")
@@ -145,11 +167,13 @@ def main() -> int:
             for kernel, us in times.items():
                 print(f"    {us:10.1f}  {kernel}")
         for rnd in range(2):  # alternating, so that neither always runs on the hotter card
-            for name, fn in list(impls.items())[::(-1 if rnd else 1)]:
+            for name, fn in list(impls.items())[:: (-1 if rnd else 1)]:
                 with in_force(name, s, args.causal):
                     us, mhz, watts, reasons = sustained(fn)
-                summary.append(f"{label:22s} {name:34s} {us:10.1f} µs  {mhz:5.0f} MHz  "
-                               f"{watts:4.0f} W  throttle {reasons}")
+                summary.append(
+                    f"{label:22s} {name:34s} {us:10.1f} µs  {mhz:5.0f} MHz  "
+                    f"{watts:4.0f} W  throttle {reasons}"
+                )
                 print(summary[-1], flush=True)
     print("\nsustained, back to back:\n" + "\n".join(summary))
     return 0

@@ -70,20 +70,29 @@ def profile(args: tuple, causal: bool, backend: str, top: int, calls: int = 2000
         prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
-    return "\n".join(line for line in text.getvalue().splitlines()
-                     if line.strip() and not line.startswith("   Ordered by"))
+    return "\n".join(
+        line
+        for line in text.getvalue().splitlines()
+        if line.strip() and not line.startswith("   Ordered by")
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlens", default="1024", help="comma list (default 1024)")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="print the N functions with most own time per triton row")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print the N functions with most own time per triton row",
+    )
     opts = parser.parse_args(argv)
     print("package:", attn_dispatch_triton.__file__, flush=True)
     for seqlen in (int(s) for s in opts.seqlens.split(",")):
-        q, k, v, grad_out = (torch.randn(1, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16)
-                             for _ in range(4))
+        q, k, v, grad_out = (
+            torch.randn(1, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4)
+        )
         for causal in (False, True):
             label = f"{seqlen:5d} {'causal' if causal else 'full':6s}"
             out, lse = ad.forward(q, k, v, causal=causal, backend="triton:fused")
@@ -95,19 +104,24 @@ def main(argv: list[str] | None = None) -> None:
                 for g, r in zip(got, ref):
                     err = ((g.double() - r.double()).norm() / r.double().norm()).item()
                     if not err < 1e-2:
-                        raise AssertionError(f"{impl}: rel. error {err:.2e} against the "
-                                             "reference")
+                        raise AssertionError(f"{impl}: rel. error {err:.2e} against the reference")
                 print(f"{label} {impl:22s} {plan_status(args, causal, impl)}", flush=True)
             rounds: dict[str, list[float]] = {impl: [] for impl in IMPLS}
             for _ in range(3):
                 for impl in IMPLS:
                     rounds[impl].append(host_us(args, causal, impl))
             for impl, values in rounds.items():
-                print(f"{label} {impl:22s} host µs {statistics.median(values):6.1f}  "
-                      f"({' '.join(f'{x:.1f}' for x in values)})", flush=True)
+                print(
+                    f"{label} {impl:22s} host µs {statistics.median(values):6.1f}  "
+                    f"({' '.join(f'{x:.1f}' for x in values)})",
+                    flush=True,
+                )
             for impl in IMPLS[:2] if opts.profile else ():
-                print(f"-- {label} {impl}: cProfile, own time\n"
-                      f"{profile(args, causal, impl, opts.profile)}", flush=True)
+                print(
+                    f"-- {label} {impl}: cProfile, own time\n"
+                    f"{profile(args, causal, impl, opts.profile)}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

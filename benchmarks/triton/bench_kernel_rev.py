@@ -39,15 +39,21 @@ def kernel_source_at(rev: str) -> str:
             raise SystemExit(f"REV {rev!r}: cannot read the kernel file: {exc}") from None
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # repo
     try:
-        return subprocess.run(["git", "show", f"{rev}:{KERNEL_FILE}"], cwd=root, check=True,
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            ["git", "show", f"{rev}:{KERNEL_FILE}"],
+            cwd=root,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         raise SystemExit(f"REV {rev!r}: cannot read {KERNEL_FILE}: {detail}") from None
 
 
-def load_kernel_module(source: str, name: str = "_bwd_dkdv_sm90_rev",
-                       directory: str | None = None) -> ModuleType:
+def load_kernel_module(
+    source: str, name: str = "_bwd_dkdv_sm90_rev", directory: str | None = None
+) -> ModuleType:
     """``source`` as module ``attn_dispatch_triton.<name>``: its relative imports resolve in the
     package, and triton reads its kernels' source from a real file (in ``directory``, by default
     a new temporary one)."""
@@ -78,10 +84,14 @@ def parse_shapes(text: str) -> list[tuple[int, bool]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("rev", help="the commit whose kernel source to compare with (e.g. "
-                    "HEAD~1), or a saved copy of that file (a path ending in .py)")
-    ap.add_argument("--shapes", type=parse_shapes,
-                    default=parse_shapes("4096c,8192c,16384c,4096,16384"))
+    ap.add_argument(
+        "rev",
+        help="the commit whose kernel source to compare with (e.g. "
+        "HEAD~1), or a saved copy of that file (a path ending in .py)",
+    )
+    ap.add_argument(
+        "--shapes", type=parse_shapes, default=parse_shapes("4096c,8192c,16384c,4096,16384")
+    )
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
     os.environ["ATTN_DISPATCH_TRITON_PLANS"] = "0"  # read at the first call
@@ -95,8 +105,10 @@ def main() -> int:
 
     import attn_dispatch as ad
 
-    kernels = {"this": this_module._attn_bwd_dkdv_sm90,
-               args.rev: load_kernel_module(kernel_source_at(args.rev))._attn_bwd_dkdv_sm90}
+    kernels = {
+        "this": this_module._attn_bwd_dkdv_sm90,
+        args.rev: load_kernel_module(kernel_source_at(args.rev))._attn_bwd_dkdv_sm90,
+    }
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     lines = []
     for s, causal in args.shapes:
@@ -105,34 +117,44 @@ def main() -> int:
         def ours(kernel, t=tensors, c=causal):
             def run():
                 this_module._attn_bwd_dkdv_sm90 = kernel  # what backward.py imports per call
-                return attention_backward(*t, causal=c, bottom_right=False, scale=128 ** -0.5,
-                                          atomic_dq=True)
+                return attention_backward(
+                    *t, causal=c, bottom_right=False, scale=128**-0.5, atomic_dq=True
+                )
+
             return run
 
         calls = {name: ours(kernel) for name, kernel in kernels.items()}
-        calls["cuDNN"] = lambda t=tensors, c=causal: ad.backward(*t, causal=c,
-                                                                 backend="torch_sdpa:cudnn")
+        calls["cuDNN"] = lambda t=tensors, c=causal: ad.backward(
+            *t, causal=c, backend="torch_sdpa:cudnn"
+        )
         grads = {name: call() for name, call in calls.items()}
         for name in kernels:
             for got, want, g in zip(grads[name], grads["cuDNN"], "qkv", strict=True):
                 err = float((got.float() - want.float()).norm() / want.float().norm())
                 if not err < 2e-2:
                     raise SystemExit(f"{name} at {s} causal={causal}: d{g} off cuDNN's by {err}")
-        diff = max(float((a.float() - b.float()).norm() / b.float().norm())
-                   for a, b in zip(*(grads[n] for n in kernels), strict=True))
+        diff = max(
+            float((a.float() - b.float()).norm() / b.float().norm())
+            for a, b in zip(*(grads[n] for n in kernels), strict=True)
+        )
         del grads
         total = {name: sum(kernel_times(call).values()) for name, call in calls.items()}
         times: dict[str, list[float]] = {name: [] for name in calls}
         for rnd in range(args.rounds):
-            for name in list(calls)[::(-1 if rnd % 2 else 1)]:
+            for name in list(calls)[:: (-1 if rnd % 2 else 1)]:
                 times[name].append(do_bench(calls[name], warmup=100, rep=400) * 1e3)
         med = {name: statistics.median(v) for name, v in times.items()}
         label = f"GQA 64/8 {s // 1024}K{' causal' if causal else ''}"
-        cells = [f"{name} {med[name]:.0f} µs ({med['cuDNN'] / med[name]:.3f}x cuDNN; kernels "
-                 f"{total[name]:.0f})" for name in kernels]
-        lines.append(f"{label:20s} " + " | ".join(cells) + f" | cuDNN {med['cuDNN']:.0f} µs | "
-                     f"this / {args.rev} {med['this'] / med[args.rev]:.4f} | grads apart "
-                     f"{diff:.1e}")
+        cells = [
+            f"{name} {med[name]:.0f} µs ({med['cuDNN'] / med[name]:.3f}x cuDNN; kernels "
+            f"{total[name]:.0f})"
+            for name in kernels
+        ]
+        lines.append(
+            f"{label:20s} " + " | ".join(cells) + f" | cuDNN {med['cuDNN']:.0f} µs | "
+            f"this / {args.rev} {med['this'] / med[args.rev]:.4f} | grads apart "
+            f"{diff:.1e}"
+        )
         print(lines[-1], flush=True)
     print("\n" + "\n".join(lines))
     return 0

@@ -33,8 +33,17 @@ from concurrent.futures import ProcessPoolExecutor
 
 if "--smoke" in sys.argv:  # the interpreter must be chosen before the kernels are defined
     os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
-                                    os.pardir, "backends", "triton", "tests"))
+    sys.path.insert(
+        0,
+        os.path.join(
+            os.path.dirname(os.path.abspath(__file__)),
+            os.pardir,
+            os.pardir,
+            "backends",
+            "triton",
+            "tests",
+        ),
+    )
     from triton_interp_worker import patch_interpreter
 
     patch_interpreter()
@@ -66,24 +75,45 @@ def tma(bm: int, bn: int, w: int, s: int) -> dict:
 
 
 # The 4-warp tiles of <= 114 KB shared memory run two programs per SM (each SM has 228 KB).
-DKDV_CANDIDATES = [cfg(64, 128, 8, 2), cfg(64, 128, 8, 3), cfg(32, 128, 4, 3),
-                   cfg(32, 128, 8, 3), cfg(64, 64, 4, 3), cfg(128, 128, 8, 2),
-                   tma(64, 128, 8, 3), tma(64, 128, 8, 2), cfg(32, 64, 4, 3), cfg(32, 64, 4, 4),
-                   cfg(64, 64, 4, 2), tma(32, 64, 4, 4)]
-DQ_CANDIDATES = [cfg(128, 64, 8, 2), cfg(128, 64, 8, 3), cfg(128, 32, 4, 3),
-                 cfg(64, 64, 4, 3), cfg(128, 128, 8, 2), cfg(64, 128, 8, 2),
-                 tma(128, 64, 8, 3), tma(128, 64, 8, 2), cfg(64, 64, 4, 2), tma(64, 64, 4, 2)]
+DKDV_CANDIDATES = [
+    cfg(64, 128, 8, 2),
+    cfg(64, 128, 8, 3),
+    cfg(32, 128, 4, 3),
+    cfg(32, 128, 8, 3),
+    cfg(64, 64, 4, 3),
+    cfg(128, 128, 8, 2),
+    tma(64, 128, 8, 3),
+    tma(64, 128, 8, 2),
+    cfg(32, 64, 4, 3),
+    cfg(32, 64, 4, 4),
+    cfg(64, 64, 4, 2),
+    tma(32, 64, 4, 4),
+]
+DQ_CANDIDATES = [
+    cfg(128, 64, 8, 2),
+    cfg(128, 64, 8, 3),
+    cfg(128, 32, 4, 3),
+    cfg(64, 64, 4, 3),
+    cfg(128, 128, 8, 2),
+    cfg(64, 128, 8, 2),
+    tma(128, 64, 8, 3),
+    tma(128, 64, 8, 2),
+    cfg(64, 64, 4, 2),
+    tma(64, 64, 4, 2),
+]
 # --shapes short: the sequence lengths at or below tuning.SHORT_SEQ, with smaller tiles too
 SHORT_SHAPES = [
     (f"{kind} {s // 1024}K" + (" causal" if causal else ""), h, hk, s, causal)
-    for s in (1024, 2048) for causal in (False, True)
+    for s in (1024, 2048)
+    for causal in (False, True)
     for kind, h, hk in (("GQA 64/8", 64, 8), ("MHA 8", 8, 8))
 ]
 SHORT_DKDV_EXTRA = [cfg(32, 128, 8, 2), cfg(64, 64, 8, 3), tma(32, 64, 4, 3)]
 # dK/dV with dP's product before the exponentials (DP_FIRST) on the tiles of the sm_90 table
 DKDV_CANDIDATES += [{**c, "DP_FIRST": 1} for c in (tma(64, 128, 8, 3), cfg(32, 64, 4, 3))]
-SHORT_DKDV_EXTRA += [{**c, "DP_FIRST": 1}
-                     for c in (tma(32, 64, 4, 3), tma(32, 64, 4, 4), cfg(32, 64, 4, 4))]
+SHORT_DKDV_EXTRA += [
+    {**c, "DP_FIRST": 1} for c in (tma(32, 64, 4, 3), tma(32, 64, 4, 4), cfg(32, 64, 4, 4))
+]
 SHORT_DQ_EXTRA = [cfg(64, 32, 4, 3), cfg(64, 64, 8, 3), cfg(32, 64, 4, 3), tma(64, 64, 4, 3)]
 PRE = cfg(64, 0, 4, 1)
 FWD = cfg(128, 64, 8, 3)
@@ -96,8 +126,17 @@ def log(*a) -> None:
 # ------------------------------------------------------------------------------ problem setup
 
 
-def make_problem(h: int, hk: int, s: int, d: int = 128, dtype=torch.bfloat16, b: int = 1,
-                 device: str = "cuda", sk: int | None = None, seed: int = 0):
+def make_problem(
+    h: int,
+    hk: int,
+    s: int,
+    d: int = 128,
+    dtype=torch.bfloat16,
+    b: int = 1,
+    device: str = "cuda",
+    sk: int | None = None,
+    seed: int = 0,
+):
     g = torch.Generator(device=device).manual_seed(seed)
     sk = sk or s
 
@@ -107,8 +146,9 @@ def make_problem(h: int, hk: int, s: int, d: int = 128, dtype=torch.bfloat16, b:
     return rnd(b, s, h, d), rnd(b, sk, hk, d), rnd(b, sk, hk, d), rnd(b, s, h, d)
 
 
-def timing_inputs(h: int, hk: int, s: int, sk: int | None = None, device: str = "cuda",
-                  seed: int = 0) -> tuple[torch.Tensor, ...]:
+def timing_inputs(
+    h: int, hk: int, s: int, sk: int | None = None, device: str = "cuda", seed: int = 0
+) -> tuple[torch.Tensor, ...]:
     """``(q, k, v, out, lse, do)`` for timing a backward (B=1, D=128, bf16): random ``out``
     and ``lse`` (around 6) instead of a forward's, which timing does not need."""
     q, k, v, do = make_problem(h, hk, s, sk=sk, device=device, seed=seed)
@@ -126,8 +166,9 @@ def oracle_heads(q, k, v, do, causal, bottom_right, scale, heads):
     j = torch.arange(sk, device=q.device)[None, :]
     mask = (j <= i + (sk - sq if bottom_right else 0)) if causal else None
     for h in heads:
-        qh, kh, vh, doh = (t[0, :, hh].double() for t, hh in
-                           ((q, h), (k, h // group), (v, h // group), (do, h)))
+        qh, kh, vh, doh = (
+            t[0, :, hh].double() for t, hh in ((q, h), (k, h // group), (v, h // group), (do, h))
+        )
         sc = (qh @ kh.T) * scale
         if mask is not None:
             sc = sc.masked_fill(~mask, float("-inf"))
@@ -163,8 +204,10 @@ def check_against_oracle(q, k, v, do, out, lse, grads, causal, bottom_right, sca
         if out is not None:
             err["out"] = max(err["out"], rel(out[0, :, h], r["out"]))
             fin = torch.isfinite(r["lse"])
-            err["lse"] = max(err["lse"], (lse[0, h][fin].double() - r["lse"][fin]).abs().max()
-                             .item() if fin.any() else 0.0)
+            err["lse"] = max(
+                err["lse"],
+                (lse[0, h][fin].double() - r["lse"][fin]).abs().max().item() if fin.any() else 0.0,
+            )
         err["dq"] = max(err["dq"], rel(grads[0][0, :, h], r["dq"]))
     for hk in sorted({h // group for h in heads}):
         members = [h for h in heads if h // group == hk]
@@ -202,8 +245,9 @@ def fwd_flops(h: int, s: int, sk: int, d: int, causal: bool) -> float:
     return f / 2 if causal else f
 
 
-def candidate_ms(launch, kernel: str, c: dict, ref: list, smoke: bool, est: float,
-                 shape: str) -> float:
+def candidate_ms(
+    launch, kernel: str, c: dict, ref: list, smoke: bool, est: float, shape: str
+) -> float:
     """Time one candidate after checking its gradients against the default configs' (outputs
     poisoned first); a candidate that disagrees (rel. error > 1e-2) gets ``inf``."""
     outs = (launch.dk, launch.dv) if kernel == "dkdv" else (launch.dq,)
@@ -230,8 +274,7 @@ def _warm(job: tuple) -> str:
 
     t = time.time()
     q, k, v, do = make_problem(16, 2, 256, d)
-    out, lse = attention_forward(q, k, v, causal=causal, bottom_right=False, scale=0.1,
-                                 config=FWD)
+    out, lse = attention_forward(q, k, v, causal=causal, bottom_right=False, scale=0.1, config=FWD)
     launch = BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=0.1)
     launch.preprocess(PRE)
     if kernel == "dkdv":
@@ -262,8 +305,12 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes")
     ap.add_argument("--budget", type=float, default=470.0, help="seconds before skipping work")
     ap.add_argument("--workers", type=int, default=12)
-    ap.add_argument("--shapes", choices=("seed", "short"), default="seed",
-                    help="the seed shapes, or the short ones (<= 2K) with extra small tiles")
+    ap.add_argument(
+        "--shapes",
+        choices=("seed", "short"),
+        default="seed",
+        help="the seed shapes, or the short ones (<= 2K) with extra small tiles",
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
@@ -290,9 +337,14 @@ def main() -> None:
     else:
         fwd_cfg, pre_cfg = FWD, PRE
         props = torch.cuda.get_device_properties(0)
-        results["env"] = dict(gpu=props.name, sms=props.multi_processor_count,
-                              torch=torch.__version__, triton=triton.__version__,
-                              cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+        results["env"] = dict(
+            gpu=props.name,
+            sms=props.multi_processor_count,
+            torch=torch.__version__,
+            triton=triton.__version__,
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+        )
         log("env", results["env"])
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         bm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -313,11 +365,32 @@ def main() -> None:
         q, k, v, do = make_problem(h, hk, s, d, device=dev)
         out = torch.full_like(q, float("nan"))
         lse = torch.full((1, h, s), float("nan"), device=dev)
-        attention_forward(q, k, v, causal=causal, bottom_right=False, scale=scale,
-                          config=fwd_cfg, out=out, lse=lse)
+        attention_forward(
+            q,
+            k,
+            v,
+            causal=causal,
+            bottom_right=False,
+            scale=scale,
+            config=fwd_cfg,
+            out=out,
+            lse=lse,
+        )
         grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-        BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=scale,
-                       dq=grads[0], dk=grads[1], dv=grads[2]).run(default)
+        BackwardLaunch(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            do,
+            causal=causal,
+            bottom_right=False,
+            scale=scale,
+            dq=grads[0],
+            dk=grads[1],
+            dv=grads[2],
+        ).run(default)
         heads = list(range(min(h, 16)))
         err = check_against_oracle(q, k, v, do, out, lse, grads, causal, False, scale, heads)
         results["shapes"][name] = {"errors": err, "checked_heads": len(heads)}
@@ -333,8 +406,11 @@ def main() -> None:
             extra_results = list(ex.map(_extra_job, jobs))
     for r in extra_results:
         results["extra_checks"].append(r)
-        log(f"check {r['case']}: " + " ".join(f"{k_}={v_:.2e}" for k_, v_ in r["errors"].items())
-            + (f" empty-ok={r['empty_sequences_ok']}" if "empty_sequences_ok" in r else ""))
+        log(
+            f"check {r['case']}: "
+            + " ".join(f"{k_}={v_:.2e}" for k_, v_ in r["errors"].items())
+            + (f" empty-ok={r['empty_sequences_ok']}" if "empty_sequences_ok" in r else "")
+        )
 
     # ---- 4. tuning: every candidate per seed shape, per kernel
     per_shape: dict = {}
@@ -343,10 +419,12 @@ def main() -> None:
             log(f"tuning: budget reached, skipping {name}")
             continue
         q, k, v, do = make_problem(h, hk, s, d, device=dev)
-        out, lse = attention_forward(q, k, v, causal=causal, bottom_right=False, scale=scale,
-                                     config=fwd_cfg)
-        launch = BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False,
-                                scale=scale)
+        out, lse = attention_forward(
+            q, k, v, causal=causal, bottom_right=False, scale=scale, config=fwd_cfg
+        )
+        launch = BackwardLaunch(
+            q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=scale
+        )
         ref = [t.clone() for t in launch.run(default)]  # the checked default configs
         est = bwd_flops(h, s, s, d, causal) / 300e12 * 1e3
         t_pre = bench(lambda L=launch: L.preprocess(pre_cfg), smoke)
@@ -357,14 +435,20 @@ def main() -> None:
         split_ms = {f"auto={launch.dkdv_plan(best).split}": min(t_dkdv)}
         for sp in (1, 2, 4, 8):
             if h // hk > 1 and (h // hk) % sp == 0:
-                split_ms[sp] = bench(lambda L=launch, c={**best, "SPLIT": sp}: L.dkdv(c), smoke,
-                                     est)
+                split_ms[sp] = bench(
+                    lambda L=launch, c={**best, "SPLIT": sp}: L.dkdv(c), smoke, est
+                )
         per_shape[name]["dkdv_best_by_split"] = split_ms
-        log(f"  group split {name}: " + " ".join(f"{k_}:{v_ * 1e3:.0f}us"
-                                                 for k_, v_ in split_ms.items()))
-        log(f"tune {name}: pre {t_pre * 1e3:.0f}us dkdv "
-            + " ".join(f"{t * 1e3:.0f}" for t in t_dkdv) + " | dq "
-            + " ".join(f"{t * 1e3:.0f}" for t in t_dq))
+        log(
+            f"  group split {name}: "
+            + " ".join(f"{k_}:{v_ * 1e3:.0f}us" for k_, v_ in split_ms.items())
+        )
+        log(
+            f"tune {name}: pre {t_pre * 1e3:.0f}us dkdv "
+            + " ".join(f"{t * 1e3:.0f}" for t in t_dkdv)
+            + " | dq "
+            + " ".join(f"{t * 1e3:.0f}" for t in t_dq)
+        )
     results["tuning"]["per_shape_ms"] = per_shape
     results["tuning"]["dkdv_candidates"] = dkdv_cands
     results["tuning"]["dq_candidates"] = dq_cands
@@ -376,15 +460,19 @@ def main() -> None:
     for key, names in classes.items():
         entry = {"pre": pre_cfg, "fwd": fwd_cfg}
         for kern, cands in (("dkdv", dkdv_cands), ("dq", dq_cands)):
-            score = [sum(per_shape[n][kern][i] / min(per_shape[n][kern]) for n in names)
-                     for i in range(len(cands))]
+            score = [
+                sum(per_shape[n][kern][i] / min(per_shape[n][kern]) for n in names)
+                for i in range(len(cands))
+            ]
             entry[kern] = cands[min(range(len(cands)), key=score.__getitem__)]
         table[key] = entry
     results["tuning"]["table"] = table
-    arch = "cpu" if smoke else f"sm_{torch.cuda.get_device_capability()[0]}" \
-        f"{torch.cuda.get_device_capability()[1]}"
-    with open(os.path.join(args.out, f"configs-{arch}-triton{triton.__version__}.json"),
-              "w") as f:
+    arch = (
+        "cpu"
+        if smoke
+        else f"sm_{torch.cuda.get_device_capability()[0]}{torch.cuda.get_device_capability()[1]}"
+    )
+    with open(os.path.join(args.out, f"configs-{arch}-triton{triton.__version__}.json"), "w") as f:
         json.dump(table, f, indent=1, sort_keys=True)
 
     # ---- 5. ours (tuned) vs FA2 vs cuDNN, backward only, same inputs
@@ -393,15 +481,21 @@ def main() -> None:
         key = shape_class(d, causal, h // hk, s)
         c = table.get(key, default)
         q, k, v, do = make_problem(h, hk, s, d, device=dev)
-        out, lse = attention_forward(q, k, v, causal=causal, bottom_right=False, scale=scale,
-                                     config=fwd_cfg)
-        launch = BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False,
-                                scale=scale)
+        out, lse = attention_forward(
+            q, k, v, causal=causal, bottom_right=False, scale=scale, config=fwd_cfg
+        )
+        launch = BackwardLaunch(
+            q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=scale
+        )
         est = bwd_flops(h, s, s, d, causal) / 300e12 * 1e3
         fwd_args = dict(causal=causal, bottom_right=False, scale=scale, config=fwd_cfg)
-        row = {"shape": name, "ours": bench(lambda L=launch, c=c: L.run(c), smoke, est),
-               "ours_fwd": bench(lambda a=(q, k, v), kw=fwd_args: attention_forward(*a, **kw),
-                                 smoke, est / 2)}
+        row = {
+            "shape": name,
+            "ours": bench(lambda L=launch, c=c: L.run(c), smoke, est),
+            "ours_fwd": bench(
+                lambda a=(q, k, v), kw=fwd_args: attention_forward(*a, **kw), smoke, est / 2
+            ),
+        }
         if not smoke:
             for label, backend in (("fa2", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION")):
                 row[label] = sdpa_backward_ms(q, k, v, do, causal, backend, est)
@@ -455,14 +549,14 @@ def _extra_job(job: tuple) -> dict:
     label, h, hk, sq, sk, dd, causal, br, dt = spec
     if smoke:
         sq, sk = sq // 8, sk // 8
-    q, k, v, do = make_problem(h, hk, sq, dd, dtype=getattr(torch, dt), device=dev, sk=sk,
-                               seed=1)
+    q, k, v, do = make_problem(h, hk, sq, dd, dtype=getattr(torch, dt), device=dev, sk=sk, seed=1)
     sc = 0.5 / math.sqrt(dd)
     flags = dict(causal=causal, bottom_right=br, scale=sc)
     out, lse = attention_forward(q, k, v, **flags)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(q, k, v, out, lse, do, **flags, dq=grads[0], dk=grads[1], dv=grads[2],
-                       atomic_dq=atomic)
+    attention_backward(
+        q, k, v, out, lse, do, **flags, dq=grads[0], dk=grads[1], dv=grads[2], atomic_dq=atomic
+    )
     err = check_against_oracle(q, k, v, do, out, lse, grads, causal, br, sc, list(range(h)))
     return {"case": label + (" atomic" if atomic else ""), "errors": err}
 
@@ -479,53 +573,83 @@ def varlen_check(dev: str, smoke: bool, atomic: bool = False) -> dict:
     mk = lambda *s: torch.randn(*s, generator=g, device=dev).to(torch.bfloat16)  # noqa: E731
     q, k, v = mk(sum(lens_q), h, d), mk(sum(lens_k), hk, d), mk(sum(lens_k), hk, d)
     do = mk(sum(lens_q), h, d)
-    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32,
-                        device=dev)
-    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32,
-                        device=dev)
-    flags = dict(causal=True, bottom_right=True, scale=0.1, cu_seqlens_q=cu_q,
-                 cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    cu_q = torch.tensor(
+        [0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=dev
+    )
+    cu_k = torch.tensor(
+        [0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=dev
+    )
+    flags = dict(
+        causal=True,
+        bottom_right=True,
+        scale=0.1,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max(lens_q),
+        max_seqlen_k=max(lens_k),
+    )
     out, lse = attention_forward(q, k, v, **flags)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(q, k, v, out, lse, do, **flags, dq=grads[0], dk=grads[1], dv=grads[2],
-                       atomic_dq=atomic)
+    attention_backward(
+        q, k, v, out, lse, do, **flags, dq=grads[0], dk=grads[1], dv=grads[2], atomic_dq=atomic
+    )
     worst = {"out": 0.0, "lse": 0.0, "dq": 0.0, "dk": 0.0, "dv": 0.0}
     zero_ok = True
     for b in range(len(lens_q)):
         qs, qe, ks, ke = cu_q[b].item(), cu_q[b + 1].item(), cu_k[b].item(), cu_k[b + 1].item()
         if ke == ks:  # no keys: out 0, lse -inf, grads 0
-            zero_ok &= bool((out[qs:qe] == 0).all() and torch.isneginf(lse[:, qs:qe]).all()
-                            and (grads[0][qs:qe] == 0).all())
+            zero_ok &= bool(
+                (out[qs:qe] == 0).all()
+                and torch.isneginf(lse[:, qs:qe]).all()
+                and (grads[0][qs:qe] == 0).all()
+            )
             continue
         if qe == qs:  # no queries: dk = dv = 0
             zero_ok &= bool((grads[1][ks:ke] == 0).all() and (grads[2][ks:ke] == 0).all())
             continue
         sl = lambda t, a, e: t[a:e].unsqueeze(0)  # noqa: E731
-        err = check_against_oracle(sl(q, qs, qe), sl(k, ks, ke), sl(v, ks, ke), sl(do, qs, qe),
-                                   sl(out, qs, qe), lse[:, qs:qe].unsqueeze(0),
-                                   (sl(grads[0], qs, qe), sl(grads[1], ks, ke),
-                                    sl(grads[2], ks, ke)), True, True, 0.1, list(range(h)))
+        err = check_against_oracle(
+            sl(q, qs, qe),
+            sl(k, ks, ke),
+            sl(v, ks, ke),
+            sl(do, qs, qe),
+            sl(out, qs, qe),
+            lse[:, qs:qe].unsqueeze(0),
+            (sl(grads[0], qs, qe), sl(grads[1], ks, ke), sl(grads[2], ks, ke)),
+            True,
+            True,
+            0.1,
+            list(range(h)),
+        )
         worst = {n: max(worst[n], e) for n, e in err.items()}
-    return {"case": "varlen empty seqs br causal gqa4" + (" atomic" if atomic else ""),
-            "errors": worst,
-            "empty_sequences_ok": zero_ok}
+    return {
+        "case": "varlen empty seqs br causal gqa4" + (" atomic" if atomic else ""),
+        "errors": worst,
+        "empty_sequences_ok": zero_ok,
+    }
 
 
 def print_table(results: dict) -> None:
     peak = results.get("matmul_tflops")
-    log("\n| shape | ours us (TF/s) | FA2 us (TF/s) | cuDNN us (TF/s) | vs FA2 | vs cuDNN "
-        "| ours fwd us (TF/s) | max rel err dq/dk/dv |")
+    log(
+        "\n| shape | ours us (TF/s) | FA2 us (TF/s) | cuDNN us (TF/s) | vs FA2 | vs cuDNN "
+        "| ours fwd us (TF/s) | max rel err dq/dk/dv |"
+    )
     log("|---|---|---|---|---|---|---|---|")
     for r in results["timing"]:
+
         def cell(ms, flops):
             return "-" if ms is None else f"{ms * 1e3:.0f} ({flops / ms / 1e9:.0f})"
+
         e = results["shapes"].get(r["shape"], {}).get("errors", {})
         errs = "/".join(f"{e.get(n, float('nan')):.1e}" for n in ("dq", "dk", "dv"))
         fa2, cud = r.get("fa2"), r.get("cudnn")
-        log(f"| {r['shape']} | {cell(r['ours'], r['flops'])} | {cell(fa2, r['flops'])} | "
+        log(
+            f"| {r['shape']} | {cell(r['ours'], r['flops'])} | {cell(fa2, r['flops'])} | "
             f"{cell(cud, r['flops'])} | {fa2 / r['ours'] if fa2 else float('nan'):.2f}x | "
             f"{cud / r['ours'] if cud else float('nan'):.2f}x | "
-            f"{cell(r['ours_fwd'], r['fwd_flops'])} | {errs} |")
+            f"{cell(r['ours_fwd'], r['fwd_flops'])} | {errs} |"
+        )
     if peak:
         log(f"bf16 matmul ceiling: {peak:.0f} TFLOP/s")
 

@@ -43,8 +43,10 @@ _NAME = re.compile(r"s(\d+)(-hf)?(?:-w(\d+))?(-add)?(?:-t(\d+))?")
 
 def variant_name(split: int, heavy: int, window: int, add: int, tail: int = 0) -> str:
     """E.g. ``s4-w1-add``, ``s1-t16``."""
-    return (f"s{split}{'-hf' if heavy else ''}{f'-w{window}' if window else ''}"
-            f"{'-add' if add else ''}{f'-t{tail}' if tail else ''}")
+    return (
+        f"s{split}{'-hf' if heavy else ''}{f'-w{window}' if window else ''}"
+        f"{'-add' if add else ''}{f'-t{tail}' if tail else ''}"
+    )
 
 
 def parse_variant(name: str) -> tuple[int, ...] | None:
@@ -58,29 +60,51 @@ def parse_variant(name: str) -> tuple[int, ...] | None:
 
 
 # the default set; --grid times every combination instead
-VARIANTS = {n: parse_variant(n) for n in (
-    "s4", "s1-hf", "s4-w1", "s4-w2", "s2-w1", "s2-w2", "s1-w4", "s4-add", "s4-w1-add",
-    "s1-t16")}
+VARIANTS = {
+    n: parse_variant(n)
+    for n in (
+        "s4",
+        "s1-hf",
+        "s4-w1",
+        "s4-w2",
+        "s2-w1",
+        "s2-w2",
+        "s1-w4",
+        "s4-add",
+        "s4-w1-add",
+        "s1-t16",
+    )
+}
 
 
 def grid() -> dict[str, tuple[int, ...]]:
     out = {}
-    for split, heavy, window, add in itertools.product((1, 2, 4, 8), (0, 1), (0, 1, 2, 4),
-                                                       (0, 1)):
+    for split, heavy, window, add in itertools.product((1, 2, 4, 8), (0, 1), (0, 1, 2, 4), (0, 1)):
         if heavy and window or split == 1 and add:  # (a window replaces heaviest first)
             continue
         out[variant_name(split, heavy, window, add)] = (split, heavy, window, add, 0)
     return out
 
 
-def bench_shape(s: int, causal: bool, variants: dict, rounds: int,
-                heads: tuple[int, int] = (64, 8)) -> dict[str, list[float]]:
+def bench_shape(
+    s: int, causal: bool, variants: dict, rounds: int, heads: tuple[int, int] = (64, 8)
+) -> dict[str, list[float]]:
     h, hk = heads
     q, k, v, out, lse, do = timing_inputs(h, hk, s)
 
     def call(atomic: bool):
-        return attention_backward(q, k, v, out, lse, do, causal=causal, bottom_right=False,
-                                  scale=128 ** -0.5, atomic_dq=atomic)
+        return attention_backward(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            do,
+            causal=causal,
+            bottom_right=False,
+            scale=128**-0.5,
+            atomic_dq=atomic,
+        )
 
     ref = [t.clone() for t in call(False)]
     configs: dict[str, dict[str, int]] = {"table": {}}  # name -> keys changed in the entry
@@ -91,8 +115,10 @@ def bench_shape(s: int, causal: bool, variants: dict, rounds: int,
 
     def timed(name: str) -> float:
         if name == "cudnn":
-            fn = lambda: ad.backward(q, k, v, out, lse, do, causal=causal,  # noqa: E731
-                                     backend="torch_sdpa:cudnn")
+
+            def fn():
+                return ad.backward(q, k, v, out, lse, do, causal=causal, backend="torch_sdpa:cudnn")
+
             return do_bench(fn, warmup=10, rep=200) * 1e3
         with in_force(name):
             return do_bench(lambda: call(True), warmup=10, rep=200) * 1e3
@@ -117,8 +143,11 @@ def bench_shape(s: int, causal: bool, variants: dict, rounds: int,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--grid", action="store_true",
-                    help="every combination (70 layouts) instead of the default set")
+    ap.add_argument(
+        "--grid",
+        action="store_true",
+        help="every combination (70 layouts) instead of the default set",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", help="comma-separated variant names, e.g. s4-w1,s8-add,s1-t16")
     ap.add_argument("--shapes", help="comma-separated key lengths, 'c' for causal: 4096c,8192")
@@ -150,10 +179,16 @@ def main() -> int:
         med = {n: statistics.median(t) for n, t in res.items()}
         kind = f"GQA {h}/{hk}" if h != hk else f"MHA {h}"
         label = f"{kind} {s // 1024}K{' causal' if causal else ''}"
-        lines.append(f"{label}: " + "  ".join(
-            f"{n} {t:.0f} ({med['cudnn'] / t:.3f})" for n, t in med.items()))
-        print(lines[-1] + "\n    rounds: " + "  ".join(
-            f"{n} " + "/".join(f"{x:.0f}" for x in t) for n, t in res.items()), flush=True)
+        lines.append(
+            f"{label}: "
+            + "  ".join(f"{n} {t:.0f} ({med['cudnn'] / t:.3f})" for n, t in med.items())
+        )
+        print(
+            lines[-1]
+            + "\n    rounds: "
+            + "  ".join(f"{n} " + "/".join(f"{x:.0f}" for x in t) for n, t in res.items()),
+            flush=True,
+        )
     print("\nmedian µs (cuDNN's time over it):\n" + "\n".join(lines))
     return 0
 

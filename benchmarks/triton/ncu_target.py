@@ -31,18 +31,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--no-tail-slices", action="store_true",
-                    help="one dK/dV launch per call (config TAIL_SLICES 0)")
+    ap.add_argument(
+        "--no-tail-slices",
+        action="store_true",
+        help="one dK/dV launch per call (config TAIL_SLICES 0)",
+    )
     args = ap.parse_args()
     s, heads, kv_heads = args.seqlen, 64, 8
     q, k, v, out, lse, grad_out = timing_inputs(heads, kv_heads, s)
-    in_force = (tuning.trial_with(tuning.arch_of(q.device), "dkdvq", 128, args.causal,
-                                  heads // kv_heads, s, TAIL_SLICES=0)
-                if args.no_tail_slices else contextlib.nullcontext())
+    in_force = (
+        tuning.trial_with(
+            tuning.arch_of(q.device), "dkdvq", 128, args.causal, heads // kv_heads, s, TAIL_SLICES=0
+        )
+        if args.no_tail_slices
+        else contextlib.nullcontext()
+    )
     with in_force:
         for _ in range(3):
-            attention_backward(q, k, v, out, lse, grad_out, causal=args.causal,
-                               bottom_right=False, scale=128 ** -0.5, atomic_dq=True)
+            attention_backward(
+                q,
+                k,
+                v,
+                out,
+                lse,
+                grad_out,
+                causal=args.causal,
+                bottom_right=False,
+                scale=128**-0.5,
+                atomic_dq=True,
+            )
         torch.cuda.synchronize()
 
 

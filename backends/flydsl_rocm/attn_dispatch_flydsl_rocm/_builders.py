@@ -20,8 +20,9 @@ def launcher(spec: KernelSpec):
         return build_convert(spec.dtype, spec.head_dim, spec.varlen)
     from ._kernel_main import build_main
 
-    return build_main(main_tiles(spec.variant), spec.dtype, spec.head_dim, spec.causal,
-                      spec.varlen, spec.group)
+    return build_main(
+        main_tiles(spec.variant), spec.dtype, spec.head_dim, spec.causal, spec.varlen, spec.group
+    )
 
 
 def placeholder_args(spec: KernelSpec) -> list[Any]:

@@ -31,8 +31,7 @@ from ._layout import crow as _crow
 from ._tiles import MainTiles
 
 
-def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen: bool,
-               group: int):
+def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen: bool, group: int):
     """Return the ``@flyc.jit`` launcher of the main kernel for one configuration."""
     D = head_dim
     geo = Geometry(tiles, head_dim)
@@ -53,25 +52,47 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
             for nt in range_constexpr(DQ_NT):
                 acc = P.const_vec(0.0, ACC)
                 for st in range_constexpr(BN // KT):
-                    a = P.lds_load(P.vec_t(KV, et), lbase + geo.dq_a_addr(s, st, g, li),
-                                   align=KV * EB)
+                    a = P.lds_load(
+                        P.vec_t(KV, et), lbase + geo.dq_a_addr(s, st, g, li), align=KV * EB
+                    )
                     acc = P.mfma(tiles.mfma, dtype, a, kq_frag[st * DQ_NT + nt], acc)
                 col = geo.dq_col(wave, nt, li)
                 for i in range_constexpr(ACC):
                     qrow = m0 + s * T + _crow(i, g, T)
                     P.gatomic_add_f32(P.extract(acc, i), rdq, (qrow * (heads * D) + col) * 4)
+
     swz_addr = geo.swz_addr
 
     @flyc.kernel(known_block_size=[256, 1, 1])
     def fmha_bwd_main(
-        Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, dO: fx.Tensor, LSE: fx.Tensor, Dvec: fx.Tensor,
-        dQacc: fx.Tensor, dK: fx.Tensor, dV: fx.Tensor, CuQ: fx.Tensor, CuK: fx.Tensor,
-        seqlen_q: fx.Int32, seqlen_k: fx.Int32, heads: fx.Int32,
-        q_sr: fx.Int32, q_sh: fx.Int32, q_sb: fx.Int32,
-        k_sr: fx.Int32, k_sh: fx.Int32, k_sb: fx.Int32,
-        v_sr: fx.Int32, v_sh: fx.Int32, v_sb: fx.Int32,
-        o_sr: fx.Int32, o_sh: fx.Int32, o_sb: fx.Int32,
-        l_sh: fx.Int32, l_sb: fx.Int32,
+        Q: fx.Tensor,
+        K: fx.Tensor,
+        V: fx.Tensor,
+        dO: fx.Tensor,
+        LSE: fx.Tensor,
+        Dvec: fx.Tensor,
+        dQacc: fx.Tensor,
+        dK: fx.Tensor,
+        dV: fx.Tensor,
+        CuQ: fx.Tensor,
+        CuK: fx.Tensor,
+        seqlen_q: fx.Int32,
+        seqlen_k: fx.Int32,
+        heads: fx.Int32,
+        q_sr: fx.Int32,
+        q_sh: fx.Int32,
+        q_sb: fx.Int32,
+        k_sr: fx.Int32,
+        k_sh: fx.Int32,
+        k_sb: fx.Int32,
+        v_sr: fx.Int32,
+        v_sh: fx.Int32,
+        v_sb: fx.Int32,
+        o_sr: fx.Int32,
+        o_sh: fx.Int32,
+        o_sb: fx.Int32,
+        l_sh: fx.Int32,
+        l_sb: fx.Int32,
         scale: fx.Float32,
     ):
         et = P.elem_t(dtype)
@@ -114,10 +135,12 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
         kw0 = n0 + wave * T  # first key of this wave
 
         # K/V of this key block (rows past the sequence read as zero).
-        rk = P.buffer_rsrc(K, bk + fx.Int64(ks) * fx.Int64(k_sr) + fx.Int64(hk * k_sh),
-                           sk * k_sr - hk * k_sh, EB)
-        rv = P.buffer_rsrc(V, bv + fx.Int64(ks) * fx.Int64(v_sr) + fx.Int64(hk * v_sh),
-                           sk * v_sr - hk * v_sh, EB)
+        rk = P.buffer_rsrc(
+            K, bk + fx.Int64(ks) * fx.Int64(k_sr) + fx.Int64(hk * k_sh), sk * k_sr - hk * k_sh, EB
+        )
+        rv = P.buffer_rsrc(
+            V, bv + fx.Int64(ks) * fx.Int64(v_sr) + fx.Int64(hk * v_sh), sk * v_sr - hk * v_sh, EB
+        )
         k_frag = []
         v_frag = []
         for c in range_constexpr(DC):
@@ -145,17 +168,30 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
         m_last = fx.Int32(m_last)
 
         for hq in range(hk * group, hk * group + group):
-            rq = P.buffer_rsrc(Q, bq + fx.Int64(qs) * fx.Int64(q_sr) + fx.Int64(hq * q_sh),
-                               sq * q_sr - hq * q_sh, EB)
-            rdo = P.buffer_rsrc(dO, bo + fx.Int64(qs) * fx.Int64(o_sr) + fx.Int64(hq * o_sh),
-                                sq * o_sr - hq * o_sh, EB)
+            rq = P.buffer_rsrc(
+                Q,
+                bq + fx.Int64(qs) * fx.Int64(q_sr) + fx.Int64(hq * q_sh),
+                sq * q_sr - hq * q_sh,
+                EB,
+            )
+            rdo = P.buffer_rsrc(
+                dO,
+                bo + fx.Int64(qs) * fx.Int64(o_sr) + fx.Int64(hq * o_sh),
+                sq * o_sr - hq * o_sh,
+                EB,
+            )
             lrow = bl + fx.Int64(hq) * fx.Int64(l_sh)
             rl = P.buffer_rsrc(LSE, lrow, sq, 4)
             rd = P.buffer_rsrc(Dvec, lrow, sq, 4)
-            qacc_base = fx.Int64(0) if varlen else (
-                fx.Int64(b) * fx.Int64(seqlen_q) * fx.Int64(heads * D))
-            rdq = P.buffer_rsrc(dQacc, qacc_base + fx.Int64(qs) * fx.Int64(heads * D)
-                                + fx.Int64(hq * D), sq * heads * D - hq * D, 4)
+            qacc_base = (
+                fx.Int64(0) if varlen else (fx.Int64(b) * fx.Int64(seqlen_q) * fx.Int64(heads * D))
+            )
+            rdq = P.buffer_rsrc(
+                dQacc,
+                qacc_base + fx.Int64(qs) * fx.Int64(heads * D) + fx.Int64(hq * D),
+                sq * heads * D - hq * D,
+                4,
+            )
 
             # Prefetch of the first Q/dO tile into registers.
             pre_q = []
@@ -191,11 +227,13 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
                     dp_acc = P.const_vec(0.0, ACC)
                     for c in range_constexpr(DC):
                         ar, ac = geo.a_rowfrag(s, c, g, li)
-                        qa = P.lds_load(P.vec_t(KV, et), lbase + Q_LDS + swz_addr(ar, ac),
-                                        align=KV * EB)
+                        qa = P.lds_load(
+                            P.vec_t(KV, et), lbase + Q_LDS + swz_addr(ar, ac), align=KV * EB
+                        )
                         s_acc = P.mfma(tiles.mfma, dtype, qa, k_frag[c], s_acc)
-                        oa = P.lds_load(P.vec_t(KV, et), lbase + DO_LDS + swz_addr(ar, ac),
-                                        align=KV * EB)
+                        oa = P.lds_load(
+                            P.vec_t(KV, et), lbase + DO_LDS + swz_addr(ar, ac), align=KV * EB
+                        )
                         dp_acc = P.mfma(tiles.mfma, dtype, oa, v_frag[c], dp_acc)
                     pv = []
                     dsv = []
@@ -271,21 +309,69 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
 
     @flyc.jit
     def launch(
-        Q: fx.Tensor, K: fx.Tensor, V: fx.Tensor, dO: fx.Tensor, LSE: fx.Tensor, Dvec: fx.Tensor,
-        dQacc: fx.Tensor, dK: fx.Tensor, dV: fx.Tensor, CuQ: fx.Tensor, CuK: fx.Tensor,
-        seqlen_q: fx.Int32, seqlen_k: fx.Int32, heads: fx.Int32,
-        q_sr: fx.Int32, q_sh: fx.Int32, q_sb: fx.Int32,
-        k_sr: fx.Int32, k_sh: fx.Int32, k_sb: fx.Int32,
-        v_sr: fx.Int32, v_sh: fx.Int32, v_sb: fx.Int32,
-        o_sr: fx.Int32, o_sh: fx.Int32, o_sb: fx.Int32,
-        l_sh: fx.Int32, l_sb: fx.Int32,
+        Q: fx.Tensor,
+        K: fx.Tensor,
+        V: fx.Tensor,
+        dO: fx.Tensor,
+        LSE: fx.Tensor,
+        Dvec: fx.Tensor,
+        dQacc: fx.Tensor,
+        dK: fx.Tensor,
+        dV: fx.Tensor,
+        CuQ: fx.Tensor,
+        CuK: fx.Tensor,
+        seqlen_q: fx.Int32,
+        seqlen_k: fx.Int32,
+        heads: fx.Int32,
+        q_sr: fx.Int32,
+        q_sh: fx.Int32,
+        q_sb: fx.Int32,
+        k_sr: fx.Int32,
+        k_sh: fx.Int32,
+        k_sb: fx.Int32,
+        v_sr: fx.Int32,
+        v_sh: fx.Int32,
+        v_sb: fx.Int32,
+        o_sr: fx.Int32,
+        o_sh: fx.Int32,
+        o_sb: fx.Int32,
+        l_sh: fx.Int32,
+        l_sb: fx.Int32,
         scale: fx.Float32,
-        grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
+        grid_x: fx.Int32,
+        grid_y: fx.Int32,
+        grid_z: fx.Int32,
         stream: fx.Stream = fx.Stream(None),  # noqa: B008 (FlyDSL launcher idiom)
     ):
         fmha_bwd_main(
-            Q, K, V, dO, LSE, Dvec, dQacc, dK, dV, CuQ, CuK, seqlen_q, seqlen_k, heads,
-            q_sr, q_sh, q_sb, k_sr, k_sh, k_sb, v_sr, v_sh, v_sb, o_sr, o_sh, o_sb, l_sh, l_sb,
+            Q,
+            K,
+            V,
+            dO,
+            LSE,
+            Dvec,
+            dQacc,
+            dK,
+            dV,
+            CuQ,
+            CuK,
+            seqlen_q,
+            seqlen_k,
+            heads,
+            q_sr,
+            q_sh,
+            q_sb,
+            k_sr,
+            k_sh,
+            k_sb,
+            v_sr,
+            v_sh,
+            v_sb,
+            o_sr,
+            o_sh,
+            o_sb,
+            l_sh,
+            l_sb,
             scale,
         ).launch(grid=(grid_x, grid_y, grid_z), block=(256, 1, 1), stream=stream)
 

@@ -41,11 +41,21 @@ def build_preprocess(dtype: str, head_dim: int, varlen: bool):
 
     @flyc.kernel(known_block_size=[256, 1, 1])
     def fmha_bwd_preprocess(
-        Out: fx.Tensor, dO: fx.Tensor, Dvec: fx.Tensor, dQacc: fx.Tensor, CuQ: fx.Tensor,
-        seqlen_q: fx.Int32, heads: fx.Int32,
-        o_sr: fx.Int32, o_sh: fx.Int32, o_sb: fx.Int32,
-        g_sr: fx.Int32, g_sh: fx.Int32, g_sb: fx.Int32,
-        l_sh: fx.Int32, l_sb: fx.Int32,
+        Out: fx.Tensor,
+        dO: fx.Tensor,
+        Dvec: fx.Tensor,
+        dQacc: fx.Tensor,
+        CuQ: fx.Tensor,
+        seqlen_q: fx.Int32,
+        heads: fx.Int32,
+        o_sr: fx.Int32,
+        o_sh: fx.Int32,
+        o_sb: fx.Int32,
+        g_sr: fx.Int32,
+        g_sh: fx.Int32,
+        g_sb: fx.Int32,
+        l_sh: fx.Int32,
+        l_sb: fx.Int32,
     ):
         et = P.elem_t(dtype)
         f32 = P.f32_t()
@@ -58,19 +68,26 @@ def build_preprocess(dtype: str, head_dim: int, varlen: bool):
         bg = fx.Int64(0) if varlen else fx.Int64(b) * fx.Int64(g_sb)
         bl = fx.Int64(qs) if varlen else fx.Int64(b) * fx.Int64(l_sb)
         bq = fx.Int64(0) if varlen else fx.Int64(b) * fx.Int64(seqlen_q) * fx.Int64(heads * D)
-        ro = P.buffer_rsrc(Out, bo + fx.Int64(qs) * fx.Int64(o_sr) + fx.Int64(h * o_sh),
-                           sq * o_sr - h * o_sh, EB)
-        rg = P.buffer_rsrc(dO, bg + fx.Int64(qs) * fx.Int64(g_sr) + fx.Int64(h * g_sh),
-                           sq * g_sr - h * g_sh, EB)
+        ro = P.buffer_rsrc(
+            Out, bo + fx.Int64(qs) * fx.Int64(o_sr) + fx.Int64(h * o_sh), sq * o_sr - h * o_sh, EB
+        )
+        rg = P.buffer_rsrc(
+            dO, bg + fx.Int64(qs) * fx.Int64(g_sr) + fx.Int64(h * g_sh), sq * g_sr - h * g_sh, EB
+        )
         rl = P.buffer_rsrc(Dvec, bl + fx.Int64(h) * fx.Int64(l_sh), sq, 4)
-        rq = P.buffer_rsrc(dQacc, bq + fx.Int64(qs) * fx.Int64(heads * D) + fx.Int64(h * D),
-                           sq * heads * D - h * D, 4)
+        rq = P.buffer_rsrc(
+            dQacc,
+            bq + fx.Int64(qs) * fx.Int64(heads * D) + fx.Int64(h * D),
+            sq * heads * D - h * D,
+            4,
+        )
         row = blk * RPB + tid // LPR
         c8 = (tid % LPR) * 8
         o = P.gload(P.vec_t(8, et), ro, (row * o_sr + c8) * EB)
         g = P.gload(P.vec_t(8, et), rg, (row * g_sr + c8) * EB)
-        prod = arith.mulf(arith.extf(P.vec_t(8, f32), P.raw(o)),
-                          arith.extf(P.vec_t(8, f32), P.raw(g)))
+        prod = arith.mulf(
+            arith.extf(P.vec_t(8, f32), P.raw(o)), arith.extf(P.vec_t(8, f32), P.raw(g))
+        )
         acc = fx.Float32(P.extract(prod, 0))
         for i in range_constexpr(1, 8):
             acc = acc + fx.Float32(P.extract(prod, i))
@@ -86,17 +103,42 @@ def build_preprocess(dtype: str, head_dim: int, varlen: bool):
 
     @flyc.jit
     def launch(
-        Out: fx.Tensor, dO: fx.Tensor, Dvec: fx.Tensor, dQacc: fx.Tensor, CuQ: fx.Tensor,
-        seqlen_q: fx.Int32, heads: fx.Int32,
-        o_sr: fx.Int32, o_sh: fx.Int32, o_sb: fx.Int32,
-        g_sr: fx.Int32, g_sh: fx.Int32, g_sb: fx.Int32,
-        l_sh: fx.Int32, l_sb: fx.Int32,
-        grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
+        Out: fx.Tensor,
+        dO: fx.Tensor,
+        Dvec: fx.Tensor,
+        dQacc: fx.Tensor,
+        CuQ: fx.Tensor,
+        seqlen_q: fx.Int32,
+        heads: fx.Int32,
+        o_sr: fx.Int32,
+        o_sh: fx.Int32,
+        o_sb: fx.Int32,
+        g_sr: fx.Int32,
+        g_sh: fx.Int32,
+        g_sb: fx.Int32,
+        l_sh: fx.Int32,
+        l_sb: fx.Int32,
+        grid_x: fx.Int32,
+        grid_y: fx.Int32,
+        grid_z: fx.Int32,
         stream: fx.Stream = fx.Stream(None),  # noqa: B008 (FlyDSL launcher idiom)
     ):
         fmha_bwd_preprocess(
-            Out, dO, Dvec, dQacc, CuQ, seqlen_q, heads, o_sr, o_sh, o_sb, g_sr, g_sh, g_sb,
-            l_sh, l_sb,
+            Out,
+            dO,
+            Dvec,
+            dQacc,
+            CuQ,
+            seqlen_q,
+            heads,
+            o_sr,
+            o_sh,
+            o_sb,
+            g_sr,
+            g_sh,
+            g_sb,
+            l_sh,
+            l_sb,
         ).launch(grid=(grid_x, grid_y, grid_z), block=(256, 1, 1), stream=stream)
 
     return launch
@@ -111,8 +153,12 @@ def build_convert(dtype: str, head_dim: int, varlen: bool):
 
     @flyc.kernel(known_block_size=[256, 1, 1])
     def fmha_bwd_convert_dq(
-        dQacc: fx.Tensor, dQ: fx.Tensor, CuQ: fx.Tensor,
-        seqlen_q: fx.Int32, heads: fx.Int32, scale: fx.Float32,
+        dQacc: fx.Tensor,
+        dQ: fx.Tensor,
+        CuQ: fx.Tensor,
+        seqlen_q: fx.Int32,
+        heads: fx.Int32,
+        scale: fx.Float32,
     ):
         f32 = P.f32_t()
         tid = fx.thread_idx.x
@@ -134,9 +180,15 @@ def build_convert(dtype: str, head_dim: int, varlen: bool):
 
     @flyc.jit
     def launch(
-        dQacc: fx.Tensor, dQ: fx.Tensor, CuQ: fx.Tensor,
-        seqlen_q: fx.Int32, heads: fx.Int32, scale: fx.Float32,
-        grid_x: fx.Int32, grid_y: fx.Int32, grid_z: fx.Int32,
+        dQacc: fx.Tensor,
+        dQ: fx.Tensor,
+        CuQ: fx.Tensor,
+        seqlen_q: fx.Int32,
+        heads: fx.Int32,
+        scale: fx.Float32,
+        grid_x: fx.Int32,
+        grid_y: fx.Int32,
+        grid_z: fx.Int32,
         stream: fx.Stream = fx.Stream(None),  # noqa: B008 (FlyDSL launcher idiom)
     ):
         fmha_bwd_convert_dq(dQacc, dQ, CuQ, seqlen_q, heads, scale).launch(

@@ -127,8 +127,7 @@ class Geometry:
         if self.CHUNKS > THREADS and self.CHUNKS % THREADS:
             out.append(f"{self.CHUNKS} tile chunks are not a multiple of {THREADS} threads")
         if self.DQ_COLS % self.T or self.head_dim % self.DQ_COLS:
-            out.append(f"dQ columns per wave ({self.DQ_COLS}) do not tile the head dim by "
-                       f"{self.T}")
+            out.append(f"dQ columns per wave ({self.DQ_COLS}) do not tile the head dim by {self.T}")
         if self.tiles.transpose_reads and (self.KV != 8 or self.BM != self.KT):
             out.append("transpose-read operands assume KV == 8 and BM == KT")
         return out

@@ -67,8 +67,13 @@ def gload(res_ty: ir.Type, rsrc, byte_off):
 
 
 def gstore(val, rsrc, byte_off) -> None:
-    mrocdl.raw_ptr_buffer_store(raw(val), rsrc, raw(i32(byte_off)), raw(i32(0)),
-                                aux=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 0))
+    mrocdl.raw_ptr_buffer_store(
+        raw(val),
+        rsrc,
+        raw(i32(byte_off)),
+        raw(i32(0)),
+        aux=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 0),
+    )
 
 
 def gatomic_add_f32(val, rsrc, byte_off) -> None:
@@ -131,8 +136,9 @@ def splat(val, n: int):
 
 def const_vec(val: float, n: int, ty: ir.Type | None = None):
     ty = ty or f32_t()
-    return arith.constant(vec_t(n, ty), ir.DenseElementsAttr.get_splat(
-        vec_t(n, ty), ir.FloatAttr.get(ty, val)))
+    return arith.constant(
+        vec_t(n, ty), ir.DenseElementsAttr.get_splat(vec_t(n, ty), ir.FloatAttr.get(ty, val))
+    )
 
 
 def extract(v, i: int):

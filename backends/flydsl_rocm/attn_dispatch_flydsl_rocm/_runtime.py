@@ -95,11 +95,54 @@ def backward(variant: str, inp: ad.BackwardInputs, arch: ad.Arch) -> ad.Gradient
     rpb = rows_per_block(d)
     row_grid = (sq + rpb - 1) // rpb
 
-    _run(pre, [o, do, dvec, dq_acc, cu_q, sq, h, *_rows(o, varlen), *_rows(do, varlen),
-               l_sh, l_sb, row_grid, h, batch])
+    _run(
+        pre,
+        [
+            o,
+            do,
+            dvec,
+            dq_acc,
+            cu_q,
+            sq,
+            h,
+            *_rows(o, varlen),
+            *_rows(do, varlen),
+            l_sh,
+            l_sb,
+            row_grid,
+            h,
+            batch,
+        ],
+    )
     bn = main_tiles(variant).block_n
-    _run(main, [q, k, v, do, lse, dvec, dq_acc, dk, dv, cu_q, cu_k, sq, sk, h,
-                *_rows(q, varlen), *_rows(k, varlen), *_rows(v, varlen), *_rows(do, varlen),
-                l_sh, l_sb, float(inp.scale), (sk + bn - 1) // bn, hk, batch])
+    _run(
+        main,
+        [
+            q,
+            k,
+            v,
+            do,
+            lse,
+            dvec,
+            dq_acc,
+            dk,
+            dv,
+            cu_q,
+            cu_k,
+            sq,
+            sk,
+            h,
+            *_rows(q, varlen),
+            *_rows(k, varlen),
+            *_rows(v, varlen),
+            *_rows(do, varlen),
+            l_sh,
+            l_sb,
+            float(inp.scale),
+            (sk + bn - 1) // bn,
+            hk,
+            batch,
+        ],
+    )
     _run(conv, [dq_acc, dq, cu_q, sq, h, float(inp.scale), row_grid, h, batch])
     return ad.Gradients(dq, dk, dv)

@@ -33,8 +33,9 @@ class KernelSpec:
         return asdict(self)
 
 
-def specs_for(variant: str, arch: str, dtype: str, head_dim: int, causal: bool, varlen: bool,
-              group: int) -> list[KernelSpec]:
+def specs_for(
+    variant: str, arch: str, dtype: str, head_dim: int, causal: bool, varlen: bool, group: int
+) -> list[KernelSpec]:
     """The three kernels one backward runs: preprocess -> main -> convert."""
     return [
         KernelSpec("preprocess", arch, dtype, head_dim, varlen),

@@ -41,8 +41,10 @@ def _stride_reason(name: str, t: torch.Tensor, varlen: bool) -> str | None:
     )
     if ok:
         return None
-    return (f"{name} strides {tuple(s)} are not supported (needs the last dim contiguous, every "
-            f"head inside one row pitch and 32-bit offsets)")
+    return (
+        f"{name} strides {tuple(s)} are not supported (needs the last dim contiguous, every "
+        f"head inside one row pitch and 32-bit offsets)"
+    )
 
 
 def _head_dim_reasons(variant: str, d: int) -> list[str]:
@@ -53,8 +55,9 @@ def _head_dim_reasons(variant: str, d: int) -> list[str]:
         return [f"head_dim={d} spills registers in the {variant} kernel (not supported)"]
     problems = head_dim_problems(main_tiles(variant), d)
     if problems:
-        return [f"head_dim={d} is not supported by the {variant} index math: "
-                + "; ".join(problems)]
+        return [
+            f"head_dim={d} is not supported by the {variant} index math: " + "; ".join(problems)
+        ]
     return []
 
 
@@ -64,8 +67,10 @@ def _lds_reasons(variant: str, d: int, arch: ad.Arch) -> list[str]:
     lds = tiles.lds_bytes(d)
     if lds <= LDS_BUDGET[budget_arch]:
         return []
-    return [f"LDS {lds} bytes for {tiles.block_m}x{tiles.block_n} tiles at head_dim={d} "
-            f"exceeds the {budget_arch} budget of {LDS_BUDGET[budget_arch]}"]
+    return [
+        f"LDS {lds} bytes for {tiles.block_m}x{tiles.block_n} tiles at head_dim={d} "
+        f"exceeds the {budget_arch} budget of {LDS_BUDGET[budget_arch]}"
+    ]
 
 
 def reasons(variant: str, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:

@@ -47,8 +47,9 @@ def rocm_path() -> str | None:
     return None
 
 
-def compile_in_subprocess(spec: KernelSpec, out_dir: Path | None = None,
-                          timeout: float = 600) -> dict:
+def compile_in_subprocess(
+    spec: KernelSpec, out_dir: Path | None = None, timeout: float = 600
+) -> dict:
     """Compile ``spec`` in a child process (a compile can abort the process); cached in memory
     and on disk by ``spec.key()``. Returns the resource figures (see ``_isa.isa_stats``)."""
     key = spec.key()
@@ -67,9 +68,17 @@ def compile_in_subprocess(spec: KernelSpec, out_dir: Path | None = None,
     pkg_parent = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "attn_dispatch_flydsl_rocm._worker", json.dumps(spec.to_dict()),
-         str(target)],
-        capture_output=True, text=True, timeout=timeout, env=env,
+        [
+            sys.executable,
+            "-m",
+            "attn_dispatch_flydsl_rocm._worker",
+            json.dumps(spec.to_dict()),
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     if proc.returncode != 0 or not meta.exists():
         tail = (proc.stderr or proc.stdout)[-2000:]

@@ -26,7 +26,7 @@ def _decode_mlir_bytes(text: str) -> bytes:
         ch = text[i]
         if ch == "\\":
             nxt = text[i + 1]
-            if nxt in "\\\"":
+            if nxt in '\\"':
                 out.append(ord(nxt))
                 i += 2
                 continue
@@ -38,7 +38,7 @@ def _decode_mlir_bytes(text: str) -> bytes:
                 out.append(9)
                 i += 2
                 continue
-            out.append(int(text[i + 1:i + 3], 16))
+            out.append(int(text[i + 1 : i + 3], 16))
             i += 3
         else:
             out.extend(ch.encode("latin-1"))
@@ -60,13 +60,15 @@ def compile_spec(spec: KernelSpec, out_dir: Path) -> dict:
     """Compile ``spec`` for its arch in this process; write ``<key>.s``/``.hsaco``/``.json``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     dump = Path(tempfile.mkdtemp(prefix="fly-dump-", dir=out_dir))
-    os.environ.update({
-        "ARCH": spec.arch,
-        "COMPILE_ONLY": "1",
-        "FLYDSL_DEBUG_DUMP_ASM": "1",
-        "FLYDSL_DUMP_DIR": str(dump),
-        "FLYDSL_RUNTIME_ENABLE_CACHE": "0",
-    })
+    os.environ.update(
+        {
+            "ARCH": spec.arch,
+            "COMPILE_ONLY": "1",
+            "FLYDSL_DEBUG_DUMP_ASM": "1",
+            "FLYDSL_DUMP_DIR": str(dump),
+            "FLYDSL_RUNTIME_ENABLE_CACHE": "0",
+        }
+    )
     import flydsl.compiler as flyc
     from flydsl.compiler import jit_function
 
@@ -95,8 +97,14 @@ def compile_spec(spec: KernelSpec, out_dir: Path) -> dict:
     if co is not None:
         (out_dir / f"{key}.hsaco").write_bytes(co)
     stats = isa_stats(isa)
-    stats.update({"key": key, "arch": spec.arch, "code_object": co is not None,
-                  "code_object_bytes": len(co) if co else 0})
+    stats.update(
+        {
+            "key": key,
+            "arch": spec.arch,
+            "code_object": co is not None,
+            "code_object_bytes": len(co) if co else 0,
+        }
+    )
     (out_dir / f"{key}.json").write_text(json.dumps(stats, indent=1))
     for p in sorted(dump.rglob("*"), reverse=True):
         p.rmdir() if p.is_dir() else p.unlink()

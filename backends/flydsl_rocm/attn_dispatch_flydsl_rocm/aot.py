@@ -26,8 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--causal", action="store_true")
     p.add_argument("--gqa", type=int, default=1, help="query heads per kv head")
     p.add_argument("--varlen", action="store_true")
-    p.add_argument("--variant", choices=["gfx950_fused", "gfx942_mfma"],
-                   help="main kernel (default: the arch's own)")
+    p.add_argument(
+        "--variant",
+        choices=["gfx950_fused", "gfx942_mfma"],
+        help="main kernel (default: the arch's own)",
+    )
     p.add_argument("--out", required=True, type=Path)
     a = p.parse_args(argv)
     variant = a.variant or DEFAULT_VARIANT[a.arch]
@@ -45,15 +48,24 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"kernel": spec.key(), "arch": a.arch, "error": str(exc)}))
             status = 1
             continue
-        print(json.dumps({
-            "kernel": st["key"], "symbol": st["kernel"], "arch": a.arch,
-            "vgprs": st["vgprs"], "agprs": st["agprs"], "lds_bytes": st["lds_bytes"],
-            "scratch_bytes": st["scratch_bytes"], "mfma": st["mfma"],
-            "ds_read_b64_tr_b16": st["ds_read_b64_tr_b16"],
-            "buffer_atomics": st["buffer_atomics"],
-            "code_object": str(a.out / f"{st['key']}.hsaco") if st["code_object"] else None,
-            "isa": str(a.out / f"{st['key']}.s"),
-        }))
+        print(
+            json.dumps(
+                {
+                    "kernel": st["key"],
+                    "symbol": st["kernel"],
+                    "arch": a.arch,
+                    "vgprs": st["vgprs"],
+                    "agprs": st["agprs"],
+                    "lds_bytes": st["lds_bytes"],
+                    "scratch_bytes": st["scratch_bytes"],
+                    "mfma": st["mfma"],
+                    "ds_read_b64_tr_b16": st["ds_read_b64_tr_b16"],
+                    "buffer_atomics": st["buffer_atomics"],
+                    "code_object": str(a.out / f"{st['key']}.hsaco") if st["code_object"] else None,
+                    "isa": str(a.out / f"{st['key']}.s"),
+                }
+            )
+        )
     return status
 
 

@@ -56,9 +56,26 @@ def _build_and_check(tmp_path: Path, variant, arch, dtype, d, causal, varlen, gr
 
 def test_aot_command_gfx950_fused(tmp_path):
     res = subprocess.run(
-        [sys.executable, "-m", "attn_dispatch_flydsl_rocm.aot", "--arch", "gfx950",
-         "--head-dim", "128", "--dtype", "bf16", "--causal", "--gqa", "8", "--out",
-         str(tmp_path)], capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "attn_dispatch_flydsl_rocm.aot",
+            "--arch",
+            "gfx950",
+            "--head-dim",
+            "128",
+            "--dtype",
+            "bf16",
+            "--causal",
+            "--gqa",
+            "8",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     rows = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
     assert [r["kernel"].split("-")[0] for r in rows] == ["preprocess", "main", "convert"]
@@ -103,8 +120,11 @@ def test_disk_cache_skips_the_compile(tmp_path, monkeypatch):
 
 MATRIX = [
     (variant, arch, dtype, d, causal, varlen, group)
-    for variant, arch in (("gfx950_fused", "gfx950"), ("gfx942_mfma", "gfx942"),
-                          ("gfx942_mfma", "gfx950"))
+    for variant, arch in (
+        ("gfx950_fused", "gfx950"),
+        ("gfx942_mfma", "gfx942"),
+        ("gfx942_mfma", "gfx950"),
+    )
     for dtype in ("bf16", "f16")
     for d in (64, 128, 256)
     for causal in (False, True)

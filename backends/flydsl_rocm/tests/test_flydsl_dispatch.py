@@ -18,8 +18,13 @@ MFMA = "flydsl_rocm:gfx942_mfma"
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for var in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_ENABLE", "ATTN_DISPATCH_DISABLE",
-                "ATTN_DISPATCH_PLUGINS", "ATTN_DISPATCH_ARCH"):
+    for var in (
+        "ATTN_DISPATCH_BACKEND",
+        "ATTN_DISPATCH_ENABLE",
+        "ATTN_DISPATCH_DISABLE",
+        "ATTN_DISPATCH_PLUGINS",
+        "ATTN_DISPATCH_ARCH",
+    ):
         monkeypatch.delenv(var, raising=False)
     ad.reload(reset_enabled=True)
     yield
@@ -75,8 +80,7 @@ def test_enabled_on_gfx942_only_the_mfma_kernel():
     r = explain("gfx942")
     assert r.selected == MFMA
     assert _cand(r, FUSED).status == "rejected"
-    assert "arch=gfx942: runs on gfx950 only" in _cand(
-        r, FUSED).reasons
+    assert "arch=gfx942: runs on gfx950 only" in _cand(r, FUSED).reasons
 
 
 def test_enable_by_environment_and_arch_override(monkeypatch):
@@ -91,7 +95,8 @@ def test_other_archs_reject_with_reasons():
     r = explain("sm_90")
     assert r.selected not in (FUSED, MFMA)
     assert _cand(r, MFMA).reasons == (
-        "device vendor 'cuda' (tensors on meta): needs an AMD (ROCm) GPU",)
+        "device vendor 'cuda' (tensors on meta): needs an AMD (ROCm) GPU",
+    )
     r = explain("gfx90a")
     assert _cand(r, MFMA).reasons == ("arch=gfx90a: runs on gfx942, gfx950 only",)
     assert _cand(r, FUSED).reasons == ("arch=gfx90a: runs on gfx950 only",)
@@ -104,16 +109,22 @@ def test_forced_without_enabling():
     assert r.selected == MFMA
 
 
-@pytest.mark.parametrize(("kwargs", "call", "reason"), [
-    (dict(dtype=torch.float32), {}, "dtype=float32: needs one of bfloat16, float16"),
-    (dict(d=48), {}, "head_dim=48: needs a multiple of 32 in 32..256"),
-    (dict(d=288), {}, "head_dim=288: needs a multiple of 32 in 32..256"),
-    (dict(d=128, dv=64), {}, "head_dim_v=64 != head_dim=128: needs equal head dims"),
-    ({}, dict(deterministic=True), ad._selection.NON_DETERMINISTIC),
-    (dict(s=128, sk=256), dict(causal=True, causal_align="bottom_right"),
-     "causal_align='bottom_right' with Sq=128 != Sk=256 (or varlen with distinct cu_seqlens): "
-     "the causal mask is top_left only"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "call", "reason"),
+    [
+        (dict(dtype=torch.float32), {}, "dtype=float32: needs one of bfloat16, float16"),
+        (dict(d=48), {}, "head_dim=48: needs a multiple of 32 in 32..256"),
+        (dict(d=288), {}, "head_dim=288: needs a multiple of 32 in 32..256"),
+        (dict(d=128, dv=64), {}, "head_dim_v=64 != head_dim=128: needs equal head dims"),
+        ({}, dict(deterministic=True), ad._selection.NON_DETERMINISTIC),
+        (
+            dict(s=128, sk=256),
+            dict(causal=True, causal_align="bottom_right"),
+            "causal_align='bottom_right' with Sq=128 != Sk=256 (or varlen with distinct "
+            "cu_seqlens): the causal mask is top_left only",
+        ),
+    ],
+)
 def test_reasons_name_the_value(kwargs, call, reason):
     r = explain("gfx950", *_inputs(**kwargs), **call)
     assert reason in _cand(r, FUSED).reasons
@@ -123,15 +134,18 @@ def test_reasons_name_the_value(kwargs, call, reason):
 def test_cpu_tensors_are_not_on_a_rocm_gpu():
     r = explain("gfx950", *_inputs(s=16, device="cpu"))
     assert _cand(r, FUSED).reasons == (
-        "device vendor 'cpu' (tensors on cpu): needs an AMD (ROCm) GPU",)
+        "device vendor 'cpu' (tensors on cpu): needs an AMD (ROCm) GPU",
+    )
 
 
 def test_strides_the_kernels_cannot_take():
     q, k, v, o, lse, do = _inputs()
     q_t = _meta(1, 8, 256, 128).transpose(1, 2)  # heads outside the row pitch
     r = explain("gfx950", q_t, k, v, o, lse, do)
-    assert ("q strides (262144, 128, 32768, 1) are not supported (needs the last dim contiguous,"
-            " every head inside one row pitch and 32-bit offsets)") in _cand(r, FUSED).reasons
+    assert (
+        "q strides (262144, 128, 32768, 1) are not supported (needs the last dim contiguous,"
+        " every head inside one row pitch and 32-bit offsets)"
+    ) in _cand(r, FUSED).reasons
     k_nc = _meta(1, 256, 8, 256)[..., ::2]  # last dim not contiguous
     r = explain("gfx950", q, k_nc, v, o, lse, do)
     assert any(x.startswith("k strides (524288, 2048, 256, 2)") for x in _cand(r, FUSED).reasons)
@@ -144,18 +158,32 @@ def test_gqa_varlen_causal_supported_and_d256_spills_only_on_the_32x32_kernel():
     cu = torch.tensor([0, 100, 256], dtype=torch.int32, device="meta")
     qv, kv, vv, ov = (_meta(256, 8, 64) for _ in range(4))
     lv = _meta(8, 256, dtype=torch.float32)
-    r = explain("gfx942", qv, kv, vv, ov, lv, _meta(256, 8, 64), cu_seqlens_q=cu,
-                cu_seqlens_k=cu, max_seqlen_q=156, max_seqlen_k=156, causal=True)
+    r = explain(
+        "gfx942",
+        qv,
+        kv,
+        vv,
+        ov,
+        lv,
+        _meta(256, 8, 64),
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=156,
+        max_seqlen_k=156,
+        causal=True,
+    )
     assert _cand(r, MFMA).reasons == ()
     r = explain("gfx950", *_inputs(d=256))
     assert _cand(r, FUSED).reasons == ()
     assert _cand(r, MFMA).reasons == (
-        "head_dim=256 spills registers in the gfx942_mfma kernel (not supported)",)
+        "head_dim=256 spills registers in the gfx942_mfma kernel (not supported)",
+    )
 
 
 def test_flydsl_out_of_range_is_a_reason(monkeypatch):
-    monkeypatch.setattr(ad, "missing_requirement",
-                        lambda req: f"flydsl 0.5.0 is installed; needs {req}")
+    monkeypatch.setattr(
+        ad, "missing_requirement", lambda req: f"flydsl 0.5.0 is installed; needs {req}"
+    )
     r = explain("gfx950")
     assert "flydsl 0.5.0 is installed; needs flydsl>=0.4.2,<0.5" in _cand(r, FUSED).reasons
 
@@ -168,8 +196,10 @@ def test_lds_budget_is_checked(monkeypatch):
             assert _tiles.main_tiles(variant).lds_bytes(d) <= _tiles.LDS_BUDGET["gfx942"]
     monkeypatch.setitem(_support.LDS_BUDGET, "gfx950", 16384)
     r = explain("gfx950")
-    assert ("LDS 20480 bytes for 32x64 tiles at head_dim=128 exceeds the gfx950 budget of 16384"
-            in _cand(r, FUSED).reasons)
+    assert (
+        "LDS 20480 bytes for 32x64 tiles at head_dim=128 exceeds the gfx950 budget of 16384"
+        in _cand(r, FUSED).reasons
+    )
 
 
 def test_import_and_explain_leave_flydsl_unimported():
@@ -185,8 +215,13 @@ def test_import_and_explain_leave_flydsl_unimported():
         "print(json.dumps(sorted(k for k in sys.modules if k.split('.')[0] == 'flydsl')))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_DISPATCH_")}
-    res = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True,
-                         text=True, env=env, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", "import json\n" + code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout.strip().splitlines()[-1]) == []
 
@@ -196,7 +231,11 @@ def test_head_dims_whose_index_math_breaks_are_rejected(d):
     """See tests/test_flydsl_layouts.py: these head dims fail in the CPU simulator."""
     r = explain("gfx950", *_inputs(d=d))
     for impl, variant in ((FUSED, "gfx950_fused"), (MFMA, "gfx942_mfma")):
-        assert any(x.startswith(f"head_dim={d} is not supported by the {variant} index math")
-                   for x in _cand(r, impl).reasons)
-    assert not any(x.startswith("head_dim=128") for x in _cand(explain(
-        "gfx950", *_inputs(d=128)), FUSED).reasons)
+        assert any(
+            x.startswith(f"head_dim={d} is not supported by the {variant} index math")
+            for x in _cand(r, impl).reasons
+        )
+    assert not any(
+        x.startswith("head_dim=128")
+        for x in _cand(explain("gfx950", *_inputs(d=128)), FUSED).reasons
+    )

@@ -171,13 +171,31 @@ def simulate_program(geo: Geometry, n_blk: int, causal: bool, q, k, v, do, lse, 
         kw0 = n0 + wave * T
         st_kq = BN // KT
         w = {
-            "k": [_frag(k, kw0 + geo.kv_frag(c, g, li)[0][:, None],
-                        geo.kv_frag(c, g, li)[1][:, None] + np.arange(KV)) for c in range(geo.DC)],
-            "v": [_frag(v, kw0 + geo.kv_frag(c, g, li)[0][:, None],
-                        geo.kv_frag(c, g, li)[1][:, None] + np.arange(KV)) for c in range(geo.DC)],
-            "kq": [_frag(k, n0 + geo.kq_row(st, g[:, None], np.arange(KV)),
-                         geo.dq_col(wave, nt, li)[:, None])
-                   for st in range(st_kq) for nt in range(geo.DQ_NT)],
+            "k": [
+                _frag(
+                    k,
+                    kw0 + geo.kv_frag(c, g, li)[0][:, None],
+                    geo.kv_frag(c, g, li)[1][:, None] + np.arange(KV),
+                )
+                for c in range(geo.DC)
+            ],
+            "v": [
+                _frag(
+                    v,
+                    kw0 + geo.kv_frag(c, g, li)[0][:, None],
+                    geo.kv_frag(c, g, li)[1][:, None] + np.arange(KV),
+                )
+                for c in range(geo.DC)
+            ],
+            "kq": [
+                _frag(
+                    k,
+                    n0 + geo.kq_row(st, g[:, None], np.arange(KV)),
+                    geo.dq_col(wave, nt, li)[:, None],
+                )
+                for st in range(st_kq)
+                for nt in range(geo.DQ_NT)
+            ],
             "dk": [np.zeros((LANES, ACC)) for _ in range(geo.DT)],
             "dv": [np.zeros((LANES, ACC)) for _ in range(geo.DT)],
         }
@@ -215,8 +233,9 @@ def simulate_program(geo: Geometry, n_blk: int, causal: bool, q, k, v, do, lse, 
                 if causal:
                     ok &= key <= qrow
                 with np.errstate(invalid="ignore", over="ignore"):
-                    p = np.where(ok, np.exp2(s_acc * scale * np.log2(np.e)
-                                             - lse_r * np.log2(np.e)), 0.0)
+                    p = np.where(
+                        ok, np.exp2(s_acc * scale * np.log2(np.e) - lse_r * np.log2(np.e)), 0.0
+                    )
                 p_t.append(p)
                 ds_t.append(p * (dp_acc - d_r))
             for st in range(geo.pt_steps()):
@@ -228,18 +247,32 @@ def simulate_program(geo: Geometry, n_blk: int, causal: bool, q, k, v, do, lse, 
                     ops = []
                     for base in (geo.DO_LDS, geo.Q_LDS):
                         if geo.tiles.transpose_reads:
-                            parts = [ds_read_tr16_b64(lds, base + geo.swz_addr(
-                                *Geometry.tr_source(r0, col0, li % 16))) for r0 in rows]
+                            parts = [
+                                ds_read_tr16_b64(
+                                    lds, base + geo.swz_addr(*Geometry.tr_source(r0, col0, li % 16))
+                                )
+                                for r0 in rows
+                            ]
                             ops.append(np.concatenate(parts, axis=1))
                         else:
-                            ops.append(np.stack([lds_read(lds, base + geo.swz_addr(
-                                rows[0] + j, col0 + li), 1, 2)[:, 0] for j in range(4)], axis=1))
+                            ops.append(
+                                np.stack(
+                                    [
+                                        lds_read(
+                                            lds, base + geo.swz_addr(rows[0] + j, col0 + li), 1, 2
+                                        )[:, 0]
+                                        for j in range(4)
+                                    ],
+                                    axis=1,
+                                )
+                            )
                     w["dv"][nt] = mfma(shape, pa, ops[0], w["dv"][nt])
                     w["dk"][nt] = mfma(shape, dsa, ops[1], w["dk"][nt])
             for s in range(SUB):
                 for i in range(ACC):
-                    ds_rows.append((geo.ds_store_addr(s * T + crow(i, g, T), wave, li),
-                                    ds_t[s][:, i]))
+                    ds_rows.append(
+                        (geo.ds_store_addr(s * T + crow(i, g, T), wave, li), ds_t[s][:, i])
+                    )
         for addr, val in ds_rows:  # all waves store dS, then the barrier
             assert (addr % 2 == 0).all()
             lds[addr // 2] = val
@@ -270,8 +303,8 @@ def reference(n0: int, bn: int, causal: bool, q, k, v, do, lse, dvec, scale):
     sq, sk = q.shape[0], k.shape[0]
     kb = np.zeros((bn, k.shape[1]))
     vb = np.zeros((bn, v.shape[1]))
-    kb[: max(0, min(bn, sk - n0))] = k[n0:n0 + bn]
-    vb[: max(0, min(bn, sk - n0))] = v[n0:n0 + bn]
+    kb[: max(0, min(bn, sk - n0))] = k[n0 : n0 + bn]
+    vb[: max(0, min(bn, sk - n0))] = v[n0 : n0 + bn]
     keys = n0 + np.arange(bn)[None, :]
     rows = np.arange(sq)[:, None]
     ok = (keys < sk) & (lse[:, None] > -np.inf)
@@ -339,10 +372,13 @@ def _reversed_a_k(self, s, c, g, li):
     return s * self.T + li, c * self.KT + (self.G - 1 - g) * self.KV
 
 
-@pytest.mark.parametrize("attr,fake", [
-    ("tr_source", staticmethod(_swapped_tr_source)),
-    ("a_rowfrag", _reversed_a_k),
-])
+@pytest.mark.parametrize(
+    "attr,fake",
+    [
+        ("tr_source", staticmethod(_swapped_tr_source)),
+        ("a_rowfrag", _reversed_a_k),
+    ],
+)
 def test_simulator_catches_a_wrong_mapping(monkeypatch, attr, fake):
     """The check can fail: a transposed-read address with the lane roles swapped, or an A
     operand whose k order differs from B's, breaks the gfx950 products."""

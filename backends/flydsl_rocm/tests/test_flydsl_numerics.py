@@ -17,9 +17,10 @@ def _rocm_arch() -> str | None:
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(_rocm_arch() is None,
-                       reason="needs a ROCm GPU (gfx942 or gfx950); the FlyDSL kernels cannot "
-                       "run on this machine"),
+    pytest.mark.skipif(
+        _rocm_arch() is None,
+        reason="needs a ROCm GPU (gfx942 or gfx950); the FlyDSL kernels cannot run on this machine",
+    ),
 ]
 
 test_flydsl_conformance = make_conformance_tests(

@@ -253,8 +253,18 @@ def attention_backward(
     if cu_seqlens_q is None:
         off = _causal_offset(causal, causal_align, q.shape[1], k.shape[1])
         dense_backward(
-            q, k, v, out, lse, grad_out, dq, dk, dv,
-            scale=scale, offset=off, budget_bytes=budget_bytes,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            grad_out,
+            dq,
+            dk,
+            dv,
+            scale=scale,
+            offset=off,
+            budget_bytes=budget_bytes,
         )
         return dq, dk, dv
     dq.zero_()

@@ -37,9 +37,14 @@ class Chunked(ad.Implementation):
         from ._chunked import attention_forward
 
         return attention_forward(
-            inp.q, inp.k, inp.v,
-            scale=inp.scale, causal=inp.causal, causal_align=inp.causal_align,
-            cu_seqlens_q=inp.cu_seqlens_q, cu_seqlens_k=inp.cu_seqlens_k,
+            inp.q,
+            inp.k,
+            inp.v,
+            scale=inp.scale,
+            causal=inp.causal,
+            causal_align=inp.causal_align,
+            cu_seqlens_q=inp.cu_seqlens_q,
+            cu_seqlens_k=inp.cu_seqlens_k,
             budget_bytes=self._budget(),
         )
 
@@ -47,12 +52,22 @@ class Chunked(ad.Implementation):
         """``(dq, dk, dv)`` from the given ``out`` and ``lse``."""
         from ._chunked import attention_backward
 
-        return ad.Gradients(*attention_backward(
-            inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out,
-            scale=inp.scale, causal=inp.causal, causal_align=inp.causal_align,
-            cu_seqlens_q=inp.cu_seqlens_q, cu_seqlens_k=inp.cu_seqlens_k,
-            budget_bytes=self._budget(),
-        ))
+        return ad.Gradients(
+            *attention_backward(
+                inp.q,
+                inp.k,
+                inp.v,
+                inp.out,
+                inp.lse,
+                inp.grad_out,
+                scale=inp.scale,
+                causal=inp.causal,
+                causal_align=inp.causal_align,
+                cu_seqlens_q=inp.cu_seqlens_q,
+                cu_seqlens_k=inp.cu_seqlens_k,
+                budget_bytes=self._budget(),
+            )
+        )
 
 
 @ad.hookimpl

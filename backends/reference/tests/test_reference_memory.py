@@ -26,8 +26,19 @@ def _peak_tracking_available() -> bool:
 @pytest.mark.skipif(not SCRIPT.exists(), reason="benchmarks/ is not beside this checkout")
 @pytest.mark.skipif(not _peak_tracking_available(), reason="needs Linux /proc/self/clear_refs")
 def test_backward_memory_is_bounded_by_the_chunk_budget():
-    cmd = [sys.executable, str(SCRIPT), "--seqlen", "4096", "--heads", "1", "--head-dim", "32",
-           "--budget-mib", "2", "--json"]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--seqlen",
+        "4096",
+        "--heads",
+        "1",
+        "--head-dim",
+        "32",
+        "--budget-mib",
+        "2",
+        "--json",
+    ]
     result = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     full = result["one_full_score_matrix_mib"]
     assert full == 64.0

@@ -31,24 +31,47 @@ def test_supported_on_any_arch(arch):
 
 def _inputs(case, dtype=torch.float64):
     inp = case.make_inputs(dtype)
-    ref = oracle(inp.q, inp.k, inp.v, inp.grad_out, causal=inp.causal,
-                 causal_align=inp.causal_align, scale=inp.scale,
-                 cu_seqlens_q=inp.cu_seqlens_q, cu_seqlens_k=inp.cu_seqlens_k)
+    ref = oracle(
+        inp.q,
+        inp.k,
+        inp.v,
+        inp.grad_out,
+        causal=inp.causal,
+        causal_align=inp.causal_align,
+        scale=inp.scale,
+        cu_seqlens_q=inp.cu_seqlens_q,
+        cu_seqlens_k=inp.cu_seqlens_k,
+    )
     scale = inp.scale or case.head_dim**-0.5
-    flags = dict(scale=scale, causal=inp.causal, causal_align=inp.causal_align,
-                 cu_seqlens_q=inp.cu_seqlens_q, cu_seqlens_k=inp.cu_seqlens_k)
+    flags = dict(
+        scale=scale,
+        causal=inp.causal,
+        causal_align=inp.causal_align,
+        cu_seqlens_q=inp.cu_seqlens_q,
+        cu_seqlens_k=inp.cu_seqlens_k,
+    )
     return inp, ref, flags
 
 
 @pytest.mark.parametrize("budget", [1, 3000, 40_000, 1 << 30])
 @pytest.mark.parametrize("align", ["top_left", "bottom_right"])
 def test_chunk_size_does_not_change_the_result(budget, align):
-    case = Case((45,), (70,), heads=6, kv_heads=2, head_dim=16, head_dim_v=12, causal=True,
-                causal_align=align, seed=3)
+    case = Case(
+        (45,),
+        (70,),
+        heads=6,
+        kv_heads=2,
+        head_dim=16,
+        head_dim_v=12,
+        causal=True,
+        causal_align=align,
+        seed=3,
+    )
     inp, ref, flags = _inputs(case)
     out, lse = attention_forward(inp.q, inp.k, inp.v, budget_bytes=budget, **flags)
-    grads = attention_backward(inp.q, inp.k, inp.v, ref.out, ref.lse, inp.grad_out,
-                               budget_bytes=budget, **flags)
+    grads = attention_backward(
+        inp.q, inp.k, inp.v, ref.out, ref.lse, inp.grad_out, budget_bytes=budget, **flags
+    )
     torch.testing.assert_close(out, ref.out, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(lse, ref.lse, rtol=1e-12, atol=1e-12)
     for got, want in zip(grads, (ref.dq, ref.dk, ref.dv), strict=True):
@@ -64,8 +87,16 @@ def test_chunk_rows_follows_the_budget():
 
 def test_fully_masked_rows_are_zero_and_minus_inf():
     # bottom_right with Sq > Sk: the first Sq - Sk rows see no key
-    case = Case((30,), (10,), heads=4, kv_heads=2, head_dim=8, causal=True,
-                causal_align="bottom_right", seed=5)
+    case = Case(
+        (30,),
+        (10,),
+        heads=4,
+        kv_heads=2,
+        head_dim=8,
+        causal=True,
+        causal_align="bottom_right",
+        seed=5,
+    )
     inp, ref, flags = _inputs(case, torch.float32)
     out, lse = attention_forward(inp.q, inp.k, inp.v, **flags)
     assert torch.isneginf(lse[:, :, :20]).all() and torch.isfinite(lse[:, :, 20:]).all()
@@ -90,8 +121,9 @@ def test_low_precision_outputs_keep_dtype(dtype):
     inp = case.make_inputs(dtype)
     out, lse = ad.forward(inp.q, inp.k, inp.v, causal=True, backend="reference")
     assert out.dtype == dtype and lse.dtype == torch.float32
-    grads = ad.backward(inp.q, inp.k, inp.v, out, lse, inp.grad_out, causal=True,
-                        backend="reference")
+    grads = ad.backward(
+        inp.q, inp.k, inp.v, out, lse, inp.grad_out, causal=True, backend="reference"
+    )
     assert [g.dtype for g in grads] == [dtype] * 3
     assert grads.dk.shape == inp.k.shape  # GQA: kv heads, not expanded
 
@@ -112,8 +144,17 @@ def test_implementation_class_directly():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 def test_on_gpu_matches_cpu():
-    case = Case((3, 40, 0), (17, 40, 5), heads=4, kv_heads=2, head_dim=32, causal=True,
-                causal_align="bottom_right", varlen=True, seed=8)
+    case = Case(
+        (3, 40, 0),
+        (17, 40, 5),
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        causal=True,
+        causal_align="bottom_right",
+        varlen=True,
+        seed=8,
+    )
     from attn_dispatch.testing import check_backward, check_forward
 
     check_backward("reference", case, device="cuda")

@@ -34,28 +34,94 @@ CUDNN_FWD = OpSpec(
 )
 CUDNN_BWD = OpSpec(
     "_scaled_dot_product_cudnn_attention_backward",
-    ("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
-     "Tensor", "Tensor", "SymInt", "SymInt", "float", "bool"),
+    (
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "SymInt",
+        "SymInt",
+        "float",
+        "bool",
+    ),
 )
 FLASH_FWD = OpSpec(
     "_flash_attention_forward",
-    ("Tensor", "Tensor", "Tensor", "Tensor?", "Tensor?", "SymInt", "SymInt", "float", "bool",
-     "bool"),
+    (
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor?",
+        "Tensor?",
+        "SymInt",
+        "SymInt",
+        "float",
+        "bool",
+        "bool",
+    ),
 )
 FLASH_BWD = OpSpec(
     "_flash_attention_backward",
-    ("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "SymInt",
-     "SymInt", "float", "bool", "Tensor", "Tensor"),
+    (
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "SymInt",
+        "SymInt",
+        "float",
+        "bool",
+        "Tensor",
+        "Tensor",
+    ),
 )
 EFFICIENT_FWD = OpSpec(
     "_efficient_attention_forward",
-    ("Tensor", "Tensor", "Tensor", "Tensor?", "Tensor?", "Tensor?", "SymInt?", "SymInt?", "float",
-     "int", "bool"),
+    (
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor?",
+        "Tensor?",
+        "Tensor?",
+        "SymInt?",
+        "SymInt?",
+        "float",
+        "int",
+        "bool",
+    ),
 )
 EFFICIENT_BWD = OpSpec(
     "_efficient_attention_backward",
-    ("Tensor", "Tensor", "Tensor", "Tensor", "Tensor?", "Tensor", "Tensor?", "Tensor?", "SymInt",
-     "SymInt", "Tensor", "float", "Tensor", "Tensor", "int", "bool"),
+    (
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "Tensor?",
+        "Tensor",
+        "Tensor?",
+        "Tensor?",
+        "SymInt",
+        "SymInt",
+        "Tensor",
+        "float",
+        "Tensor",
+        "Tensor",
+        "int",
+        "bool",
+    ),
     ("scale", "num_splits_key"),
 )
 
@@ -79,12 +145,16 @@ def op_problem(spec: OpSpec) -> str | None:
     positional = [a for a in schema.arguments if not a.kwarg_only]
     types = tuple(_norm(str(a.type)) for a in positional[: len(spec.positional)])
     if types != tuple(_norm(t) for t in spec.positional):
-        return (f"aten::{spec.name} in torch {version} takes ({', '.join(types)}) where "
-                f"({', '.join(spec.positional)}) was expected")
-    required_after = [a for a in positional[len(spec.positional):] if a.default_value is None]
+        return (
+            f"aten::{spec.name} in torch {version} takes ({', '.join(types)}) where "
+            f"({', '.join(spec.positional)}) was expected"
+        )
+    required_after = [a for a in positional[len(spec.positional) :] if a.default_value is None]
     if required_after:
-        return (f"aten::{spec.name} in torch {version} needs more positional arguments "
-                f"({', '.join(a.name for a in required_after)})")
+        return (
+            f"aten::{spec.name} in torch {version} needs more positional arguments "
+            f"({', '.join(a.name for a in required_after)})"
+        )
     names = {a.name for a in schema.arguments if a.kwarg_only}
     missing = [k for k in spec.keywords if k not in names]
     if missing:
@@ -95,7 +165,7 @@ def op_problem(spec: OpSpec) -> str | None:
 def _norm(type_name: str) -> str:
     """One spelling per type: ``Optional[int]``/``SymInt?`` -> ``int?``."""
     if type_name.startswith("Optional[") and type_name.endswith("]"):
-        type_name = type_name[len("Optional["):-1] + "?"
+        type_name = type_name[len("Optional[") : -1] + "?"
     return type_name.replace("SymInt", "int")
 
 

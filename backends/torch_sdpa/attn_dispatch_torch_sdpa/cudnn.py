@@ -31,9 +31,22 @@ def _run_backward(inp: ad.BackwardInputs, lse: torch.Tensor):
         stats = lse.unsqueeze(-1) if rank == 4 else lse
         try:
             return aten(CUDNN_BWD)(
-                inp.grad_out.transpose(1, 2), inp.q.transpose(1, 2), inp.k.transpose(1, 2),
-                inp.v.transpose(1, 2), inp.out.transpose(1, 2), stats, seed, seed, None, None,
-                None, inp.seqlen_q, inp.seqlen_k, 0.0, inp.causal, scale=inp.scale,
+                inp.grad_out.transpose(1, 2),
+                inp.q.transpose(1, 2),
+                inp.k.transpose(1, 2),
+                inp.v.transpose(1, 2),
+                inp.out.transpose(1, 2),
+                stats,
+                seed,
+                seed,
+                None,
+                None,
+                None,
+                inp.seqlen_q,
+                inp.seqlen_k,
+                0.0,
+                inp.causal,
+                scale=inp.scale,
             )
         except RuntimeError as exc:
             if "Stats" not in str(exc) or attempt == len(_stats_rank) - 1:
@@ -70,8 +83,15 @@ class Cudnn(ad.Implementation):
         if c.is_empty(inp):
             return c.empty_forward(inp)
         res = aten(CUDNN_FWD)(
-            inp.q.transpose(1, 2), inp.k.transpose(1, 2), inp.v.transpose(1, 2), None,
-            True, 0.0, inp.causal, False, scale=inp.scale,
+            inp.q.transpose(1, 2),
+            inp.k.transpose(1, 2),
+            inp.v.transpose(1, 2),
+            None,
+            True,
+            0.0,
+            inp.causal,
+            False,
+            scale=inp.scale,
         )
         out, lse = res[0], res[1]
         lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()

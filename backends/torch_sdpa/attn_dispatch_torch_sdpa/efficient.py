@@ -73,16 +73,20 @@ def _rocm_reasons(inp: ad.ForwardInputs) -> list[str]:
     """AOTriton: half dtypes, top-left causal mask, no varlen, no deterministic mode."""
     reasons = []
     if inp.deterministic:
-        reasons.append("deterministic=True on ROCm: AOTriton's backward exposes no "
-                       "deterministic mode")
+        reasons.append(
+            "deterministic=True on ROCm: AOTriton's backward exposes no deterministic mode"
+        )
     if inp.is_varlen:
         reasons.append("varlen on ROCm: not supported by this backend")
     if not c.causal_matches(inp, "top_left"):
-        reasons.append(f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
-                       f"Sk={inp.seqlen_k} on ROCm: AOTriton's mask is top-left only")
+        reasons.append(
+            f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
+            f"Sk={inp.seqlen_k} on ROCm: AOTriton's mask is top-left only"
+        )
     if inp.dtype not in c.HALF_DTYPES:
-        reasons.append(f"dtype={str(inp.dtype).replace('torch.', '')} on ROCm: needs float16 "
-                       "or bfloat16")
+        reasons.append(
+            f"dtype={str(inp.dtype).replace('torch.', '')} on ROCm: needs float16 or bfloat16"
+        )
     return reasons
 
 
@@ -91,11 +95,16 @@ def _cuda_reasons(inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
     reasons = []
     if inp.dtype == torch.bfloat16 and (arch.sm or 0) < 80:
         reasons.append(f"dtype=bfloat16 on {arch.name}: needs sm_80 or newer")
-    if inp.causal and not c.causal_matches(inp, "top_left") and (
-            inp.is_varlen or inp.seqlen_q > inp.seqlen_k):
-        reasons.append(f"causal_align='bottom_right' with Sq={inp.seqlen_q} > "
-                       f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the "
-                       "kernel's bottom-right mask is wrong where rows see no key")
+    if (
+        inp.causal
+        and not c.causal_matches(inp, "top_left")
+        and (inp.is_varlen or inp.seqlen_q > inp.seqlen_k)
+    ):
+        reasons.append(
+            f"causal_align='bottom_right' with Sq={inp.seqlen_q} > "
+            f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the "
+            "kernel's bottom-right mask is wrong where rows see no key"
+        )
     return reasons
 
 
@@ -138,9 +147,18 @@ class Efficient(ad.Implementation):
         q, k, v = self._kernel_views(inp)
         varlen = inp.is_varlen
         res = aten(EFFICIENT_FWD)(
-            q, k, v, None, inp.cu_seqlens_q, inp.cu_seqlens_k,
-            inp.max_seqlen_q if varlen else None, inp.max_seqlen_k if varlen else None,
-            0.0, _mask_type(inp), True, scale=inp.scale,
+            q,
+            k,
+            v,
+            None,
+            inp.cu_seqlens_q,
+            inp.cu_seqlens_k,
+            inp.max_seqlen_q if varlen else None,
+            inp.max_seqlen_k if varlen else None,
+            0.0,
+            _mask_type(inp),
+            True,
+            scale=inp.scale,
         )
         out, lse = res[0], res[1]
         if varlen:
@@ -164,9 +182,24 @@ class Efficient(ad.Implementation):
         seed = empty_long(inp.q.device)
         splits = 1 if inp.deterministic else None
         dq, dk, dv, _ = aten(EFFICIENT_BWD)(
-            grad_out, q, k, v, None, out, inp.cu_seqlens_q, inp.cu_seqlens_k,
-            inp.max_seqlen_q, inp.max_seqlen_k, lse, 0.0, seed, seed, _mask_type(inp), False,
-            scale=inp.scale, num_splits_key=splits,
+            grad_out,
+            q,
+            k,
+            v,
+            None,
+            out,
+            inp.cu_seqlens_q,
+            inp.cu_seqlens_k,
+            inp.max_seqlen_q,
+            inp.max_seqlen_k,
+            lse,
+            0.0,
+            seed,
+            seed,
+            _mask_type(inp),
+            False,
+            scale=inp.scale,
+            num_splits_key=splits,
         )
         if inp.is_varlen:
             dq, dk, dv = dq.squeeze(0), dk.squeeze(0), dv.squeeze(0)

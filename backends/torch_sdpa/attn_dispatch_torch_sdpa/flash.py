@@ -57,15 +57,20 @@ class Flash(ad.Implementation):
         reasons = []
         rocm = arch.vendor == "rocm"
         if not rocm and inp.head_dim > 192 and arch.sm not in (80, 90):
-            reasons.append(f"head_dim={inp.head_dim} > 192 on {arch.name}: the backward "
-                           "needs sm_80 or sm_90")
+            reasons.append(
+                f"head_dim={inp.head_dim} > 192 on {arch.name}: the backward needs sm_80 or sm_90"
+            )
         if rocm and inp.causal and not c.causal_matches(inp, "never"):
-            reasons.append(f"causal with Sq={inp.seqlen_q} != Sk={inp.seqlen_k} on ROCm: "
-                           "the alignment of AOTriton's mask is not relied on")
+            reasons.append(
+                f"causal with Sq={inp.seqlen_q} != Sk={inp.seqlen_k} on ROCm: "
+                "the alignment of AOTriton's mask is not relied on"
+            )
         elif not rocm and not c.causal_matches(inp, "bottom_right"):
-            reasons.append(f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
-                           f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the "
-                           "kernel's causal mask is bottom_right")
+            reasons.append(
+                f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != "
+                f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the "
+                "kernel's causal mask is bottom_right"
+            )
         if rocm and inp.is_varlen:
             reasons.append("varlen on ROCm: not supported by this backend")
         return reasons + ops_problems(FLASH_FWD, FLASH_BWD)
@@ -75,14 +80,25 @@ class Flash(ad.Implementation):
         if c.is_empty(inp):
             return c.empty_forward(inp)
         res = aten(FLASH_FWD)(
-            inp.q, inp.k, inp.v, inp.cu_seqlens_q, inp.cu_seqlens_k,
-            inp.max_seqlen_q, inp.max_seqlen_k, 0.0, inp.causal, False, scale=inp.scale,
+            inp.q,
+            inp.k,
+            inp.v,
+            inp.cu_seqlens_q,
+            inp.cu_seqlens_k,
+            inp.max_seqlen_q,
+            inp.max_seqlen_k,
+            0.0,
+            inp.causal,
+            False,
+            scale=inp.scale,
         )
         out, lse = res[0], res[1]
         expected = 2 if inp.is_varlen else 3
         if lse.dim() != expected:
-            raise RuntimeError(f"aten::_flash_attention_forward returned lse of shape "
-                               f"{tuple(lse.shape)}; this backend expects the unpadded layout")
+            raise RuntimeError(
+                f"aten::_flash_attention_forward returned lse of shape "
+                f"{tuple(lse.shape)}; this backend expects the unpadded layout"
+            )
         return c.clean_empty_rows(out, lse, inp)
 
     def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
@@ -91,8 +107,20 @@ class Flash(ad.Implementation):
             return c.zero_gradients(inp)
         rng = empty_long(inp.q.device)
         dq, dk, dv = aten(FLASH_BWD)(
-            inp.grad_out, inp.q, inp.k, inp.v, inp.out, c.lse_to_kernel(inp),
-            inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k,
-            0.0, inp.causal, rng, rng, scale=inp.scale,
+            inp.grad_out,
+            inp.q,
+            inp.k,
+            inp.v,
+            inp.out,
+            c.lse_to_kernel(inp),
+            inp.cu_seqlens_q,
+            inp.cu_seqlens_k,
+            inp.max_seqlen_q,
+            inp.max_seqlen_k,
+            0.0,
+            inp.causal,
+            rng,
+            rng,
+            scale=inp.scale,
         )
         return ad.Gradients(dq, dk, dv)

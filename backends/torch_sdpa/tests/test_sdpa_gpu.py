@@ -24,7 +24,9 @@ test_flash = make_conformance_tests(
     "torch_sdpa:flash", dtypes=("bfloat16", "float16"), device="cuda"
 )
 test_efficient = make_conformance_tests(
-    "torch_sdpa:efficient", dtypes=("bfloat16", "float32"), device="cuda",
+    "torch_sdpa:efficient",
+    dtypes=("bfloat16", "float32"),
+    device="cuda",
     tol={torch.float32: TF32},
 )
 
@@ -37,18 +39,27 @@ def test_seed_shape_gqa_against_reference(impl):
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape_q, shape_k = (1, 1024, 64, 128), (1, 1024, 8, 128)
-    q, do = (torch.randn(shape_q, generator=gen, device="cuda", dtype=torch.bfloat16)
-             for _ in range(2))
-    k, v = (torch.randn(shape_k, generator=gen, device="cuda", dtype=torch.bfloat16)
-            for _ in range(2))
+    q, do = (
+        torch.randn(shape_q, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2)
+    )
+    k, v = (
+        torch.randn(shape_k, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2)
+    )
     out, lse = ad.forward(q, k, v, causal=True, backend=f"torch_sdpa:{impl}")
-    ref_out, ref_lse = ad.forward(q.float(), k.float(), v.float(), causal=True,
-                                  backend="reference")
+    ref_out, ref_lse = ad.forward(q.float(), k.float(), v.float(), causal=True, backend="reference")
     assert (out.float() - ref_out).norm() / ref_out.norm() < 1e-2
     assert (lse - ref_lse).abs().max() < 2e-2
     grads = ad.backward(q, k, v, out, lse, do, causal=True, backend=f"torch_sdpa:{impl}")
-    ref = ad.backward(q.float(), k.float(), v.float(), out.float(), lse, do.float(),
-                      causal=True, backend="reference")
+    ref = ad.backward(
+        q.float(),
+        k.float(),
+        v.float(),
+        out.float(),
+        lse,
+        do.float(),
+        causal=True,
+        backend="reference",
+    )
     for name, got, want in zip("qkv", grads, ref, strict=True):
         assert got.shape == want.shape, name
         err = ((got.float() - want).norm() / want.norm()).item()

@@ -67,8 +67,12 @@ def test_registered_with_priorities():
     assert "torch_sdpa" in infos
     names = [i.name for i in infos["torch_sdpa"].implementations]
     assert names == list(NAMES)
-    assert Cudnn().priority_for(ad.Arch.parse("sm_90")) > Flash().priority_for(
-        ad.Arch.parse("sm_90")) > Efficient().priority_for(ad.Arch.parse("sm_90")) > 0
+    assert (
+        Cudnn().priority_for(ad.Arch.parse("sm_90"))
+        > Flash().priority_for(ad.Arch.parse("sm_90"))
+        > Efficient().priority_for(ad.Arch.parse("sm_90"))
+        > 0
+    )
 
 
 def test_sm90_seed_shape_picks_cudnn():
@@ -188,10 +192,22 @@ def test_schema_gate_reports_mismatch(monkeypatch):
     assert problem is not None and "_flash_attention_backward" in problem
     absent = _ops.op_problem(_ops.OpSpec("_no_such_attention_op", ("Tensor",)))
     assert absent is not None and "has no op" in absent
-    assert _ops.op_problem(_ops.OpSpec(_ops.EFFICIENT_BWD.name, _ops.EFFICIENT_BWD.positional,
-                                       ("scale", "no_such_kw"))) is not None
-    for spec in (_ops.CUDNN_FWD, _ops.CUDNN_BWD, _ops.FLASH_FWD, _ops.FLASH_BWD,
-                 _ops.EFFICIENT_FWD, _ops.EFFICIENT_BWD):
+    assert (
+        _ops.op_problem(
+            _ops.OpSpec(
+                _ops.EFFICIENT_BWD.name, _ops.EFFICIENT_BWD.positional, ("scale", "no_such_kw")
+            )
+        )
+        is not None
+    )
+    for spec in (
+        _ops.CUDNN_FWD,
+        _ops.CUDNN_BWD,
+        _ops.FLASH_FWD,
+        _ops.FLASH_BWD,
+        _ops.EFFICIENT_FWD,
+        _ops.EFFICIENT_BWD,
+    ):
         assert _ops.op_problem(spec) is None, spec.name
 
 

@@ -50,11 +50,31 @@ from ._common import causal_offset, load_tile, seq_bounds, store_tile
 
 
 @triton.jit
-def _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, lo, hi, offs_n, off, q_len, qk_scale,
-                         D, DV, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                         ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                         LOAD_TMA: tl.constexpr, DP_FIRST: tl.constexpr):
+def _attn_bwd_dkdv_inner(
+    dk,
+    dv,
+    k,
+    v,
+    head,
+    strides,
+    lo,
+    hi,
+    offs_n,
+    off,
+    q_len,
+    qk_scale,
+    D,
+    DV,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+    DQ_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    LOAD_TMA: tl.constexpr,
+    DP_FIRST: tl.constexpr,
+):
     """Accumulate query blocks [lo, hi) of one head into dk, dv (fp32) and, with
     ``ATOMIC_DQ``, add each block's unscaled dQ contribution into the fp32 scratch.
 
@@ -74,14 +94,32 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, lo, hi, offs_n, off, q_len
     for m0 in range(lo, hi, BLOCK_M):
         offs_m = m0 + offs_m0
         if LOAD_TMA:
-            q = q_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M,
-                                                                                  BLOCK_D)
+            q = q_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M, BLOCK_D)
         else:
-            q = load_tile(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], offs_m, q_len,
-                          offs_d, D, MASKED, BLOCK_D != D)
+            q = load_tile(
+                q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
+                offs_m,
+                q_len,
+                offs_d,
+                D,
+                MASKED,
+                BLOCK_D != D,
+            )
         if dp_first:
-            do = _load_do(do_base, do_desc, desc_at, m0, offs_m, stride_dos, q_len, DV, MASKED,
-                          BLOCK_M, BLOCK_DV, LOAD_TMA)
+            do = _load_do(
+                do_base,
+                do_desc,
+                desc_at,
+                m0,
+                offs_m,
+                stride_dos,
+                q_len,
+                DV,
+                MASKED,
+                BLOCK_M,
+                BLOCK_DV,
+                LOAD_TMA,
+            )
         lse2 = _load_rows(lse2_base, offs_m, stride_ts, q_len, float("inf"), MASKED)
         if dp_first:
             delta = _load_rows(delta_base, offs_m, stride_ts, q_len, 0.0, MASKED)
@@ -97,8 +135,20 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, lo, hi, offs_n, off, q_len
             pT = tl.where(keep, pT, 0.0)
         # -- dV += P^T dO
         if not dp_first:
-            do = _load_do(do_base, do_desc, desc_at, m0, offs_m, stride_dos, q_len, DV, MASKED,
-                          BLOCK_M, BLOCK_DV, LOAD_TMA)
+            do = _load_do(
+                do_base,
+                do_desc,
+                desc_at,
+                m0,
+                offs_m,
+                stride_dos,
+                q_len,
+                DV,
+                MASKED,
+                BLOCK_M,
+                BLOCK_DV,
+                LOAD_TMA,
+            )
         dv += tl.dot(pT.to(do.dtype), do)
         # -- dS^T = P^T * (V dO^T - delta);  dK += dS^T Q
         if not dp_first:
@@ -111,23 +161,41 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, lo, hi, offs_n, off, q_len
             if DQ_TMA:
                 dqa_base.atomic_add([dqa_row + m0, 0], dq)
             else:
-                _atomic_add_tile(dqa_base, dq, offs_m, offs_d, stride_dqas, q_len, D, MASKED,
-                                 BLOCK_D)
+                _atomic_add_tile(
+                    dqa_base, dq, offs_m, offs_d, stride_dqas, q_len, D, MASKED, BLOCK_D
+                )
     return dk, dv
 
 
 @triton.jit
-def _load_do(do_base, do_desc, desc_at, m0, offs_m, stride_dos, q_len, DV,
-             MASKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
-             LOAD_TMA: tl.constexpr):
+def _load_do(
+    do_base,
+    do_desc,
+    desc_at,
+    m0,
+    offs_m,
+    stride_dos,
+    q_len,
+    DV,
+    MASKED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    LOAD_TMA: tl.constexpr,
+):
     """The dO tile of query block ``m0`` (TMA copy or pointer load)."""
     if LOAD_TMA:
-        do = do_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M,
-                                                                                BLOCK_DV)
+        do = do_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M, BLOCK_DV)
     else:
         offs_dv = tl.arange(0, BLOCK_DV)
-        do = load_tile(do_base + offs_m[:, None] * stride_dos + offs_dv[None, :], offs_m, q_len,
-                       offs_dv, DV, MASKED, BLOCK_DV != DV)
+        do = load_tile(
+            do_base + offs_m[:, None] * stride_dos + offs_dv[None, :],
+            offs_m,
+            q_len,
+            offs_dv,
+            DV,
+            MASKED,
+            BLOCK_DV != DV,
+        )
     return do
 
 
@@ -142,8 +210,9 @@ def _load_rows(base, offs_m, stride_ts, q_len, other, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _atomic_add_tile(dqa_base, dq, offs_m, offs_d, stride_dqas, q_len, D,
-                     MASKED: tl.constexpr, BLOCK_D: tl.constexpr):
+def _atomic_add_tile(
+    dqa_base, dq, offs_m, offs_d, stride_dqas, q_len, D, MASKED: tl.constexpr, BLOCK_D: tl.constexpr
+):
     """Per-element fp32 atomic add of one dQ tile (rows/cols checked where they may be out)."""
     dq_ptrs = dqa_base + offs_m[:, None] * stride_dqas + offs_d[None, :]
     if MASKED:
@@ -159,19 +228,67 @@ def _atomic_add_tile(dqa_base, dq, offs_m, offs_d, stride_dqas, q_len, D,
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group"])
-def _attn_bwd_dkdv(Q, K, V, DO, QDESC, DODESC, DK, DV_, DQA, Lse2, Delta, CU_Q, CU_K,
-                   stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-                   stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
-                   stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
-                   stride_dqab, stride_dqas, stride_dqah,
-                   stride_tb, stride_th, stride_ts, stride_dk_split, stride_dv_split,
-                   seqlen_q, seqlen_k, kv_heads, group, qk_scale, scale,
-                   D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
-                   BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                   ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, LOAD_TMA: tl.constexpr,
-                   DP_FIRST: tl.constexpr):
+def _attn_bwd_dkdv(
+    Q,
+    K,
+    V,
+    DO,
+    QDESC,
+    DODESC,
+    DK,
+    DV_,
+    DQA,
+    Lse2,
+    Delta,
+    CU_Q,
+    CU_K,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_dob,
+    stride_dos,
+    stride_doh,
+    stride_dkb,
+    stride_dks,
+    stride_dkh,
+    stride_dvb,
+    stride_dvs,
+    stride_dvh,
+    stride_dqab,
+    stride_dqas,
+    stride_dqah,
+    stride_tb,
+    stride_th,
+    stride_ts,
+    stride_dk_split,
+    stride_dv_split,
+    seqlen_q,
+    seqlen_k,
+    kv_heads,
+    group,
+    qk_scale,
+    scale,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
+    DQ_TMA: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    LOAD_TMA: tl.constexpr,
+    DP_FIRST: tl.constexpr,
+):
     if HEAVY_FIRST:
         # grid (group slices, B*Hkv, key blocks): programs start in launch order, so with
         # causal masks the first key blocks (they see the most queries) of every head go first.
@@ -197,12 +314,34 @@ def _attn_bwd_dkdv(Q, K, V, DO, QDESC, DODESC, DK, DV_, DQA, Lse2, Delta, CU_Q, 
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    k = load_tile(K + b64 * stride_kb + krow0 * stride_ks + hk * stride_kh
-                  + offs_n[:, None] * stride_ks + offs_d[None, :],
-                  offs_n, k_len, offs_d, D, True, BLOCK_D != D)
-    v = load_tile(V + b64 * stride_vb + krow0 * stride_vs + hk * stride_vh
-                  + offs_n[:, None] * stride_vs + offs_dv[None, :],
-                  offs_n, k_len, offs_dv, DV, True, BLOCK_DV != DV)
+    k = load_tile(
+        K
+        + b64 * stride_kb
+        + krow0 * stride_ks
+        + hk * stride_kh
+        + offs_n[:, None] * stride_ks
+        + offs_d[None, :],
+        offs_n,
+        k_len,
+        offs_d,
+        D,
+        True,
+        BLOCK_D != D,
+    )
+    v = load_tile(
+        V
+        + b64 * stride_vb
+        + krow0 * stride_vs
+        + hk * stride_vh
+        + offs_n[:, None] * stride_vs
+        + offs_dv[None, :],
+        offs_n,
+        k_len,
+        offs_dv,
+        DV,
+        True,
+        BLOCK_DV != DV,
+    )
 
     # Query ranges: [lo, diag_hi) crosses the diagonal (masked); [diag_hi, full_hi) is plain;
     # [tail_lo, q_len) is the partial last block (masked).
@@ -230,27 +369,118 @@ def _attn_bwd_dkdv(Q, K, V, DO, QDESC, DODESC, DK, DV_, DQA, Lse2, Delta, CU_Q, 
         else:
             dqa_base = DQA + b64 * stride_dqab + qrow0 * stride_dqas + h * stride_dqah
             dqa_row = 0
-        head = (q_base, do_base, QDESC, DODESC, (desc_b, q_start, h), Lse2 + t_off,
-                Delta + t_off, dqa_base, dqa_row)
+        head = (
+            q_base,
+            do_base,
+            QDESC,
+            DODESC,
+            (desc_b, q_start, h),
+            Lse2 + t_off,
+            Delta + t_off,
+            dqa_base,
+            dqa_row,
+        )
         strides = (stride_qs, stride_dos, stride_dqas, stride_ts)
         # the diagonal (masked), the fully visible blocks (no mask), the partial last block
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, lo, diag_hi, offs_n, off,
-                                      q_len, qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA,
-                                      BLOCK_M, BLOCK_D, BLOCK_DV, LOAD_TMA, DP_FIRST)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, diag_hi, full_hi, offs_n,
-                                      off, q_len, qk_scale, D, DV, False, CAUSAL, ATOMIC_DQ,
-                                      DQ_TMA, BLOCK_M, BLOCK_D, BLOCK_DV, LOAD_TMA, DP_FIRST)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, head, strides, full_hi, q_len, offs_n, off,
-                                      q_len, qk_scale, D, DV, True, CAUSAL, ATOMIC_DQ, DQ_TMA,
-                                      BLOCK_M, BLOCK_D, BLOCK_DV, LOAD_TMA, DP_FIRST)
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            head,
+            strides,
+            lo,
+            diag_hi,
+            offs_n,
+            off,
+            q_len,
+            qk_scale,
+            D,
+            DV,
+            True,
+            CAUSAL,
+            ATOMIC_DQ,
+            DQ_TMA,
+            BLOCK_M,
+            BLOCK_D,
+            BLOCK_DV,
+            LOAD_TMA,
+            DP_FIRST,
+        )
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            head,
+            strides,
+            diag_hi,
+            full_hi,
+            offs_n,
+            off,
+            q_len,
+            qk_scale,
+            D,
+            DV,
+            False,
+            CAUSAL,
+            ATOMIC_DQ,
+            DQ_TMA,
+            BLOCK_M,
+            BLOCK_D,
+            BLOCK_DV,
+            LOAD_TMA,
+            DP_FIRST,
+        )
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            head,
+            strides,
+            full_hi,
+            q_len,
+            offs_n,
+            off,
+            q_len,
+            qk_scale,
+            D,
+            DV,
+            True,
+            CAUSAL,
+            ATOMIC_DQ,
+            DQ_TMA,
+            BLOCK_M,
+            BLOCK_D,
+            BLOCK_DV,
+            LOAD_TMA,
+            DP_FIRST,
+        )
 
     dk = dk * scale
     split64 = split.to(tl.int64)
-    dk_base = (DK + split64 * stride_dk_split + b64 * stride_dkb + krow0 * stride_dks
-               + hk * stride_dkh)
-    dv_base = (DV_ + split64 * stride_dv_split + b64 * stride_dvb + krow0 * stride_dvs
-               + hk * stride_dvh)
-    store_tile(dk_base + offs_n[:, None] * stride_dks + offs_d[None, :],
-               dk.to(DK.dtype.element_ty), offs_n, k_len, offs_d, D, BLOCK_D != D)
-    store_tile(dv_base + offs_n[:, None] * stride_dvs + offs_dv[None, :],
-               dv.to(DV_.dtype.element_ty), offs_n, k_len, offs_dv, DV, BLOCK_DV != DV)
+    dk_base = (
+        DK + split64 * stride_dk_split + b64 * stride_dkb + krow0 * stride_dks + hk * stride_dkh
+    )
+    dv_base = (
+        DV_ + split64 * stride_dv_split + b64 * stride_dvb + krow0 * stride_dvs + hk * stride_dvh
+    )
+    store_tile(
+        dk_base + offs_n[:, None] * stride_dks + offs_d[None, :],
+        dk.to(DK.dtype.element_ty),
+        offs_n,
+        k_len,
+        offs_d,
+        D,
+        BLOCK_D != D,
+    )
+    store_tile(
+        dv_base + offs_n[:, None] * stride_dvs + offs_dv[None, :],
+        dv.to(DV_.dtype.element_ty),
+        offs_n,
+        k_len,
+        offs_dv,
+        DV,
+        BLOCK_DV != DV,
+    )

@@ -107,14 +107,43 @@ def _wide_store_order(dq, BLOCK_M: gl.constexpr, W: gl.constexpr):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
-              delta_bufs, bars, Lse2, Delta, work, BLOCK_M: gl.constexpr, D: gl.constexpr,
-              STAGES: gl.constexpr):
+def _producer(
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
+    k_smem,
+    v_smem,
+    q_bufs,
+    do_bufs,
+    lse_bufs,
+    delta_bufs,
+    bars,
+    Lse2,
+    Delta,
+    work,
+    BLOCK_M: gl.constexpr,
+    D: gl.constexpr,
+    STAGES: gl.constexpr,
+):
     """Fill the ring: K and V once, then per step the Q and dO tiles (TMA) and the step's
     lse2 / delta rows (loads, +inf / 0 past the sequence's end), STAGES steps ahead of the
     consumers."""
-    first_step, total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th, stride_ts, \
-        q_len = work
+    (
+        first_step,
+        total,
+        nblk,
+        lo_blk,
+        head0,
+        qrow,
+        krow,
+        n0,
+        hk,
+        t_base,
+        stride_th,
+        stride_ts,
+        q_len,
+    ) = work
     kv_bar = bars.index(3 * STAGES)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [krow + n0, hk * D], kv_bar, k_smem)
@@ -139,14 +168,47 @@ def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs, 
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq_smem, bars,
-              work, out, dqa_desc, qk_scale, scale, WG: gl.constexpr, CAUSAL: gl.constexpr,
-              ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr, BLOCK_M: gl.constexpr,
-              HALF_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-              WIDE_STORE: gl.constexpr):
+def _consumer(
+    k_smem,
+    v_smem,
+    q_bufs,
+    do_bufs,
+    lse_bufs,
+    delta_bufs,
+    ds_smem,
+    dq_smem,
+    bars,
+    work,
+    out,
+    dqa_desc,
+    qk_scale,
+    scale,
+    WG: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    ATOMIC_DQ: gl.constexpr,
+    ADD_DKDV: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    HALF_N: gl.constexpr,
+    D: gl.constexpr,
+    STAGES: gl.constexpr,
+    WIDE_STORE: gl.constexpr,
+):
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
-    first_step, total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th, stride_ts, \
-        q_len = work
+    (
+        first_step,
+        total,
+        nblk,
+        lo_blk,
+        head0,
+        qrow,
+        krow,
+        n0,
+        hk,
+        t_base,
+        stride_th,
+        stride_ts,
+        q_len,
+    ) = work
     k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs = out
     s_layout: gl.constexpr = mma_layout(HALF_N, BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(HALF_N, D)
@@ -184,14 +246,14 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
         mbarrier.wait(bars.index(2 * STAGES + slot), phase)  # lse2, delta stored
         q_tile = q_bufs.index(slot)
         do_tile = do_bufs.index(slot)
-        s_tok = warpgroup_mma(k_part, q_tile.permute((1, 0)), zero_s, use_acc=False,
-                              is_async=True)
-        dp_tok = warpgroup_mma(v_part, do_tile.permute((1, 0)), zero_s, use_acc=False,
-                               is_async=True)
+        s_tok = warpgroup_mma(k_part, q_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(
+            v_part, do_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True
+        )
         lse2 = lse_bufs.index(slot).load(row_layout)
         if not LATE_DELTA:
             delta = delta_bufs.index(slot).load(row_layout)
-        sT = warpgroup_mma_wait(1, deps=(s_tok, ))
+        sT = warpgroup_mma_wait(1, deps=(s_tok,))
         pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
             h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, BLOCK_M)
@@ -211,7 +273,7 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
                 pT = gl.where(gl.expand_dims(offs_n < k_len, 1), pT, 0.0)
         pT_op = gl.convert_layout(pT.to(dtype), op_layout)
         dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
-        dpT = warpgroup_mma_wait(1, deps=(dp_tok, ))
+        dpT = warpgroup_mma_wait(1, deps=(dp_tok,))
         if LATE_DELTA:
             delta = delta_bufs.index(slot).load(row_layout)
         dsT = pT * (dpT - gl.expand_dims(delta, 0))
@@ -229,9 +291,13 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
             dsT_op = gl.convert_layout(dsT.to(dtype), op_layout)
             dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
             mbarrier.wait(bars.index(3 * STAGES + 1 + slot), phase)  # both halves of dS^T
-            dq_tok = warpgroup_mma(ds_all.permute((1, 0)), k_smem.slice(WG * HALF_D, HALF_D, 1),
-                                   gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout),
-                                   use_acc=False, is_async=True)
+            dq_tok = warpgroup_mma(
+                ds_all.permute((1, 0)),
+                k_smem.slice(WG * HALF_D, HALF_D, 1),
+                gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout),
+                use_acc=False,
+                is_async=True,
+            )
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
             # (the producer refills this slot, so the next step's dS^T overwrites this one's,
             # only after both groups arrive here: their dQ products are done)
@@ -259,24 +325,64 @@ def _consumer(k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem, dq
     store_rows(dv_base, dv, first, k_start, k_len, stride_dvs, HALF_N, D, ADD_DKDV)
 
 
-@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group", "unit_offset",
-                              "key_blocks"])
-def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2, Delta, CU_Q,
-                        CU_K, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
-                        stride_dvh, stride_tb, stride_th, stride_ts, stride_dk_split,
-                        stride_dv_split, seqlen_q, seqlen_k, kv_heads, group, unit_offset,
-                        key_blocks, qk_scale, scale,
-                        D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                        IS_VARLEN: gl.constexpr, GRID_LAYOUT: gl.constexpr,
-                        WINDOW: gl.constexpr, ATOMIC_DQ: gl.constexpr, ADD_DKDV: gl.constexpr,
-                        STEP_SLICES: gl.constexpr, WIDE_STORE: gl.constexpr,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        num_warps: gl.constexpr):
+@gluon.jit(
+    do_not_specialize=["seqlen_q", "seqlen_k", "kv_heads", "group", "unit_offset", "key_blocks"]
+)
+def _attn_bwd_dkdv_sm90(
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
+    dqa_desc,
+    DK,
+    DV_,
+    Lse2,
+    Delta,
+    CU_Q,
+    CU_K,
+    stride_dkb,
+    stride_dks,
+    stride_dkh,
+    stride_dvb,
+    stride_dvs,
+    stride_dvh,
+    stride_tb,
+    stride_th,
+    stride_ts,
+    stride_dk_split,
+    stride_dv_split,
+    seqlen_q,
+    seqlen_k,
+    kv_heads,
+    group,
+    unit_offset,
+    key_blocks,
+    qk_scale,
+    scale,
+    D: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    BOTTOM_RIGHT: gl.constexpr,
+    IS_VARLEN: gl.constexpr,
+    GRID_LAYOUT: gl.constexpr,
+    WINDOW: gl.constexpr,
+    ATOMIC_DQ: gl.constexpr,
+    ADD_DKDV: gl.constexpr,
+    STEP_SLICES: gl.constexpr,
+    WIDE_STORE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
-    gl.static_assert((GRID_LAYOUT == GRID_WINDOWED) == (WINDOW > 0),
-                     "WINDOW is the window of the WINDOWED grid layout")
-    gl.static_assert(not STEP_SLICES or GRID_LAYOUT == GRID_UNITS,
-                     "STEP_SLICES reads its slices off the UNITS grid")
+    gl.static_assert(
+        (GRID_LAYOUT == GRID_WINDOWED) == (WINDOW > 0),
+        "WINDOW is the window of the WINDOWED grid layout",
+    )
+    gl.static_assert(
+        not STEP_SLICES or GRID_LAYOUT == GRID_UNITS,
+        "STEP_SLICES reads its slices off the UNITS grid",
+    )
     if GRID_LAYOUT == GRID_WINDOWED:  # grid (splits * WINDOW, key blocks, B * Hkv / WINDOW)
         n_splits = gl.num_programs(0) // WINDOW
         split = gl.program_id(0) % n_splits
@@ -302,7 +408,8 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
     b = bh // kv_heads
     hk = bh % kv_heads
     q_start, q_len, k_start, k_len, qrow, krow, off = sequence_rows(
-        CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN, BOTTOM_RIGHT)
+        CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN, BOTTOM_RIGHT
+    )
     n0 = pid_n * BLOCK_N
     if n0 < k_len:
         dtype: gl.constexpr = q_desc.dtype
@@ -342,31 +449,126 @@ def _attn_bwd_dkdv_sm90(q_desc, k_desc, v_desc, do_desc, dqa_desc, DK, DV_, Lse2
             first_step = 0
             total = nblk * heads_per_split
         t_base = b * stride_tb + q_start * stride_ts
-        work = (first_step, total, nblk, lo_blk, head0, qrow, krow, n0, hk, t_base, stride_th,
-                stride_ts, q_len)
-        dk_base = DK + split.to(gl.int64) * stride_dk_split + b.to(gl.int64) * stride_dkb \
+        work = (
+            first_step,
+            total,
+            nblk,
+            lo_blk,
+            head0,
+            qrow,
+            krow,
+            n0,
+            hk,
+            t_base,
+            stride_th,
+            stride_ts,
+            q_len,
+        )
+        dk_base = (
+            DK
+            + split.to(gl.int64) * stride_dk_split
+            + b.to(gl.int64) * stride_dkb
             + hk * stride_dkh
-        dv_base = DV_ + split.to(gl.int64) * stride_dv_split + b.to(gl.int64) * stride_dvb \
+        )
+        dv_base = (
+            DV_
+            + split.to(gl.int64) * stride_dv_split
+            + b.to(gl.int64) * stride_dvb
             + hk * stride_dvh
+        )
         out = (k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs)
         half: gl.constexpr = BLOCK_N // 2
         if ATOMIC_DQ:  # per ring slot, dS^T of the program's keys (both warp groups)
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M],
-                                                                           dtype)
+            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+                [BLOCK_N, BLOCK_M], dtype
+            )
             ds_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_M], ds_layout)
             # each warp group's dQ tile on its way to the TMA reduction
-            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D // 2],
-                                                dqa_desc.layout)
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, D // 2], dqa_desc.layout)
         else:
             ds_smem = q_bufs  # unused
             dq_smem = q_bufs
-        gl.warp_specialize([
-            (_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_bufs,
-                         lse_bufs, delta_bufs, bars, Lse2, Delta, work, BLOCK_M, D, STAGES)),
-            (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
-                         dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 0, CAUSAL,
-                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, WIDE_STORE)),
-            (_consumer, (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs, ds_smem,
-                         dq_smem, bars, work, out, dqa_desc, qk_scale, scale, 1, CAUSAL,
-                         ATOMIC_DQ, ADD_DKDV, BLOCK_M, half, D, STAGES, WIDE_STORE)),
-        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        gl.warp_specialize(
+            [
+                (
+                    _producer,
+                    (
+                        q_desc,
+                        k_desc,
+                        v_desc,
+                        do_desc,
+                        k_smem,
+                        v_smem,
+                        q_bufs,
+                        do_bufs,
+                        lse_bufs,
+                        delta_bufs,
+                        bars,
+                        Lse2,
+                        Delta,
+                        work,
+                        BLOCK_M,
+                        D,
+                        STAGES,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        k_smem,
+                        v_smem,
+                        q_bufs,
+                        do_bufs,
+                        lse_bufs,
+                        delta_bufs,
+                        ds_smem,
+                        dq_smem,
+                        bars,
+                        work,
+                        out,
+                        dqa_desc,
+                        qk_scale,
+                        scale,
+                        0,
+                        CAUSAL,
+                        ATOMIC_DQ,
+                        ADD_DKDV,
+                        BLOCK_M,
+                        half,
+                        D,
+                        STAGES,
+                        WIDE_STORE,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        k_smem,
+                        v_smem,
+                        q_bufs,
+                        do_bufs,
+                        lse_bufs,
+                        delta_bufs,
+                        ds_smem,
+                        dq_smem,
+                        bars,
+                        work,
+                        out,
+                        dqa_desc,
+                        qk_scale,
+                        scale,
+                        1,
+                        CAUSAL,
+                        ATOMIC_DQ,
+                        ADD_DKDV,
+                        BLOCK_M,
+                        half,
+                        D,
+                        STAGES,
+                        WIDE_STORE,
+                    ),
+                ),
+            ],
+            [4, 4],
+            [CONSUMER_REGS, CONSUMER_REGS],
+        )

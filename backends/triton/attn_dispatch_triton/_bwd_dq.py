@@ -27,10 +27,34 @@ from ._common import causal_offset, load_tile, seq_bounds, store_tile
 
 
 @triton.jit
-def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, desc_at,
-                       stride_ks, stride_vs, lo, hi, offs_m, off, k_len, qk_scale, D, DV,
-                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, LOAD_TMA: tl.constexpr):
+def _attn_bwd_dq_inner(
+    dq,
+    q,
+    do,
+    lse2,
+    delta,
+    k_base,
+    v_base,
+    k_desc,
+    v_desc,
+    desc_at,
+    stride_ks,
+    stride_vs,
+    lo,
+    hi,
+    offs_m,
+    off,
+    k_len,
+    qk_scale,
+    D,
+    DV,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    LOAD_TMA: tl.constexpr,
+):
     """Accumulate key blocks [lo, hi) into dq (fp32)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -42,10 +66,24 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, d
             k = k_desc.load(at).reshape(BLOCK_N, BLOCK_D)
             v = v_desc.load(at).reshape(BLOCK_N, BLOCK_DV)
         else:
-            k = load_tile(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], offs_n, k_len,
-                          offs_d, D, MASKED, BLOCK_D != D)
-            v = load_tile(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :], offs_n,
-                          k_len, offs_dv, DV, MASKED, BLOCK_DV != DV)
+            k = load_tile(
+                k_base + offs_n[:, None] * stride_ks + offs_d[None, :],
+                offs_n,
+                k_len,
+                offs_d,
+                D,
+                MASKED,
+                BLOCK_D != D,
+            )
+            v = load_tile(
+                v_base + offs_n[:, None] * stride_vs + offs_dv[None, :],
+                offs_n,
+                k_len,
+                offs_dv,
+                DV,
+                MASKED,
+                BLOCK_DV != DV,
+            )
         # -- P = exp2(Q K^T * qk_scale - lse2)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         if MASKED:
@@ -61,15 +99,54 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, d
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads", "group"])
-def _attn_bwd_dq(Q, K, V, DO, KDESC, VDESC, DQ, Lse2, Delta, CU_Q, CU_K,
-                 stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-                 stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
-                 stride_dqb, stride_dqs, stride_dqh, stride_tb, stride_th, stride_ts,
-                 seqlen_q, seqlen_k, heads, group, qk_scale, scale,
-                 D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
-                 BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                 HEAVY_FIRST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, LOAD_TMA: tl.constexpr):
+def _attn_bwd_dq(
+    Q,
+    K,
+    V,
+    DO,
+    KDESC,
+    VDESC,
+    DQ,
+    Lse2,
+    Delta,
+    CU_Q,
+    CU_K,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_dob,
+    stride_dos,
+    stride_doh,
+    stride_dqb,
+    stride_dqs,
+    stride_dqh,
+    stride_tb,
+    stride_th,
+    stride_ts,
+    seqlen_q,
+    seqlen_k,
+    heads,
+    group,
+    qk_scale,
+    scale,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    LOAD_TMA: tl.constexpr,
+):
     if HEAVY_FIRST:
         # grid (B*H, query blocks): the GPU starts programs in launch order, so with causal
         # masks the last query blocks (they see the most keys) of every head go first and the
@@ -93,12 +170,34 @@ def _attn_bwd_dq(Q, K, V, DO, KDESC, VDESC, DQ, Lse2, Delta, CU_Q, CU_K,
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q = load_tile(Q + b64 * stride_qb + qrow0 * stride_qs + h * stride_qh
-                  + offs_m[:, None] * stride_qs + offs_d[None, :],
-                  offs_m, q_len, offs_d, D, True, BLOCK_D != D)
-    do = load_tile(DO + b64 * stride_dob + qrow0 * stride_dos + h * stride_doh
-                   + offs_m[:, None] * stride_dos + offs_dv[None, :],
-                   offs_m, q_len, offs_dv, DV, True, BLOCK_DV != DV)
+    q = load_tile(
+        Q
+        + b64 * stride_qb
+        + qrow0 * stride_qs
+        + h * stride_qh
+        + offs_m[:, None] * stride_qs
+        + offs_d[None, :],
+        offs_m,
+        q_len,
+        offs_d,
+        D,
+        True,
+        BLOCK_D != D,
+    )
+    do = load_tile(
+        DO
+        + b64 * stride_dob
+        + qrow0 * stride_dos
+        + h * stride_doh
+        + offs_m[:, None] * stride_dos
+        + offs_dv[None, :],
+        offs_m,
+        q_len,
+        offs_dv,
+        DV,
+        True,
+        BLOCK_DV != DV,
+    )
     t_off = b64 * stride_tb + qrow0 * stride_ts + h * stride_th + offs_m * stride_ts
     lse2 = tl.load(Lse2 + t_off, mask=offs_m < q_len, other=float("inf"))
     delta = tl.load(Delta + t_off, mask=offs_m < q_len, other=0.0)
@@ -114,13 +213,74 @@ def _attn_bwd_dq(Q, K, V, DO, KDESC, VDESC, DQ, Lse2, Delta, CU_Q, CU_K,
         full_hi = k_len // BLOCK_N * BLOCK_N
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, KDESC, VDESC, desc_at,
-                            stride_ks, stride_vs, 0, full_hi, offs_m, off, k_len, qk_scale, D,
-                            DV, False, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, LOAD_TMA)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, KDESC, VDESC, desc_at,
-                            stride_ks, stride_vs, full_hi, hi, offs_m, off, k_len, qk_scale, D,
-                            DV, True, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, LOAD_TMA)
+    dq = _attn_bwd_dq_inner(
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_base,
+        v_base,
+        KDESC,
+        VDESC,
+        desc_at,
+        stride_ks,
+        stride_vs,
+        0,
+        full_hi,
+        offs_m,
+        off,
+        k_len,
+        qk_scale,
+        D,
+        DV,
+        False,
+        CAUSAL,
+        BLOCK_N,
+        BLOCK_D,
+        BLOCK_DV,
+        LOAD_TMA,
+    )
+    dq = _attn_bwd_dq_inner(
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_base,
+        v_base,
+        KDESC,
+        VDESC,
+        desc_at,
+        stride_ks,
+        stride_vs,
+        full_hi,
+        hi,
+        offs_m,
+        off,
+        k_len,
+        qk_scale,
+        D,
+        DV,
+        True,
+        CAUSAL,
+        BLOCK_N,
+        BLOCK_D,
+        BLOCK_DV,
+        LOAD_TMA,
+    )
     dq = dq * scale
-    store_tile(DQ + b64 * stride_dqb + qrow0 * stride_dqs + h * stride_dqh
-               + offs_m[:, None] * stride_dqs + offs_d[None, :], dq.to(DQ.dtype.element_ty),
-               offs_m, q_len, offs_d, D, BLOCK_D != D)
+    store_tile(
+        DQ
+        + b64 * stride_dqb
+        + qrow0 * stride_dqs
+        + h * stride_dqh
+        + offs_m[:, None] * stride_dqs
+        + offs_d[None, :],
+        dq.to(DQ.dtype.element_ty),
+        offs_m,
+        q_len,
+        offs_d,
+        D,
+        BLOCK_D != D,
+    )

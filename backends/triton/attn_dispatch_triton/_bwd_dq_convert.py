@@ -26,11 +26,25 @@ def logical_columns(acc, BLOCK_M: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "heads"])
-def _attn_bwd_dq_convert(ACC, DQ, CU_Q, stride_ab, stride_as, stride_ah,
-                         stride_dqb, stride_dqs, stride_dqh, seqlen_q, heads, scale,
-                         D: tl.constexpr, IS_VARLEN: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                         WIDE_STORE: tl.constexpr = False):
+def _attn_bwd_dq_convert(
+    ACC,
+    DQ,
+    CU_Q,
+    stride_ab,
+    stride_as,
+    stride_ah,
+    stride_dqb,
+    stride_dqs,
+    stride_dqh,
+    seqlen_q,
+    heads,
+    scale,
+    D: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WIDE_STORE: tl.constexpr = False,
+):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // heads
@@ -43,9 +57,23 @@ def _attn_bwd_dq_convert(ACC, DQ, CU_Q, stride_ab, stride_as, stride_ah,
     row0 = q_start.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    acc = load_tile(head_rows(ACC, b64, row0, h, stride_ab, stride_as, stride_ah, offs_m, offs_d),
-                    offs_m, q_len, offs_d, D, True, BLOCK_D != D)
+    acc = load_tile(
+        head_rows(ACC, b64, row0, h, stride_ab, stride_as, stride_ah, offs_m, offs_d),
+        offs_m,
+        q_len,
+        offs_d,
+        D,
+        True,
+        BLOCK_D != D,
+    )
     if WIDE_STORE:
         acc = logical_columns(acc, BLOCK_M, BLOCK_D)
-    store_tile(head_rows(DQ, b64, row0, h, stride_dqb, stride_dqs, stride_dqh, offs_m, offs_d),
-               (acc * scale).to(DQ.dtype.element_ty), offs_m, q_len, offs_d, D, BLOCK_D != D)
+    store_tile(
+        head_rows(DQ, b64, row0, h, stride_dqb, stride_dqs, stride_dqh, offs_m, offs_d),
+        (acc * scale).to(DQ.dtype.element_ty),
+        offs_m,
+        q_len,
+        offs_d,
+        D,
+        BLOCK_D != D,
+    )

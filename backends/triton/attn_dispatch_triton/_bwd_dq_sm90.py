@@ -30,8 +30,21 @@ from ._sm90 import CONSUMER_REGS, mma_layout, operand_layout, sequence_rows, sto
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, bars, work,
-              D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _producer(
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
+    q_smem,
+    do_smem,
+    k_bufs,
+    v_bufs,
+    bars,
+    work,
+    D: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+):
     """Q and dO once, then every key block's K and V tiles, STAGES blocks ahead."""
     total, qrow, krow, m0, h, hk = work
     qo_bar = bars.index(2 * STAGES)
@@ -44,16 +57,34 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs, 
         ready = bars.index(slot)
         mbarrier.wait(bars.index(STAGES + slot), phase ^ 1)  # emptied by both consumers
         mbarrier.expect(ready, 2 * k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [krow + it * BLOCK_N, hk * D], ready,
-                                        k_bufs.index(slot))
-        tma.async_copy_global_to_shared(v_desc, [krow + it * BLOCK_N, hk * D], ready,
-                                        v_bufs.index(slot))
+        tma.async_copy_global_to_shared(
+            k_desc, [krow + it * BLOCK_N, hk * D], ready, k_bufs.index(slot)
+        )
+        tma.async_copy_global_to_shared(
+            v_desc, [krow + it * BLOCK_N, hk * D], ready, v_bufs.index(slot)
+        )
 
 
 @gluon.jit
-def _consumer(q_smem, do_smem, k_bufs, v_bufs, bars, Lse2, Delta, work, rows_info, qk_scale,
-              scale, WG: gl.constexpr, CAUSAL: gl.constexpr, HALF_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr):
+def _consumer(
+    q_smem,
+    do_smem,
+    k_bufs,
+    v_bufs,
+    bars,
+    Lse2,
+    Delta,
+    work,
+    rows_info,
+    qk_scale,
+    scale,
+    WG: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    HALF_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D: gl.constexpr,
+    STAGES: gl.constexpr,
+):
     """One warp group: dQ of query rows [m0 + WG * HALF_M, + HALF_M) over every key block."""
     total, qrow, krow, m0, h, hk = work
     q_len, k_len, off, t_base, stride_ts, dq_base, stride_dqs, q_start = rows_info
@@ -75,35 +106,60 @@ def _consumer(q_smem, do_smem, k_bufs, v_bufs, bars, Lse2, Delta, work, rows_inf
         slot = it % STAGES
         mbarrier.wait(bars.index(slot), (it // STAGES) & 1)  # K, V tiles landed
         k_tile = k_bufs.index(slot)
-        s_tok = warpgroup_mma(q_part, k_tile.permute((1, 0)), zero_s, use_acc=False,
-                              is_async=True)
-        dp_tok = warpgroup_mma(do_part, v_bufs.index(slot).permute((1, 0)), zero_s,
-                               use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        s_tok = warpgroup_mma(q_part, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(
+            do_part, v_bufs.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True
+        )
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
         p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
         offs_n = gl.expand_dims(it * BLOCK_N + offs_n0, 0)
         keep = offs_n < k_len
         if CAUSAL:
             keep = keep & (offs_n <= gl.expand_dims(offs_m, 1) + off)
         p = gl.where(keep, p, 0.0)
-        dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
+        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
         ds = p * (dp - gl.expand_dims(delta, 1))
         ds_op = gl.convert_layout(ds.to(dtype), op_layout)
         dq_tok = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
-        dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
+        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
         mbarrier.arrive(bars.index(STAGES + slot))  # this warp group is done with the slot
 
     store_rows(dq_base, dq * scale, m0 + WG * HALF_M, q_start, q_len, stride_dqs, HALF_M, D)
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads", "group"])
-def _attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, DQ, Lse2, Delta, CU_Q, CU_K,
-                      stride_dqb, stride_dqs, stride_dqh, stride_tb, stride_th, stride_ts,
-                      seqlen_q, seqlen_k, heads, group, qk_scale, scale,
-                      D: gl.constexpr, CAUSAL: gl.constexpr, BOTTOM_RIGHT: gl.constexpr,
-                      IS_VARLEN: gl.constexpr, HEAVY_FIRST: gl.constexpr,
-                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      num_warps: gl.constexpr):
+def _attn_bwd_dq_sm90(
+    q_desc,
+    k_desc,
+    v_desc,
+    do_desc,
+    DQ,
+    Lse2,
+    Delta,
+    CU_Q,
+    CU_K,
+    stride_dqb,
+    stride_dqs,
+    stride_dqh,
+    stride_tb,
+    stride_th,
+    stride_ts,
+    seqlen_q,
+    seqlen_k,
+    heads,
+    group,
+    qk_scale,
+    scale,
+    D: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    BOTTOM_RIGHT: gl.constexpr,
+    IS_VARLEN: gl.constexpr,
+    HEAVY_FIRST: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     gl.static_assert(num_warps == 4, "the default partition is the 4-warp producer")
     if HEAVY_FIRST:  # grid (B*H, query blocks): the last blocks (most keys) start first
         bh = gl.program_id(0)
@@ -115,7 +171,8 @@ def _attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, DQ, Lse2, Delta, CU_Q, CU
     h = bh % heads
     hk = h // group
     q_start, q_len, k_start, k_len, qrow, krow, off = sequence_rows(
-        CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN, BOTTOM_RIGHT)
+        CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN, BOTTOM_RIGHT
+    )
     m0 = pid_m * BLOCK_M
     if m0 < q_len:
         dtype: gl.constexpr = q_desc.dtype
@@ -141,11 +198,71 @@ def _attn_bwd_dq_sm90(q_desc, k_desc, v_desc, do_desc, DQ, Lse2, Delta, CU_Q, CU
         dq_base = DQ + b.to(gl.int64) * stride_dqb + h * stride_dqh
         rows_info = (q_len, k_len, off, t_base, stride_ts, dq_base, stride_dqs, q_start)
         half: gl.constexpr = BLOCK_M // 2
-        gl.warp_specialize([
-            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_bufs, v_bufs,
-                         bars, work, D, BLOCK_N, STAGES)),
-            (_consumer, (q_smem, do_smem, k_bufs, v_bufs, bars, Lse2, Delta, work, rows_info,
-                         qk_scale, scale, 0, CAUSAL, half, BLOCK_N, D, STAGES)),
-            (_consumer, (q_smem, do_smem, k_bufs, v_bufs, bars, Lse2, Delta, work, rows_info,
-                         qk_scale, scale, 1, CAUSAL, half, BLOCK_N, D, STAGES)),
-        ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        gl.warp_specialize(
+            [
+                (
+                    _producer,
+                    (
+                        q_desc,
+                        k_desc,
+                        v_desc,
+                        do_desc,
+                        q_smem,
+                        do_smem,
+                        k_bufs,
+                        v_bufs,
+                        bars,
+                        work,
+                        D,
+                        BLOCK_N,
+                        STAGES,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        q_smem,
+                        do_smem,
+                        k_bufs,
+                        v_bufs,
+                        bars,
+                        Lse2,
+                        Delta,
+                        work,
+                        rows_info,
+                        qk_scale,
+                        scale,
+                        0,
+                        CAUSAL,
+                        half,
+                        BLOCK_N,
+                        D,
+                        STAGES,
+                    ),
+                ),
+                (
+                    _consumer,
+                    (
+                        q_smem,
+                        do_smem,
+                        k_bufs,
+                        v_bufs,
+                        bars,
+                        Lse2,
+                        Delta,
+                        work,
+                        rows_info,
+                        qk_scale,
+                        scale,
+                        1,
+                        CAUSAL,
+                        half,
+                        BLOCK_N,
+                        D,
+                        STAGES,
+                    ),
+                ),
+            ],
+            [4, 4],
+            [CONSUMER_REGS, CONSUMER_REGS],
+        )

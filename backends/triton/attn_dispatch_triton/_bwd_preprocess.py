@@ -18,12 +18,32 @@ from ._common import head_rows, load_tile, seq_bounds
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "heads"])
-def _attn_bwd_preprocess(Out, DO, Lse, Delta, Lse2, CU_Q,
-                         stride_ob, stride_os, stride_oh, stride_dob, stride_dos, stride_doh,
-                         stride_lb, stride_lh, stride_ls, stride_tb, stride_th, stride_ts,
-                         seqlen_q, heads,
-                         DV: tl.constexpr, IS_VARLEN: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _attn_bwd_preprocess(
+    Out,
+    DO,
+    Lse,
+    Delta,
+    Lse2,
+    CU_Q,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_dob,
+    stride_dos,
+    stride_doh,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    stride_tb,
+    stride_th,
+    stride_ts,
+    seqlen_q,
+    heads,
+    DV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // heads
@@ -36,15 +56,31 @@ def _attn_bwd_preprocess(Out, DO, Lse, Delta, Lse2, CU_Q,
     row0 = q_start.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
-    o = load_tile(head_rows(Out, b64, row0, h, stride_ob, stride_os, stride_oh, offs_m, offs_dv),
-                  offs_m, q_len, offs_dv, DV, True, BLOCK_DV != DV)
-    do = load_tile(head_rows(DO, b64, row0, h, stride_dob, stride_dos, stride_doh, offs_m,
-                             offs_dv),
-                   offs_m, q_len, offs_dv, DV, True, BLOCK_DV != DV)
+    o = load_tile(
+        head_rows(Out, b64, row0, h, stride_ob, stride_os, stride_oh, offs_m, offs_dv),
+        offs_m,
+        q_len,
+        offs_dv,
+        DV,
+        True,
+        BLOCK_DV != DV,
+    )
+    do = load_tile(
+        head_rows(DO, b64, row0, h, stride_dob, stride_dos, stride_doh, offs_m, offs_dv),
+        offs_m,
+        q_len,
+        offs_dv,
+        DV,
+        True,
+        BLOCK_DV != DV,
+    )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     row_ok = offs_m < q_len
-    lse = tl.load(Lse + b64 * stride_lb + row0 * stride_ls + h * stride_lh + offs_m * stride_ls,
-                  mask=row_ok, other=0.0)
+    lse = tl.load(
+        Lse + b64 * stride_lb + row0 * stride_ls + h * stride_lh + offs_m * stride_ls,
+        mask=row_ok,
+        other=0.0,
+    )
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     t_off = b64 * stride_tb + row0 * stride_ts + h * stride_th + offs_m * stride_ts
     tl.store(Delta + t_off, delta, mask=row_ok)

@@ -17,8 +17,9 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["n_k", "n_v", "blocks_k", "stride_split"])
-def _attn_bwd_split_sum(PART, DK, DV, n_k, n_v, blocks_k, stride_split,
-                        SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+def _attn_bwd_split_sum(
+    PART, DK, DV, n_k, n_v, blocks_k, stride_split, SPLIT: tl.constexpr, BLOCK: tl.constexpr
+):
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     step = stride_split.to(tl.int64)

@@ -36,8 +36,14 @@ def seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 @triton.jit
 def head_rows(X, b64, row0, h, stride_b, stride_s, stride_h, offs_m, offs_d):
     """Pointers to rows ``row0 + offs_m``, columns ``offs_d`` of head ``h`` of sequence ``b``."""
-    return (X + b64 * stride_b + row0 * stride_s + h * stride_h
-            + offs_m[:, None] * stride_s + offs_d[None, :])
+    return (
+        X
+        + b64 * stride_b
+        + row0 * stride_s
+        + h * stride_h
+        + offs_m[:, None] * stride_s
+        + offs_d[None, :]
+    )
 
 
 @triton.jit
@@ -51,8 +57,7 @@ def causal_offset(q_len, k_len, BOTTOM_RIGHT: tl.constexpr):
 
 
 @triton.jit
-def load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr,
-              CHECK_COLS: tl.constexpr):
+def load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
     """Load a 2-D tile, zero-filling out-of-range rows/cols; checks only what may be out."""
     if CHECK_ROWS:
         if CHECK_COLS:

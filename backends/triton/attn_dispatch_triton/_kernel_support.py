@@ -46,8 +46,10 @@ def gluon_sm90(device: torch.device) -> bool:
     from ._tma_rows import GLUON_TRITON
 
     version = tuple(int(x) for x in triton.__version__.split(".")[:2])
-    return (version in GLUON_TRITON
-            and importlib.util.find_spec("triton.experimental.gluon") is not None)
+    return (
+        version in GLUON_TRITON
+        and importlib.util.find_spec("triton.experimental.gluon") is not None
+    )
 
 
 def tile_descriptor(t: torch.Tensor, varlen: bool, rows: int, cols: int):
@@ -60,7 +62,11 @@ def tile_descriptor(t: torch.Tensor, varlen: bool, rows: int, cols: int):
     if varlen:
         shape, strides = [1, *shape], [strides[0], *strides]
     size = t.element_size()
-    if (t.numel() == 0 or t.data_ptr() % 16 or strides[-1] != 1
-            or any(s * size % 16 for s in strides[:-1])):
+    if (
+        t.numel() == 0
+        or t.data_ptr() % 16
+        or strides[-1] != 1
+        or any(s * size % 16 for s in strides[:-1])
+    ):
         return None
     return TensorDescriptor(t, shape, strides, [1, rows, 1, cols])

@@ -208,22 +208,25 @@ def _partials(split: int, tail: bool, contiguous_out: bool, add: bool) -> tuple:
     return Partials.NONE, 0, False
 
 
-def _ordered(p: Problem, config: dict, grid: tuple[int, int, int], gluon: bool,
-             add: bool) -> DkdvLaunch:
+def _ordered(
+    p: Problem, config: dict, grid: tuple[int, int, int], gluon: bool, add: bool
+) -> DkdvLaunch:
     """One launch over ``grid`` in the order the config asks for: a window (Gluon kernel only;
     it replaces heaviest-first), the heaviest programs first, or the natural order."""
     blocks, rows, split = grid
     w = window(config, grid) if gluon else 0
     if w:
-        return DkdvLaunch((split * w, blocks, rows // w), GridLayout.WINDOWED, window=w,
-                          add_dkdv=add)
+        return DkdvLaunch(
+            (split * w, blocks, rows // w), GridLayout.WINDOWED, window=w, add_dkdv=add
+        )
     if heavy_first(p, config, blocks):
         return DkdvLaunch((split, rows, blocks), GridLayout.HEAVY_FIRST, add_dkdv=add)
     return DkdvLaunch(grid, add_dkdv=add)
 
 
-def dkdv_plan(p: Problem, config: dict, *, sms: int | None, gluon: bool, atomic_dq: bool,
-              contiguous_out: bool) -> DkdvPlan:
+def dkdv_plan(
+    p: Problem, config: dict, *, sms: int | None, gluon: bool, atomic_dq: bool, contiguous_out: bool
+) -> DkdvPlan:
     """The dK/dV launches of one call.
 
     ``gluon``: the Gluon sm_90 kernel runs (else the ``tl`` one); ``atomic_dq``: the fused-atomic
@@ -245,9 +248,16 @@ def dkdv_plan(p: Problem, config: dict, *, sms: int | None, gluon: bool, atomic_
         launches = (_ordered(p, config, (blocks, rows, split), gluon, add),)
     else:  # whole units in full waves (stored), then the rest in slices (added)
         full, slices = tail
-        launches = (DkdvLaunch((full, 1, 1), GridLayout.UNITS),
-                    DkdvLaunch((blocks * rows - full, 1, slices), GridLayout.UNITS,
-                               unit_offset=full, add_dkdv=True, step_slices=True))
+        launches = (
+            DkdvLaunch((full, 1, 1), GridLayout.UNITS),
+            DkdvLaunch(
+                (blocks * rows - full, 1, slices),
+                GridLayout.UNITS,
+                unit_offset=full,
+                add_dkdv=True,
+                step_slices=True,
+            ),
+        )
     return DkdvPlan(split, blocks, partials, count, zeroed, launches)
 
 

@@ -32,10 +32,28 @@ GLUON_DQ_TILES = (128, 64)
 class BackwardLaunch:
     """The arguments of one backward problem, and one method per kernel launch."""
 
-    def __init__(self, q, k, v, out, lse, grad_out, *, causal: bool, bottom_right: bool,
-                 scale: float, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                 max_seqlen_k=None, dq=None, dk=None, dv=None, atomic_dq: bool = False,
-                 recorder: _plan.Recorder | None = None) -> None:
+    def __init__(
+        self,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out,
+        *,
+        causal: bool,
+        bottom_right: bool,
+        scale: float,
+        cu_seqlens_q=None,
+        cu_seqlens_k=None,
+        max_seqlen_q=None,
+        max_seqlen_k=None,
+        dq=None,
+        dk=None,
+        dv=None,
+        atomic_dq: bool = False,
+        recorder: _plan.Recorder | None = None,
+    ) -> None:
         self.varlen = varlen = cu_seqlens_q is not None
         q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
         if varlen:
@@ -48,8 +66,16 @@ class BackwardLaunch:
         self.d, self.d_v = q.shape[-1], v.shape[-1]
         self.group = self.heads // self.kv_heads
         self.problem = policy.Problem(
-            self.batch, self.heads, self.kv_heads, self.seqlen_q, self.seqlen_k, causal, varlen,
-            on_gpu=q.device.type == "cuda", has_keys=k.numel() > 0)
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.seqlen_q,
+            self.seqlen_k,
+            causal,
+            varlen,
+            on_gpu=q.device.type == "cuda",
+            has_keys=k.numel() > 0,
+        )
         self.q, self.k, self.v, self.out, self.lse, self.grad_out = q, k, v, out, lse, grad_out
         self.dq = torch.empty_like(q) if dq is None else dq
         self.dk = torch.empty_like(k) if dk is None else dk
@@ -75,10 +101,19 @@ class BackwardLaunch:
 
     def _name_arguments(self, recorder: _plan.Recorder, tmp: torch.Tensor) -> None:
         """Tell the plan recorder which per-call value each argument is."""
-        for t, index in ((self.q, _plan.Q), (self.k, _plan.K), (self.v, _plan.V),
-                         (self.out, _plan.OUT), (self.lse, _plan.LSE), (self.grad_out, _plan.DO),
-                         (self.dq, _plan.DQ), (self.dk, _plan.DK), (self.dv, _plan.DV),
-                         (self.scale, _plan.SCALE), (self.qk_scale, _plan.QK_SCALE)):
+        for t, index in (
+            (self.q, _plan.Q),
+            (self.k, _plan.K),
+            (self.v, _plan.V),
+            (self.out, _plan.OUT),
+            (self.lse, _plan.LSE),
+            (self.grad_out, _plan.DO),
+            (self.dq, _plan.DQ),
+            (self.dk, _plan.DK),
+            (self.dv, _plan.DV),
+            (self.scale, _plan.SCALE),
+            (self.qk_scale, _plan.QK_SCALE),
+        ):
             recorder.name(t, index, None if isinstance(t, float) else 0)
         recorder.name(self.lse2, _plan.TMP, 0)
         recorder.name(self.delta, _plan.TMP, self.delta.data_ptr() - tmp.data_ptr())
@@ -136,19 +171,43 @@ class BackwardLaunch:
     def preprocess(self, c: dict) -> None:
         """delta = rowsum(dO * O), lse2 = lse * log2(e) (+inf for rows that see no key)."""
         grid = policy.query_block_grid(self.problem, c)
-        self._launch(_attn_bwd_preprocess, grid, (
-            self.out, self.grad_out, self.lse, self.delta, self.lse2, self.cu_q,
-            *token_strides(self.out, self.varlen), *self.s_do,
-            *lse_strides(self.lse, self.varlen), *self.s_t, self.seqlen_q, self.heads,
-        ), dict(DV=self.d_v, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
-                BLOCK_DV=self.blocks["BLOCK_DV"], num_warps=c["num_warps"],
-                num_stages=c["num_stages"]))
+        self._launch(
+            _attn_bwd_preprocess,
+            grid,
+            (
+                self.out,
+                self.grad_out,
+                self.lse,
+                self.delta,
+                self.lse2,
+                self.cu_q,
+                *token_strides(self.out, self.varlen),
+                *self.s_do,
+                *lse_strides(self.lse, self.varlen),
+                *self.s_t,
+                self.seqlen_q,
+                self.heads,
+            ),
+            dict(
+                DV=self.d_v,
+                IS_VARLEN=self.varlen,
+                BLOCK_M=c["BLOCK_M"],
+                BLOCK_DV=self.blocks["BLOCK_DV"],
+                num_warps=c["num_warps"],
+                num_stages=c["num_stages"],
+            ),
+        )
 
     def dkdv_plan(self, c: dict, atomic_dq: bool = False, gluon: bool = False) -> policy.DkdvPlan:
         """The launch policy's dK/dV plan for this problem (``gluon``: the Gluon kernel runs)."""
-        return policy.dkdv_plan(self.problem, c, sms=self._sms(), gluon=gluon,
-                                atomic_dq=atomic_dq,
-                                contiguous_out=self.dk.is_contiguous() and self.dv.is_contiguous())
+        return policy.dkdv_plan(
+            self.problem,
+            c,
+            sms=self._sms(),
+            gluon=gluon,
+            atomic_dq=atomic_dq,
+            contiguous_out=self.dk.is_contiguous() and self.dv.is_contiguous(),
+        )
 
     def dkdv(self, c: dict, atomic_dq: bool = False) -> None:
         """dK, dV: one program per key block, kv head and slice of the GQA group.
@@ -176,8 +235,7 @@ class BackwardLaunch:
         if not atomic_dq:
             return self.q, (0, 0, 0)
         if not tma:
-            self.dq_acc = acc = torch.zeros(self.q.shape, dtype=torch.float32,
-                                            device=self.q.device)
+            self.dq_acc = acc = torch.zeros(self.q.shape, dtype=torch.float32, device=self.q.device)
             self.dq_acc_strides = token_strides(acc, self.varlen)
             self.plan_extra["acc"] = dict(shape=tuple(acc.shape))
             if self.rec is not None:
@@ -209,14 +267,16 @@ class BackwardLaunch:
         if plan.partials is policy.Partials.TORCH_SUM:
             if self.rec is not None:
                 self.rec.ok = False  # (the torch sum is no kernel launch a plan can replay)
-            return (torch.empty((count, *self.dk.shape), dtype=torch.float32, device=device),
-                    torch.empty((count, *self.dv.shape), dtype=torch.float32, device=device),
-                    None)
+            return (
+                torch.empty((count, *self.dk.shape), dtype=torch.float32, device=device),
+                torch.empty((count, *self.dv.shape), dtype=torch.float32, device=device),
+                None,
+            )
         layout = policy.sum_layout(self.dk.numel(), self.dv.numel())
         alloc = torch.zeros if plan.zero_partials else torch.empty
         part = alloc((count, layout.row), dtype=torch.float32, device=device)
-        dk = part[:, :layout.n_k].view(count, *self.dk.shape)
-        dv = part[:, layout.v_offset:].view(count, *self.dv.shape)
+        dk = part[:, : layout.n_k].view(count, *self.dk.shape)
+        dv = part[:, layout.v_offset :].view(count, *self.dv.shape)
         self.plan_extra["part_numel"] = part.numel()
         self.plan_extra["part_zeroed"] = plan.zero_partials
         if self.rec is not None:
@@ -232,10 +292,25 @@ class BackwardLaunch:
             self.dv.copy_(dv.sum(0))
         elif plan.partials is policy.Partials.SUM_KERNEL:
             buffer, layout = part
-            self._launch(_attn_bwd_split_sum, layout.grid, (
-                buffer, self.dk, self.dv, layout.n_k, layout.n_v, layout.blocks_k, layout.row,
-            ), dict(SPLIT=buffer.shape[0], BLOCK=policy.SUM_BLOCK, num_warps=policy.SUM_WARPS,
-                    num_stages=1))
+            self._launch(
+                _attn_bwd_split_sum,
+                layout.grid,
+                (
+                    buffer,
+                    self.dk,
+                    self.dv,
+                    layout.n_k,
+                    layout.n_v,
+                    layout.blocks_k,
+                    layout.row,
+                ),
+                dict(
+                    SPLIT=buffer.shape[0],
+                    BLOCK=policy.SUM_BLOCK,
+                    num_warps=policy.SUM_WARPS,
+                    num_stages=1,
+                ),
+            )
 
     def _output_strides(self, plan: policy.DkdvPlan, dk, dv) -> tuple:
         """Token strides of one partial (or of the outputs) of dK and dV."""
@@ -243,41 +318,105 @@ class BackwardLaunch:
             dk, dv = dk[0], dv[0]
         return (*token_strides(dk, self.varlen), *token_strides(dv, self.varlen))
 
-    def _dkdv_sm90(self, c: dict, plan: policy.DkdvPlan, descs: tuple, dk, dv,
-                   atomic_dq: bool) -> None:
+    def _dkdv_sm90(
+        self, c: dict, plan: policy.DkdvPlan, descs: tuple, dk, dv, atomic_dq: bool
+    ) -> None:
         """The Gluon sm_90 dK/dV kernel, once per launch of ``plan``."""
         from ._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90
 
         slices_apart = plan.split > 1 and not plan.zero_partials  # one partial per slice
-        head = (*descs, self.dq_scratch_descriptor() if atomic_dq else None, dk, dv,
-                self.lse2, self.delta, self.cu_q, self.cu_k, *self._output_strides(plan, dk, dv),
-                *self.s_t, *((dk.stride(0), dv.stride(0)) if slices_apart else (0, 0)),
-                self.seqlen_q, self.seqlen_k, self.kv_heads, self.group)
+        head = (
+            *descs,
+            self.dq_scratch_descriptor() if atomic_dq else None,
+            dk,
+            dv,
+            self.lse2,
+            self.delta,
+            self.cu_q,
+            self.cu_k,
+            *self._output_strides(plan, dk, dv),
+            *self.s_t,
+            *((dk.stride(0), dv.stride(0)) if slices_apart else (0, 0)),
+            self.seqlen_q,
+            self.seqlen_k,
+            self.kv_heads,
+            self.group,
+        )
         for launch in plan.launches:
-            self._launch(_attn_bwd_dkdv_sm90, launch.grid, (
-                *head, launch.unit_offset, plan.key_blocks, self.qk_scale, self.scale,
-            ), self.dkdv_sm90_constants(c, launch, atomic_dq))
+            self._launch(
+                _attn_bwd_dkdv_sm90,
+                launch.grid,
+                (
+                    *head,
+                    launch.unit_offset,
+                    plan.key_blocks,
+                    self.qk_scale,
+                    self.scale,
+                ),
+                self.dkdv_sm90_constants(c, launch, atomic_dq),
+            )
 
-    def _dkdv_portable(self, c: dict, plan: policy.DkdvPlan, dk, dv, acc, s_acc,
-                       atomic_dq: bool, tma: bool) -> None:
+    def _dkdv_portable(
+        self, c: dict, plan: policy.DkdvPlan, dk, dv, acc, s_acc, atomic_dq: bool, tma: bool
+    ) -> None:
         """The ``tl`` dK/dV kernel (every arch; also the fused-atomic one)."""
         (launch,) = plan.launches
-        descs = self.tile_descriptors(c, c["BLOCK_M"], (
-            (self.q, _plan.Q, self.blocks["BLOCK_D"]),
-            (self.grad_out, _plan.DO, self.blocks["BLOCK_DV"])))
+        descs = self.tile_descriptors(
+            c,
+            c["BLOCK_M"],
+            (
+                (self.q, _plan.Q, self.blocks["BLOCK_D"]),
+                (self.grad_out, _plan.DO, self.blocks["BLOCK_DV"]),
+            ),
+        )
         split_strides = (dk.stride(0), dv.stride(0)) if plan.split > 1 else (0, 0)
-        self._launch(_attn_bwd_dkdv, launch.grid, (
-            self.q, self.k, self.v, self.grad_out, *(descs or (self.q, self.q)), dk, dv, acc,
-            self.lse2, self.delta,
-            self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
-            *self._output_strides(plan, dk, dv), *s_acc, *self.s_t, *split_strides,
-            self.seqlen_q, self.seqlen_k, self.kv_heads, self.group,
-            self.qk_scale, self.scale,
-        ), dict(D=self.d, DV=self.d_v, **self.flags, ATOMIC_DQ=atomic_dq, DQ_TMA=tma,
+        self._launch(
+            _attn_bwd_dkdv,
+            launch.grid,
+            (
+                self.q,
+                self.k,
+                self.v,
+                self.grad_out,
+                *(descs or (self.q, self.q)),
+                dk,
+                dv,
+                acc,
+                self.lse2,
+                self.delta,
+                self.cu_q,
+                self.cu_k,
+                *self.s_q,
+                *self.s_k,
+                *self.s_v,
+                *self.s_do,
+                *self._output_strides(plan, dk, dv),
+                *s_acc,
+                *self.s_t,
+                *split_strides,
+                self.seqlen_q,
+                self.seqlen_k,
+                self.kv_heads,
+                self.group,
+                self.qk_scale,
+                self.scale,
+            ),
+            dict(
+                D=self.d,
+                DV=self.d_v,
+                **self.flags,
+                ATOMIC_DQ=atomic_dq,
+                DQ_TMA=tma,
                 HEAVY_FIRST=launch.layout is policy.GridLayout.HEAVY_FIRST,
-                LOAD_TMA=descs is not None, DP_FIRST=bool(c.get("DP_FIRST", 0)),
-                BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **self.blocks,
-                num_warps=c["num_warps"], num_stages=c["num_stages"]))
+                LOAD_TMA=descs is not None,
+                DP_FIRST=bool(c.get("DP_FIRST", 0)),
+                BLOCK_M=c["BLOCK_M"],
+                BLOCK_N=c["BLOCK_N"],
+                **self.blocks,
+                num_warps=c["num_warps"],
+                num_stages=c["num_stages"],
+            ),
+        )
 
     def dq_(self, c: dict) -> None:
         """dQ: one program per query block and head."""
@@ -286,32 +425,99 @@ class BackwardLaunch:
         if sm90 is not None:
             from ._bwd_dq_sm90 import _attn_bwd_dq_sm90
 
-            self._launch(_attn_bwd_dq_sm90, launch.grid, (
-                *sm90, self.dq, self.lse2, self.delta, self.cu_q, self.cu_k,
-                *token_strides(self.dq, self.varlen), *self.s_t,
-                self.seqlen_q, self.seqlen_k, self.heads, self.group, self.qk_scale, self.scale,
-            ), dict(self.sm90_constants(c), HEAVY_FIRST=launch.heavy_first))
+            self._launch(
+                _attn_bwd_dq_sm90,
+                launch.grid,
+                (
+                    *sm90,
+                    self.dq,
+                    self.lse2,
+                    self.delta,
+                    self.cu_q,
+                    self.cu_k,
+                    *token_strides(self.dq, self.varlen),
+                    *self.s_t,
+                    self.seqlen_q,
+                    self.seqlen_k,
+                    self.heads,
+                    self.group,
+                    self.qk_scale,
+                    self.scale,
+                ),
+                dict(self.sm90_constants(c), HEAVY_FIRST=launch.heavy_first),
+            )
             return
-        descs = self.tile_descriptors(c, c["BLOCK_N"], (
-            (self.k, _plan.K, self.blocks["BLOCK_D"]), (self.v, _plan.V, self.blocks["BLOCK_DV"])))
-        self._launch(_attn_bwd_dq, launch.grid, (
-            self.q, self.k, self.v, self.grad_out, *(descs or (self.q, self.q)), self.dq,
-            self.lse2, self.delta,
-            self.cu_q, self.cu_k, *self.s_q, *self.s_k, *self.s_v, *self.s_do,
-            *token_strides(self.dq, self.varlen), *self.s_t,
-            self.seqlen_q, self.seqlen_k, self.heads, self.group, self.qk_scale, self.scale,
-        ), dict(D=self.d, DV=self.d_v, **self.flags, HEAVY_FIRST=launch.heavy_first,
-                LOAD_TMA=descs is not None, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-                **self.blocks, num_warps=c["num_warps"], num_stages=c["num_stages"]))
+        descs = self.tile_descriptors(
+            c,
+            c["BLOCK_N"],
+            ((self.k, _plan.K, self.blocks["BLOCK_D"]), (self.v, _plan.V, self.blocks["BLOCK_DV"])),
+        )
+        self._launch(
+            _attn_bwd_dq,
+            launch.grid,
+            (
+                self.q,
+                self.k,
+                self.v,
+                self.grad_out,
+                *(descs or (self.q, self.q)),
+                self.dq,
+                self.lse2,
+                self.delta,
+                self.cu_q,
+                self.cu_k,
+                *self.s_q,
+                *self.s_k,
+                *self.s_v,
+                *self.s_do,
+                *token_strides(self.dq, self.varlen),
+                *self.s_t,
+                self.seqlen_q,
+                self.seqlen_k,
+                self.heads,
+                self.group,
+                self.qk_scale,
+                self.scale,
+            ),
+            dict(
+                D=self.d,
+                DV=self.d_v,
+                **self.flags,
+                HEAVY_FIRST=launch.heavy_first,
+                LOAD_TMA=descs is not None,
+                BLOCK_M=c["BLOCK_M"],
+                BLOCK_N=c["BLOCK_N"],
+                **self.blocks,
+                num_warps=c["num_warps"],
+                num_stages=c["num_stages"],
+            ),
+        )
 
     def dq_convert(self, c: dict) -> None:
         """dQ = scale * (the fp32 scratch of :meth:`dkdv` with ``atomic_dq``), input dtype."""
-        self._launch(_attn_bwd_dq_convert, policy.query_block_grid(self.problem, c), (
-            self.dq_acc, self.dq, self.cu_q, *self.dq_acc_strides,
-            *token_strides(self.dq, self.varlen), self.seqlen_q, self.heads, self.scale,
-        ), dict(D=self.d, IS_VARLEN=self.varlen, BLOCK_M=c["BLOCK_M"],
-                BLOCK_D=self.blocks["BLOCK_D"], WIDE_STORE=self.dq_wide_store,
-                num_warps=c["num_warps"], num_stages=c["num_stages"]))
+        self._launch(
+            _attn_bwd_dq_convert,
+            policy.query_block_grid(self.problem, c),
+            (
+                self.dq_acc,
+                self.dq,
+                self.cu_q,
+                *self.dq_acc_strides,
+                *token_strides(self.dq, self.varlen),
+                self.seqlen_q,
+                self.heads,
+                self.scale,
+            ),
+            dict(
+                D=self.d,
+                IS_VARLEN=self.varlen,
+                BLOCK_M=c["BLOCK_M"],
+                BLOCK_D=self.blocks["BLOCK_D"],
+                WIDE_STORE=self.dq_wide_store,
+                num_warps=c["num_warps"],
+                num_stages=c["num_stages"],
+            ),
+        )
 
     def tile_descriptors(self, c: dict, rows: int, tensors: tuple) -> tuple | None:
         """TMA descriptors for the tiles a kernel's loop loads (config ``LOAD_TMA``), one per
@@ -333,13 +539,18 @@ class BackwardLaunch:
         for it and it applies: NVIDIA sm_90, verified triton, D = DV = 128, the kernel's tiles
         ``(BLOCK_M, BLOCK_N)`` and tensors TMA can read as ``[rows, heads * D]`` (see
         ``_sm90.sm90_descriptors``); else ``None`` (the portable ``tl`` kernel runs)."""
-        if not (c.get("GLUON") and self.d == self.d_v == 128
-                and (c["BLOCK_M"], c["BLOCK_N"]) == tiles and gluon_sm90(self.q.device)):
+        if not (
+            c.get("GLUON")
+            and self.d == self.d_v == 128
+            and (c["BLOCK_M"], c["BLOCK_N"]) == tiles
+            and gluon_sm90(self.q.device)
+        ):
             return None
         from ._sm90 import sm90_descriptors
 
-        descs = sm90_descriptors(self.q, self.k, self.v, self.grad_out, self.varlen,
-                                 c["BLOCK_M"], c["BLOCK_N"])
+        descs = sm90_descriptors(
+            self.q, self.k, self.v, self.grad_out, self.varlen, c["BLOCK_M"], c["BLOCK_N"]
+        )
         if descs is not None and self.rec is not None:
             for d, index in zip(descs, (_plan.Q, _plan.K, _plan.V, _plan.DO)):
                 self.rec.name_descriptor(d, index)
@@ -359,12 +570,25 @@ class BackwardLaunch:
         """Compile-time arguments and launch options both Gluon sm_90 kernels take."""
         from . import _sm90
 
-        return dict(D=self.d, **self.flags, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-                    STAGES=GLUON_STAGES, num_warps=_sm90.WARPS, maxnreg=_sm90.MAXNREG)
+        return dict(
+            D=self.d,
+            **self.flags,
+            BLOCK_M=c["BLOCK_M"],
+            BLOCK_N=c["BLOCK_N"],
+            STAGES=GLUON_STAGES,
+            num_warps=_sm90.WARPS,
+            maxnreg=_sm90.MAXNREG,
+        )
 
     def dkdv_sm90_constants(self, c: dict, launch: policy.DkdvLaunch, atomic_dq: bool) -> dict:
         """Those of the Gluon dK/dV kernel for one launch of its plan (with dQ, stored in
         ``self.dq_wide_store``'s column order, when ``atomic_dq``)."""
-        return dict(self.sm90_constants(c), ATOMIC_DQ=atomic_dq, GRID_LAYOUT=int(launch.layout),
-                    WINDOW=launch.window, ADD_DKDV=launch.add_dkdv,
-                    STEP_SLICES=launch.step_slices, WIDE_STORE=self.dq_wide_store)
+        return dict(
+            self.sm90_constants(c),
+            ATOMIC_DQ=atomic_dq,
+            GRID_LAYOUT=int(launch.layout),
+            WINDOW=launch.window,
+            ADD_DKDV=launch.add_dkdv,
+            STEP_SLICES=launch.step_slices,
+            WIDE_STORE=self.dq_wide_store,
+        )

@@ -59,8 +59,10 @@ def hooks_installed() -> bool:
     from triton import knobs
 
     # triton 3.6 keeps an (empty) HookChain here even when nothing is installed
-    return any(hook is not None and getattr(hook, "calls", True)
-               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+    return any(
+        hook is not None and getattr(hook, "calls", True)
+        for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    )
 
 
 class _Pointer:
@@ -105,8 +107,9 @@ class Recorder:
         strides on every call of the signature; only the pointer changes)."""
         self.descriptors[id(desc)] = index
 
-    def launch(self, kernel: Any, grid: tuple, args: tuple, kwargs: dict,
-               side: SideStream | None = None) -> Any:
+    def launch(
+        self, kernel: Any, grid: tuple, args: tuple, kwargs: dict, side: SideStream | None = None
+    ) -> Any:
         """Launch through ``kernel[grid]`` (on ``side`` when given, forked from the current
         stream by the caller) and remember the compiled kernel and arguments."""
         if side is None:
@@ -116,7 +119,7 @@ class Recorder:
                 compiled = kernel[grid](*args, **kwargs)
         names = kernel.arg_names
         try:
-            full = list(args) + [kwargs[n] for n in names[len(args):]]
+            full = list(args) + [kwargs[n] for n in names[len(args) :]]
         except KeyError:
             self.ok = False
             return compiled
@@ -156,8 +159,11 @@ class Recorder:
                 else:
                     template.append(arg)
             head = (*grid, *(1,) * (3 - len(grid)))
-            launches.append(Launch(launcher, head, compiled.function, template, tuple(slots),
-                                   tuple(descs), on_side))
+            launches.append(
+                Launch(
+                    launcher, head, compiled.function, template, tuple(slots), tuple(descs), on_side
+                )
+            )
         return Plan(launches, **extra)
 
 
@@ -176,9 +182,12 @@ def _launcher(compiled: Any) -> tuple[Any, tuple, dict]:
     """
     run = compiled.run
     tail = (compiled.packed_metadata, None, None, None)
-    if not (getattr(run, "global_scratch_size", None) == 0
-            and getattr(run, "profile_scratch_size", None) == 0
-            and hasattr(run, "launch_cooperative_grid") and hasattr(run, "launch_pdl")):
+    if not (
+        getattr(run, "global_scratch_size", None) == 0
+        and getattr(run, "profile_scratch_size", None) == 0
+        and hasattr(run, "launch_cooperative_grid")
+        and hasattr(run, "launch_pdl")
+    ):
         return run, tail, {}
     lead = (run.launch_cooperative_grid, run.launch_pdl, None, None, *tail)
     launch, expand = _unwrap_descriptors(run.launch)
@@ -216,8 +225,15 @@ def _expanded_descriptor(desc: Any, meta: dict | None) -> tuple[list, Any]:
     if meta["fp4_padded"]:
         shape[-1] *= 2
     fill = triton.runtime.driver.active.utils.fill_tma_descriptor  # encodes a CUtensorMap
-    fixed = (meta["swizzle"], meta["elem_size"], TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
-             meta["block_size"], shape, strides, 1 if desc.padding == "nan" else 0)
+    fixed = (
+        meta["swizzle"],
+        meta["elem_size"],
+        TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+        meta["block_size"],
+        shape,
+        strides,
+        1 if desc.padding == "nan" else 0,
+    )
 
     def encode(ptr: int) -> Any:
         return fill(ptr, *fixed)
@@ -302,8 +318,15 @@ class Launch(NamedTuple):
 class Plan:
     """Precomputed launches of one signature; :meth:`run` only fills per-call values."""
 
-    def __init__(self, launches: list, *, tmp_shape: tuple, part_numel: int | None,
-                 acc: dict | None, part_zeroed: bool = False):
+    def __init__(
+        self,
+        launches: list,
+        *,
+        tmp_shape: tuple,
+        part_numel: int | None,
+        acc: dict | None,
+        part_zeroed: bool = False,
+    ):
         self.launches = launches
         self.tmp_shape = tmp_shape
         self.part_numel = part_numel

@@ -30,13 +30,15 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     Gluon builds the op but does not export a function for it (hence the builder call; the
     kernels run only on the triton versions they were checked with, ``GLUON_TRITON``)."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
-                                              coord, src.handle)
+    _semantic.builder.create_async_tma_reduce(
+        ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
+    )
 
 
 @gluon.jit
-def sequence_rows(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr,
-                  BOTTOM_RIGHT: gl.constexpr):
+def sequence_rows(
+    CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr, BOTTOM_RIGHT: gl.constexpr
+):
     """Start, length and first descriptor row of sequence ``b``'s queries and keys
     (descriptors are ``[tokens, heads * D]``: dense batches are ``seqlen`` rows apart), and the
     causal offset: query row ``i`` sees key ``j`` iff ``j <= i + off``."""
@@ -64,8 +66,9 @@ def sequence_rows(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: gl.constexpr,
 @gluon.constexpr_function
 def mma_layout(rows, cols):
     """The accumulator layout of one consumer warp group's ``[rows, cols]`` product."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                     instr_shape=[16, cols, 16])
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16]
+    )
 
 
 @gluon.constexpr_function
@@ -75,8 +78,17 @@ def operand_layout(rows, d):
 
 
 @gluon.jit
-def store_rows(base, x, first, start, n_valid, stride_row, ROWS: gl.constexpr,
-               D: gl.constexpr, ADD: gl.constexpr = False):
+def store_rows(
+    base,
+    x,
+    first,
+    start,
+    n_valid,
+    stride_row,
+    ROWS: gl.constexpr,
+    D: gl.constexpr,
+    ADD: gl.constexpr = False,
+):
     """Store the fp32 ``[ROWS, D]`` accumulator ``x`` (``mma_layout``) as ``base``'s element
     type: tile row ``i`` is row ``first + i`` of a sequence starting at row ``start``, stored
     when ``first + i < n_valid``. With ``ADD`` (an fp32 ``base``) it is added by atomics."""
@@ -84,8 +96,9 @@ def store_rows(base, x, first, start, n_valid, stride_row, ROWS: gl.constexpr,
     rows = first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     ok = gl.expand_dims(rows < n_valid, 1) & gl.expand_dims(cols < D, 0)
-    ptrs = base + gl.expand_dims((start + rows).to(gl.int64), 1) * stride_row \
-        + gl.expand_dims(cols, 0)
+    ptrs = (
+        base + gl.expand_dims((start + rows).to(gl.int64), 1) * stride_row + gl.expand_dims(cols, 0)
+    )
     if ADD:
         gl.atomic_add(ptrs, x, mask=ok, sem="relaxed")
     else:
@@ -110,15 +123,24 @@ def rows_descriptor(t: torch.Tensor, varlen: bool, block: list[int]):
     return TensorDescriptor(t, [rows, heads * d], [stride, 1], block, layout)
 
 
-def sm90_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-                     varlen: bool, block_m: int, block_n: int) -> tuple | None:
+def sm90_descriptors(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    varlen: bool,
+    block_m: int,
+    block_n: int,
+) -> tuple | None:
     """The kernels' four TMA descriptors (Q, K, V, dO with ``[block, D]`` tiles), or ``None``
     when a tensor cannot be read as rows or the inputs are not 16-bit (the kernels' shared
     memory is planned for bf16 / f16 tiles)."""
     if q.dtype not in (torch.bfloat16, torch.float16):
         return None
-    descs = tuple(rows_descriptor(t, varlen, [block, t.shape[-1]])
-                  for t, block in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m)))
+    descs = tuple(
+        rows_descriptor(t, varlen, [block, t.shape[-1]])
+        for t, block in ((q, block_m), (k, block_n), (v, block_n), (grad_out, block_m))
+    )
     return None if any(d is None for d in descs) else descs
 
 

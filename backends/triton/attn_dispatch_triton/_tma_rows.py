@@ -39,7 +39,13 @@ def rows_view(t: torch.Tensor, varlen: bool) -> tuple[int, int] | None:
         tokens = batch * seqlen
         if batch > 1 and stride_b != seqlen * stride_s:
             return None
-    if (t.numel() == 0 or stride_d != 1 or stride_h != d or stride_s <= 0 or t.data_ptr() % 16
-            or stride_s * t.element_size() % 16):
+    if (
+        t.numel() == 0
+        or stride_d != 1
+        or stride_h != d
+        or stride_s <= 0
+        or t.data_ptr() % 16
+        or stride_s * t.element_size() % 16
+    ):
         return None
     return tokens, stride_s

@@ -20,16 +20,27 @@ from ._launcher import BackwardLaunch
 __all__ = ["BackwardLaunch", "attention_backward"]
 
 
-def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                       lse: torch.Tensor, grad_out: torch.Tensor, *, causal: bool,
-                       bottom_right: bool, scale: float,
-                       cu_seqlens_q: torch.Tensor | None = None,
-                       cu_seqlens_k: torch.Tensor | None = None,
-                       max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                       config: dict | None = None, dq: torch.Tensor | None = None,
-                       dk: torch.Tensor | None = None, dv: torch.Tensor | None = None,
-                       atomic_dq: bool = False,
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    *,
+    causal: bool,
+    bottom_right: bool,
+    scale: float,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    config: dict | None = None,
+    dq: torch.Tensor | None = None,
+    dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+    atomic_dq: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` of attention, shaped and typed like ``(q, k, v)``.
 
     ``config`` maps kernel names ("pre", "dkdv", "dq"; "dkdvq", "cvt" with ``atomic_dq``) to
@@ -42,9 +53,23 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     planned = config is None and q.is_cuda and _plan.plans_enabled()
     if planned and not _plan.hooks_installed():
         q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
-        key, values = _signature(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k,
-                                 max_seqlen_q, max_seqlen_k, dq, dk, dv, scale,
-                                 (causal, bottom_right, atomic_dq))
+        key, values = _signature(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            grad_out,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            dq,
+            dk,
+            dv,
+            scale,
+            (causal, bottom_right, atomic_dq),
+        )
         plan = _plan.get(key)
         if plan is not False:
             dq = torch.empty_like(q) if dq is None else dq
@@ -57,18 +82,32 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         recorder = _plan.Recorder()
     else:
         recorder = None
-    launch = BackwardLaunch(q, k, v, out, lse, grad_out, causal=causal,
-                            bottom_right=bottom_right, scale=scale, cu_seqlens_q=cu_seqlens_q,
-                            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                            max_seqlen_k=max_seqlen_k, dq=dq, dk=dk, dv=dv,
-                            atomic_dq=atomic_dq, recorder=recorder)
+    launch = BackwardLaunch(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out,
+        causal=causal,
+        bottom_right=bottom_right,
+        scale=scale,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        atomic_dq=atomic_dq,
+        recorder=recorder,
+    )
     if launch.batch * launch.heads == 0 or q.numel() == 0 and k.numel() == 0:
         return launch.dq.zero_(), launch.dk.zero_(), launch.dv.zero_()
     if config is None:
         from .tuning import get_backward_config
 
-        config = get_backward_config(q.device, launch.d, causal, launch.group,
-                                     launch.seqlen_k)
+        config = get_backward_config(q.device, launch.d, causal, launch.group, launch.seqlen_k)
     grads = launch.run(config)
     if recorder is not None:
         plan = recorder.plan(launch.plan_extra)
@@ -77,8 +116,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     return grads
 
 
-def _signature(q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_seqlen_k, dq, dk, dv,
-               scale, flags) -> tuple[tuple, list]:
+def _signature(
+    q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_seqlen_k, dq, dk, dv, scale, flags
+) -> tuple[tuple, list]:
     """The plan key of a call (everything the kernels specialize on) and its per-call values.
 
     Shapes, strides and dtypes of every tensor, 16-byte alignment of every pointer, flags,
@@ -87,9 +127,19 @@ def _signature(q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_seqlen
     values = [None] * _plan.N_VALUES
     sig = []
     align = 0
-    for index, t in ((_plan.Q, q), (_plan.K, k), (_plan.V, v), (_plan.OUT, out),
-                     (_plan.LSE, lse), (_plan.DO, grad_out), (_plan.CU_Q, cu_q),
-                     (_plan.CU_K, cu_k), (_plan.DQ, dq), (_plan.DK, dk), (_plan.DV, dv)):
+    for index, t in (
+        (_plan.Q, q),
+        (_plan.K, k),
+        (_plan.V, v),
+        (_plan.OUT, out),
+        (_plan.LSE, lse),
+        (_plan.DO, grad_out),
+        (_plan.CU_Q, cu_q),
+        (_plan.CU_K, cu_k),
+        (_plan.DQ, dq),
+        (_plan.DK, dk),
+        (_plan.DV, dv),
+    ):
         if t is None:
             sig.append(None)
             continue

@@ -39,9 +39,29 @@ from ._common import (
 
 
 @triton.jit
-def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, lo, hi, offs_m, off,
-                    k_len, qk_scale, D, DV, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _attn_fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_ks,
+    stride_vs,
+    lo,
+    hi,
+    offs_m,
+    off,
+    k_len,
+    qk_scale,
+    D,
+    DV,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     """Accumulate key blocks [lo, hi) into (acc, l_i, m_i); MASKED applies bounds + causal."""
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -49,8 +69,15 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, lo, 
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + offs_n0
         # -- s = q k^T, in the log2 domain
-        k = load_tile(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], offs_n, k_len,
-                      offs_d, D, MASKED, BLOCK_D != D)
+        k = load_tile(
+            k_base + offs_n[:, None] * stride_ks + offs_d[None, :],
+            offs_n,
+            k_len,
+            offs_d,
+            D,
+            MASKED,
+            BLOCK_D != D,
+        )
         qk = tl.dot(q, tl.trans(k)) * qk_scale
         if MASKED:
             keep = offs_n[None, :] < k_len
@@ -64,23 +91,59 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, lo, 
         alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- o += p v
-        v = load_tile(v_base + offs_n[:, None] * stride_vs + offs_dv[None, :], offs_n, k_len,
-                      offs_dv, DV, MASKED, BLOCK_DV != DV)
+        v = load_tile(
+            v_base + offs_n[:, None] * stride_vs + offs_dv[None, :],
+            offs_n,
+            k_len,
+            offs_dv,
+            DV,
+            MASKED,
+            BLOCK_DV != DV,
+        )
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "heads", "group"])
-def _attn_fwd(Q, K, V, Out, Lse, CU_Q, CU_K,
-              stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-              stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
-              stride_lb, stride_lh, stride_ls,
-              seqlen_q, seqlen_k, heads, group, qk_scale,
-              D: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr,
-              BOTTOM_RIGHT: tl.constexpr, IS_VARLEN: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _attn_fwd(
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+    CU_Q,
+    CU_K,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    seqlen_q,
+    seqlen_k,
+    heads,
+    group,
+    qk_scale,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // heads
@@ -100,8 +163,15 @@ def _attn_fwd(Q, K, V, Out, Lse, CU_Q, CU_K,
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q = load_tile(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], offs_m, q_len,
-                  offs_d, D, True, BLOCK_D != D)
+    q = load_tile(
+        q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
+        offs_m,
+        q_len,
+        offs_d,
+        D,
+        True,
+        BLOCK_D != D,
+    )
 
     # Key ranges: [0, full_hi) needs no mask; [full_hi, hi) is the diagonal / partial tail.
     off = causal_offset(q_len, k_len, BOTTOM_RIGHT)
@@ -115,30 +185,86 @@ def _attn_fwd(Q, K, V, Out, Lse, CU_Q, CU_K,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs,
-                                    0, full_hi, offs_m, off, k_len, qk_scale, D, DV,
-                                    False, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs,
-                                    full_hi, hi, offs_m, off, k_len, qk_scale, D, DV,
-                                    True, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_ks,
+        stride_vs,
+        0,
+        full_hi,
+        offs_m,
+        off,
+        k_len,
+        qk_scale,
+        D,
+        DV,
+        False,
+        CAUSAL,
+        BLOCK_N,
+        BLOCK_D,
+        BLOCK_DV,
+    )
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_ks,
+        stride_vs,
+        full_hi,
+        hi,
+        offs_m,
+        off,
+        k_len,
+        qk_scale,
+        D,
+        DV,
+        True,
+        CAUSAL,
+        BLOCK_N,
+        BLOCK_D,
+        BLOCK_DV,
+    )
 
     # Epilogue: normalise; rows that saw no key get out = 0 and lse = -inf.
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    store_tile(o_base + offs_m[:, None] * stride_os + offs_dv[None, :],
-               out.to(Out.dtype.element_ty), offs_m, q_len, offs_dv, DV, BLOCK_DV != DV)
+    store_tile(
+        o_base + offs_m[:, None] * stride_os + offs_dv[None, :],
+        out.to(Out.dtype.element_ty),
+        offs_m,
+        q_len,
+        offs_dv,
+        DV,
+        BLOCK_DV != DV,
+    )
     tl.store(l_base + offs_m * stride_ls, lse, mask=offs_m < q_len)
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                      bottom_right: bool, scale: float,
-                      cu_seqlens_q: torch.Tensor | None = None,
-                      cu_seqlens_k: torch.Tensor | None = None,
-                      max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                      config: dict | None = None, out: torch.Tensor | None = None,
-                      lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    bottom_right: bool,
+    scale: float,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel; returns ``(out, lse)`` in our layout (BSHD / THD, lse fp32).
 
     ``config`` holds BLOCK_M, BLOCK_N, num_warps, num_stages (default: the tuning table).
@@ -169,12 +295,33 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     cu_k = cu_seqlens_k if varlen else q
     grid = (triton.cdiv(max(seqlen_q, 1), block_m), batch * heads)
     _attn_fwd[grid](
-        q, k, v, out, lse, cu_q, cu_k,
-        *token_strides(q, varlen), *token_strides(k, varlen), *token_strides(v, varlen),
-        *token_strides(out, varlen), *lse_strides(lse, varlen),
-        seqlen_q, seqlen_k, heads, heads // kv_heads, scale * LOG2E,
-        D=d, DV=dv, CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=padded_dim(d), BLOCK_DV=padded_dim(dv),
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_q,
+        cu_k,
+        *token_strides(q, varlen),
+        *token_strides(k, varlen),
+        *token_strides(v, varlen),
+        *token_strides(out, varlen),
+        *lse_strides(lse, varlen),
+        seqlen_q,
+        seqlen_k,
+        heads,
+        heads // kv_heads,
+        scale * LOG2E,
+        D=d,
+        DV=dv,
+        CAUSAL=causal,
+        BOTTOM_RIGHT=bottom_right,
+        IS_VARLEN=varlen,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=padded_dim(d),
+        BLOCK_DV=padded_dim(dv),
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
     )
     return out, lse

@@ -45,16 +45,24 @@ def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
     condition), read from metadata: no triton import."""
     from ._tma_rows import gluon_triton_installed, rows_view
 
-    return (inp.head_dim == inp.head_dim_v == 128 and gluon_triton_installed()
-            and all(rows_view(t, inp.is_varlen) is not None
-                    for t in (inp.q, inp.k, inp.v, inp.grad_out)))
+    return (
+        inp.head_dim == inp.head_dim_v == 128
+        and gluon_triton_installed()
+        and all(
+            rows_view(t, inp.is_varlen) is not None for t in (inp.q, inp.k, inp.v, inp.grad_out)
+        )
+    )
 
 
 def small_dense_causal_mha(inp: ad.ForwardInputs) -> bool:
     """A dense causal MHA call with B*H <= ``SMALL_CAUSAL_MHA_HEADS``: the case where a triton
     implementation outranks cuDNN on sm_90 at some key lengths."""
-    return (inp.causal and not inp.is_varlen and inp.heads == inp.kv_heads
-            and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS)
+    return (
+        inp.causal
+        and not inp.is_varlen
+        and inp.heads == inp.kv_heads
+        and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS
+    )
 
 
 def in_gluon_causal_mha_range(inp: ad.ForwardInputs) -> bool:
@@ -70,8 +78,11 @@ def triton_missing() -> str | None:
         if reason is None:
             return None
         reasons.append(reason)
-    return reasons[0] if all("not installed" in r for r in reasons[1:]) else "; ".join(
-        r for r in reasons if "not installed" not in r)
+    return (
+        reasons[0]
+        if all("not installed" in r for r in reasons[1:])
+        else "; ".join(r for r in reasons if "not installed" not in r)
+    )
 
 
 class Fused(ad.Implementation):
@@ -94,8 +105,9 @@ class Fused(ad.Implementation):
         missing = triton_missing()
         reasons = [missing] if missing else []
         if inp.batch * inp.heads > MAX_GRID_Y:
-            reasons.append(f"batch*heads={inp.batch * inp.heads}: needs at most {MAX_GRID_Y} "
-                           "(one grid axis)")
+            reasons.append(
+                f"batch*heads={inp.batch * inp.heads}: needs at most {MAX_GRID_Y} (one grid axis)"
+            )
         return reasons
 
     def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
@@ -104,21 +116,33 @@ class Fused(ad.Implementation):
         dK/dV, 49 us against cuDNN's 57 us; 4K and 8K when the Gluon kernels run, 217 / 727 us
         against 269 / 756 us; docs/benchmarks.md); the arch's priority elsewhere."""
         base = self.priority_for(arch)
-        if (type(self) is Fused and isinstance(inp, ad.BackwardInputs)
-                and arch.name == "sm_90" and small_dense_causal_mha(inp)
-                and 64 < inp.head_dim <= 128
-                and (inp.seqlen_k <= SMALL_CAUSAL_MHA_SK
-                     or in_gluon_causal_mha_range(inp) and gluon_kernels_apply(inp))):
+        if (
+            type(self) is Fused
+            and isinstance(inp, ad.BackwardInputs)
+            and arch.name == "sm_90"
+            and small_dense_causal_mha(inp)
+            and 64 < inp.head_dim <= 128
+            and (
+                inp.seqlen_k <= SMALL_CAUSAL_MHA_SK
+                or in_gluon_causal_mha_range(inp)
+                and gluon_kernels_apply(inp)
+            )
+        ):
             return SMALL_CAUSAL_MHA_PRIORITY
         return base
 
     @staticmethod
     def _flags(inp: ad.ForwardInputs) -> dict:
-        flags = dict(causal=inp.causal, bottom_right=inp.causal_align == "bottom_right",
-                     scale=inp.scale)
+        flags = dict(
+            causal=inp.causal, bottom_right=inp.causal_align == "bottom_right", scale=inp.scale
+        )
         if inp.is_varlen:
-            flags.update(cu_seqlens_q=inp.cu_seqlens_q, cu_seqlens_k=inp.cu_seqlens_k,
-                         max_seqlen_q=inp.max_seqlen_q, max_seqlen_k=inp.max_seqlen_k)
+            flags.update(
+                cu_seqlens_q=inp.cu_seqlens_q,
+                cu_seqlens_k=inp.cu_seqlens_k,
+                max_seqlen_q=inp.max_seqlen_q,
+                max_seqlen_k=inp.max_seqlen_k,
+            )
         return flags
 
     def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,8 +155,16 @@ class Fused(ad.Implementation):
         """``(dq, dk, dv)`` from the caller's out and lse."""
         from .backward import attention_backward
 
-        dq, dk, dv = attention_backward(inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out,
-                                        **self._flags(inp), atomic_dq=self.atomic_dq)
+        dq, dk, dv = attention_backward(
+            inp.q,
+            inp.k,
+            inp.v,
+            inp.out,
+            inp.lse,
+            inp.grad_out,
+            **self._flags(inp),
+            atomic_dq=self.atomic_dq,
+        )
         return ad.Gradients(dq, dk, dv)
 
 

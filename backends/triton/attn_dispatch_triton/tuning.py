@@ -76,9 +76,16 @@ _GENERIC = {
 
 _TABLES: dict[str, dict[str, dict[str, Config]]] = {
     # Interpreter on the CPU: small tiles so tests cross several tiles and the diagonal.
-    "cpu": {"*": {"fwd": _cfg(16, 16, 4, 1), "pre": _cfg(16, 0, 4, 1),
-                  "dkdv": _cfg(16, 16, 4, 1), "dq": _cfg(16, 16, 4, 1),
-                  "dkdvq": _cfg(16, 16, 4, 1), "cvt": _cfg(16, 0, 4, 1)}},
+    "cpu": {
+        "*": {
+            "fwd": _cfg(16, 16, 4, 1),
+            "pre": _cfg(16, 0, 4, 1),
+            "dkdv": _cfg(16, 16, 4, 1),
+            "dq": _cfg(16, 16, 4, 1),
+            "dkdvq": _cfg(16, 16, 4, 1),
+            "cvt": _cfg(16, 0, 4, 1),
+        }
+    },
     # sm_90: measured on an NVIDIA H200; the figures behind each entry are in
     # docs/backends/triton.md and docs/experiments.md. LOAD_TMA: the tl loops' tiles by TMA copies
     # (pays for dK/dV; for dQ only at GQA causal short).
@@ -86,9 +93,13 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # GLUON: the warp-specialised Gluon kernels (ring of 2) win from 2K keys up; with few
         # programs (MHA 1K-2K) they lose, so those classes keep the tl kernels (but for dK/dV
         # at MHA 2K causal).
-        "*": {"fwd": _cfg(128, 64, 8, 3), "pre": _PRE,
-              "dkdv": _gluon(_tma(64, 128, 8, 3)), "dq": _gluon(_cfg(128, 64, 8, 3)),
-              "dkdvq": _gluon_atomic()},
+        "*": {
+            "fwd": _cfg(128, 64, 8, 3),
+            "pre": _PRE,
+            "dkdv": _gluon(_tma(64, 128, 8, 3)),
+            "dq": _gluon(_cfg(128, 64, 8, 3)),
+            "dkdvq": _gluon_atomic(),
+        },
         # DP_FIRST (tl dK/dV): faster without a causal mask and at MHA 1K causal; slower with
         # the 64x128 causal tiles (Sk > 2048), which keep the other order.
         "d128-full-gqa": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
@@ -96,29 +107,32 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # Sk > 2048 without a mask: a 4-stage tl dQ; fused-atomic: the units past the last
         # whole wave in at most 16 slices (TAIL_SLICES; the launcher's 64-step minimum keeps
         # MHA's short units whole). Unmeasured at 2K < Sk <= 4K, so off there.
-        "d128-full-gqa-long": {"dq": _gluon(_cfg(128, 64, 8, 4)),
-                               "dkdvq": _gluon_atomic(TAIL_SLICES=16)},
+        "d128-full-gqa-long": {
+            "dq": _gluon(_cfg(128, 64, 8, 4)),
+            "dkdvq": _gluon_atomic(TAIL_SLICES=16),
+        },
         "d128-full-gqa-long-4k": {"dkdvq": _gluon_atomic(TAIL_SLICES=0)},
         "d128-full-mha-long": {"dq": _gluon(_cfg(128, 64, 8, 4))},
         # Sk <= 2048: the tile sizes bench_kernels.py --shapes short picked per class
-        "d128-full-mha-short": {"dkdv": _dp_first(_cfg(32, 64, 4, 3)),
-                                "dq": _cfg(128, 64, 8, 3)},
+        "d128-full-mha-short": {"dkdv": _dp_first(_cfg(32, 64, 4, 3)), "dq": _cfg(128, 64, 8, 3)},
         # MHA 2K: 16 key blocks of 128 per head fill the SMs (8 at 1K do not); the Gluon dK/dV
         # is not faster here
         "d128-full-mha-short-2k": {"dkdv": _dp_first(_tma(64, 128, 8, 3))},
         "d128-full-gqa-short": {"dq": {**_gluon(_cfg(128, 64, 8, 3)), "CONCURRENT_MAX_SK": 1024}},
-        "d128-causal-gqa-short": {"dkdv": _gluon(_tma(64, 128, 8, 3)),
-                                  "dq": {**_gluon(_cfg(128, 64, 8, 3)),
-                                         "CONCURRENT_MAX_SK": 2048}},
-        "d128-causal-mha-short": {"dkdv": _dp_first(_tma(32, 64, 4, 4)),
-                                  "dq": {**_cfg(64, 64, 4, 3), "CONCURRENT_MAX_SK": 2048}},
+        "d128-causal-gqa-short": {
+            "dkdv": _gluon(_tma(64, 128, 8, 3)),
+            "dq": {**_gluon(_cfg(128, 64, 8, 3)), "CONCURRENT_MAX_SK": 2048},
+        },
+        "d128-causal-mha-short": {
+            "dkdv": _dp_first(_tma(32, 64, 4, 4)),
+            "dq": {**_cfg(64, 64, 4, 3), "CONCURRENT_MAX_SK": 2048},
+        },
         "d128-causal-mha-short-2k": {"dkdv": _gluon(_dp_first(_tma(64, 128, 8, 3)))},
         # MHA 1K causal is host-bound: TMA descriptors cost more host time than they save on
         # the GPU, so pointer loads.
         "d128-causal-mha-short-1k": {"dkdv": _dp_first(_cfg(32, 64, 4, 4))},
         # dQ beside dK/dV on a side stream (CONCURRENT_MAX_SK)
-        "d128-causal-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 3)),
-                                        "CONCURRENT_MAX_SK": 8192}},
+        "d128-causal-gqa-long": {"dq": {**_gluon(_cfg(128, 64, 8, 3)), "CONCURRENT_MAX_SK": 8192}},
         # GQA 4K and 8K causal, fused-atomic: split 4, launched in windows of one kv head
         # (its 4 slices' programs together, key block by key block), so the heavy programs of
         # the last heads do not start last; 16K keeps the natural order.
@@ -127,31 +141,47 @@ _TABLES: dict[str, dict[str, dict[str, Config]]] = {
         # launch reads one buffer, not 4 (it pays only with windows, whose slices run together)
         "d128-causal-gqa-long-8k": {"dkdvq": _gluon_atomic(SPLIT=4, WINDOW=1, SPLIT_ADD=1)},
         # MHA causal, long: few heads, so the heaviest programs first balance the SMs
-        "d128-causal-mha-long": {"dkdv": _gluon({**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1}),
-                                 "dq": _gluon({**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}),
-                                 "dkdvq": _gluon_atomic(HEAVY_FIRST=1)},
+        "d128-causal-mha-long": {
+            "dkdv": _gluon({**_tma(64, 128, 8, 3), "HEAVY_FIRST": 1}),
+            "dq": _gluon({**_cfg(128, 64, 8, 3), "HEAVY_FIRST": 1}),
+            "dkdvq": _gluon_atomic(HEAVY_FIRST=1),
+        },
         # dkdvq (triton:fused_atomic): GQA slices per program and launch order per class:
         # causal GQA split 4 (heaviest first at 1K-2K), GQA 1K split 2
-        "d128-full-gqa-short-1k": {"dkdv": _dp_first(_tma(64, 128, 8, 3)),
-                                   "dkdvq": _gluon_atomic(SPLIT=2)},
+        "d128-full-gqa-short-1k": {
+            "dkdv": _dp_first(_tma(64, 128, 8, 3)),
+            "dkdvq": _gluon_atomic(SPLIT=2),
+        },
         "d128-causal-gqa": {"dkdvq": _gluon_atomic(SPLIT=4)},
         "d128-causal-gqa-short-2k": {"dkdvq": _gluon_atomic(SPLIT=4, HEAVY_FIRST=1)},
         "d128-causal-gqa-short-1k": {"dkdvq": _gluon_atomic(SPLIT=4, HEAVY_FIRST=1)},
     },
     "sm_80": {
-        "*": {"fwd": _cfg(128, 64, 4, 3), "pre": _PRE,
-              "dkdv": _cfg(32, 128, 8, 2), "dq": _cfg(128, 32, 8, 2),
-              "dkdvq": _cfg(32, 128, 8, 2)},
+        "*": {
+            "fwd": _cfg(128, 64, 4, 3),
+            "pre": _PRE,
+            "dkdv": _cfg(32, 128, 8, 2),
+            "dq": _cfg(128, 32, 8, 2),
+            "dkdvq": _cfg(32, 128, 8, 2),
+        },
     },
     "gfx942": {
-        "*": {"fwd": _cfg(128, 64, 4, 1), "pre": _PRE,
-              "dkdv": _cfg(32, 128, 4, 1), "dq": _cfg(128, 32, 4, 1),
-              "dkdvq": _cfg(32, 128, 4, 1)},
+        "*": {
+            "fwd": _cfg(128, 64, 4, 1),
+            "pre": _PRE,
+            "dkdv": _cfg(32, 128, 4, 1),
+            "dq": _cfg(128, 32, 4, 1),
+            "dkdvq": _cfg(32, 128, 4, 1),
+        },
     },
     "gfx950": {
-        "*": {"fwd": _cfg(128, 64, 4, 1), "pre": _PRE,
-              "dkdv": _cfg(64, 128, 8, 1), "dq": _cfg(128, 64, 8, 1),
-              "dkdvq": _cfg(64, 128, 8, 1)},
+        "*": {
+            "fwd": _cfg(128, 64, 4, 1),
+            "pre": _PRE,
+            "dkdv": _cfg(64, 128, 8, 1),
+            "dq": _cfg(128, 64, 8, 1),
+            "dkdvq": _cfg(64, 128, 8, 1),
+        },
     },
 }
 
@@ -165,8 +195,7 @@ SHORT_SPLIT = 1024
 LONG_SPLIT = 4096
 LONG_SPLIT_8K = 8192
 # The finer length buckets: (largest Sk, key suffix); longer sequences have none.
-_FINE_BUCKETS = ((SHORT_SPLIT, "1k"), (SHORT_SEQ, "2k"), (LONG_SPLIT, "4k"),
-                 (LONG_SPLIT_8K, "8k"))
+_FINE_BUCKETS = ((SHORT_SPLIT, "1k"), (SHORT_SEQ, "2k"), (LONG_SPLIT, "4k"), (LONG_SPLIT_8K, "8k"))
 
 
 def shape_class(head_dim: int, causal: bool, group: int, seqlen_k: int | None = None) -> str:
@@ -241,8 +270,9 @@ def _table_for(arch: str) -> dict[str, dict[str, Config]]:
 
 
 @functools.cache
-def lookup(arch: str, head_dim: int, causal: bool, group: int,
-           seqlen_k: int = 1 << 30) -> dict[str, Config]:
+def lookup(
+    arch: str, head_dim: int, causal: bool, group: int, seqlen_k: int = 1 << 30
+) -> dict[str, Config]:
     """All four kernel configs for one arch and shape class (memoised).
 
     Entries override each other from general to specific (:func:`lookup_keys`) in the table,
@@ -293,13 +323,15 @@ def trial(arch: str, key: str, configs: dict[str, Config]) -> Iterator[None]:
         _forget_choices()
 
 
-def trial_with(arch: str, kernel: str, head_dim: int, causal: bool, group: int, seqlen_k: int,
-               **keys: int) -> contextlib.AbstractContextManager[None]:
+def trial_with(
+    arch: str, kernel: str, head_dim: int, causal: bool, group: int, seqlen_k: int, **keys: int
+) -> contextlib.AbstractContextManager[None]:
     """A :func:`trial` of one shape's ``kernel`` config as looked up now, with ``keys``
     changed, at the shape's most specific class key (for timing one change to an entry)."""
     base = lookup(arch, head_dim, causal, group, _bucket(seqlen_k))[kernel]
-    return trial(arch, lookup_keys(head_dim, causal, group, seqlen_k)[-1],
-                 {kernel: {**base, **keys}})
+    return trial(
+        arch, lookup_keys(head_dim, causal, group, seqlen_k)[-1], {kernel: {**base, **keys}}
+    )
 
 
 def _bucket(seqlen_k: int) -> int:
@@ -310,14 +342,21 @@ def _bucket(seqlen_k: int) -> int:
     return 1 << 30
 
 
-def get_config(kernel: str, device: torch.device, head_dim: int, causal: bool, group: int,
-               seqlen_k: int = 1 << 30) -> Config:
+def get_config(
+    kernel: str,
+    device: torch.device,
+    head_dim: int,
+    causal: bool,
+    group: int,
+    seqlen_k: int = 1 << 30,
+) -> Config:
     """The configuration of one kernel."""
     return lookup(_arch_of(device), head_dim, causal, group, _bucket(seqlen_k))[kernel]
 
 
-def get_backward_config(device: torch.device, head_dim: int, causal: bool, group: int,
-                        seqlen_k: int = 1 << 30) -> dict[str, Config]:
+def get_backward_config(
+    device: torch.device, head_dim: int, causal: bool, group: int, seqlen_k: int = 1 << 30
+) -> dict[str, Config]:
     """The configurations of the three backward kernels."""
     return lookup(_arch_of(device), head_dim, causal, group, _bucket(seqlen_k))
 

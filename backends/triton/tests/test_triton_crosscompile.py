@@ -37,13 +37,21 @@ TARGETS = {
     "gfx942": (GPUTarget("hip", "gfx942", 64), "amdgcn", "v_mfma", 65536),
     "gfx950": (GPUTarget("hip", "gfx950", 64), "amdgcn", "v_mfma", 163840),
 }
-KERNELS = {"fwd": _attn_fwd, "pre": _attn_bwd_preprocess, "dkdv": _attn_bwd_dkdv,
-           "dq": _attn_bwd_dq, "dkdvq": _attn_bwd_dkdv, "cvt": _attn_bwd_dq_convert}
+KERNELS = {
+    "fwd": _attn_fwd,
+    "pre": _attn_bwd_preprocess,
+    "dkdv": _attn_bwd_dkdv,
+    "dq": _attn_bwd_dq,
+    "dkdvq": _attn_bwd_dkdv,
+    "cvt": _attn_bwd_dq_convert,
+}
 NO_MMA = {"pre", "cvt"}  # a reduction and an elementwise pass: no matrix product
 # fp32 atomic adds in the fused-atomic dK/dV/dQ kernel: a PTX atom/red instruction (not a
 # bar.red), an AMDGPU global or buffer fp32 atomic add.
-ATOMICS = {"ptx": re.compile(r"(?<![.\w])(?:red|atom)\.[\w.]*add[\w.]*f32"),
-           "amdgcn": re.compile(r"\b(?:global|buffer)_atomic_add_f32\b")}
+ATOMICS = {
+    "ptx": re.compile(r"(?<![.\w])(?:red|atom)\.[\w.]*add[\w.]*f32"),
+    "amdgcn": re.compile(r"\b(?:global|buffer)_atomic_add_f32\b"),
+}
 TMA_REDUCE = "cp.reduce.async.bulk.tensor"  # Hopper: dQ tiles added by TMA reductions
 FLOAT_POINTERS = {"Lse", "Lse2", "Delta", "DQA", "ACC"}
 INT_POINTERS = {"CU_Q", "CU_K"}
@@ -57,9 +65,19 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int = 128,
-                   causal: bool = True, bottom_right: bool = False, varlen: bool = False,
-                   group: int = 8, seqlen_k: int = 1 << 30, cfg: dict | None = None):
+def compile_kernel(
+    kernel_name: str,
+    arch: str,
+    *,
+    dtype: str = "bf16",
+    d: int = 128,
+    causal: bool = True,
+    bottom_right: bool = False,
+    varlen: bool = False,
+    group: int = 8,
+    seqlen_k: int = 1 << 30,
+    cfg: dict | None = None,
+):
     """Compile one kernel as the launcher would launch it (with the tuning table's
     configuration unless ``cfg`` is given); returns the compiled kernel."""
     target = TARGETS[arch][0]
@@ -67,17 +85,27 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
     cfg = cfg or lookup(arch, d, causal, group, seqlen_k)[kernel_name]
     load_tma = bool(cfg.get("LOAD_TMA")) and arch == "sm_90"
     tile_rows = cfg["BLOCK_M"] if kernel_name.startswith("dkdv") else cfg["BLOCK_N"]
-    consts = {"D": d, "DV": d, "CAUSAL": causal, "BOTTOM_RIGHT": bottom_right,
-              "IS_VARLEN": varlen, "ATOMIC_DQ": kernel_name == "dkdvq",
-              "DQ_TMA": kernel_name == "dkdvq" and bool(cfg.get("TMA")),
-              "HEAVY_FIRST": causal and bool(cfg.get("HEAVY_FIRST", 0)),
-              "DP_FIRST": bool(cfg.get("DP_FIRST", 0)),
-              "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"],
-              "BLOCK_D": padded_dim(d), "BLOCK_DV": padded_dim(d), "LOAD_TMA": load_tma,
-              # the convert pass after the Gluon fused-atomic kernel (sm_90, D = 128) reads
-              # the scratch in WIDE_STORE's column order
-              "WIDE_STORE": arch == "sm_90" and d == 128 and bool(
-                  lookup(arch, d, causal, group, seqlen_k)["dkdvq"].get("WIDE_STORE"))}
+    consts = {
+        "D": d,
+        "DV": d,
+        "CAUSAL": causal,
+        "BOTTOM_RIGHT": bottom_right,
+        "IS_VARLEN": varlen,
+        "ATOMIC_DQ": kernel_name == "dkdvq",
+        "DQ_TMA": kernel_name == "dkdvq" and bool(cfg.get("TMA")),
+        "HEAVY_FIRST": causal and bool(cfg.get("HEAVY_FIRST", 0)),
+        "DP_FIRST": bool(cfg.get("DP_FIRST", 0)),
+        "BLOCK_M": cfg["BLOCK_M"],
+        "BLOCK_N": cfg["BLOCK_N"],
+        "BLOCK_D": padded_dim(d),
+        "BLOCK_DV": padded_dim(d),
+        "LOAD_TMA": load_tma,
+        # the convert pass after the Gluon fused-atomic kernel (sm_90, D = 128) reads
+        # the scratch in WIDE_STORE's column order
+        "WIDE_STORE": arch == "sm_90"
+        and d == 128
+        and bool(lookup(arch, d, causal, group, seqlen_k)["dkdvq"].get("WIDE_STORE")),
+    }
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
@@ -91,17 +119,20 @@ def compile_kernel(kernel_name: str, arch: str, *, dtype: str = "bf16", d: int =
             signature[name] = "fp32"
         elif name.startswith(("stride_", "seqlen_")) or name in ("heads", "kv_heads", "group"):
             signature[name] = "i32"
-            if name.startswith("stride_") and name[-1] in "bsh" and not (varlen and
-                                                                            name[-1] == "b"):
+            if (
+                name.startswith("stride_")
+                and name[-1] in "bsh"
+                and not (varlen and name[-1] == "b")
+            ):
                 attrs[(i,)] = [["tt.divisibility", 16]]  # strides of a multiple-of-16 head dim
         else:
             kind = "fp32" if name in FLOAT_POINTERS else "i32" if name in INT_POINTERS else dtype
             signature[name] = f"*{kind}"
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=target, options={"num_warps": cfg["num_warps"],
-                                                       "num_stages": cfg["num_stages"]})
-
+    return triton.compile(
+        src, target=target, options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    )
 
 
 def _check(compiled, kernel_name: str, arch: str) -> None:
@@ -111,10 +142,11 @@ def _check(compiled, kernel_name: str, arch: str) -> None:
         assert mma in asm, f"{kernel_name} on {arch}: no {mma} in the {asm_key}"
     has_atomic = ATOMICS[asm_key].search(asm) is not None or TMA_REDUCE in asm
     assert has_atomic == (kernel_name == "dkdvq"), (
-        f"{kernel_name} on {arch}: atomics in the {asm_key}: {has_atomic}")
+        f"{kernel_name} on {arch}: atomics in the {asm_key}: {has_atomic}"
+    )
     assert compiled.metadata.shared <= smem_budget, (
-        f"{kernel_name} on {arch} needs {compiled.metadata.shared} B shared memory "
-        f"> {smem_budget}")
+        f"{kernel_name} on {arch} needs {compiled.metadata.shared} B shared memory > {smem_budget}"
+    )
     binary = "cubin" if asm_key == "ptx" else "hsaco"
     assert len(compiled.asm[binary]) > 0
 
@@ -128,16 +160,37 @@ def test_triton_kernel_compiles(kernel_name: str, arch: str) -> None:
 
 
 @pytest.mark.parametrize("kernel_name", ["dkdv", "dq"])
-@pytest.mark.parametrize(("causal", "group", "seqlen_k"),
-                         [(False, 1, 1024), (False, 1, 2048), (False, 1, 4096), (False, 8, 4096),
-                          (True, 8, 1024), (True, 1, 1024), (True, 1, 2048), (True, 1, 4096)],
-                         ids=["mha-1k", "mha-2k", "mha-long", "gqa-long", "causal-gqa-short",
-                              "causal-mha-1k", "causal-mha-2k", "causal-mha-long"])
+@pytest.mark.parametrize(
+    ("causal", "group", "seqlen_k"),
+    [
+        (False, 1, 1024),
+        (False, 1, 2048),
+        (False, 1, 4096),
+        (False, 8, 4096),
+        (True, 8, 1024),
+        (True, 1, 1024),
+        (True, 1, 2048),
+        (True, 1, 4096),
+    ],
+    ids=[
+        "mha-1k",
+        "mha-2k",
+        "mha-long",
+        "gqa-long",
+        "causal-gqa-short",
+        "causal-mha-1k",
+        "causal-mha-2k",
+        "causal-mha-long",
+    ],
+)
 def test_triton_sm90_table_entries_compile(kernel_name, causal, group, seqlen_k) -> None:
     """The sm_90 table's per-class entries (short tiles, heaviest-first order, dP first,
     4-stage dQ) compile."""
-    _check(compile_kernel(kernel_name, "sm_90", causal=causal, group=group, seqlen_k=seqlen_k),
-           kernel_name, "sm_90")
+    _check(
+        compile_kernel(kernel_name, "sm_90", causal=causal, group=group, seqlen_k=seqlen_k),
+        kernel_name,
+        "sm_90",
+    )
 
 
 @pytest.mark.parametrize("kernel_name", ["dkdv", "dq"])
@@ -151,8 +204,13 @@ def test_triton_tma_tile_loads_compile_sm90(kernel_name: str, varlen: bool) -> N
 
 
 def test_triton_dkdv_compiles_varlen_f16_d64_sm90() -> None:
-    _check(compile_kernel("dkdv", "sm_90", dtype="fp16", d=64, causal=True, bottom_right=True,
-                          varlen=True), "dkdv", "sm_90")
+    _check(
+        compile_kernel(
+            "dkdv", "sm_90", dtype="fp16", d=64, causal=True, bottom_right=True, varlen=True
+        ),
+        "dkdv",
+        "sm_90",
+    )
 
 
 def test_triton_fused_atomic_uses_tma_reduce_on_sm90() -> None:
@@ -181,14 +239,26 @@ def test_triton_split_sum_compiles(arch: str) -> None:
 
     _, asm_key, _, _ = TARGETS[arch]
     for split in (4, 1):
-        signature = {"PART": "*fp32", "DK": "*bf16", "DV": "*bf16", "n_k": "i32", "n_v": "i32",
-                     "blocks_k": "i32", "stride_split": "i32", "SPLIT": "constexpr",
-                     "BLOCK": "constexpr"}
-        src = ASTSource(_attn_bwd_split_sum, signature,
-                        constexprs={"SPLIT": split, "BLOCK": SUM_BLOCK},
-                        attrs={(i,): [["tt.divisibility", 16]] for i in range(3)})
-        compiled = triton.compile(src, target=TARGETS[arch][0],
-                                  options={"num_warps": SUM_WARPS, "num_stages": 1})
+        signature = {
+            "PART": "*fp32",
+            "DK": "*bf16",
+            "DV": "*bf16",
+            "n_k": "i32",
+            "n_v": "i32",
+            "blocks_k": "i32",
+            "stride_split": "i32",
+            "SPLIT": "constexpr",
+            "BLOCK": "constexpr",
+        }
+        src = ASTSource(
+            _attn_bwd_split_sum,
+            signature,
+            constexprs={"SPLIT": split, "BLOCK": SUM_BLOCK},
+            attrs={(i,): [["tt.divisibility", 16]] for i in range(3)},
+        )
+        compiled = triton.compile(
+            src, target=TARGETS[arch][0], options={"num_warps": SUM_WARPS, "num_stages": 1}
+        )
         assert ATOMICS[asm_key].search(compiled.asm[asm_key]) is None
         assert len(compiled.asm["cubin" if asm_key == "ptx" else "hsaco"]) > 0
 
@@ -196,9 +266,15 @@ def test_triton_split_sum_compiles(arch: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kernel_name", "arch", "dtype", "d", "causal", "varlen"),
-    list(itertools.product(KERNELS, TARGETS, ("bf16", "fp16"), (32, 64, 96, 128, 256),
-                           (False, True), (False, True))),
+    list(
+        itertools.product(
+            KERNELS, TARGETS, ("bf16", "fp16"), (32, 64, 96, 128, 256), (False, True), (False, True)
+        )
+    ),
 )
 def test_triton_kernel_compiles_matrix(kernel_name, arch, dtype, d, causal, varlen) -> None:
-    _check(compile_kernel(kernel_name, arch, dtype=dtype, d=d, causal=causal, varlen=varlen),
-           kernel_name, arch)
+    _check(
+        compile_kernel(kernel_name, arch, dtype=dtype, d=d, causal=causal, varlen=varlen),
+        kernel_name,
+        arch,
+    )

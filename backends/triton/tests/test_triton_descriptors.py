@@ -31,11 +31,15 @@ def test_padded_head_dim_keeps_the_true_extent() -> None:  # D=80: columns 80..1
     assert list(desc.shape)[-1] == 80 and list(desc.block_shape)[-1] == 128
 
 
-@pytest.mark.parametrize("make", [
-    lambda: torch.empty(1, 40, 4, 36, dtype=torch.bfloat16),  # row stride 4*36*2 = 288 B: ok,
-    # head stride 72 B: not a multiple of 16
-    lambda: torch.empty(1, 40, 4, 64, dtype=torch.bfloat16)[..., 1:33],  # misaligned pointer
-    lambda: torch.empty(1, 0, 4, 64, dtype=torch.bfloat16),  # nothing to address
-], ids=["stride-72B", "misaligned", "empty"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.empty(1, 40, 4, 36, dtype=torch.bfloat16),  # row stride 4*36*2 = 288 B: ok,
+        # head stride 72 B: not a multiple of 16
+        lambda: torch.empty(1, 40, 4, 64, dtype=torch.bfloat16)[..., 1:33],  # misaligned pointer
+        lambda: torch.empty(1, 0, 4, 64, dtype=torch.bfloat16),  # nothing to address
+    ],
+    ids=["stride-72B", "misaligned", "empty"],
+)
 def test_unaddressable_tensors_fall_back_to_pointer_loads(make) -> None:
     assert tile_descriptor(make(), varlen=False, rows=16, cols=64) is None

@@ -32,27 +32,60 @@ from attn_dispatch.testing import oracle  # noqa: E402
 
 KERNELS = {"dkdv": (_attn_bwd_dkdv_sm90, (64, 128)), "dq": (_attn_bwd_dq_sm90, (128, 64))}
 SMEM_SM90 = 232448
-DESC = ("tensordesc<{dtype}[{rows}, 128],NVMMASharedLayout(swizzle_byte_width=128, "
-        "element_bitwidth=16, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
-DESC_DQ = ("tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
-           "element_bitwidth=32, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
+DESC = (
+    "tensordesc<{dtype}[{rows}, 128],NVMMASharedLayout(swizzle_byte_width=128, "
+    "element_bitwidth=16, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>"
+)
+DESC_DQ = (
+    "tensordesc<fp32[64, 64],NVMMASharedLayout(swizzle_byte_width=128, "
+    "element_bitwidth=32, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>"
+)
 
 
-def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool = False,
-                 dtype: str = "bf16", atomic_dq: bool = False, window: int = 0,
-                 add_dkdv: bool = False, units: bool = False, step_slices: bool = False,
-                 wide_store: bool = False):
+def compile_sm90(
+    kernel: str,
+    *,
+    causal: bool,
+    varlen: bool,
+    heavy_first: bool = False,
+    dtype: str = "bf16",
+    atomic_dq: bool = False,
+    window: int = 0,
+    add_dkdv: bool = False,
+    units: bool = False,
+    step_slices: bool = False,
+    wide_store: bool = False,
+):
     """Compile one Gluon kernel for sm_90 as the launcher would launch it (the dK/dV kernel's
     grid layout: ``window`` > 0 windowed, else ``units``, else ``heavy_first``, else natural)."""
     fn, (block_m, block_n) = KERNELS[kernel]
     q_rows, k_rows = (block_m, block_n)
-    layout = (GridLayout.WINDOWED if window else GridLayout.UNITS if units
-              else GridLayout.HEAVY_FIRST if heavy_first else GridLayout.NATURAL)
-    consts = dict(D=128, CAUSAL=causal, BOTTOM_RIGHT=causal, IS_VARLEN=varlen,
-                  HEAVY_FIRST=heavy_first, GRID_LAYOUT=int(layout), BLOCK_M=block_m,
-                  BLOCK_N=block_n, STAGES=GLUON_STAGES, ATOMIC_DQ=atomic_dq, ADD_DKDV=add_dkdv,
-                  WINDOW=window, STEP_SLICES=step_slices, WIDE_STORE=wide_store,
-                  num_warps=_sm90.WARPS)
+    layout = (
+        GridLayout.WINDOWED
+        if window
+        else GridLayout.UNITS
+        if units
+        else GridLayout.HEAVY_FIRST
+        if heavy_first
+        else GridLayout.NATURAL
+    )
+    consts = dict(
+        D=128,
+        CAUSAL=causal,
+        BOTTOM_RIGHT=causal,
+        IS_VARLEN=varlen,
+        HEAVY_FIRST=heavy_first,
+        GRID_LAYOUT=int(layout),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        STAGES=GLUON_STAGES,
+        ATOMIC_DQ=atomic_dq,
+        ADD_DKDV=add_dkdv,
+        WINDOW=window,
+        STEP_SLICES=step_slices,
+        WIDE_STORE=wide_store,
+        num_warps=_sm90.WARPS,
+    )
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr:
@@ -68,25 +101,38 @@ def compile_sm90(kernel: str, *, causal: bool, varlen: bool, heavy_first: bool =
         elif name in ("qk_scale", "scale"):
             signature[name] = "fp32"
         elif name.startswith(("stride_", "seqlen_")) or name in (
-                "heads", "kv_heads", "group", "unit_offset", "key_blocks"):
+            "heads",
+            "kv_heads",
+            "group",
+            "unit_offset",
+            "key_blocks",
+        ):
             signature[name] = "i32"
         else:
             # (dK / dV in the fp32 buffer: the slices add, TAIL_SLICES' whole units store)
             fp32 = ("Lse2", "Delta", "DK", "DV_") if add_dkdv or units else ("Lse2", "Delta")
-            signature[name] = ("*fp32" if name in fp32 else
-                               "*i32" if name.startswith("CU_") else f"*{dtype}")
+            signature[name] = (
+                "*fp32" if name in fp32 else "*i32" if name.startswith("CU_") else f"*{dtype}"
+            )
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = GluonASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": _sm90.WARPS, "maxnreg": _sm90.MAXNREG})
+    return triton.compile(
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": _sm90.WARPS, "maxnreg": _sm90.MAXNREG},
+    )
 
 
-@pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
-                    reason="kernels were defined in interpreter mode: nothing to compile")
+@pytest.mark.skipif(
+    not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
+    reason="kernels were defined in interpreter mode: nothing to compile",
+)
 @pytest.mark.parametrize("kernel", ["dkdv", "dq"])
-@pytest.mark.parametrize(("causal", "varlen", "heavy_first"),
-                         [(False, False, False), (True, False, True), (True, True, False)],
-                         ids=["full-dense", "causal-dense-heavy-first", "causal-varlen"])
+@pytest.mark.parametrize(
+    ("causal", "varlen", "heavy_first"),
+    [(False, False, False), (True, False, True), (True, True, False)],
+    ids=["full-dense", "causal-dense-heavy-first", "causal-varlen"],
+)
 def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first) -> None:
     """Warp-group MMAs, TMA copies, the producer/consumer register split, shared memory in
     budget, a cubin."""
@@ -100,32 +146,60 @@ def test_gluon_kernel_compiles_for_sm90(kernel, causal, varlen, heavy_first) -> 
     assert len(compiled.asm["cubin"]) > 0
 
 
-@pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
-                    reason="kernels were defined in interpreter mode: nothing to compile")
-@pytest.mark.parametrize(("causal", "varlen", "heavy_first", "window", "add_dkdv", "units",
-                          "steps"),
-                         [(False, False, False, 0, False, False, False),
-                          (True, True, False, 0, False, False, False),
-                          (True, False, True, 0, False, False, False),
-                          (True, False, False, 1, False, False, False),
-                          (True, False, False, 1, True, False, False),
-                          (False, False, False, 0, False, True, False),
-                          (False, False, False, 0, True, True, True)],
-                         ids=["full-dense", "causal-varlen", "causal-dense-heavy-first",
-                              "causal-dense-window", "causal-dense-window-add-dkdv",
-                              "full-dense-tail-whole-units", "full-dense-tail-slices"])
-def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heavy_first,
-                                                     window, add_dkdv, units, steps) -> None:
+@pytest.mark.skipif(
+    not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
+    reason="kernels were defined in interpreter mode: nothing to compile",
+)
+@pytest.mark.parametrize(
+    ("causal", "varlen", "heavy_first", "window", "add_dkdv", "units", "steps"),
+    [
+        (False, False, False, 0, False, False, False),
+        (True, True, False, 0, False, False, False),
+        (True, False, True, 0, False, False, False),
+        (True, False, False, 1, False, False, False),
+        (True, False, False, 1, True, False, False),
+        (False, False, False, 0, False, True, False),
+        (False, False, False, 0, True, True, True),
+    ],
+    ids=[
+        "full-dense",
+        "causal-varlen",
+        "causal-dense-heavy-first",
+        "causal-dense-window",
+        "causal-dense-window-add-dkdv",
+        "full-dense-tail-whole-units",
+        "full-dense-tail-slices",
+    ],
+)
+def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(
+    causal, varlen, heavy_first, window, add_dkdv, units, steps
+) -> None:
     """The fused-atomic variant: a fifth warp-group MMA per step (dQ, with dS^T from shared
     memory), dQ added to the fp32 scratch by TMA reductions, shared memory in budget; with
     ``ADD_DKDV`` (a split GQA group) dK and dV added to an fp32 buffer by atomics; with
     ``UNITS`` (and ``STEP_SLICES``) as ``TAIL_SLICES`` launches its whole units (and its last
     wave's slices)."""
-    plain = compile_sm90("dkdv", causal=causal, varlen=varlen, heavy_first=heavy_first,
-                         window=window, units=units, step_slices=steps)
-    fused = compile_sm90("dkdv", causal=causal, varlen=varlen, atomic_dq=True,
-                         heavy_first=heavy_first, window=window, add_dkdv=add_dkdv,
-                         units=units, step_slices=steps, wide_store=True)
+    plain = compile_sm90(
+        "dkdv",
+        causal=causal,
+        varlen=varlen,
+        heavy_first=heavy_first,
+        window=window,
+        units=units,
+        step_slices=steps,
+    )
+    fused = compile_sm90(
+        "dkdv",
+        causal=causal,
+        varlen=varlen,
+        atomic_dq=True,
+        heavy_first=heavy_first,
+        window=window,
+        add_dkdv=add_dkdv,
+        units=units,
+        step_slices=steps,
+        wide_store=True,
+    )
     ptx = fused.asm["ptx"]
     assert ("atom.global.gpu.relaxed.add.f32" in ptx) == add_dkdv
     reduce = "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"
@@ -136,15 +210,19 @@ def test_gluon_dkdv_with_atomic_dq_compiles_for_sm90(causal, varlen, heavy_first
     assert len(fused.asm["cubin"]) > 0
 
 
-@pytest.mark.skipif(not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
-                    reason="kernels were defined in interpreter mode: nothing to compile")
+@pytest.mark.skipif(
+    not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
+    reason="kernels were defined in interpreter mode: nothing to compile",
+)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gluon_wide_store_stores_dq_tiles_16_bytes_per_thread(causal) -> None:
     """``WIDE_STORE``: each consumer thread's 32 dQ values go to shared memory as 8 16-byte
     stores instead of 16 8-byte ones (the latter collide in the swizzled tile), both consumer
     partitions; the relabelling moves no data (no more shared-memory loads)."""
-    plain, wide = (compile_sm90("dkdv", causal=causal, varlen=False, atomic_dq=True,
-                                wide_store=w).asm["ptx"] for w in (False, True))
+    plain, wide = (
+        compile_sm90("dkdv", causal=causal, varlen=False, atomic_dq=True, wide_store=w).asm["ptx"]
+        for w in (False, True)
+    )
     assert wide.count("st.shared.v4.b32") - plain.count("st.shared.v4.b32") == 2 * 8
     assert plain.count("st.shared.v2.b32") - wide.count("st.shared.v2.b32") == 2 * 16
     assert wide.count("ld.shared") == plain.count("ld.shared")
@@ -168,8 +246,10 @@ def test_descriptors_accept_tokens_in_rows() -> None:
     assert descs[0].strides == [3 * 4 * 128, 1] and descs[0].shape == [128, 4 * 128]
 
 
-@pytest.mark.parametrize("bad", ["heads-not-adjacent", "batches-not-evenly-spaced", "empty",
-                                 "misaligned", "broadcast", "fp32"])
+@pytest.mark.parametrize(
+    "bad",
+    ["heads-not-adjacent", "batches-not-evenly-spaced", "empty", "misaligned", "broadcast", "fp32"],
+)
 def test_descriptors_refuse_other_layouts(bad) -> None:
     """Layouts TMA cannot read as ``[rows, heads * D]``, and fp32 inputs (the kernels' shared
     memory is planned for 16-bit tiles), give ``None`` (the tl kernels run)."""
@@ -192,19 +272,31 @@ def test_descriptors_refuse_other_layouts(bad) -> None:
 def test_cpu_launch_keeps_the_portable_kernels() -> None:
     """Off a Hopper GPU a ``GLUON`` config runs the tl kernels: no descriptors are made."""
     q, k, v, do = _qkv((1, 64, 2, 128), (1, 64, 2, 128))
-    launch = BackwardLaunch(q, k, v, do, torch.zeros(1, 2, 64), do, causal=False,
-                            bottom_right=False, scale=0.1)
+    launch = BackwardLaunch(
+        q, k, v, do, torch.zeros(1, 2, 64), do, causal=False, bottom_right=False, scale=0.1
+    )
     cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "GLUON": 1}
     assert not gluon_sm90(q.device)
     assert launch.sm90_descriptors(cfg, (64, 128)) is None
 
 
-@pytest.mark.parametrize(("causal", "group", "seqlen_k", "dkdv", "dq"), [
-    (False, 1, 1024, False, False), (False, 1, 2048, False, False), (False, 1, 8192, True, True),
-    (False, 8, 1024, False, True), (False, 8, 2048, True, True), (False, 8, 8192, True, True),
-    (True, 1, 1024, False, False), (True, 1, 2048, True, False), (True, 1, 4096, True, True),
-    (True, 8, 1024, True, True), (True, 8, 2048, True, True), (True, 8, 16384, True, True),
-])
+@pytest.mark.parametrize(
+    ("causal", "group", "seqlen_k", "dkdv", "dq"),
+    [
+        (False, 1, 1024, False, False),
+        (False, 1, 2048, False, False),
+        (False, 1, 8192, True, True),
+        (False, 8, 1024, False, True),
+        (False, 8, 2048, True, True),
+        (False, 8, 8192, True, True),
+        (True, 1, 1024, False, False),
+        (True, 1, 2048, True, False),
+        (True, 1, 4096, True, True),
+        (True, 8, 1024, True, True),
+        (True, 8, 2048, True, True),
+        (True, 8, 16384, True, True),
+    ],
+)
 def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dkdv, dq) -> None:
     """The Gluon kernels where an H200 measured them faster (docs/experiments.md), with the
     tiles they are written for; MHA 1K-2K keep the tl kernels but dK/dV at MHA 2K causal."""
@@ -233,31 +325,99 @@ GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bott
     ("gqa-causal-top-left-sq>sk", 2, 8, 2, 517, 300, True, False, torch.bfloat16, None, ""),
     ("gqa-causal-split2", 1, 16, 4, 700, 700, True, False, torch.bfloat16, 2, ""),
     ("gqa-full-split4-f16", 1, 16, 4, 700, 700, False, False, torch.float16, 4, ""),
-    ("mha-causal-heavy-first", 1, 4, 4, 2048, 2048, True, False, torch.bfloat16, None,
-     "heavy-first"),
-    ("gqa-causal-bottom-right-heavy-first", 2, 8, 2, 300, 517, True, True, torch.bfloat16,
-     None, "heavy-first"),
+    (
+        "mha-causal-heavy-first",
+        1,
+        4,
+        4,
+        2048,
+        2048,
+        True,
+        False,
+        torch.bfloat16,
+        None,
+        "heavy-first",
+    ),
+    (
+        "gqa-causal-bottom-right-heavy-first",
+        2,
+        8,
+        2,
+        300,
+        517,
+        True,
+        True,
+        torch.bfloat16,
+        None,
+        "heavy-first",
+    ),
     ("gqa-full-split2", 1, 16, 4, 700, 700, False, False, torch.bfloat16, 2, ""),
     # launch windows of 2 kv heads (B * Hkv = 8): key block by key block, all slices together
     ("gqa-causal-split2-window", 2, 16, 4, 700, 700, True, False, torch.bfloat16, 2, "window"),
-    ("gqa-causal-bottom-right-window", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None,
-     "window"),
+    (
+        "gqa-causal-bottom-right-window",
+        2,
+        8,
+        2,
+        300,
+        517,
+        True,
+        True,
+        torch.bfloat16,
+        None,
+        "window",
+    ),
     # a split whose slices add dK / dV into one fp32 buffer by atomics (with atomic dQ; config
     # SPLIT_ADD), in windows, and in the natural order
-    ("gqa-causal-bottom-right-split4-add-window", 2, 16, 4, 300, 517, True, True,
-     torch.bfloat16, 4, "add+window"),
+    (
+        "gqa-causal-bottom-right-split4-add-window",
+        2,
+        16,
+        4,
+        300,
+        517,
+        True,
+        True,
+        torch.bfloat16,
+        4,
+        "add+window",
+    ),
     ("gqa-full-split2-add", 1, 16, 4, 700, 700, False, False, torch.float16, 2, "add"),
     # the dQ tile stored in its own column order (WIDE_STORE off)
-    ("gqa-causal-bottom-right-plain-store", 2, 8, 2, 300, 517, True, True, torch.bfloat16,
-     None, "plain-store"),
-    ("gqa-full-b2-odd-plain-store", 2, 8, 2, 300, 300, False, False, torch.float16, None,
-     "plain-store"),
+    (
+        "gqa-causal-bottom-right-plain-store",
+        2,
+        8,
+        2,
+        300,
+        517,
+        True,
+        True,
+        torch.bfloat16,
+        None,
+        "plain-store",
+    ),
+    (
+        "gqa-full-b2-odd-plain-store",
+        2,
+        8,
+        2,
+        300,
+        300,
+        False,
+        False,
+        torch.float16,
+        None,
+        "plain-store",
+    ),
 ]
 
 
 def _gluon_config(causal, group, seqlen_k, split, order) -> dict:
-    cfg = {n: dict(c) for n, c in get_backward_config(torch.device("cuda"), 128, causal, group,
-                                                        seqlen_k).items()}
+    cfg = {
+        n: dict(c)
+        for n, c in get_backward_config(torch.device("cuda"), 128, causal, group, seqlen_k).items()
+    }
     cfg["dkdv"] = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "GLUON": 1}
     cfg["dkdvq"] = cfg["dkdv"]  # (the same dict: SPLIT / HEAVY_FIRST below reach both)
     cfg["dq"] = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "GLUON": 1}
@@ -294,23 +454,47 @@ def test_gluon_kernels_match_the_oracle(case, atomic_dq) -> None:
     align = "bottom_right" if bottom_right else "top_left"
     ref = oracle(q, k, v, do, causal=causal, causal_align=align)
     cfg = _gluon_config(causal, h // hk, sk, split, order)
-    launch = BackwardLaunch(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=causal,
-                            bottom_right=bottom_right, scale=128 ** -0.5)
+    launch = BackwardLaunch(
+        q,
+        k,
+        v,
+        ref.out.to(dtype),
+        ref.lse.float(),
+        do,
+        causal=causal,
+        bottom_right=bottom_right,
+        scale=128**-0.5,
+    )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
     assert launch.sm90_descriptors(cfg["dq"], (128, 64)) is not None
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=causal,
-                       bottom_right=bottom_right, scale=128 ** -0.5, config=cfg, dq=dq, dk=dk,
-                       dv=dv, atomic_dq=atomic_dq)
+    attention_backward(
+        q,
+        k,
+        v,
+        ref.out.to(dtype),
+        ref.lse.float(),
+        do,
+        causal=causal,
+        bottom_right=bottom_right,
+        scale=128**-0.5,
+        config=cfg,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        atomic_dq=atomic_dq,
+    )
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
-@pytest.mark.parametrize(("batch", "sms", "dtype"), [(1, 10, torch.bfloat16),
-                                                    (2, 11, torch.float16)],
-                         ids=["b1-bf16", "b2-f16"])
+@pytest.mark.parametrize(
+    ("batch", "sms", "dtype"),
+    [(1, 10, torch.bfloat16), (2, 11, torch.float16)],
+    ids=["b1-bf16", "b2-f16"],
+)
 def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
     """``TAIL_SLICES`` (fused-atomic, no mask), with a pretended SM count so a small call has
     full waves and a rest: GQA 12/4, 700 queries and keys (the last key block partial), 6 key
@@ -326,8 +510,17 @@ def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
     ref = oracle(q, k, v, do, causal=False)
     cfg = _gluon_config(False, 3, 700, None, "")
     cfg["dkdv"]["TAIL_SLICES"] = 4
-    launch = BackwardLaunch(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=False,
-                            bottom_right=False, scale=128 ** -0.5)
+    launch = BackwardLaunch(
+        q,
+        k,
+        v,
+        ref.out.to(dtype),
+        ref.lse.float(),
+        do,
+        causal=False,
+        bottom_right=False,
+        scale=128**-0.5,
+    )
     assert _launch_policy.tail_slices(launch.problem, cfg["dkdv"], 1, sms) == (batch * 24 - 4, 2)
     grids = []  # the dK/dV kernel's launches, as the call makes them
 
@@ -338,9 +531,22 @@ def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
 
     monkeypatch.setattr(BackwardLaunch, "_launch", spy)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(q, k, v, ref.out.to(dtype), ref.lse.float(), do, causal=False,
-                       bottom_right=False, scale=128 ** -0.5, config=cfg, dq=dq, dk=dk, dv=dv,
-                       atomic_dq=True)
+    attention_backward(
+        q,
+        k,
+        v,
+        ref.out.to(dtype),
+        ref.lse.float(),
+        do,
+        causal=False,
+        bottom_right=False,
+        scale=128**-0.5,
+        config=cfg,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        atomic_dq=True,
+    )
     assert grids == [(batch * 24 - 4, 1, 1), (4, 1, 2)]
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
@@ -348,32 +554,72 @@ def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
-@pytest.mark.parametrize("order", ["", "heavy-first", "window"],
-                         ids=["natural", "heavy-first", "window"])
+@pytest.mark.parametrize(
+    "order", ["", "heavy-first", "window"], ids=["natural", "heavy-first", "window"]
+)
 @pytest.mark.parametrize("atomic_dq", [False, True], ids=["split", "atomic-dq"])
 def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq, order) -> None:
     """Packed sequences (one with no queries, whose keys get zero gradients) with a
     bottom-right causal mask: every sequence against its own oracle."""
     torch.manual_seed(1)
     lens_q, lens_k, h, hk = [100, 0, 257, 64], [130, 5, 257, 64], 8, 2
-    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], device="cuda",
-                        dtype=torch.int32)
-    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], device="cuda",
-                        dtype=torch.int32)
+    cu_q = torch.tensor(
+        [0, *torch.tensor(lens_q).cumsum(0).tolist()], device="cuda", dtype=torch.int32
+    )
+    cu_k = torch.tensor(
+        [0, *torch.tensor(lens_k).cumsum(0).tolist()], device="cuda", dtype=torch.int32
+    )
     q, k, v, do = _qkv((sum(lens_q), h, 128), (sum(lens_k), hk, 128), torch.bfloat16, "cuda")
-    ref = oracle(q, k, v, do, causal=True, causal_align="bottom_right", scale=0.1,
-                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    ref = oracle(
+        q,
+        k,
+        v,
+        do,
+        causal=True,
+        causal_align="bottom_right",
+        scale=0.1,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+    )
     cfg = _gluon_config(True, h // hk, max(lens_k), None, order)
-    launch = BackwardLaunch(q, k, v, ref.out.to(q.dtype), ref.lse.float(), do, causal=True,
-                            bottom_right=True, scale=0.1, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                            max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    launch = BackwardLaunch(
+        q,
+        k,
+        v,
+        ref.out.to(q.dtype),
+        ref.lse.float(),
+        do,
+        causal=True,
+        bottom_right=True,
+        scale=0.1,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max(lens_q),
+        max_seqlen_k=max(lens_k),
+    )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
     assert launch.sm90_descriptors(cfg["dq"], (128, 64)) is not None
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(q, k, v, ref.out.to(q.dtype), ref.lse.float(), do, causal=True,
-                       bottom_right=True, scale=0.1, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                       max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), config=cfg, dq=dq,
-                       dk=dk, dv=dv, atomic_dq=atomic_dq)
+    attention_backward(
+        q,
+        k,
+        v,
+        ref.out.to(q.dtype),
+        ref.lse.float(),
+        do,
+        causal=True,
+        bottom_right=True,
+        scale=0.1,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max(lens_q),
+        max_seqlen_k=max(lens_k),
+        config=cfg,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        atomic_dq=atomic_dq,
+    )
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
     keys_of_empty = slice(lens_k[0], lens_k[0] + lens_k[1])

@@ -5,6 +5,8 @@ from __future__ import annotations
 from attn_dispatch.testing import make_conformance_tests
 
 test_triton_conformance = make_conformance_tests(
-    "triton", dtypes=("bfloat16", "float16"), device="cuda",
+    "triton",
+    dtypes=("bfloat16", "float16"),
+    device="cuda",
     checks=("backward", "forward", "deterministic"),
 )

@@ -11,28 +11,46 @@ from attn_dispatch_triton._launch_policy import DkdvLaunch, GridLayout, Partials
 TILES = {"BLOCK_M": 64, "BLOCK_N": 128}
 
 
-def gqa(seqlen: int, *, heads: int = 64, kv_heads: int = 8, batch: int = 1,
-        causal: bool = False, **kw) -> Problem:
+def gqa(
+    seqlen: int, *, heads: int = 64, kv_heads: int = 8, batch: int = 1, causal: bool = False, **kw
+) -> Problem:
     return Problem(batch, heads, kv_heads, seqlen, seqlen, causal, **kw)
 
 
-def plan(p: Problem, sms: int | None = 132, gluon: bool = True, atomic_dq: bool = True,
-         contiguous_out: bool = True, **config) -> policy.DkdvPlan:
-    return policy.dkdv_plan(p, {**TILES, **config}, sms=sms, gluon=gluon, atomic_dq=atomic_dq,
-                            contiguous_out=contiguous_out)
+def plan(
+    p: Problem,
+    sms: int | None = 132,
+    gluon: bool = True,
+    atomic_dq: bool = True,
+    contiguous_out: bool = True,
+    **config,
+) -> policy.DkdvPlan:
+    return policy.dkdv_plan(
+        p,
+        {**TILES, **config},
+        sms=sms,
+        gluon=gluon,
+        atomic_dq=atomic_dq,
+        contiguous_out=contiguous_out,
+    )
 
 
 # -- group split ------------------------------------------------------------------------------
+
 
 def test_split_from_the_config_wins() -> None:
     assert policy.group_split(gqa(1024), {"SPLIT": 4}, 128, None) == 4
 
 
-@pytest.mark.parametrize("problem", [
-    Problem(1, 8, 8, 1024, 1024, False),  # MHA: group of 1
-    gqa(1024, on_gpu=False),  # off a GPU
-    gqa(1024, has_keys=False),  # no keys: nothing to split
-], ids=["mha", "cpu", "no-keys"])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        Problem(1, 8, 8, 1024, 1024, False),  # MHA: group of 1
+        gqa(1024, on_gpu=False),  # off a GPU
+        gqa(1024, has_keys=False),  # no keys: nothing to split
+    ],
+    ids=["mha", "cpu", "no-keys"],
+)
 def test_no_split_without_a_group_a_gpu_or_keys(problem) -> None:
     assert policy.group_split(problem, {}, 128, 132) == 1
 
@@ -53,8 +71,18 @@ def test_split_doubles_while_the_programs_fit_the_target() -> None:
 
 # -- tail slices ------------------------------------------------------------------------------
 
-def tail(seqlen: int, *, kv_heads: int = 2, heads: int = 16, causal: bool = False,
-         split: int = 1, most: int = 32, varlen: bool = False, sms: int = 132):
+
+def tail(
+    seqlen: int,
+    *,
+    kv_heads: int = 2,
+    heads: int = 16,
+    causal: bool = False,
+    split: int = 1,
+    most: int = 32,
+    varlen: bool = False,
+    sms: int = 132,
+):
     p = gqa(seqlen, heads=heads, kv_heads=kv_heads, causal=causal, varlen=varlen)
     return policy.tail_slices(p, {**TILES, "TAIL_SLICES": most}, split, sms)
 
@@ -100,6 +128,7 @@ def test_negative_tail_slices_are_refused() -> None:
 
 # -- windows and heaviest-first --------------------------------------------------------------
 
+
 def test_window_halves_until_it_divides_the_kv_rows() -> None:
     assert policy.window({}, (32, 8, 4)) == 0  # off
     assert policy.window({"WINDOW": 1}, (32, 8, 4)) == 1
@@ -119,18 +148,19 @@ def test_heavy_first_needs_the_config_a_causal_mask_and_room_on_the_axis() -> No
 
 # -- dK/dV plans ------------------------------------------------------------------------------
 
+
 def test_natural_plan_without_partials() -> None:
     # GQA 64/8 16K causal, split 1 given: 128 key blocks x 8 kv heads, one launch, no buffer
     got = plan(gqa(16384, causal=True), SPLIT=1)
-    assert got == policy.DkdvPlan(1, 128, Partials.NONE, 0, False,
-                                  (DkdvLaunch((128, 8, 1)),))
+    assert got == policy.DkdvPlan(1, 128, Partials.NONE, 0, False, (DkdvLaunch((128, 8, 1)),))
 
 
 def test_heavy_first_plan_reverses_the_grid() -> None:
     got = plan(gqa(2048, causal=True), SPLIT=4, HEAVY_FIRST=1)
     # split 4 -> partials summed by the sum launch, one per slice
-    assert got == policy.DkdvPlan(4, 16, Partials.SUM_KERNEL, 4, False, (
-        DkdvLaunch((4, 8, 16), GridLayout.HEAVY_FIRST),))
+    assert got == policy.DkdvPlan(
+        4, 16, Partials.SUM_KERNEL, 4, False, (DkdvLaunch((4, 8, 16), GridLayout.HEAVY_FIRST),)
+    )
 
 
 def test_windowed_plan_replaces_heavy_first() -> None:
@@ -150,12 +180,19 @@ def test_windows_are_for_the_gluon_kernel_only() -> None:
 def test_split_add_sums_into_one_zeroed_buffer() -> None:
     # SPLIT_ADD with the Gluon fused-atomic kernel: 1 zero-filled partial the slices add into
     got = plan(gqa(8192, causal=True), SPLIT=4, WINDOW=1, SPLIT_ADD=1)
-    assert got == policy.DkdvPlan(4, 64, Partials.SUM_KERNEL, 1, True, (
-        DkdvLaunch((4, 64, 8), GridLayout.WINDOWED, window=1, add_dkdv=True),))
+    assert got == policy.DkdvPlan(
+        4,
+        64,
+        Partials.SUM_KERNEL,
+        1,
+        True,
+        (DkdvLaunch((4, 64, 8), GridLayout.WINDOWED, window=1, add_dkdv=True),),
+    )
 
 
-@pytest.mark.parametrize(("gluon", "atomic_dq"), [(False, True), (True, False)],
-                         ids=["tl-kernel", "split-design"])
+@pytest.mark.parametrize(
+    ("gluon", "atomic_dq"), [(False, True), (True, False)], ids=["tl-kernel", "split-design"]
+)
 def test_split_add_needs_the_gluon_fused_atomic_kernel(gluon, atomic_dq) -> None:
     got = plan(gqa(8192, causal=True), gluon=gluon, atomic_dq=atomic_dq, SPLIT=4, SPLIT_ADD=1)
     assert (got.partials, got.partial_count, got.zero_partials) == (Partials.SUM_KERNEL, 4, False)
@@ -172,15 +209,26 @@ def test_tail_plan_launches_whole_units_then_slices() -> None:
     # GQA 64/8 16K, no mask: 1024 units; 924 in whole waves, the other 100 in 13 slices each,
     # added into one zero-filled buffer the sum launch casts
     got = plan(gqa(16384), TAIL_SLICES=16)
-    assert got == policy.DkdvPlan(1, 128, Partials.SUM_KERNEL, 1, True, (
-        DkdvLaunch((924, 1, 1), GridLayout.UNITS),
-        DkdvLaunch((100, 1, 13), GridLayout.UNITS, unit_offset=924, add_dkdv=True,
-                   step_slices=True)))
+    assert got == policy.DkdvPlan(
+        1,
+        128,
+        Partials.SUM_KERNEL,
+        1,
+        True,
+        (
+            DkdvLaunch((924, 1, 1), GridLayout.UNITS),
+            DkdvLaunch(
+                (100, 1, 13), GridLayout.UNITS, unit_offset=924, add_dkdv=True, step_slices=True
+            ),
+        ),
+    )
 
 
-@pytest.mark.parametrize("change", [dict(gluon=False), dict(atomic_dq=False),
-                                    dict(contiguous_out=False)],
-                         ids=["tl-kernel", "split-design", "strided-outputs"])
+@pytest.mark.parametrize(
+    "change",
+    [dict(gluon=False), dict(atomic_dq=False), dict(contiguous_out=False)],
+    ids=["tl-kernel", "split-design", "strided-outputs"],
+)
 def test_tail_slices_only_for_the_gluon_fused_atomic_kernel(change) -> None:
     got = plan(gqa(16384), **change, TAIL_SLICES=16)
     assert got.partials is Partials.NONE and got.launches == (DkdvLaunch((128, 8, 1)),)
@@ -198,11 +246,13 @@ def test_empty_key_sequence_still_gets_one_key_block() -> None:
 
 # -- dQ, the convert pass, the sum launch and the side stream --------------------------------
 
+
 def test_dq_launch_per_query_block_and_head() -> None:
     cfg = {"BLOCK_M": 128, "BLOCK_N": 64}
     assert policy.dq_launch(gqa(1000), cfg) == policy.DqLaunch((8, 64), False)
-    assert policy.dq_launch(gqa(1000, causal=True), {**cfg, "HEAVY_FIRST": 1}) == \
-        policy.DqLaunch((64, 8), True)
+    assert policy.dq_launch(gqa(1000, causal=True), {**cfg, "HEAVY_FIRST": 1}) == policy.DqLaunch(
+        (64, 8), True
+    )
     assert policy.query_block_grid(gqa(0), cfg) == (1, 64)  # at least one block
 
 

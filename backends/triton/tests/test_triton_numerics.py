@@ -39,12 +39,37 @@ SMALL_TILES = {  # BLOCK_M != BLOCK_N, so diagonal ranges cover several tiles of
 }
 
 
-def case(cid: str, *, dtype="bfloat16", batch=1, sq=37, sk=45, heads=2, kv_heads=2, d=64,
-         dv=None, causal=False, align="top_left", varlen=None, **extra) -> dict:
-    c = {"id": cid, "dtype": dtype, "batch": batch, "seqlen_q": sq, "seqlen_k": sk,
-         "heads": heads, "kv_heads": kv_heads, "head_dim": d, "head_dim_v": dv or d,
-         "causal": causal, "bottom_right": align == "bottom_right", "scale": 0.7 / math.sqrt(d),
-         "seed": zlib.crc32(cid.encode())}
+def case(
+    cid: str,
+    *,
+    dtype="bfloat16",
+    batch=1,
+    sq=37,
+    sk=45,
+    heads=2,
+    kv_heads=2,
+    d=64,
+    dv=None,
+    causal=False,
+    align="top_left",
+    varlen=None,
+    **extra,
+) -> dict:
+    c = {
+        "id": cid,
+        "dtype": dtype,
+        "batch": batch,
+        "seqlen_q": sq,
+        "seqlen_k": sk,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": d,
+        "head_dim_v": dv or d,
+        "causal": causal,
+        "bottom_right": align == "bottom_right",
+        "scale": 0.7 / math.sqrt(d),
+        "seed": zlib.crc32(cid.encode()),
+    }
     if varlen:
         c["seqlens_q"], c["seqlens_k"] = varlen
     c.update(extra)
@@ -54,88 +79,253 @@ def case(cid: str, *, dtype="bfloat16", batch=1, sq=37, sk=45, heads=2, kv_heads
 DEFAULT_CASES = [
     case("mha-full-bf16-d64", batch=2, sq=37, sk=45),
     case("gqa4-causal-tl-f16-d128", dtype="float16", sq=50, sk=50, heads=4, kv_heads=1, d=128),
-    case("gqa4-causal-br-bf16-sq>sk", sq=50, sk=33, heads=8, kv_heads=2, causal=True,
-         align="bottom_right", repeat=True),
+    case(
+        "gqa4-causal-br-bf16-sq>sk",
+        sq=50,
+        sk=33,
+        heads=8,
+        kv_heads=2,
+        causal=True,
+        align="bottom_right",
+        repeat=True,
+    ),
     case("mha-causal-tl-f16-sq<sk", dtype="float16", sq=33, sk=50, causal=True),
-    case("gqa2-causal-br-f16-sq<sk-tiles", dtype="float16", sq=20, sk=53, heads=4, kv_heads=2,
-         causal=True, align="bottom_right", config=SMALL_TILES),
-    case("varlen-empty-gqa4-causal-br-bf16", heads=4, kv_heads=1, causal=True,
-         align="bottom_right", varlen=([17, 0, 33, 5], [20, 11, 29, 0])),
-    case("varlen-gqa2-full-f16-d128-tiles", dtype="float16", heads=4, kv_heads=2, d=128,
-         varlen=([9, 40, 1], [30, 7, 18]), config=SMALL_TILES),
-    case("gqa4-causal-br-f16-group-split", dtype="float16", sq=45, sk=70, heads=8, kv_heads=2,
-         causal=True, align="bottom_right", repeat=True,
-         config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"], "SPLIT": 2}}),
-    case("varlen-gqa4-full-bf16-group-split", heads=4, kv_heads=1,
-         varlen=([9, 0, 40], [30, 7, 18]),
-         config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"], "SPLIT": 4}}),
+    case(
+        "gqa2-causal-br-f16-sq<sk-tiles",
+        dtype="float16",
+        sq=20,
+        sk=53,
+        heads=4,
+        kv_heads=2,
+        causal=True,
+        align="bottom_right",
+        config=SMALL_TILES,
+    ),
+    case(
+        "varlen-empty-gqa4-causal-br-bf16",
+        heads=4,
+        kv_heads=1,
+        causal=True,
+        align="bottom_right",
+        varlen=([17, 0, 33, 5], [20, 11, 29, 0]),
+    ),
+    case(
+        "varlen-gqa2-full-f16-d128-tiles",
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
+        d=128,
+        varlen=([9, 40, 1], [30, 7, 18]),
+        config=SMALL_TILES,
+    ),
+    case(
+        "gqa4-causal-br-f16-group-split",
+        dtype="float16",
+        sq=45,
+        sk=70,
+        heads=8,
+        kv_heads=2,
+        causal=True,
+        align="bottom_right",
+        repeat=True,
+        config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"], "SPLIT": 2}},
+    ),
+    case(
+        "varlen-gqa4-full-bf16-group-split",
+        heads=4,
+        kv_heads=1,
+        varlen=([9, 0, 40], [30, 7, 18]),
+        config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"], "SPLIT": 4}},
+    ),
     # Causal launches in the heaviest-first order (reversed grids) where the table asks.
-    case("gqa2-causal-tl-bf16-heavy-first", sq=45, sk=45, heads=4, kv_heads=2, causal=True,
-         repeat=True, config={k: {**c, "HEAVY_FIRST": 1} for k, c in SMALL_TILES.items()}),
+    case(
+        "gqa2-causal-tl-bf16-heavy-first",
+        sq=45,
+        sk=45,
+        heads=4,
+        kv_heads=2,
+        causal=True,
+        repeat=True,
+        config={k: {**c, "HEAVY_FIRST": 1} for k, c in SMALL_TILES.items()},
+    ),
     # dK/dV issuing dP's product before the exponentials (config DP_FIRST; unmasked tiles)
-    case("gqa2-causal-br-bf16-dp-first", sq=50, sk=70, heads=4, kv_heads=2, causal=True,
-         align="bottom_right", config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"],
-                                                              "DP_FIRST": 1}}),
-    case("atomic-varlen-gqa2-full-f16-dp-first", dtype="float16", heads=4, kv_heads=2,
-         varlen=([9, 40, 0], [30, 7, 18]), atomic=True,
-         config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "DP_FIRST": 1}}),
-    case("mha-causal-tl-bf16-d80-dv48-strided", sq=29, sk=29, d=80, dv=48, causal=True,
-         strided=True),
+    case(
+        "gqa2-causal-br-bf16-dp-first",
+        sq=50,
+        sk=70,
+        heads=4,
+        kv_heads=2,
+        causal=True,
+        align="bottom_right",
+        config={**SMALL_TILES, "dkdv": {**SMALL_TILES["dkdv"], "DP_FIRST": 1}},
+    ),
+    case(
+        "atomic-varlen-gqa2-full-f16-dp-first",
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
+        varlen=([9, 40, 0], [30, 7, 18]),
+        atomic=True,
+        config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "DP_FIRST": 1}},
+    ),
+    case(
+        "mha-causal-tl-bf16-d80-dv48-strided", sq=29, sk=29, d=80, dv=48, causal=True, strided=True
+    ),
     # The fused-atomic design (dK/dV kernel adds dQ into an fp32 scratch; the interpreter runs
     # tl.atomic_add): same oracle, same tolerances.
     case("atomic-mha-full-bf16-d64", batch=2, sq=37, sk=45, atomic=True),
-    case("atomic-gqa4-causal-tl-f16-d128-tiles", dtype="float16", sq=50, sk=50, heads=4,
-         kv_heads=1, d=128, causal=True, atomic=True, config=SMALL_TILES),
-    case("atomic-gqa4-causal-br-bf16-sq>sk-split", sq=50, sk=33, heads=8, kv_heads=2,
-         causal=True, align="bottom_right", atomic=True,
-         config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "SPLIT": 2}}),
-    case("atomic-mha-causal-br-f16-sq<sk-d80-dv48-strided", dtype="float16", sq=20, sk=53,
-         d=80, dv=48, causal=True, align="bottom_right", strided=True, atomic=True,
-         config=SMALL_TILES),
-    case("atomic-varlen-empty-gqa4-causal-br-bf16", heads=4, kv_heads=1, causal=True,
-         align="bottom_right", varlen=([17, 0, 33, 5], [20, 11, 29, 0]), atomic=True,
-         config=SMALL_TILES),
+    case(
+        "atomic-gqa4-causal-tl-f16-d128-tiles",
+        dtype="float16",
+        sq=50,
+        sk=50,
+        heads=4,
+        kv_heads=1,
+        d=128,
+        causal=True,
+        atomic=True,
+        config=SMALL_TILES,
+    ),
+    case(
+        "atomic-gqa4-causal-br-bf16-sq>sk-split",
+        sq=50,
+        sk=33,
+        heads=8,
+        kv_heads=2,
+        causal=True,
+        align="bottom_right",
+        atomic=True,
+        config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "SPLIT": 2}},
+    ),
+    case(
+        "atomic-mha-causal-br-f16-sq<sk-d80-dv48-strided",
+        dtype="float16",
+        sq=20,
+        sk=53,
+        d=80,
+        dv=48,
+        causal=True,
+        align="bottom_right",
+        strided=True,
+        atomic=True,
+        config=SMALL_TILES,
+    ),
+    case(
+        "atomic-varlen-empty-gqa4-causal-br-bf16",
+        heads=4,
+        kv_heads=1,
+        causal=True,
+        align="bottom_right",
+        varlen=([17, 0, 33, 5], [20, 11, 29, 0]),
+        atomic=True,
+        config=SMALL_TILES,
+    ),
     # dQ added by tensor-descriptor (TMA) reductions into a [B,H,S,BLOCK_D] / [H,T,BLOCK_D]
     # scratch; partial tiles overlap the next sequence's rows with zeros.
-    case("atomic-tma-varlen-gqa2-causal-br-f16-d80", dtype="float16", heads=4, kv_heads=2,
-         d=80, causal=True, align="bottom_right", varlen=([9, 0, 40, 13], [30, 7, 18, 13]),
-         atomic=True, config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "TMA": 1}}),
-    case("atomic-tma-gqa4-full-bf16", batch=2, sq=37, sk=45, heads=4, kv_heads=1, atomic=True,
-         config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "TMA": 1}}),
+    case(
+        "atomic-tma-varlen-gqa2-causal-br-f16-d80",
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
+        d=80,
+        causal=True,
+        align="bottom_right",
+        varlen=([9, 0, 40, 13], [30, 7, 18, 13]),
+        atomic=True,
+        config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "TMA": 1}},
+    ),
+    case(
+        "atomic-tma-gqa4-full-bf16",
+        batch=2,
+        sq=37,
+        sk=45,
+        heads=4,
+        kv_heads=1,
+        atomic=True,
+        config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "TMA": 1}},
+    ),
     # Loop tiles through tensor descriptors (TMA loads): rows past a tensor's end come back as
     # zeros, rows past a varlen sequence's end are the next sequence's and must be masked.
-    case("tma-loads-varlen-empty-gqa4-causal-br-bf16", heads=4, kv_heads=1, causal=True,
-         align="bottom_right", varlen=([17, 0, 33, 5], [20, 11, 29, 0]), repeat=True,
-         config={**SMALL_TILES, **{k: {**SMALL_TILES[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")}}),
-    case("tma-loads-mha-causal-tl-f16-d80-dv48-strided-batch2", dtype="float16", batch=2, sq=29,
-         sk=29, d=80, dv=48, causal=True, strided=True,
-         config={**SMALL_TILES, **{k: {**SMALL_TILES[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")}}),
-    case("tma-loads-gqa4-full-bf16-split-batch2", batch=2, sq=37, sk=45, heads=8, kv_heads=2,
-         config={**SMALL_TILES, "dq": {**SMALL_TILES["dq"], "LOAD_TMA": 1},
-                 "dkdv": {**SMALL_TILES["dkdv"], "LOAD_TMA": 1, "SPLIT": 2}}),
+    case(
+        "tma-loads-varlen-empty-gqa4-causal-br-bf16",
+        heads=4,
+        kv_heads=1,
+        causal=True,
+        align="bottom_right",
+        varlen=([17, 0, 33, 5], [20, 11, 29, 0]),
+        repeat=True,
+        config={**SMALL_TILES, **{k: {**SMALL_TILES[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")}},
+    ),
+    case(
+        "tma-loads-mha-causal-tl-f16-d80-dv48-strided-batch2",
+        dtype="float16",
+        batch=2,
+        sq=29,
+        sk=29,
+        d=80,
+        dv=48,
+        causal=True,
+        strided=True,
+        config={**SMALL_TILES, **{k: {**SMALL_TILES[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")}},
+    ),
+    case(
+        "tma-loads-gqa4-full-bf16-split-batch2",
+        batch=2,
+        sq=37,
+        sk=45,
+        heads=8,
+        kv_heads=2,
+        config={
+            **SMALL_TILES,
+            "dq": {**SMALL_TILES["dq"], "LOAD_TMA": 1},
+            "dkdv": {**SMALL_TILES["dkdv"], "LOAD_TMA": 1, "SPLIT": 2},
+        },
+    ),
 ]
 
 
 def _slow_cases() -> list[dict]:
     out = []
     for dtype, d, (h, hk), (causal, align), (sq, sk) in itertools.product(
-        ("bfloat16", "float16"), (32, 64, 96, 128, 256), ((2, 2), (4, 1), (6, 2)),
+        ("bfloat16", "float16"),
+        (32, 64, 96, 128, 256),
+        ((2, 2), (4, 1), (6, 2)),
         ((False, "top_left"), (True, "top_left"), (True, "bottom_right")),
         ((1, 1), (19, 64), (64, 19), (70, 70)),
     ):
         for atomic in (False, True):
-            out.append(case(f"slow-{dtype}-d{d}-h{h}/{hk}-{causal}-{align}-{sq}x{sk}"
-                            + ("-atomic" if atomic else ""), dtype=dtype, sq=sq, sk=sk, heads=h,
-                            kv_heads=hk, d=d, causal=causal, align=align, atomic=atomic))
+            out.append(
+                case(
+                    f"slow-{dtype}-d{d}-h{h}/{hk}-{causal}-{align}-{sq}x{sk}"
+                    + ("-atomic" if atomic else ""),
+                    dtype=dtype,
+                    sq=sq,
+                    sk=sk,
+                    heads=h,
+                    kv_heads=hk,
+                    d=d,
+                    causal=causal,
+                    align=align,
+                    atomic=atomic,
+                )
+            )
     for dtype, causal, align in itertools.product(
         ("bfloat16", "float16"), (False, True), ("top_left", "bottom_right")
     ):
         for atomic in (False, True):
-            out.append(case(f"slow-varlen-{dtype}-{causal}-{align}" + ("-atomic" if atomic
-                                                                       else ""),
-                            dtype=dtype, heads=4, kv_heads=2, causal=causal, align=align,
-                            varlen=([0, 31, 64, 3, 17], [5, 0, 64, 40, 17]), config=SMALL_TILES,
-                            atomic=atomic))
+            out.append(
+                case(
+                    f"slow-varlen-{dtype}-{causal}-{align}" + ("-atomic" if atomic else ""),
+                    dtype=dtype,
+                    heads=4,
+                    kv_heads=2,
+                    causal=causal,
+                    align=align,
+                    varlen=([0, 31, 64, 3, 17], [5, 0, 64, 40, 17]),
+                    config=SMALL_TILES,
+                    atomic=atomic,
+                )
+            )
     return out
 
 
@@ -144,8 +334,14 @@ SLOW_CASES = _slow_cases()
 
 def _run_worker(cases: list[dict]) -> dict[str, dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(WORKER)], input=json.dumps(cases), env=env,
-                          capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(
+        [sys.executable, str(WORKER)],
+        input=json.dumps(cases),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"interpreter worker failed:\n{proc.stderr[-4000:]}")
     return {r["id"]: r for r in json.loads(proc.stdout)}

@@ -54,16 +54,52 @@ def _replay(global_scratch: int) -> tuple[_StandInLauncher, list]:
 
 def test_a_kernel_without_scratch_goes_to_the_c_launcher_with_call_s_arguments() -> None:
     launcher, _ = _replay(global_scratch=0)
-    assert launcher.calls == [("launch", (
-        3, 2, 1, 99, "function-handle", False, True, None, None, ("packed", "metadata"),
-        None, None, None, 123456, 7, 0.5))]
+    assert launcher.calls == [
+        (
+            "launch",
+            (
+                3,
+                2,
+                1,
+                99,
+                "function-handle",
+                False,
+                True,
+                None,
+                None,
+                ("packed", "metadata"),
+                None,
+                None,
+                None,
+                123456,
+                7,
+                0.5,
+            ),
+        )
+    ]
 
 
 def test_a_kernel_with_scratch_keeps_triton_s_call_path() -> None:
     launcher, _ = _replay(global_scratch=256)
-    assert launcher.calls == [("__call__", (
-        3, 2, 1, 99, "function-handle", ("packed", "metadata"), None, None, None, 123456, 7,
-        0.5))]
+    assert launcher.calls == [
+        (
+            "__call__",
+            (
+                3,
+                2,
+                1,
+                99,
+                "function-handle",
+                ("packed", "metadata"),
+                None,
+                None,
+                None,
+                123456,
+                7,
+                0.5,
+            ),
+        )
+    ]
 
 
 class _FakeDriver:
@@ -85,10 +121,14 @@ def fake_driver(monkeypatch):
 
 # A kernel (A, desc_q, 5, desc_k, scale): the first descriptor is a TMA one (with metadata), the
 # second is passed as pointer, shape and strides (no metadata), as triton 3.6 does either.
-_SIGNATURE = {"a": "*bf16", "desc_q": "tensordesc<bf16[64, 128]>", "n": "i32",
-              "desc_k": "tensordesc<bf16[128, 128]>", "scale": "fp32"}
-_META = [dict(swizzle=3, elem_size=2, elem_type=10, block_size=[64, 128], fp4_padded=False),
-         None]
+_SIGNATURE = {
+    "a": "*bf16",
+    "desc_q": "tensordesc<bf16[64, 128]>",
+    "n": "i32",
+    "desc_k": "tensordesc<bf16[128, 128]>",
+    "scale": "fp32",
+}
+_META = [dict(swizzle=3, elem_size=2, elem_type=10, block_size=[64, 128], fp4_padded=False), None]
 
 
 @pytest.mark.parametrize("meta", [_META, None], ids=["tma-and-pointer", "no-metadata"])
@@ -115,10 +155,29 @@ def test_a_replay_expands_descriptors_as_triton_s_wrapper_does(meta, fake_driver
     values[_plan.Q], values[_plan.K], values[_plan.SCALE] = 4096, 8192, 0.5
     plan.run(values, torch.device("cpu"), stream=99)
     replayed = got.pop()
-    expected_args = (4096, _plan._Descriptor(4096, [8, 128], [128, 1]), 5,
-                     _plan._Descriptor(8192, [8, 128], [128, 1]), 0.5)
-    kernel.run.launch(3, 2, 1, 99, "function-handle", False, True, None, None,
-                      ("packed", "metadata"), None, None, None, *expected_args)
+    expected_args = (
+        4096,
+        _plan._Descriptor(4096, [8, 128], [128, 1]),
+        5,
+        _plan._Descriptor(8192, [8, 128], [128, 1]),
+        0.5,
+    )
+    kernel.run.launch(
+        3,
+        2,
+        1,
+        99,
+        "function-handle",
+        False,
+        True,
+        None,
+        None,
+        ("packed", "metadata"),
+        None,
+        None,
+        None,
+        *expected_args,
+    )
     expected = got.pop()
 
     def pointers(args):  # triton's own expansion keeps the descriptor's base object

@@ -12,8 +12,10 @@ import torch
 
 import attn_dispatch as ad
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 CASES = [  # (heads, kv_heads, seqlen_q, seqlen_k, causal, align, varlen, impl)
     (8, 2, 384, 384, True, "top_left", False, "triton:fused"),
@@ -28,21 +30,28 @@ def _fresh(h, hkv, sq, sk, causal, align, varlen, seed, d=64):
     kw = dict(causal=causal, causal_align=align)
     if varlen:  # three sequences, one of them empty, packed
         lens_q, lens_k = [sq // 2, 0, sq - sq // 2], [sk // 3, 0, sk - sk // 3]
-        cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()],  # noqa: E731
-                                       dtype=torch.int32, device="cuda")
-        kw.update(cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k), max_seqlen_q=max(lens_q),
-                  max_seqlen_k=max(lens_k))
+
+        def cu(lens: list[int]) -> torch.Tensor:
+            cumulative = [0, *torch.tensor(lens).cumsum(0).tolist()]
+            return torch.tensor(cumulative, dtype=torch.int32, device="cuda")
+
+        kw.update(
+            cu_seqlens_q=cu(lens_q),
+            cu_seqlens_k=cu(lens_k),
+            max_seqlen_q=max(lens_q),
+            max_seqlen_k=max(lens_k),
+        )
         shapes = ((sq, h, d), (sk, hkv, d), (sk, hkv, d), (sq, h, d))
     else:
         shapes = ((2, sq, h, d), (2, sk, hkv, d), (2, sk, hkv, d), (2, sq, h, d))
-    q, k, v, do = (torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g)
-                   for s in shapes)
+    q, k, v, do = (torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g) for s in shapes)
     out, lse = ad.forward(q, k, v, backend="reference", **kw)
     return (q, k, v, out.to(torch.bfloat16), lse, do), kw
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[7]}-h{c[0]}kv{c[1]}-{c[5]}-"
-                         f"{'varlen' if c[6] else 'dense'}")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c[7]}-h{c[0]}kv{c[1]}-{c[5]}-{'varlen' if c[6] else 'dense'}"
+)
 def test_replayed_plan_uses_the_new_tensors(case, d=64):
     *shape, impl = case
     recorded, kw = _fresh(*shape, seed=0, d=d)
@@ -51,8 +60,11 @@ def test_replayed_plan_uses_the_new_tensors(case, d=64):
     for seed in (1, 2):
         args, kw = _fresh(*shape, seed=seed, d=d)
         got = ad.backward(*args, backend=impl, **kw)
-        ref = ad.backward(*[t.float() if t.dtype == torch.bfloat16 else t for t in args],
-                          backend="reference", **kw)
+        ref = ad.backward(
+            *[t.float() if t.dtype == torch.bfloat16 else t for t in args],
+            backend="reference",
+            **kw,
+        )
         for name, g, r in zip(("dq", "dk", "dv"), got, ref):
             err = ((g.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30)).item()
             assert err < 1e-2, f"{impl} replay seed {seed}: {name} rel_l2 {err:.2e}"
@@ -70,8 +82,11 @@ def tuned_d64(tmp_path, monkeypatch):
 
     def install(**extra):
         base = tuning.lookup(arch, 64, True, 4, 384)
-        tuning.save_tuned(arch, tuning.shape_class(64, True, 4, 384),
-                          {k: {**base[k], **extra.get(k, {})} for k in ("dkdv", "dq")})
+        tuning.save_tuned(
+            arch,
+            tuning.shape_class(64, True, 4, 384),
+            {k: {**base[k], **extra.get(k, {})} for k in ("dkdv", "dq")},
+        )
 
     yield install
     monkeypatch.delenv("ATTN_DISPATCH_TRITON_CACHE")
@@ -83,8 +98,9 @@ def tuned_d64(tmp_path, monkeypatch):
 def _recorded_launches() -> list:
     from attn_dispatch_triton import _plan
 
-    return [launch for plan in _plan._PLANS.values() if plan is not None
-            for launch in plan.launches]
+    return [
+        launch for plan in _plan._PLANS.values() if plan is not None for launch in plan.launches
+    ]
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
@@ -94,8 +110,9 @@ def test_replayed_plan_with_tma_tile_loads(varlen, tuned_d64):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA copies need sm_90 or newer")
     tuned_d64(dkdv={"LOAD_TMA": 1}, dq={"LOAD_TMA": 1})
-    test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "top_left", varlen,
-                                             "triton:fused"))
+    test_replayed_plan_uses_the_new_tensors(
+        (8, 2, 384, 384, True, "top_left", varlen, "triton:fused")
+    )
     descriptors = [d for launch in _recorded_launches() for d in launch.descs]
     assert len(descriptors) == 4, "the plan should rebuild Q/dO and K/V descriptors"
 
@@ -104,8 +121,9 @@ def test_replayed_plan_with_tma_tile_loads(varlen, tuned_d64):
 def test_replayed_plan_with_concurrent_dq(varlen, tuned_d64):
     """``CONCURRENT_MAX_SK``: dQ on the side stream, forked and joined on every replay."""
     tuned_d64(dq={"CONCURRENT_MAX_SK": 4096})
-    test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "top_left", varlen,
-                                             "triton:fused"))
+    test_replayed_plan_uses_the_new_tensors(
+        (8, 2, 384, 384, True, "top_left", varlen, "triton:fused")
+    )
     assert [launch.on_side for launch in _recorded_launches()].count(True) == 1
 
 
@@ -128,8 +146,9 @@ def test_concurrent_dq_under_cuda_graph_capture(tuned_d64):
         t.copy_(f)
     graph.replay()
     torch.cuda.synchronize()
-    ref = ad.backward(*[t.float() if t.dtype == torch.bfloat16 else t for t in fresh],
-                      backend="reference", **kw)
+    ref = ad.backward(
+        *[t.float() if t.dtype == torch.bfloat16 else t for t in fresh], backend="reference", **kw
+    )
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
         err = ((g.double() - r.double()).norm() / r.double().norm()).item()
         assert err < 1e-2, f"graph replay: {name} rel_l2 {err:.2e}"
@@ -143,8 +162,9 @@ def test_concurrent_dq_joins_the_callers_own_stream(tuned_d64):
 
     tuned_d64(dq={"CONCURRENT_MAX_SK": 4096})
     args, kw = _fresh(8, 2, 384, 384, True, "top_left", False, seed=3)
-    ref = ad.backward(*[t.float() if t.dtype == torch.bfloat16 else t for t in args],
-                      backend="reference", **kw)
+    ref = ad.backward(
+        *[t.float() if t.dtype == torch.bfloat16 else t for t in args], backend="reference", **kw
+    )
     callers = [torch.cuda.Stream(), torch.cuda.Stream()]
     for caller in callers:
         caller.wait_stream(torch.cuda.current_stream())
@@ -162,8 +182,9 @@ def test_concurrent_dq_joins_the_callers_own_stream(tuned_d64):
         assert side._callers[caller.cuda_stream].cuda_stream == caller.cuda_stream
 
 
-@pytest.mark.parametrize(("impl", "n_descriptors"), [("triton:fused", 8),
-                                                     ("triton:fused_atomic", 5)])
+@pytest.mark.parametrize(
+    ("impl", "n_descriptors"), [("triton:fused", 8), ("triton:fused_atomic", 5)]
+)
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_replayed_plan_of_the_gluon_kernels(varlen, impl, n_descriptors):
     """D=128 GQA causal on sm_90: the table runs the Gluon kernels, whose TMA descriptors are
@@ -176,8 +197,9 @@ def test_replayed_plan_of_the_gluon_kernels(varlen, impl, n_descriptors):
     if not gluon_sm90(torch.device("cuda")):
         pytest.skip("the Gluon kernels need an sm_90 GPU and triton 3.6")
     _plan.clear()
-    test_replayed_plan_uses_the_new_tensors((8, 2, 384, 384, True, "bottom_right", varlen,
-                                             impl), d=128)
+    test_replayed_plan_uses_the_new_tensors(
+        (8, 2, 384, 384, True, "bottom_right", varlen, impl), d=128
+    )
     descriptors = [d for launch in _recorded_launches() for d in launch.descs]
     assert len(descriptors) == n_descriptors, descriptors
 
@@ -205,8 +227,9 @@ def test_replayed_plan_zeroes_the_added_slices(varlen):
     """``SPLIT_ADD`` (Gluon fused-atomic kernel, GQA group split): the slices add dK / dV into a
     buffer that every replay must zero-fill again; with new data each time, a replay that reused
     or skipped the zeroing would be off by the earlier call's gradients."""
-    _replays_zero_the_added_buffer((8, 2, 384, 384, True, "bottom_right", varlen), SPLIT=4,
-                                   SPLIT_ADD=1)
+    _replays_zero_the_added_buffer(
+        (8, 2, 384, 384, True, "bottom_right", varlen), SPLIT=4, SPLIT_ADD=1
+    )
 
 
 def test_replayed_plan_with_tail_slices(monkeypatch):
@@ -218,6 +241,7 @@ def test_replayed_plan_with_tail_slices(monkeypatch):
 
     monkeypatch.setattr(tuning, "sm_count", lambda device: 8)
     monkeypatch.setattr(_launch_policy, "MIN_SLICE_STEPS", 16)  # (a small call's units are short)
-    grids = _replays_zero_the_added_buffer((8, 2, 640, 640, False, "top_left", False), SPLIT=1,
-                                           TAIL_SLICES=4)
+    grids = _replays_zero_the_added_buffer(
+        (8, 2, 640, 640, False, "top_left", False), SPLIT=1, TAIL_SLICES=4
+    )
     assert (16, 1, 1) in grids and (4, 1, 2) in grids, grids

@@ -31,24 +31,33 @@ def meta_inputs(*, dtype=torch.bfloat16, b=1, s=256, h=16, hk=4, d=128, dv=None,
 
 
 def verdict(arch: str, name: str = "triton:fused", **kw) -> ad.Candidate:
-    (args, flags) = meta_inputs(**{k: v for k, v in kw.items() if k not in ("causal", "align",
-                                                                           "deterministic")})
-    report = ad.explain(*args, **flags, causal=kw.get("causal", False),
-                        causal_align=kw.get("align", "top_left"),
-                        deterministic=kw.get("deterministic", False), arch=arch)
+    (args, flags) = meta_inputs(
+        **{k: v for k, v in kw.items() if k not in ("causal", "align", "deterministic")}
+    )
+    report = ad.explain(
+        *args,
+        **flags,
+        causal=kw.get("causal", False),
+        causal_align=kw.get("align", "top_left"),
+        deterministic=kw.get("deterministic", False),
+        arch=arch,
+    )
     (cand,) = [c for c in report.candidates if c.name == name]
     return cand
 
 
 def test_triton_plugin_import_does_not_import_triton() -> None:
-    code = ("import sys, attn_dispatch_triton.plugin as p; p.Fused(); p.FusedAtomic(); "
-            "assert 'triton' not in sys.modules, 'plugin imported triton'")
+    code = (
+        "import sys, attn_dispatch_triton.plugin as p; p.Fused(); p.FusedAtomic(); "
+        "assert 'triton' not in sys.modules, 'plugin imported triton'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm_80", "sm_90"])
-@pytest.mark.parametrize(("causal", "align", "varlen"),
-                         [(False, "top_left", False), (True, "bottom_right", True)])
+@pytest.mark.parametrize(
+    ("causal", "align", "varlen"), [(False, "top_left", False), (True, "bottom_right", True)]
+)
 def test_triton_supported_on_gpu_arches(arch, causal, align, varlen) -> None:
     cand = verdict(arch, causal=causal, align=align, varlen=varlen, deterministic=True)
     assert cand.reasons == (), cand.reasons
@@ -92,27 +101,30 @@ GLUON = 55 if gluon_triton_installed() else 45
 ATOMIC = 56 if gluon_triton_installed() else 43  # triton:fused_atomic with the Gluon kernel
 
 
-@pytest.mark.parametrize(("kw", "fused", "atomic"), [
-    ({"s": 1024, "h": 8, "hk": 8, "causal": True}, 55, 43),  # measured: above cuDNN (50)
-    ({"s": 1024, "h": 8, "hk": 8, "causal": False}, 45, 43),
-    ({"s": 2048, "h": 8, "hk": 8, "causal": True}, 45, 43),
-    ({"s": 4096, "h": 8, "hk": 8, "causal": True}, GLUON, ATOMIC),  # Gluon: above cuDNN
-    ({"s": 8192, "h": 8, "hk": 8, "causal": True}, GLUON, ATOMIC),
-    ({"s": 16384, "h": 8, "hk": 8, "causal": True}, 45, 43),
-    ({"s": 4096, "h": 8, "hk": 8, "causal": False}, 45, 43),
-    ({"s": 4096, "h": 8, "hk": 8, "d": 96, "causal": True}, 45, 43),  # Gluon needs D = 128
-    ({"s": 1024, "h": 16, "hk": 16, "causal": True}, 45, 43),
-    ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),  # GQA: Gluon fused-atomic
-    ({"s": 2048, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
-    ({"s": 4096, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
-    ({"s": 8192, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),  # every length, causal too
-    ({"s": 16384, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
-    ({"s": 16384, "h": 8, "hk": 2, "causal": True, "d": 64}, 45, 43),  # Gluon needs D = 128
-    ({"s": 2048, "h": 8, "hk": 2, "causal": False}, 45, ATOMIC),
-    ({"s": 16384, "h": 8, "hk": 2, "causal": False}, 45, ATOMIC),  # every length, no mask
-    ({"s": 4096, "h": 8, "hk": 2, "d": 64, "causal": False}, 45, 43),
-    ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45, 43),
-])
+@pytest.mark.parametrize(
+    ("kw", "fused", "atomic"),
+    [
+        ({"s": 1024, "h": 8, "hk": 8, "causal": True}, 55, 43),  # measured: above cuDNN (50)
+        ({"s": 1024, "h": 8, "hk": 8, "causal": False}, 45, 43),
+        ({"s": 2048, "h": 8, "hk": 8, "causal": True}, 45, 43),
+        ({"s": 4096, "h": 8, "hk": 8, "causal": True}, GLUON, ATOMIC),  # Gluon: above cuDNN
+        ({"s": 8192, "h": 8, "hk": 8, "causal": True}, GLUON, ATOMIC),
+        ({"s": 16384, "h": 8, "hk": 8, "causal": True}, 45, 43),
+        ({"s": 4096, "h": 8, "hk": 8, "causal": False}, 45, 43),
+        ({"s": 4096, "h": 8, "hk": 8, "d": 96, "causal": True}, 45, 43),  # Gluon needs D = 128
+        ({"s": 1024, "h": 16, "hk": 16, "causal": True}, 45, 43),
+        ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),  # GQA: Gluon fused-atomic
+        ({"s": 2048, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
+        ({"s": 4096, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
+        ({"s": 8192, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),  # every length, causal too
+        ({"s": 16384, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
+        ({"s": 16384, "h": 8, "hk": 2, "causal": True, "d": 64}, 45, 43),  # Gluon needs D = 128
+        ({"s": 2048, "h": 8, "hk": 2, "causal": False}, 45, ATOMIC),
+        ({"s": 16384, "h": 8, "hk": 2, "causal": False}, 45, ATOMIC),  # every length, no mask
+        ({"s": 4096, "h": 8, "hk": 2, "d": 64, "causal": False}, 45, 43),
+        ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45, 43),
+    ],
+)
 def test_triton_outranks_cudnn_only_where_measured_faster(kw, fused, atomic) -> None:
     chosen = verdict("sm_90", **kw)
     assert chosen.priority == fused
@@ -127,15 +139,17 @@ def test_triton_outranks_cudnn_only_where_measured_faster(kw, fused, atomic) -> 
     assert verdict("sm_80", "triton:fused_atomic", **kw).priority == 43
 
 
-@pytest.mark.parametrize(("kw", "needle"), [
-    ({"arch": "sm_75"}, "arch=sm_75"),
-    ({"arch": "gfx90a"}, "arch=gfx90a"),
-    ({"arch": "gfx950", "dtype": torch.float32}, "dtype=float32"),
-    ({"arch": "sm_90", "d": 16}, "head_dim=16"),
-    ({"arch": "gfx942", "d": 128, "dv": 512}, "head_dim_v=512"),
-    ({"arch": "gfx950", "b": 2, "h": 40000, "hk": 40000, "d": 32, "s": 1},
-     "batch*heads=80000"),
-])
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"arch": "sm_75"}, "arch=sm_75"),
+        ({"arch": "gfx90a"}, "arch=gfx90a"),
+        ({"arch": "gfx950", "dtype": torch.float32}, "dtype=float32"),
+        ({"arch": "sm_90", "d": 16}, "head_dim=16"),
+        ({"arch": "gfx942", "d": 128, "dv": 512}, "head_dim_v=512"),
+        ({"arch": "gfx950", "b": 2, "h": 40000, "hk": 40000, "d": 32, "s": 1}, "batch*heads=80000"),
+    ],
+)
 def test_triton_rejects_with_named_value(kw, needle) -> None:
     arch = kw.pop("arch")
     cand = verdict(arch, **kw)

@@ -21,17 +21,20 @@ def cache_dir(tmp_path, monkeypatch):
     tuning.lookup.cache_clear()
 
 
-@pytest.mark.parametrize(("seqlen_k", "want"), [
-    (1, ("*", "d128-full-mha", "d128-full-mha-short", "d128-full-mha-short-1k")),
-    (1024, ("*", "d128-full-mha", "d128-full-mha-short", "d128-full-mha-short-1k")),
-    (1025, ("*", "d128-full-mha", "d128-full-mha-short", "d128-full-mha-short-2k")),
-    (2048, ("*", "d128-full-mha", "d128-full-mha-short", "d128-full-mha-short-2k")),
-    (2049, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-4k")),
-    (4096, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-4k")),
-    (4097, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-8k")),
-    (8192, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-8k")),
-    (8193, ("*", "d128-full-mha", "d128-full-mha-long")),
-])
+@pytest.mark.parametrize(
+    ("seqlen_k", "want"),
+    [
+        (1, ("*", "d128-full-mha", "d128-full-mha-short", "d128-full-mha-short-1k")),
+        (1024, ("*", "d128-full-mha", "d128-full-mha-short", "d128-full-mha-short-1k")),
+        (1025, ("*", "d128-full-mha", "d128-full-mha-short", "d128-full-mha-short-2k")),
+        (2048, ("*", "d128-full-mha", "d128-full-mha-short", "d128-full-mha-short-2k")),
+        (2049, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-4k")),
+        (4096, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-4k")),
+        (4097, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-8k")),
+        (8192, ("*", "d128-full-mha", "d128-full-mha-long", "d128-full-mha-long-8k")),
+        (8193, ("*", "d128-full-mha", "d128-full-mha-long")),
+    ],
+)
 def test_lookup_keys_per_length(seqlen_k: int, want: tuple) -> None:
     assert tuning.lookup_keys(128, False, 1, seqlen_k) == want
 
@@ -43,8 +46,10 @@ def test_sm90_mha_2k_entry_applies_only_between_1k_and_2k(cache_dir) -> None:
     assert short != two_k
     for seqlen_k, want in ((512, short), (1024, short), (1536, two_k), (2048, two_k)):
         assert tuning.lookup("sm_90", 128, False, 1, tuning._bucket(seqlen_k))["dkdv"] == want
-    assert tuning.lookup("sm_90", 128, False, 1, tuning._bucket(4096))["dkdv"] == (
-        tuning._TABLES["sm_90"]["d128-full-mha"]["dkdv"])
+    assert (
+        tuning.lookup("sm_90", 128, False, 1, tuning._bucket(4096))["dkdv"]
+        == (tuning._TABLES["sm_90"]["d128-full-mha"]["dkdv"])
+    )
 
 
 def test_tuned_entry_overrides_the_table_for_its_bucket_only(cache_dir) -> None:
@@ -61,16 +66,30 @@ def test_tuned_entry_overrides_the_table_for_its_bucket_only(cache_dir) -> None:
 
 def test_unreadable_cache_file_falls_back_to_the_table(cache_dir) -> None:
     tuning.cache_path("sm_90").write_text("{not json")
-    assert tuning.lookup("sm_90", 128, False, 1, tuning._bucket(4096))["dkdv"] == (
-        tuning._TABLES["sm_90"]["d128-full-mha"]["dkdv"])
+    assert (
+        tuning.lookup("sm_90", 128, False, 1, tuning._bucket(4096))["dkdv"]
+        == (tuning._TABLES["sm_90"]["d128-full-mha"]["dkdv"])
+    )
 
 
-@pytest.mark.parametrize(("causal", "group", "seqlen_k", "dp_first"), [
-    (False, 1, 1024, 1), (False, 1, 2048, 1), (False, 1, 8192, 1),
-    (False, 8, 1024, 1), (False, 8, 2048, 1), (False, 8, 8192, 1),
-    (True, 1, 1024, 1), (True, 1, 2048, 1), (True, 1, 4096, 0), (True, 1, 16384, 0),
-    (True, 8, 1024, 0), (True, 8, 2048, 0), (True, 8, 8192, 0),
-])
+@pytest.mark.parametrize(
+    ("causal", "group", "seqlen_k", "dp_first"),
+    [
+        (False, 1, 1024, 1),
+        (False, 1, 2048, 1),
+        (False, 1, 8192, 1),
+        (False, 8, 1024, 1),
+        (False, 8, 2048, 1),
+        (False, 8, 8192, 1),
+        (True, 1, 1024, 1),
+        (True, 1, 2048, 1),
+        (True, 1, 4096, 0),
+        (True, 1, 16384, 0),
+        (True, 8, 1024, 0),
+        (True, 8, 2048, 0),
+        (True, 8, 8192, 0),
+    ],
+)
 def test_sm90_dp_first_per_class(cache_dir, causal, group, seqlen_k, dp_first) -> None:
     """dP first where the H200 measured it faster (D=128 without a mask, MHA causal <= 2K); not
     with the causal 64x128 tiles; 4-stage dQ only at long lengths without a mask."""
@@ -89,16 +108,23 @@ def test_sm90_dp_first_only_where_measured(cache_dir, head_dim) -> None:
             assert "DP_FIRST" not in cfgs["dkdv"]
 
 
-@pytest.mark.parametrize(("seqlen_k", "split", "heavy_first", "window", "add"), [
-    (2048, 4, 1, 0, 0), (4096, 4, 0, 1, 0), (8192, 4, 0, 1, 1), (16384, 4, 0, 0, 0)])
-def test_sm90_causal_gqa_fused_atomic_order_per_length(cache_dir, seqlen_k, split, heavy_first,
-                                                       window, add) -> None:
+@pytest.mark.parametrize(
+    ("seqlen_k", "split", "heavy_first", "window", "add"),
+    [(2048, 4, 1, 0, 0), (4096, 4, 0, 1, 0), (8192, 4, 0, 1, 1), (16384, 4, 0, 0, 0)],
+)
+def test_sm90_causal_gqa_fused_atomic_order_per_length(
+    cache_dir, seqlen_k, split, heavy_first, window, add
+) -> None:
     """GQA causal, fused-atomic: split 4 throughout; heaviest first at 2K, launch windows of
     one kv head at 4K and 8K (the ``-4k`` / ``-8k`` entries), the natural order at 16K; the
     slices add dK / dV by atomics at 8K only (H200 measurements in the table)."""
     cfg = tuning.lookup("sm_90", 128, True, 8, tuning._bucket(seqlen_k))["dkdvq"]
-    assert (cfg["SPLIT"], cfg.get("HEAVY_FIRST", 0), cfg.get("WINDOW", 0),
-            cfg.get("SPLIT_ADD", 0)) == (split, heavy_first, window, add)
+    assert (
+        cfg["SPLIT"],
+        cfg.get("HEAVY_FIRST", 0),
+        cfg.get("WINDOW", 0),
+        cfg.get("SPLIT_ADD", 0),
+    ) == (split, heavy_first, window, add)
 
 
 def test_trial_overrides_one_class_and_restores_it(cache_dir) -> None:

@@ -51,8 +51,13 @@ CONVERT_IN_INTERPRETER = textwrap.dedent("""
 
 def test_convert_puts_the_wide_store_columns_back() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", CONVERT_IN_INTERPRETER], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", CONVERT_IN_INTERPRETER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
@@ -75,6 +80,5 @@ def test_convert_with_wide_store_compiles_for_sm90() -> None:
         else:
             signature[name] = "fp32" if name == "scale" else "i32"
     src = ASTSource(_attn_bwd_dq_convert, signature, constexprs=consts)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     assert len(compiled.asm["cubin"]) > 0

@@ -62,8 +62,9 @@ def patch_interpreter() -> None:
     def create_descriptor_reduce(self, kind, desc, value, indices):
         assert kind == ir.DESCRIPTOR_REDUCE_KIND.ADD, kind
         ptrs, mask = desc.materialize_pointers(indices)
-        return self.create_atomic_rmw(ir.ATOMIC_OP.FADD, ptrs, value, mask,
-                                      ir.MEM_SEMANTIC.RELAXED, ir.MEM_SYNC_SCOPE.GPU)
+        return self.create_atomic_rmw(
+            ir.ATOMIC_OP.FADD, ptrs, value, mask, ir.MEM_SEMANTIC.RELAXED, ir.MEM_SYNC_SCOPE.GPU
+        )
 
     interp.InterpreterBuilder.create_descriptor_reduce = create_descriptor_reduce
 
@@ -82,8 +83,9 @@ def oracle_one(q, k, v, causal, bottom_right, scale):
         i = torch.arange(sq)[:, None]
         j = torch.arange(sk)[None, :]
         s = s.masked_fill(j > i + off, float("-inf"))
-    lse = torch.logsumexp(s, -1) if sk else torch.full((q.shape[1], sq), float("-inf"),
-                                                     dtype=q.dtype)
+    lse = (
+        torch.logsumexp(s, -1) if sk else torch.full((q.shape[1], sq), float("-inf"), dtype=q.dtype)
+    )
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with lse = -inf: p = 0
     return torch.einsum("hij,jhd->ihd", p, vv), lse
 
@@ -96,8 +98,12 @@ def oracle(q, k, v, case):
         return torch.stack(outs), torch.stack(lses)
     cq = np.cumsum([0, *case["seqlens_q"]])
     ck = np.cumsum([0, *case["seqlens_k"]])
-    outs, lses = zip(*(oracle_one(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]],
-                                  *args) for b in range(len(cq) - 1)))
+    outs, lses = zip(
+        *(
+            oracle_one(q[cq[b] : cq[b + 1]], k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]], *args)
+            for b in range(len(cq) - 1)
+        )
+    )
     return torch.cat(outs), torch.cat(lses, dim=1)
 
 
@@ -119,8 +125,12 @@ def run_case(case: dict) -> dict:
 
     torch.manual_seed(case["seed"])
     dt = getattr(torch, case["dtype"])
-    h, hk, d, dv = case["heads"], case["kv_heads"], case["head_dim"], case.get("head_dim_v",
-                                                                               case["head_dim"])
+    h, hk, d, dv = (
+        case["heads"],
+        case["kv_heads"],
+        case["head_dim"],
+        case.get("head_dim_v", case["head_dim"]),
+    )
     varlen = case.get("seqlens_q") is not None
     if varlen:
         lead_q, lead_k = (sum(case["seqlens_q"]),), (sum(case["seqlens_k"]),)
@@ -132,7 +142,7 @@ def run_case(case: dict) -> dict:
         return torch.randn(*shape, dtype=torch.float64).to(dt)
 
     if case.get("strided"):  # views into packed buffers: non-contiguous head/seq strides
-        q = rand(*lead_q, h + 2, d)[..., 1:h + 1, :]
+        q = rand(*lead_q, h + 2, d)[..., 1 : h + 1, :]
         kv = rand(*lead_k, 2, hk, max(d, dv))
         k, v = kv[..., 0, :, :d], kv[..., 1, :, :dv]
     else:
@@ -146,8 +156,12 @@ def run_case(case: dict) -> dict:
     if varlen:
         cu_q = torch.tensor(np.cumsum([0, *case["seqlens_q"]]), dtype=torch.int32)
         cu_k = torch.tensor(np.cumsum([0, *case["seqlens_k"]]), dtype=torch.int32)
-        flags.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(case["seqlens_q"]),
-                     max_seqlen_k=max(case["seqlens_k"]))
+        flags.update(
+            cu_seqlens_q=cu_q,
+            cu_seqlens_k=cu_k,
+            max_seqlen_q=max(case["seqlens_q"]),
+            max_seqlen_k=max(case["seqlens_k"]),
+        )
     cfg = case.get("config")
     res: dict = {"id": case["id"]}
 
@@ -163,8 +177,20 @@ def run_case(case: dict) -> dict:
     grads = [torch.full(t.shape, float("nan"), dtype=dt) for t in (q, k, v)]
     o_in, lse_in = out64.detach().to(dt), lse64.float()
     atomic = bool(case.get("atomic"))  # the fused design: dQ through fp32 atomics
-    attention_backward(q, k, v, o_in, lse_in, do, **flags, config=cfg,
-                       dq=grads[0], dk=grads[1], dv=grads[2], atomic_dq=atomic)
+    attention_backward(
+        q,
+        k,
+        v,
+        o_in,
+        lse_in,
+        do,
+        **flags,
+        config=cfg,
+        dq=grads[0],
+        dk=grads[1],
+        dv=grads[2],
+        atomic_dq=atomic,
+    )
     for name, got, want in zip(("dq", "dk", "dv"), grads, (dq64, dk64, dv64)):
         res[name] = rel(got, want)
     # Rows that see no key must get exactly zero gradient.
@@ -173,8 +199,7 @@ def run_case(case: dict) -> dict:
         per_row = empty.t() if varlen else empty.transpose(1, 2)  # dq's [T,H] / [B,S,H]
         res["dq_empty_rows_zero"] = bool((grads[0][per_row] == 0).all())
     if case.get("repeat"):  # the backward is atomic-free: a second run is bitwise identical
-        again = attention_backward(q, k, v, o_in, lse_in, do, **flags, config=cfg,
-                                   atomic_dq=atomic)
+        again = attention_backward(q, k, v, o_in, lse_in, do, **flags, config=cfg, atomic_dq=atomic)
         res["bitwise_repeat"] = all(torch.equal(a, b) for a, b in zip(again, grads))
     return res
 

@@ -83,13 +83,13 @@ class Trivial(ad.Implementation):
         return ad.Gradients(inp.q, inp.k, inp.v)
 
 
-TAGS = {cls.name: cls.tag for cls in (Fast, Slow, NonDeterministic, Experimental, GpuOnly,
-                                       HostSync)}
+TAGS = {
+    cls.name: cls.tag for cls in (Fast, Slow, NonDeterministic, Experimental, GpuOnly, HostSync)
+}
 
 
 @ad.hookimpl
 def attn_dispatch_implementations():
     if not active():
         return []
-    return [Fast(), Slow(), NonDeterministic(), Experimental(), GpuOnly(), HostSync(),
-            Trivial()]
+    return [Fast(), Slow(), NonDeterministic(), Experimental(), GpuOnly(), HostSync(), Trivial()]
