@@ -10,4 +10,4 @@ echo "test: ruff (lint and format)"
 "$PY" -m ruff format --check .
 echo "test: pytest"
 shopt -s nullglob
-"$PY" -m pytest tests backends/*/tests --durations=15 "$@"
+"$PY" -m pytest tests backends/*/tests benchmarks --durations=15 "$@"
