@@ -10,9 +10,9 @@
 #   4. `attn-dispatch bench --repeats 41 --no-matmul` eager, then under CUDA graphs, each
 #      followed by its summary lines and FA4's standing (fa4_table.py).
 # STEPS picks parts (comma list of compile, tests, bench, graphs; default all). Each step has a
-# time cap (100 + 25, 150, 120, 120 s) so that the whole stays under 10 minutes. Files in $OUT (8): env.txt,
-# compile_times.json, compile_times_cached.json, gpu_tests.txt, bench_fa4.json, bench_fa4.txt,
-# bench_fa4_graphs.json, bench_fa4_graphs.txt.
+# time cap (100 + 25, 150, 120, 120 s) so that the whole stays under 10 minutes.
+# Files in $OUT (8): env.txt, compile_times.json, compile_times_cached.json, gpu_tests.txt,
+# bench_fa4.json, bench_fa4.txt, bench_fa4_graphs.json, bench_fa4_graphs.txt.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 STEPS=",${STEPS:-compile,tests,bench,graphs},"
@@ -32,7 +32,8 @@ $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends
   $PY - <<'EOF'
 import importlib.metadata as md
 import torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+print("torch", torch.__version__, "cuda", torch.version.cuda,
+      "cudnn", torch.backends.cudnn.version())
 for dist in ("triton", "flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels", "apache-tvm-ffi",
              "attn-dispatch-flash-attn-cute"):
     try:

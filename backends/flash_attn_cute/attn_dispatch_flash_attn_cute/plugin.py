@@ -16,12 +16,12 @@ varlen with distinct cu_seqlens (rejected: the window is one value per call), an
 ordered by semaphores), used when the call asks for determinism; otherwise the faster
 atomic one runs.
 
-Priorities (design and measurements: docs/backends/flash_attn_cute.md, docs/benchmarks.md):
-60 on sm_90, above cuDNN (50) and triton's raised entries (55/56): FA4 measured fastest at 16
-of the 20 seed shapes on an H200. Where it measured slower for the backward (dense D = 128 at
-Sk <= 1024, and causal MHA with B*H <= 8 at 2048 < Sk <= 4096, where triton's Gluon kernel
-leads) it ranks 49, below those. 60 on sm_100/sm_103: FA4 is written for Blackwell; not
-measured by this project (no Blackwell GPU).
+Priorities (design and measurements: docs/backends/flash_attn_cute.md): 60 on sm_90, above
+cuDNN (50) and triton's raised entries (55/56): FA4 measured fastest at 16 of the 20 seed
+shapes on an H200. Where it measured slower for the backward (dense D = 128 at Sk <= 1024
+with B*H <= 64, and causal MHA with B*H <= 8 at 2048 < Sk <= 4096, where triton's Gluon
+kernel leads) it ranks 49, below those. 60 on sm_100/sm_103: FA4 is written for Blackwell;
+not measured by this project (no Blackwell GPU).
 """
 
 from __future__ import annotations
@@ -36,20 +36,22 @@ PRIORITY = 60
 # For the backward on sm_90 where an H200 measured FA4 slower than the implementation the
 # other priorities pick: below cuDNN (50) and triton's raised entries (55, 56).
 SLOWER_PRIORITY = 49
-SMALL_SK = 1024  # dense D=128 backward: FA4 behind triton:fused_atomic / cuDNN at 1K
+SMALL_SK = 1024  # dense D=128 backward: FA4 behind triton:fused_atomic / cuDNN at 1K ...
+SMALL_SK_HEADS = 64  # ... measured with B*H = 64 (GQA 64/8) and 8 (MHA 8)
 MHA_CAUSAL_SK = (2049, 4096)  # causal MHA, B*H <= 8: behind triton:fused_atomic's Gluon kernel
 MHA_CAUSAL_HEADS = 8
 
 
 def measured_slower_sm90(inp: ad.ForwardInputs) -> bool:
     """Whether ``inp`` is a backward where an H200 measured FA4 behind another implementation:
-    dense, D = Dv = 128, and Sk <= 1024 (the 1K seed shapes), or causal MHA with B*H <= 8 at
+    dense, D = Dv = 128, and Sk <= 1024 with B*H <= 64 (the 1K seed shapes: GQA 64/8, FA4
+    212 us against triton:fused_atomic's 204 us), or causal MHA with B*H <= 8 at
     2048 < Sk <= 4096 (MHA 8, 4K causal: FA4 222 us, triton:fused_atomic 205 us)."""
     if not isinstance(inp, ad.BackwardInputs) or inp.is_varlen:
         return False
     if inp.head_dim != 128 or inp.head_dim_v != 128:
         return False
-    if inp.seqlen_k <= SMALL_SK:
+    if inp.seqlen_k <= SMALL_SK and inp.batch * inp.heads <= SMALL_SK_HEADS:
         return True
     small_causal_mha = (
         inp.causal and inp.heads == inp.kv_heads and inp.batch * inp.heads <= MHA_CAUSAL_HEADS

@@ -288,6 +288,8 @@ def test_deterministic_request_accepted(arch):
         (dict(sq=8192, h=8, hkv=8), True, 60),
         (dict(sq=4096, h=8, hkv=8, b=2), True, 60),  # B*H = 16: outside the measured case
         (dict(sq=1024, d=64), False, 60),  # D = 64: not measured slower
+        (dict(sq=1024, b=2), True, 60),  # B*H = 128: outside the measured case
+        (dict(sq=512, h=8, hkv=8, b=8), False, 49),  # B*H = 64, shorter than measured
     ],
 )
 def test_sm90_backward_priority_by_measurement(shape, causal, expected):
