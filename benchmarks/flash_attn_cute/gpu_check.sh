@@ -60,7 +60,7 @@ if step tests; then
   workers=()
   if $PY -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-12}"); fi
   # SIGINT at the cap: pytest still prints its summary of what ran.
-  timeout -s INT -k 15 150 $PY -m pytest -q -p no:cacheprovider "${workers[@]}" \
+  timeout -s INT -k 15 130 $PY -m pytest -q -p no:cacheprovider "${workers[@]}" \
     backends/flash_attn_cute/tests/test_flash_attn_cute_gpu.py --tb=short -rfE \
     > "$OUT/gpu_tests.txt" 2>&1
   echo "gpu tests rc=$?"
@@ -70,7 +70,7 @@ fi
 
 bench() {  # $1: file stem, then extra arguments for attn-dispatch bench
   local stem=$1; shift
-  timeout 120 $PY -m attn_dispatch bench --repeats 41 --no-matmul --json "$OUT/$stem.json" "$@" \
+  timeout "${BENCH_TIMEOUT:-160}" $PY -m attn_dispatch bench --repeats 41 --no-matmul --json "$OUT/$stem.json" "$@" \
     > "$OUT/$stem.txt" 2>&1
   echo "bench rc=$?"
   grep -E "fastest .* auto " "$OUT/$stem.txt"
