@@ -5,11 +5,13 @@
    as the timing) against a float32 masked softmax in torch (the band from the contract,
    ``c * tanh(s / c)`` on the scores) over one GQA group; outputs poisoned with NaN;
 2. bf16, B=1, GQA 64/8, D=128, S=16K: forward, backward (``triton:fused``'s split design) and
-   backward (``triton:fused_atomic``'s design) for no mask, causal, window (4095, 0), causal +
-   softcap 30 and window (4095, 0) + softcap 30; then the ratios the issue asks for (window
-   against causal; softcap's cost over causal) and the ideal ratio of visible pairs.
+   backward (``triton:fused_atomic``'s design) for no mask, causal, causal with the Gluon sm_90
+   kernels off (``causal-tl``: the tl kernels windowed and capped calls run), window
+   (4095, 0), causal + softcap 30 and window (4095, 0) + softcap 30; then the ratios the issue
+   asks for (window against causal; softcap's cost over causal, and over ``causal-tl``) and
+   the ideal ratio of visible pairs (causal / window: 2.29 at 16K).
 
-Usage (about 1-2 minutes on an H200, most of it compiling)::
+Usage (estimated 1-2 minutes on an H200, most of it compiling; not yet run)::
 
     PYTHONUNBUFFERED=1 python benchmarks/triton/bench_variants.py [--out DIR]
 
@@ -31,6 +33,9 @@ import torch
 VARIANTS = {  # name: (causal, window, softcap)
     "full": (False, None, None),
     "causal": (True, None, None),
+    # the same, with the Gluon sm_90 backward kernels turned off: the tl kernels that run
+    # windowed and soft-capped calls (their fair baseline)
+    "causal-tl": (True, None, None),
     "window(4095,0)": (False, (4095, 0), None),
     "causal+softcap30": (True, None, 30.0),
     "window+softcap30": (False, (4095, 0), 30.0),
@@ -79,7 +84,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def run(q, k, v, scale, causal, window, softcap, atomic: bool, do=None):
+def run(q, k, v, scale, causal, window, softcap, atomic: bool, do, config=None):
     from attn_dispatch_triton.backward import attention_backward
     from attn_dispatch_triton.forward import attention_forward
 
@@ -87,11 +92,20 @@ def run(q, k, v, scale, causal, window, softcap, atomic: bool, do=None):
     out = torch.full((*q.shape[:-1], v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
     attention_forward(q, k, v, **flags, out=out, lse=lse)
-    if do is None:
-        return out, lse, None
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     attention_backward(
-        q, k, v, out, lse, do, **flags, dq=grads[0], dk=grads[1], dv=grads[2], atomic_dq=atomic
+        q,
+        k,
+        v,
+        out,
+        lse,
+        do,
+        **flags,
+        dq=grads[0],
+        dk=grads[1],
+        dv=grads[2],
+        atomic_dq=atomic,
+        config=config,
     )
     return out, lse, grads
 
@@ -112,7 +126,8 @@ def check(device) -> list[dict]:
             q[0, :, :g], k[0, :, 0], v[0, :, 0], do[0, :, :g], scale, causal, window, cap
         )
         for atomic in (False, True):
-            out, lse, (dq, dk, dv) = run(q, k, v, scale, causal, window, cap, atomic, do)
+            config = tl_only_config(q, k, causal) if name == "causal-tl" else None
+            out, lse, (dq, dk, dv) = run(q, k, v, scale, causal, window, cap, atomic, do, config)
             errs = dict(
                 out=rel(out[0, :, :g], ref[0]),
                 lse=(lse[0, :g] - ref[1]).abs().max().item(),
@@ -150,6 +165,15 @@ def visible_pairs(s: int, causal: bool, window) -> int:
     return total
 
 
+def tl_only_config(q, k, causal: bool) -> dict:
+    """The tuning table's backward configs for this shape with ``GLUON`` removed."""
+    from attn_dispatch_triton.tuning import get_backward_config
+
+    group = q.shape[2] // k.shape[2]
+    table = get_backward_config(q.device, q.shape[-1], causal, group, k.shape[1])
+    return {name: {x: y for x, y in c.items() if x != "GLUON"} for name, c in table.items()}
+
+
 def time_variant(q, k, v, out, lse, do, flags: dict) -> dict:
     from attn_dispatch_triton.backward import attention_backward
     from attn_dispatch_triton.forward import attention_forward
@@ -177,6 +201,8 @@ def speed(device) -> list[dict]:
     for name, (causal, window, cap) in VARIANTS.items():
         flags = dict(causal=causal, bottom_right=False, scale=scale, window=window, softcap=cap)
         out, lse = attention_forward(q, k, v, **flags)
+        if name == "causal-tl":
+            flags["config"] = tl_only_config(q, k, causal)
         row = dict(variant=name, pairs=visible_pairs(s, causal, window))
         row.update(time_variant(q, k, v, out, lse, do, flags))
         rows.append(row)
@@ -203,12 +229,13 @@ def table(rows: list[dict]) -> None:
             f"{r['variant']:18s} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['bwd_atomic_ms']:8.3f} "
             f"{total:8.3f} {ratio:6.2f} {ideal:6.2f}"
         )
-    w, sc = by["window(4095,0)"], by["causal+softcap30"]
+    w, sc, ctl = by["window(4095,0)"], by["causal+softcap30"], by["causal-tl"]
     for part in ("fwd_ms", "bwd_ms", "bwd_atomic_ms"):
         log(
-            f"{part[:-3]:11s} window speed-up over causal {c[part] / w[part]:5.2f}x, over full "
-            f"{by['full'][part] / w[part]:5.2f}x; softcap cost over causal "
-            f"{(sc[part] / c[part] - 1) * 100:+5.1f}%"
+            f"{part[:-3]:11s} window speed-up over causal {c[part] / w[part]:5.2f}x "
+            f"(tl causal {ctl[part] / w[part]:5.2f}x, full {by['full'][part] / w[part]:5.2f}x); "
+            f"softcap cost over causal {(sc[part] / c[part] - 1) * 100:+5.1f}% "
+            f"(tl causal {(sc[part] / ctl[part] - 1) * 100:+5.1f}%)"
         )
 
 
