@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 from attn_dispatch_flydsl_rocm import KernelSpec, specs_for
 from attn_dispatch_flydsl_rocm._tiles import LDS_BUDGET
+from flydsl_gate import require_flydsl
 
-# Skipped without a usable FlyDSL, failed instead under ATTN_DISPATCH_REQUIRE_FLYDSL=1 (CI).
-pytestmark = pytest.mark.usefixtures("flydsl_installed")
+
+@pytest.fixture(autouse=True)
+def _flydsl() -> None:
+    """Skipped without a usable FlyDSL; failed instead under ATTN_DISPATCH_REQUIRE_FLYDSL=1 (CI)."""
+    require_flydsl()
 
 
 def _have_linker() -> bool:

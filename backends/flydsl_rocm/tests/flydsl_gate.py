@@ -1,4 +1,5 @@
-"""Fixtures of the flydsl_rocm tests."""
+"""The FlyDSL gate of the compile and API tests (a plain module: the name ``conftest`` is taken
+by the core tests' helpers, which they import by that name)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from attn_dispatch_flydsl_rocm._support import FLYDSL_REQUIREMENT, flydsl_test_g
 import attn_dispatch as ad
 
 
-@pytest.fixture
-def flydsl_installed() -> None:
-    """Skips a test without a usable FlyDSL; where FlyDSL is required (CI) the test errors
-    instead, which fails the run."""
+def require_flydsl() -> None:
+    """Skips the calling test without a usable FlyDSL; where FlyDSL is required (CI) the test
+    fails instead."""
     action, why = flydsl_test_gate(ad.missing_requirement(FLYDSL_REQUIREMENT))
     if action == "fail":
         pytest.fail(why, pytrace=False)
