@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl._mlir import ir
-from flydsl._mlir.dialects import arith
 from flydsl.expr import const_expr, range_constexpr
 
 from . import _prims as P
@@ -107,15 +105,15 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
         b = fx.block_idx.z
 
         lds = fx.SharedAllocator().allocate(LDS_BYTES)
-        lbase = fx.Int32(fx.ptrtoint(lds._ptr))
+        lbase = P.lds_base(lds)
 
         if const_expr(varlen):
             rcq = P.buffer_rsrc(CuQ, fx.Int64(0), fx.Int64(1 << 20), 4)
             rck = P.buffer_rsrc(CuK, fx.Int64(0), fx.Int64(1 << 20), 4)
-            qs = fx.Int32(P.gload(ir.IntegerType.get_signless(32), rcq, b * 4))
-            sq = fx.Int32(P.gload(ir.IntegerType.get_signless(32), rcq, b * 4 + 4)) - qs
-            ks = fx.Int32(P.gload(ir.IntegerType.get_signless(32), rck, b * 4))
-            sk = fx.Int32(P.gload(ir.IntegerType.get_signless(32), rck, b * 4 + 4)) - ks
+            qs = fx.Int32(P.gload(P.i32_t(), rcq, b * 4))
+            sq = fx.Int32(P.gload(P.i32_t(), rcq, b * 4 + 4)) - qs
+            ks = fx.Int32(P.gload(P.i32_t(), rck, b * 4))
+            sk = fx.Int32(P.gload(P.i32_t(), rck, b * 4 + 4)) - ks
             bq = fx.Int64(0)
             bk = fx.Int64(0)
             bv = fx.Int64(0)
@@ -164,7 +162,7 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
         scale_l2 = scale * P.LOG2E
         m_first = n0 // BM if causal else fx.Int32(0)
         m_last = (sq + (BM - 1)) // BM
-        m_last = arith.select(P.raw(n0 < sk), P.raw(m_last), P.raw(m_first))
+        m_last = P.select(n0 < sk, m_last, m_first)
         m_last = fx.Int32(m_last)
 
         for hq in range(hk * group, hk * group + group):
@@ -248,7 +246,7 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
                         ok = (qrow < sq) & (key < sk) & (lse > fx.Float32(float("-inf")))
                         if const_expr(causal):
                             ok = ok & (key <= qrow)
-                        p = fx.Float32(arith.select(P.raw(ok), P.raw(pe), P.raw(fx.Float32(0.0))))
+                        p = fx.Float32(P.select(ok, pe, fx.Float32(0.0)))
                         dpv = fx.Float32(P.extract(dp_acc, i))
                         pv.append(p)
                         dsv.append(p * (dpv - dd))
@@ -282,7 +280,7 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
                 for s in range_constexpr(SUB):
                     for i in range_constexpr(ACC):
                         qr = s * T + _crow(i, g, T)
-                        val = arith.truncf(et, P.raw(ds_t[s][i]))
+                        val = P.truncf(et, ds_t[s][i])
                         P.lds_store(val, lbase + geo.ds_store_addr(qr, wave, li), align=2)
                 fx.gpu.barrier()
                 if wave * DQ_COLS < D:
@@ -304,8 +302,8 @@ def build_main(tiles: MainTiles, dtype: str, head_dim: int, causal: bool, varlen
                 key = kw0 + _crow(i, g, T)
                 off = (key * (kv_heads * D) + col) * EB
                 kval = fx.Float32(P.extract(dk_acc[nt], i)) * scale
-                P.gstore(arith.truncf(et, P.raw(kval)), rdk, off)
-                P.gstore(arith.truncf(et, P.extract(dv_acc[nt], i)), rdv, off)
+                P.gstore(P.truncf(et, kval), rdk, off)
+                P.gstore(P.truncf(et, P.extract(dv_acc[nt], i)), rdv, off)
 
     @flyc.jit
     def launch(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl._mlir.dialects import arith
 from flydsl.expr import const_expr, range_constexpr
 
 from . import _prims as P
@@ -23,7 +22,7 @@ from ._tiles import rows_per_block
 def _row_setup(varlen, CuQ, b, seqlen_q):
     if const_expr(varlen):
         rc = P.buffer_rsrc(CuQ, fx.Int64(0), fx.Int64(1 << 20), 4)
-        i32 = P.ir.IntegerType.get_signless(32)
+        i32 = P.i32_t()
         qs = fx.Int32(P.gload(i32, rc, b * 4))
         sq = fx.Int32(P.gload(i32, rc, b * 4 + 4)) - qs
     else:
@@ -85,9 +84,7 @@ def build_preprocess(dtype: str, head_dim: int, varlen: bool):
         c8 = (tid % LPR) * 8
         o = P.gload(P.vec_t(8, et), ro, (row * o_sr + c8) * EB)
         g = P.gload(P.vec_t(8, et), rg, (row * g_sr + c8) * EB)
-        prod = arith.mulf(
-            arith.extf(P.vec_t(8, f32), P.raw(o)), arith.extf(P.vec_t(8, f32), P.raw(g))
-        )
+        prod = P.mulf(P.extf(P.vec_t(8, f32), o), P.extf(P.vec_t(8, f32), g))
         acc = fx.Float32(P.extract(prod, 0))
         for i in range_constexpr(1, 8):
             acc = acc + fx.Float32(P.extract(prod, i))
@@ -175,7 +172,7 @@ def build_convert(dtype: str, head_dim: int, varlen: bool):
         off = row * (heads * D) + c8
         lo = P.gload(P.vec_t(4, f32), ra, off * 4)
         hi = P.gload(P.vec_t(4, f32), ra, off * 4 + 16)
-        v = arith.mulf(P.raw(P.shuffle(lo, hi, range(8))), P.raw(P.splat(scale, 8)))
+        v = P.mulf(P.shuffle(lo, hi, range(8)), P.splat(scale, 8))
         P.gstore(P.trunc_f32(v, 8, dtype), rq, off * EB)
 
     @flyc.jit

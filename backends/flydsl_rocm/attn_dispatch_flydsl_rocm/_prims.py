@@ -1,5 +1,8 @@
 """Device-side primitives the kernels are written in (imported only at kernel build time).
 
+Most of FlyDSL's unstable surface the backend needs (``flydsl._mlir`` dialects, ``fx.rocdl``
+builders outside ``__all__``) is confined to this module; ``_flydsl_api`` lists it.
+
 Thin, explicit wrappers over ROCDL/LLVM ops: buffer-resource global memory access (out-of-range
 offsets read 0 and drop writes, which is how every kernel handles sequence tails), LDS access by
 32-bit byte address, MFMA, the gfx950 LDS transpose read, hardware exp2 and f32 buffer atomics.
@@ -35,6 +38,10 @@ def i32(v) -> fx.Int32:
 
 def vec_t(n: int, elem: ir.Type) -> ir.Type:
     return ir.VectorType.get([n], elem)
+
+
+def i32_t() -> ir.Type:
+    return ir.IntegerType.get_signless(32)
 
 
 def f32_t() -> ir.Type:
@@ -81,6 +88,12 @@ def gatomic_add_f32(val, rsrc, byte_off) -> None:
 
 
 # ---------------------------------------------------------------- LDS
+
+
+def lds_base(storage) -> fx.Int32:
+    """LDS byte address of a ``SharedAllocator().allocate(n)`` result. FlyDSL has no public
+    accessor for a storage's pointer: ``_ptr`` is checked by ``_flydsl_api``."""
+    return fx.Int32(fx.ptrtoint(storage._ptr))
 
 
 def lds_ptr(addr):
@@ -155,6 +168,23 @@ def bitcast(v, ty: ir.Type):
 
 def shuffle(a, b, idx):
     return vector.shuffle(raw(a), raw(b), list(idx))
+
+
+def select(cond, a, b):
+    """``cond ? a : b`` on MLIR values (scalars or vectors)."""
+    return arith.select(raw(cond), raw(a), raw(b))
+
+
+def truncf(ty: ir.Type, v):
+    return arith.truncf(ty, raw(v))
+
+
+def extf(ty: ir.Type, v):
+    return arith.extf(ty, raw(v))
+
+
+def mulf(a, b):
+    return arith.mulf(raw(a), raw(b))
 
 
 def trunc_f32(v, n: int, dtype: str):

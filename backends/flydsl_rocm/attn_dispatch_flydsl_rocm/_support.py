@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import torch
 
 import attn_dispatch as ad
@@ -9,7 +12,14 @@ import attn_dispatch as ad
 from ._layout import head_dim_problems
 from ._tiles import LDS_BUDGET, main_tiles
 
-FLYDSL_REQUIREMENT = "flydsl>=0.4.2,<0.5"
+# The FlyDSL releases the kernels were built and ISA-checked with (see the README's version
+# table); the cap stays below the next minor release, which may change the unstable APIs used.
+FLYDSL_REQUIREMENT = "flydsl>=0.4.2,<0.6"
+# Set to 1 where FlyDSL is installed on purpose (CI): a missing or out-of-range FlyDSL then fails
+# the compile tests instead of skipping them, so a green run always means they ran.
+REQUIRE_FLYDSL_ENV = "ATTN_DISPATCH_REQUIRE_FLYDSL"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 # Head dims the kernels' tiles are written for (D == Dv).
 HEAD_DIMS = range(32, 257, 32)
@@ -17,6 +27,43 @@ _INT32_MAX = 2**31 - 1
 # Head dims whose kernel spills registers (found by compiling; the fix is a split dK/dV + dQ
 # kernel, which is not implemented).
 SPILLING_HEAD_DIMS = {"gfx942_mfma": {256}, "gfx950_fused": set()}
+
+
+def oldest_flydsl() -> str:
+    """The lowest FlyDSL release :data:`FLYDSL_REQUIREMENT` accepts (its ``>=`` bound)."""
+    from packaging.requirements import Requirement
+
+    lows = [s.version for s in Requirement(FLYDSL_REQUIREMENT).specifier if s.operator == ">="]
+    if len(lows) != 1:
+        raise ValueError(f"FLYDSL_REQUIREMENT={FLYDSL_REQUIREMENT!r} needs exactly one >= bound")
+    return lows[0]
+
+
+def flydsl_required(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ATTN_DISPATCH_REQUIRE_FLYDSL`` asks for FlyDSL to be present and in range."""
+    raw = (os.environ if environ is None else environ).get(REQUIRE_FLYDSL_ENV, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{REQUIRE_FLYDSL_ENV}={raw!r} is not a boolean (use 1 or 0)")
+
+
+def flydsl_test_gate(
+    problem: str | None, environ: Mapping[str, str] | None = None
+) -> tuple[str, str]:
+    """What a test that needs FlyDSL does: ``("run", "")``, ``("skip", why)`` on a user's machine
+    or ``("fail", why)`` when ``ATTN_DISPATCH_REQUIRE_FLYDSL`` is set. ``problem`` is
+    ``ad.missing_requirement(FLYDSL_REQUIREMENT)``."""
+    if problem is None:
+        return "run", ""
+    if flydsl_required(environ):
+        return "fail", (
+            f"{problem}, and {REQUIRE_FLYDSL_ENV}=1 forbids skipping "
+            f"(install it: pip install '{FLYDSL_REQUIREMENT}')"
+        )
+    return "skip", f"{problem} (pip install '{FLYDSL_REQUIREMENT}')"
 
 
 def dtype_tag(dtype: torch.dtype) -> str | None:

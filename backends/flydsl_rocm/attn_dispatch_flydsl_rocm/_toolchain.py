@@ -12,12 +12,27 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from ._spec import KernelSpec
 
 _LLD_NAMES = ("ld.lld-19", "ld.lld-20", "ld.lld-18", "ld.lld-17", "ld.lld")
 _memory: dict[str, dict] = {}
+
+
+def flydsl_version() -> str | None:
+    """The installed FlyDSL version from its metadata (FlyDSL is not imported), or None."""
+    try:
+        return metadata.version("flydsl")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def kernel_cache_dir() -> Path:
+    """Where compiled kernels' figures are kept: one directory per FlyDSL version, so an
+    upgrade neither returns the old version's figures nor skips the guarding child compile."""
+    return cache_dir() / "kernels" / f"flydsl-{flydsl_version() or 'none'}"
 
 
 def cache_dir() -> Path:
@@ -51,15 +66,17 @@ def compile_in_subprocess(
     spec: KernelSpec, out_dir: Path | None = None, timeout: float = 600
 ) -> dict:
     """Compile ``spec`` in a child process (a compile can abort the process); cached in memory
-    and on disk by ``spec.key()``. Returns the resource figures (see ``_isa.isa_stats``)."""
+    and on disk by the installed FlyDSL version and ``spec.key()``. Returns the resource figures
+    (see ``_isa.isa_stats``)."""
     key = spec.key()
-    target = Path(out_dir) if out_dir else cache_dir() / "kernels"
+    target = Path(out_dir) if out_dir else kernel_cache_dir()
     meta = target / f"{key}.json"
-    if out_dir is None and key in _memory:
-        return _memory[key]
+    memo = str(meta)
+    if out_dir is None and memo in _memory:
+        return _memory[memo]
     if out_dir is None and meta.exists():
-        _memory[key] = json.loads(meta.read_text())
-        return _memory[key]
+        _memory[memo] = json.loads(meta.read_text())
+        return _memory[memo]
     env = dict(os.environ)
     env.pop("FLYDSL_DUMP_IR", None)
     rp = rocm_path()
@@ -85,5 +102,5 @@ def compile_in_subprocess(
         raise RuntimeError(f"compiling {key} failed (exit {proc.returncode}):\n{tail}")
     stats = json.loads(meta.read_text())
     if out_dir is None:
-        _memory[key] = stats
+        _memory[memo] = stats
     return stats

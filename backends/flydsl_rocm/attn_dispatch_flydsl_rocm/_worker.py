@@ -8,52 +8,75 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import shutil
+import struct
 import sys
 import tempfile
 from pathlib import Path
 
 from ._isa import isa_stats
 from ._spec import KernelSpec
+from ._toolchain import flydsl_version
+
+# FlyDSL's name for the final ISA stage of an IR dump (not a documented API).
+ISA_DUMP_GLOB = "*_final_isa.s"
 
 
-def _decode_mlir_bytes(text: str) -> bytes:
-    """Decode an MLIR string-literal body (``\\XX`` hex escapes) to bytes."""
-    out = bytearray()
-    i = 0
-    n = len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "\\":
-            nxt = text[i + 1]
-            if nxt in '\\"':
-                out.append(ord(nxt))
-                i += 2
-                continue
-            if nxt == "n":
-                out.append(10)
-                i += 2
-                continue
-            if nxt == "t":
-                out.append(9)
-                i += 2
-                continue
-            out.append(int(text[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            out.extend(ch.encode("latin-1"))
-            i += 1
-    return bytes(out)
+_ELF_MAGIC = b"\x7fELF"
+_EM_AMDGPU = 0xE0
 
 
-def _code_object(module) -> bytes | None:
-    """The ELF code object inside the module's ``gpu.binary`` (None when not produced)."""
-    asm = module.operation.get_asm(large_elements_limit=None)
-    m = re.search(r'bin\s*=\s*"((?:[^"\\]|\\.)*)"', asm)
-    if not m:
+def _embedded_code_object(host_object: bytes) -> bytes | None:
+    """The AMDGPU ELF code object embedded in a host object file, or None.
+
+    An ELF64 file ends with its section header table, so its size is ``e_shoff + e_shnum *
+    e_shentsize``; the host object's own header (offset 0) is skipped.
+    """
+    at = host_object.find(_ELF_MAGIC, 1)
+    while at >= 0:
+        (machine,) = struct.unpack_from("<H", host_object, at + 18)
+        if machine == _EM_AMDGPU:
+            (shoff,) = struct.unpack_from("<Q", host_object, at + 0x28)
+            shentsize, shnum = struct.unpack_from("<HH", host_object, at + 0x3A)
+            return host_object[at : at + shoff + shentsize * shnum]
+        at = host_object.find(_ELF_MAGIC, at + 1)
+    return None
+
+
+def _have_linker() -> bool:
+    return Path(os.environ.get("ROCM_PATH", ""), "llvm", "bin", "ld.lld").exists()
+
+
+def _code_object(compiled, work: Path) -> bytes | None:
+    """The linked code object of a ``flyc.compile`` result, through its public
+    ``export_to_c`` (a host object embedding the code object); None without an lld."""
+    if not _have_linker():
         return None
-    data = _decode_mlir_bytes(m.group(1))
-    return data if data[:4] == b"\x7fELF" else None
+    if compiled is None or not hasattr(compiled, "export_to_c"):
+        raise RuntimeError(
+            "flyc.compile() returned no CompiledFunction with export_to_c(): the FlyDSL API "
+            "the backend extracts code objects with has changed"
+        )
+    work.mkdir()
+    compiled.export_to_c(str(work), "kernel")
+    host = sorted(work.glob("kernel.o*"))
+    if not host:
+        raise RuntimeError(f"CompiledFunction.export_to_c() wrote no kernel.o in {work}")
+    co = _embedded_code_object(host[0].read_bytes())
+    if co is None:
+        raise RuntimeError("CompiledFunction.export_to_c() wrote no embedded AMDGPU code object")
+    return co
+
+
+def _dumped_isa(dump: Path, key: str) -> str:
+    """The final ISA FlyDSL wrote under ``FLYDSL_DUMP_DIR`` (``FLYDSL_DEBUG_DUMP_ASM=1``)."""
+    isa_files = sorted(dump.rglob(ISA_DUMP_GLOB))
+    if not isa_files:
+        raise RuntimeError(
+            f"no ISA produced for {key}: FlyDSL wrote no {ISA_DUMP_GLOB!r} under FLYDSL_DUMP_DIR "
+            "with FLYDSL_DEBUG_DUMP_ASM=1 (its ISA dump naming may have changed)"
+        )
+    return isa_files[-1].read_text()
 
 
 def compile_spec(spec: KernelSpec, out_dir: Path) -> dict:
@@ -63,37 +86,21 @@ def compile_spec(spec: KernelSpec, out_dir: Path) -> dict:
     os.environ.update(
         {
             "ARCH": spec.arch,
-            "COMPILE_ONLY": "1",
             "FLYDSL_DEBUG_DUMP_ASM": "1",
             "FLYDSL_DUMP_DIR": str(dump),
             "FLYDSL_RUNTIME_ENABLE_CACHE": "0",
         }
     )
     import flydsl.compiler as flyc
-    from flydsl.compiler import jit_function
 
-    captured = []
-    original = jit_function.MlirCompiler.compile
+    from ._builders import launcher, placeholder_args
 
-    def capture(cls, module, **kw):
-        result = original.__func__(cls, module, **kw)
-        captured.append(result)
-        return result
-
-    jit_function.MlirCompiler.compile = classmethod(capture)
-    try:
-        from ._builders import launcher, placeholder_args
-
-        flyc.compile(launcher(spec), *placeholder_args(spec))
-    finally:
-        jit_function.MlirCompiler.compile = original
-    isa_files = sorted(dump.rglob("*_final_isa.s"))
-    if not isa_files:
-        raise RuntimeError(f"no ISA produced for {spec.key()}")
-    isa = isa_files[-1].read_text()
+    # Placeholder CPU tensors: flyc.compile builds without touching a GPU runtime.
+    compiled = flyc.compile(launcher(spec), *placeholder_args(spec))
+    isa = _dumped_isa(dump, spec.key())
     key = spec.key()
     (out_dir / f"{key}.s").write_text(isa)
-    co = _code_object(captured[-1]) if captured else None
+    co = _code_object(compiled, dump / "export")
     if co is not None:
         (out_dir / f"{key}.hsaco").write_bytes(co)
     stats = isa_stats(isa)
@@ -103,12 +110,11 @@ def compile_spec(spec: KernelSpec, out_dir: Path) -> dict:
             "arch": spec.arch,
             "code_object": co is not None,
             "code_object_bytes": len(co) if co else 0,
+            "flydsl": flydsl_version(),
         }
     )
     (out_dir / f"{key}.json").write_text(json.dumps(stats, indent=1))
-    for p in sorted(dump.rglob("*"), reverse=True):
-        p.rmdir() if p.is_dir() else p.unlink()
-    dump.rmdir()
+    shutil.rmtree(dump)
     return stats
 
 

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                     "kernel": st["key"],
                     "symbol": st["kernel"],
                     "arch": a.arch,
+                    "flydsl": st["flydsl"],
                     "vgprs": st["vgprs"],
                     "agprs": st["agprs"],
                     "lds_bytes": st["lds_bytes"],

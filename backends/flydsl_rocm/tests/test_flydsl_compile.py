@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from attn_dispatch_flydsl_rocm import FLYDSL_REQUIREMENT, KernelSpec, specs_for
+from attn_dispatch_flydsl_rocm import KernelSpec, specs_for
 from attn_dispatch_flydsl_rocm._tiles import LDS_BUDGET
+from flydsl_gate import require_flydsl
 
-import attn_dispatch as ad
 
-pytestmark = pytest.mark.skipif(
-    ad.missing_requirement(FLYDSL_REQUIREMENT) is not None,
-    reason=f"{ad.missing_requirement(FLYDSL_REQUIREMENT)} (pip install '{FLYDSL_REQUIREMENT}')",
-)
+@pytest.fixture(autouse=True)
+def _flydsl() -> None:
+    """Skipped without a usable FlyDSL; failed instead under ATTN_DISPATCH_REQUIRE_FLYDSL=1 (CI)."""
+    require_flydsl()
 
 
 def _have_linker() -> bool:
@@ -116,6 +116,36 @@ def test_disk_cache_skips_the_compile(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_toolchain.subprocess, "run", no_subprocess)
     assert _toolchain.compile_in_subprocess(spec) == first
+
+
+def test_disk_cache_is_keyed_by_flydsl_version(tmp_path, monkeypatch):
+    """Figures cached by another FlyDSL (or by the unversioned layout) are never returned: the
+    compile runs again in a child process under the installed version."""
+    from attn_dispatch_flydsl_rocm import _toolchain
+
+    monkeypatch.setenv("ATTN_DISPATCH_FLYDSL_CACHE", str(tmp_path))
+    _toolchain._memory.clear()
+    spec = KernelSpec("convert", "gfx950", "bf16", 128)
+    stale = json.dumps({"vgprs": -1, "key": spec.key()})
+    for old in (tmp_path / "kernels", tmp_path / "kernels" / "flydsl-0.4.0"):
+        old.mkdir(parents=True, exist_ok=True)
+        (old / f"{spec.key()}.json").write_text(stale)
+    version = _toolchain.flydsl_version()
+    st = _toolchain.compile_in_subprocess(spec)
+    assert st["vgprs"] > 0 and st["flydsl"] == version
+    assert (tmp_path / "kernels" / f"flydsl-{version}" / f"{spec.key()}.json").exists()
+
+
+def test_version_is_read_without_importing_flydsl():
+    code = (
+        "import sys; from attn_dispatch_flydsl_rocm._toolchain import kernel_cache_dir; "
+        "print(kernel_cache_dir().name); assert 'flydsl' not in sys.modules"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    from importlib import metadata
+
+    assert res.stdout.strip() == f"flydsl-{metadata.version('flydsl')}"
 
 
 MATRIX = [

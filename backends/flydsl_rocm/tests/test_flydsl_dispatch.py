@@ -182,10 +182,10 @@ def test_gqa_varlen_causal_supported_and_d256_spills_only_on_the_32x32_kernel():
 
 def test_flydsl_out_of_range_is_a_reason(monkeypatch):
     monkeypatch.setattr(
-        ad, "missing_requirement", lambda req: f"flydsl 0.5.0 is installed; needs {req}"
+        ad, "missing_requirement", lambda req: f"flydsl 0.6.0 is installed; needs {req}"
     )
     r = explain("gfx950")
-    assert "flydsl 0.5.0 is installed; needs flydsl>=0.4.2,<0.5" in _cand(r, FUSED).reasons
+    assert "flydsl 0.6.0 is installed; needs flydsl>=0.4.2,<0.6" in _cand(r, FUSED).reasons
 
 
 def test_lds_budget_is_checked(monkeypatch):
