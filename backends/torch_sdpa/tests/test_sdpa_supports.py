@@ -18,16 +18,7 @@ import attn_dispatch as ad
 NAMES = ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient")
 
 
-@pytest.fixture(autouse=True)
-def only_sdpa_and_reference(monkeypatch):
-    """Selection among this backend and the reference alone (other backends may be installed)."""
-    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "torch_sdpa,reference")
-    for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
-        monkeypatch.delenv(name, raising=False)
-    ad.reload()
-    yield
-    monkeypatch.undo()
-    ad.reload()
+pytestmark = pytest.mark.usefixtures("only_sdpa_and_reference")
 
 
 def _dense(sq=1024, sk=None, h=64, hkv=8, d=128, dv=None, dtype=torch.bfloat16, device="meta"):
