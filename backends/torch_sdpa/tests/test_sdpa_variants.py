@@ -5,12 +5,11 @@ What PyTorch's ops offer: ``aten::_flash_attention_forward``/``_backward`` take
 and the memory-efficient ops only a one-sided ``window_size``; none takes a soft cap. So
 ``torch_sdpa:flash`` declares ``window`` and the others nothing. Inputs that carry the options
 are built here from the core's validated inputs with the two attributes attached, as the core
-will pass them; tensors live on ``meta``. Numerics on a GPU: benchmarks/torch_sdpa/window_check.py.
+will pass them; tensors live on ``meta``. Through ``ad.explain``: test_sdpa_supports.py.
+Numerics on a GPU: benchmarks/torch_sdpa/window_check.py.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import pytest
 import torch
@@ -139,37 +138,3 @@ def test_window_keywords_missing_from_the_schema_are_a_reason(monkeypatch):
     reasons = Flash().supports(_inputs(window=(8, 8)), SM90)
     assert any("lacks keyword(s) window_size_middle" in r for r in reasons), reasons
     assert Flash().supports(_inputs(), SM90) == []  # without a window the keywords are not needed
-
-
-# ----------------------------------------------------------------------------------------------
-# Through the public API, once the core takes the options
-
-
-def _core_takes(option: str) -> bool:
-    return option in inspect.signature(ad.backward).parameters
-
-
-def _explain(**kwargs) -> dict[str, tuple[str, tuple[str, ...]]]:
-    q = torch.empty(1, 256, 8, 64, dtype=torch.bfloat16, device="meta")
-    k = torch.empty(1, 256, 2, 64, dtype=torch.bfloat16, device="meta")
-    lse = torch.empty(1, 8, 256, device="meta")
-    report = ad.explain(q, k, k, q, lse, q, arch="sm_90", **kwargs)
-    return {c.name: (c.status, c.reasons) for c in report.candidates}
-
-
-@pytest.mark.skipif(not _core_takes("window"), reason="ad.backward has no 'window' parameter yet")
-def test_explain_window(only_sdpa_and_reference):
-    st = _explain(window=(32, 0))
-    assert st["torch_sdpa:flash"][0] in ("selected", "supported")
-    for name in ("torch_sdpa:cudnn", "torch_sdpa:efficient"):
-        status, reasons = st[name]
-        assert status == "rejected" and any("window" in r for r in reasons), reasons
-
-
-@pytest.mark.skipif(not _core_takes("softcap"), reason="ad.backward has no 'softcap' parameter yet")
-def test_explain_softcap(only_sdpa_and_reference):
-    st = _explain(softcap=30.0)
-    for name in ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient"):
-        status, reasons = st[name]
-        assert status == "rejected" and any("softcap" in r for r in reasons), reasons
-    assert st["reference:chunked"][0] == "selected"
