@@ -1,25 +1,41 @@
 """Exact attention forward and backward in plain PyTorch, processed in query chunks.
 
-Math (per sequence, scores ``S = scale · Q Kᵀ``, ``M`` the causal mask, ``-inf`` where hidden):
+Math (per sequence, scaled scores ``S = scale · Q Kᵀ``, ``M`` the band mask, ``-inf`` where
+hidden, ``c`` the optional soft cap):
 
-    lse = logsumexp(S + M)            (-inf for a row that sees no key)
-    P   = exp(S + M - lse)            (0 for such a row)
+    Z   = c · tanh(S / c)         (Z = S without a soft cap)
+    lse = logsumexp(Z + M)        (-inf for a row that sees no key)
+    P   = exp(Z + M - lse)        (0 for such a row)
     O   = P V
     Dr  = rowsum(dO ∘ O)
     dP  = dO Vᵀ
-    dS  = P ∘ (dP - Dr)
+    dZ  = P ∘ (dP - Dr)
+    dS  = dZ ∘ (1 - tanh²(S / c)) (dS = dZ without a soft cap)
     dQ  = scale · dS K       dK = scale · dSᵀ Q       dV = Pᵀ dO
 
+The band: row ``i``'s diagonal is ``d_i = i + shift`` (shift 0 for top-left alignment,
+``Sk - Sq`` for bottom-right) and key ``j`` is visible iff ``d_i - left <= j <= d_i + right``;
+a side that is ``None`` is unbounded. A causal mask is ``right = 0`` (with a window:
+``min(right, 0)``).
+
 Queries are processed ``chunk`` rows at a time, so the live score-sized buffers hold
-``batch · heads · chunk · Sk`` elements rather than ``batch · heads · Sq · Sk``; the chunk is
-derived from a byte budget. Under causal masking each chunk only reads the keys it can see.
-GQA is handled by viewing the ``H = Hkv · G`` query heads as ``[Hkv, G]`` and folding the group
-into the row axis, so one matmul per KV head contracts over the whole group: dK/dV are
-accumulated directly with ``Hkv`` heads, never expanded. Everything is computed in float32
-(float64 for float64 inputs) and summed in a fixed order, so results are deterministic.
+``batch · heads · chunk · keys`` elements rather than ``batch · heads · Sq · Sk``; the chunk is
+derived from a byte budget. Each chunk reads only the keys its rows can see, so under a causal
+mask it skips the keys after its last diagonal, and under a window bounded on both sides
+(``width = left + right + 1`` keys per row) chunks are sized near the width, which makes the
+work O(Sq · width) rather than O(Sq · Sk). GQA is handled by viewing the ``H = Hkv · G`` query
+heads as ``[Hkv, G]`` and folding the group into the row axis, so one matmul per KV head
+contracts over the whole group: dK/dV are accumulated directly with ``Hkv`` heads, never
+expanded. Everything is computed in float32 (float64 for float64 inputs) and summed in a fixed
+order, so results are deterministic.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -28,6 +44,38 @@ import attn_dispatch as ad
 
 #: Default budget for one score-sized buffer (``batch · heads · chunk · keys`` elements).
 DEFAULT_BUDGET_BYTES = 128 * 1024 * 1024
+
+#: Fewest query rows per chunk under a two-sided window (fewer would only add Python overhead).
+MIN_BAND_ROWS = 64
+
+Window = tuple[int | None, int | None]
+
+
+class Band(NamedTuple):
+    """Row ``i`` sees key ``j`` iff ``i + shift - left <= j <= i + shift + right``.
+
+    ``None`` on a side: unbounded on that side.
+    """
+
+    shift: int
+    left: int | None
+    right: int | None
+
+    @property
+    def width(self) -> int | None:
+        """Keys a row can see at most, or ``None`` when a side is unbounded."""
+        if self.left is None or self.right is None:
+            return None
+        return self.left + self.right + 1
+
+
+class Tile(NamedTuple):
+    """Query rows ``i0:i1`` and the keys ``k0:k1`` they can see (``k0 == k1``: none)."""
+
+    i0: int
+    i1: int
+    k0: int
+    k1: int
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -39,6 +87,84 @@ def chunk_rows(batch: int, heads: int, seqlen_k: int, elem_bytes: int, budget_by
     """Query rows per chunk so one ``[batch, heads, chunk, seqlen_k]`` buffer fits the budget."""
     per_row = max(1, batch * heads * max(seqlen_k, 1) * elem_bytes)
     return max(1, budget_bytes // per_row)
+
+
+def make_band(
+    causal: bool, causal_align: str, window: Window | None, seqlen_q: int, seqlen_k: int
+) -> Band | None:
+    """The band of one sequence, with ``causal`` folded in; ``None`` when nothing is masked."""
+    left, right = (None, None) if window is None else window
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    if left is None and right is None:
+        return None
+    shift = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
+    return Band(shift, left, right)
+
+
+def _key_range(band: Band | None, i0: int, i1: int, seqlen_k: int) -> tuple[int, int]:
+    """The keys rows ``i0:i1`` can see together, as ``(k0, k1)`` with ``k0 <= k1``."""
+    if band is None:
+        return 0, seqlen_k
+    lo = 0 if band.left is None else i0 + band.shift - band.left
+    hi = seqlen_k if band.right is None else i1 + band.shift + band.right
+    lo = min(seqlen_k, max(0, lo))
+    return lo, max(lo, min(seqlen_k, hi))
+
+
+def plan(
+    batch: int,
+    heads: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    elem_bytes: int,
+    budget_bytes: int,
+    band: Band | None,
+) -> list[Tile]:
+    """The tiles the forward and backward process, in order.
+
+    Rows per chunk fit one ``[batch, heads, rows, keys]`` buffer in the budget. Under a window
+    bounded on both sides the chunk is sized near the band width (a chunk of ``c`` rows reads at
+    most ``c + width - 1`` keys), so the total work is about ``Sq · 2 · width``.
+    """
+    rows = chunk_rows(batch, heads, seqlen_k, elem_bytes, budget_bytes)
+    width = None if band is None else band.width
+    if width is not None and width < seqlen_k:
+        rows = max(MIN_BAND_ROWS, width)
+        per_key = max(1, batch * heads * elem_bytes)
+        while rows > 1 and rows * min(seqlen_k, rows + width - 1) * per_key > budget_bytes:
+            rows //= 2
+    tiles = []
+    for i0 in range(0, seqlen_q, rows):
+        i1 = min(seqlen_q, i0 + rows)
+        tiles.append(Tile(i0, i1, *_key_range(band, i0, i1, seqlen_k)))
+    return tiles
+
+
+def check_variants(window: object, softcap: object) -> None:
+    """``window``: None or ``(left, right)`` of ints >= 0 or None; ``softcap``: None or a
+    finite float > 0. Raises TypeError/ValueError naming the argument."""
+    if window is not None:
+        if not isinstance(window, Sequence) or isinstance(window, str) or len(window) != 2:
+            raise TypeError(f"argument 'window': expected None or (left, right), got {window!r}")
+        for side in window:
+            if side is None:
+                continue
+            if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+                raise TypeError(
+                    f"argument 'window': expected each side an int or None, got {window!r}"
+                )
+            if side < 0:
+                raise ValueError(
+                    f"argument 'window': expected each side >= 0 or None, got {window!r}"
+                )
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+            raise TypeError(
+                f"argument 'softcap': expected None or a float, got {type(softcap).__name__}"
+            )
+        if not math.isfinite(softcap) or softcap <= 0:
+            raise ValueError(f"argument 'softcap': expected a finite float > 0, got {softcap}")
 
 
 def _host_offsets(cu_seqlens: Tensor) -> list[int]:
@@ -73,29 +199,50 @@ def _lse_rows(lse: Tensor, kv_heads: int, i0: int, i1: int, ctype: torch.dtype) 
     return lse[:, :, i0:i1].to(ctype).reshape(b, kv_heads, (h // kv_heads) * (i1 - i0))
 
 
+def _hidden(band: Band, tile: Tile, device: torch.device) -> Tensor:
+    """Bool [c, k1 - k0]: True where row i0 + r cannot see key k0 + j."""
+    diag = torch.arange(tile.i0, tile.i1, device=device)[:, None] + band.shift
+    cols = torch.arange(tile.k0, tile.k1, device=device)[None, :]
+    hidden = torch.zeros(diag.shape[0], cols.shape[1], dtype=torch.bool, device=device)
+    if band.right is not None:
+        hidden |= cols > diag + band.right
+    if band.left is not None:
+        hidden |= cols < diag - band.left
+    return hidden
+
+
 def _scores(
-    qc: Tensor, kt: Tensor, i0: int, c: int, group: int, n_keys: int, offset: int | None
-) -> Tensor:
-    """Scaled scores [B, Hkv, G·c, n_keys] for query rows i0..i0+c, -inf where masked."""
-    s = torch.matmul(qc, kt[..., :n_keys])
-    if offset is not None:
-        rows = torch.arange(i0, i0 + c, device=s.device)
-        cols = torch.arange(n_keys, device=s.device)
-        hidden = cols[None, :] > rows[:, None] + offset  # [c, n_keys]
-        s.masked_fill_(hidden.repeat(group, 1), float("-inf"))
-    return s
-
-
-def _visible_keys(i1: int, seqlen_k: int, offset: int | None) -> int:
-    """How many leading keys the rows before i1 can see (all of them without causal)."""
-    if offset is None:
-        return seqlen_k
-    return max(0, min(seqlen_k, i1 + offset))
+    qc: Tensor,
+    kt: Tensor,
+    tile: Tile,
+    group: int,
+    band: Band | None,
+    softcap: float | None,
+    derivative: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Capped, masked scores [B, Hkv, G·c, k1 - k0] of ``qc`` (already scaled) against the
+    tile's keys, and, when ``derivative`` and capped, ``1 - tanh²(S / c)`` (the cap's slope)."""
+    z = torch.matmul(qc, kt[..., tile.k0 : tile.k1])
+    slope = None
+    if softcap is not None:
+        z.div_(softcap).tanh_()
+        if derivative:
+            slope = 1 - z.square()  # before masking: -inf would make it NaN
+        z.mul_(softcap)
+    if band is not None:
+        z.masked_fill_(_hidden(band, tile, z.device).repeat(group, 1), float("-inf"))
+    return z, slope
 
 
 def _finite(lse: Tensor) -> Tensor:
     """lse with -inf replaced by 0, so exp(-inf - lse) is 0 rather than NaN."""
     return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+
+
+def _plan_for(q: Tensor, k: Tensor, budget_bytes: int, band: Band | None) -> list[Tile]:
+    b, sq, h, _ = q.shape
+    elem_bytes = torch.finfo(compute_dtype(q.dtype)).bits // 8
+    return plan(b, h, sq, k.shape[1], elem_bytes, budget_bytes, band)
 
 
 def dense_forward(
@@ -106,33 +253,28 @@ def dense_forward(
     lse: Tensor,
     *,
     scale: float,
-    offset: int | None,
+    band: Band | None,
+    softcap: float | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> None:
-    """Write out [B, Sq, H, Dv] and lse [B, H, Sq] for dense q/k/v; ``offset`` None = no mask.
-
-    Causal row i sees key j iff ``j <= i + offset``.
-    """
-    b, sq, h, _ = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    g = h // hkv
+    """Write out [B, Sq, H, Dv] and lse [B, H, Sq] for dense q/k/v (``band`` None: no mask)."""
+    b, _, h, _ = q.shape
+    hkv = k.shape[2]
     ctype = compute_dtype(q.dtype)
     kt = _to_bhsd(k, ctype).transpose(-1, -2)
     vh = _to_bhsd(v, ctype)
-    chunk = chunk_rows(b, h, sk, torch.finfo(ctype).bits // 8, budget_bytes)
-    for i0 in range(0, sq, chunk):
-        i1 = min(sq, i0 + chunk)
+    for tile in _plan_for(q, k, budget_bytes, band):
+        i0, i1, k0, k1 = tile
         c = i1 - i0
-        n_keys = _visible_keys(i1, sk, offset)
-        if n_keys == 0:
+        if k1 == k0:
             out[:, i0:i1].zero_()
             lse[:, :, i0:i1] = float("-inf")
             continue
         qc = _group_rows(q[:, i0:i1], hkv, ctype) * scale
-        s = _scores(qc, kt, i0, c, g, n_keys, offset)
-        lse_c = torch.logsumexp(s, dim=-1)  # [B, Hkv, G·c]
-        p = s.sub_(_finite(lse_c)[..., None]).exp_()
-        out[:, i0:i1] = _ungroup_rows(torch.matmul(p, vh[..., :n_keys, :]), c)
+        z, _ = _scores(qc, kt, tile, h // hkv, band, softcap, derivative=False)
+        lse_c = torch.logsumexp(z, dim=-1)  # [B, Hkv, G·c]
+        p = z.sub_(_finite(lse_c)[..., None]).exp_()
+        out[:, i0:i1] = _ungroup_rows(torch.matmul(p, vh[..., k0:k1, :]), c)
         lse[:, :, i0:i1] = lse_c.reshape(b, h, c)
 
 
@@ -148,27 +290,25 @@ def dense_backward(
     dv: Tensor,
     *,
     scale: float,
-    offset: int | None,
+    band: Band | None,
+    softcap: float | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> None:
     """Write dq [B, Sq, H, D], dk [B, Sk, Hkv, D], dv [B, Sk, Hkv, Dv] for dense inputs.
 
-    Uses the given ``out`` and ``lse``; ``offset`` as in :func:`dense_forward`.
+    Uses the given ``out`` and ``lse``; ``band`` and ``softcap`` as in :func:`dense_forward`.
     """
-    b, sq, h, d = q.shape
+    b, _, h, d = q.shape
     sk, hkv, dv_dim = k.shape[1], k.shape[2], v.shape[3]
-    g = h // hkv
     ctype = compute_dtype(q.dtype)
     kh = _to_bhsd(k, ctype)
     vt = _to_bhsd(v, ctype).transpose(-1, -2)
     dk_acc = torch.zeros(b, hkv, sk, d, dtype=ctype, device=q.device)
     dv_acc = torch.zeros(b, hkv, sk, dv_dim, dtype=ctype, device=q.device)
-    chunk = chunk_rows(b, h, sk, torch.finfo(ctype).bits // 8, budget_bytes)
-    for i0 in range(0, sq, chunk):
-        i1 = min(sq, i0 + chunk)
+    for tile in _plan_for(q, k, budget_bytes, band):
+        i0, i1, k0, k1 = tile
         c = i1 - i0
-        n_keys = _visible_keys(i1, sk, offset)
-        if n_keys == 0:
+        if k1 == k0:
             dq[:, i0:i1].zero_()
             continue
         qc = _group_rows(q[:, i0:i1], hkv, ctype)
@@ -176,21 +316,48 @@ def dense_backward(
         oc = _group_rows(out[:, i0:i1], hkv, ctype)
         lse_c = _finite(_lse_rows(lse, hkv, i0, i1, ctype))
         drow = (doc * oc).sum(dim=-1, keepdim=True)  # [B, Hkv, G·c, 1]
-        p = _scores(qc * scale, kh.transpose(-1, -2), i0, c, g, n_keys, offset)
+        p, slope = _scores(
+            qc * scale, kh.transpose(-1, -2), tile, h // hkv, band, softcap, derivative=True
+        )
         p.sub_(lse_c[..., None]).exp_()
-        dv_acc[:, :, :n_keys] += torch.matmul(p.transpose(-1, -2), doc)
-        ds = torch.matmul(doc, vt[..., :n_keys]).sub_(drow).mul_(p)
+        dv_acc[:, :, k0:k1] += torch.matmul(p.transpose(-1, -2), doc)
+        ds = torch.matmul(doc, vt[..., k0:k1]).sub_(drow).mul_(p)
         del p
-        dq[:, i0:i1] = _ungroup_rows(torch.matmul(ds, kh[:, :, :n_keys]) * scale, c)
-        dk_acc[:, :, :n_keys] += torch.matmul(ds.transpose(-1, -2), qc).mul_(scale)
+        if slope is not None:
+            ds.mul_(slope)
+            del slope
+        dq[:, i0:i1] = _ungroup_rows(torch.matmul(ds, kh[:, :, k0:k1]) * scale, c)
+        dk_acc[:, :, k0:k1] += torch.matmul(ds.transpose(-1, -2), qc).mul_(scale)
     dk.copy_(dk_acc.permute(0, 2, 1, 3))
     dv.copy_(dv_acc.permute(0, 2, 1, 3))
 
 
-def _causal_offset(causal: bool, align: str, sq: int, sk: int) -> int | None:
-    if not causal:
-        return None
-    return 0 if align == "top_left" else sk - sq
+def _sequences(cu_q: Tensor, cu_k: Tensor | None) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    if cu_k is None:
+        raise ValueError("cu_seqlens_k: expected a tensor when cu_seqlens_q is given, got None")
+    oq, ok = _host_offsets(cu_q), _host_offsets(cu_k)
+    return [((oq[i], oq[i + 1]), (ok[i], ok[i + 1])) for i in range(len(oq) - 1)]
+
+
+def _pieces(
+    q_side: tuple[Tensor, ...],
+    k_side: tuple[Tensor, ...],
+    lse: Tensor,
+    cu_q: Tensor | None,
+    cu_k: Tensor | None,
+) -> Iterator[tuple[tuple[Tensor, ...], tuple[Tensor, ...], Tensor]]:
+    """Dense problems: the inputs themselves, or per varlen sequence with queries, views
+    ``[1, S, H, *]`` of the query-side and key-side tensors and lse ``[1, H, Sq]``."""
+    if cu_q is None:
+        yield q_side, k_side, lse
+        return
+    for (q0, q1), (k0, k1) in _sequences(cu_q, cu_k):
+        if q1 > q0:
+            yield (
+                tuple(t[q0:q1].unsqueeze(0) for t in q_side),
+                tuple(t[k0:k1].unsqueeze(0) for t in k_side),
+                lse[:, q0:q1].unsqueeze(0),
+            )
 
 
 def attention_forward(
@@ -201,31 +368,35 @@ def attention_forward(
     scale: float,
     causal: bool,
     causal_align: str,
+    window: Window | None = None,
+    softcap: float | None = None,
     cu_seqlens_q: Tensor | None = None,
     cu_seqlens_k: Tensor | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) for dense [B, S, H, D] or varlen [T, H, D] inputs (varlen iff cu_seqlens)."""
+    """(out, lse) for dense [B, S, H, D] or varlen [T, H, D] inputs (varlen iff cu_seqlens).
+
+    ``window=(left, right)``: each side an int >= 0 or None (unbounded); for varlen the band is
+    per sequence. ``softcap``: scores become ``softcap · tanh(s / softcap)`` before the softmax.
+    """
+    check_variants(window, softcap)
     lse_dtype = ad.lse_dtype(q.dtype)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=lse_dtype, device=q.device)
-        off = _causal_offset(causal, causal_align, q.shape[1], k.shape[1])
-        dense_forward(q, k, v, out, lse, scale=scale, offset=off, budget_bytes=budget_bytes)
-        return out, lse
-    lse = torch.empty(q.shape[1], q.shape[0], dtype=lse_dtype, device=q.device)
-    for (q0, q1), (k0, k1) in _sequences(cu_seqlens_q, cu_seqlens_k):
-        if q1 == q0:
-            continue
-        off = _causal_offset(causal, causal_align, q1 - q0, k1 - k0)
+    else:
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=lse_dtype, device=q.device)
+    for (qs, outs), (ks, vs), lses in _pieces((q, out), (k, v), lse, cu_seqlens_q, cu_seqlens_k):
+        band = make_band(causal, causal_align, window, qs.shape[1], ks.shape[1])
         dense_forward(
-            q[q0:q1].unsqueeze(0),
-            k[k0:k1].unsqueeze(0),
-            v[k0:k1].unsqueeze(0),
-            out[q0:q1].unsqueeze(0),
-            lse[:, q0:q1].unsqueeze(0),
+            qs,
+            ks,
+            vs,
+            outs,
+            lses,
             scale=scale,
-            offset=off,
+            band=band,
+            softcap=softcap,
             budget_bytes=budget_bytes,
         )
     return out, lse
@@ -242,57 +413,34 @@ def attention_backward(
     scale: float,
     causal: bool,
     causal_align: str,
+    window: Window | None = None,
+    softcap: float | None = None,
     cu_seqlens_q: Tensor | None = None,
     cu_seqlens_k: Tensor | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) with the shapes and dtype of (q, k, v); dense or varlen as above."""
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    if cu_seqlens_q is None:
-        off = _causal_offset(causal, causal_align, q.shape[1], k.shape[1])
+    """(dq, dk, dv) with the shapes and dtype of (q, k, v); arguments as in the forward."""
+    check_variants(window, softcap)
+    # Varlen: tokens of sequences without queries are not visited, so start from zeros.
+    alloc = torch.empty if cu_seqlens_q is None else torch.zeros
+    dq, dk, dv = (alloc(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    for (qs, os_, dos, dqs), (ks, vs, dks, dvs), lses in _pieces(
+        (q, out, grad_out, dq), (k, v, dk, dv), lse, cu_seqlens_q, cu_seqlens_k
+    ):
+        band = make_band(causal, causal_align, window, qs.shape[1], ks.shape[1])
         dense_backward(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            grad_out,
-            dq,
-            dk,
-            dv,
+            qs,
+            ks,
+            vs,
+            os_,
+            lses,
+            dos,
+            dqs,
+            dks,
+            dvs,
             scale=scale,
-            offset=off,
-            budget_bytes=budget_bytes,
-        )
-        return dq, dk, dv
-    dq.zero_()
-    dk.zero_()
-    dv.zero_()
-    for (q0, q1), (k0, k1) in _sequences(cu_seqlens_q, cu_seqlens_k):
-        if q1 == q0:
-            continue
-        off = _causal_offset(causal, causal_align, q1 - q0, k1 - k0)
-        dense_backward(
-            q[q0:q1].unsqueeze(0),
-            k[k0:k1].unsqueeze(0),
-            v[k0:k1].unsqueeze(0),
-            out[q0:q1].unsqueeze(0),
-            lse[:, q0:q1].unsqueeze(0),
-            grad_out[q0:q1].unsqueeze(0),
-            dq[q0:q1].unsqueeze(0),
-            dk[k0:k1].unsqueeze(0),
-            dv[k0:k1].unsqueeze(0),
-            scale=scale,
-            offset=off,
+            band=band,
+            softcap=softcap,
             budget_bytes=budget_bytes,
         )
     return dq, dk, dv
-
-
-def _sequences(cu_q: Tensor, cu_k: Tensor | None) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    if cu_k is None:
-        raise ValueError("cu_seqlens_k: expected a tensor when cu_seqlens_q is given, got None")
-    oq, ok = _host_offsets(cu_q), _host_offsets(cu_k)
-    return [((oq[i], oq[i + 1]), (ok[i], ok[i + 1])) for i in range(len(oq) - 1)]

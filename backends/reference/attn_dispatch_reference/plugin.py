@@ -2,8 +2,9 @@
 
 Lowest priority on every arch, so it runs automatically only where nothing faster accepts the
 inputs. It accepts every input the core's validation lets through: any device, any float dtype,
-any head dims (Dv may differ from D), GQA/MQA, both causal alignments, dense and varlen, and
-arbitrary strides. Non-goals: speed, dropout, attention bias.
+any head dims (Dv may differ from D), GQA/MQA, both causal alignments, dense and varlen,
+sliding windows and logit soft-capping, and arbitrary strides. Non-goals: speed, dropout,
+attention bias.
 """
 
 from __future__ import annotations
@@ -19,55 +20,50 @@ class Chunked(ad.Implementation):
     priority = {"*": 0}
     opt_in = False
     deterministic = True
+    window = True
+    softcap = True
 
-    #: Bytes allowed for one score-sized buffer; the backward holds about three of them.
+    #: Bytes allowed for one score-sized buffer; the backward holds about three of them (four
+    #: with a soft cap).
     budget_bytes: int | None = None
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Everything the core accepts runs here."""
         return []
 
-    def _budget(self) -> int:
+    def _flags(self, inp: ad.ForwardInputs) -> dict:
+        """The keyword arguments of :func:`attention_forward` / :func:`attention_backward`.
+
+        ``window`` and ``softcap`` are read with ``getattr``: inputs without them mean neither.
+        """
         from ._chunked import DEFAULT_BUDGET_BYTES
 
-        return self.budget_bytes if self.budget_bytes is not None else DEFAULT_BUDGET_BYTES
+        budget = DEFAULT_BUDGET_BYTES if self.budget_bytes is None else self.budget_bytes
+        return dict(
+            scale=inp.scale,
+            causal=inp.causal,
+            causal_align=inp.causal_align,
+            window=getattr(inp, "window", None),
+            softcap=getattr(inp, "softcap", None),
+            cu_seqlens_q=inp.cu_seqlens_q,
+            cu_seqlens_k=inp.cu_seqlens_k,
+            budget_bytes=budget,
+        )
 
     def forward(self, inp: ad.ForwardInputs):
         """``(out, lse)`` computed exactly."""
         from ._chunked import attention_forward
 
-        return attention_forward(
-            inp.q,
-            inp.k,
-            inp.v,
-            scale=inp.scale,
-            causal=inp.causal,
-            causal_align=inp.causal_align,
-            cu_seqlens_q=inp.cu_seqlens_q,
-            cu_seqlens_k=inp.cu_seqlens_k,
-            budget_bytes=self._budget(),
-        )
+        return attention_forward(inp.q, inp.k, inp.v, **self._flags(inp))
 
     def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the given ``out`` and ``lse``."""
         from ._chunked import attention_backward
 
-        return ad.Gradients(
-            *attention_backward(
-                inp.q,
-                inp.k,
-                inp.v,
-                inp.out,
-                inp.lse,
-                inp.grad_out,
-                scale=inp.scale,
-                causal=inp.causal,
-                causal_align=inp.causal_align,
-                cu_seqlens_q=inp.cu_seqlens_q,
-                cu_seqlens_k=inp.cu_seqlens_k,
-                budget_bytes=self._budget(),
-            )
+        grads = attention_backward(
+            inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out, **self._flags(inp)
         )
+        return ad.Gradients(*grads)
 
 
 @ad.hookimpl

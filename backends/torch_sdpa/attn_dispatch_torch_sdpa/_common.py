@@ -8,8 +8,8 @@ Conventions at the boundary:
 * Our lse marks a row that sees no key with ``-inf``. PyTorch's FlashAttention-2 and
   memory-efficient kernels write ``+inf`` there (so that ``exp(s - lse) = 0`` in their backward).
   Forwards turn ``+inf`` into ``-inf``; backwards turn ``-inf`` into ``+inf``. Both only where
-  such rows can exist (dense: no keys, or bottom-right causal with Sq > Sk; varlen: always, since
-  a sequence may have no keys), so the common case pays no extra pass.
+  such rows can exist (dense: no keys, bottom-right causal with Sq > Sk, or a sliding window;
+  varlen: always, since a sequence may have no keys), so the common case pays no extra pass.
 * GQA without native kernel support expands K/V to H heads (a copy: (H/Hkv)·|K| + (H/Hkv)·|V|
   written and read again) and sums dK/dV over each group afterwards (H-head gradients written,
   then read once).
@@ -27,18 +27,31 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 INF = math.inf
 
 
-def causal_matches(inp: ad.ForwardInputs, native_align: str) -> bool:
-    """Whether a kernel whose causal mask is aligned ``native_align`` computes ``inp``'s mask."""
-    if not inp.causal or inp.causal_align == native_align:
+def causal_matches(inp: ad.ForwardInputs, native_align: str, masked: bool | None = None) -> bool:
+    """Whether a kernel whose mask is aligned ``native_align`` computes ``inp``'s mask.
+
+    ``masked``: whether there is a mask to align (default: ``inp.causal``).
+    """
+    if masked is None:
+        masked = inp.causal
+    if not masked or inp.causal_align == native_align:
         return True
     if inp.is_varlen:  # per-sequence lengths equal only when q and k share the offsets
         return inp.cu_seqlens_q is inp.cu_seqlens_k
     return inp.seqlen_q == inp.seqlen_k
 
 
+def window_of(inp: ad.ForwardInputs) -> tuple[int | None, int | None] | None:
+    """``inp``'s sliding window ``(left, right)`` as the caller gave it (``None``: none).
+
+    Read with ``getattr``: inputs that do not carry the option have no window.
+    """
+    return getattr(inp, "window", None)
+
+
 def may_have_empty_rows(inp: ad.ForwardInputs) -> bool:
     """Whether some query row may see no key (its lse is -inf in our convention)."""
-    if inp.is_varlen:
+    if inp.is_varlen or window_of(inp) is not None:
         return True
     if inp.seqlen_k == 0:
         return True

@@ -28,102 +28,38 @@ class OpSpec(NamedTuple):
     keywords: tuple[str, ...] = ("scale",)
 
 
+_T = "Tensor"
+
 CUDNN_FWD = OpSpec(
     "_scaled_dot_product_cudnn_attention",
-    ("Tensor", "Tensor", "Tensor", "Tensor?", "bool", "float", "bool", "bool"),
+    (_T, _T, _T, "Tensor?", "bool", "float", "bool", "bool"),
 )
 CUDNN_BWD = OpSpec(
     "_scaled_dot_product_cudnn_attention_backward",
-    (
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "SymInt",
-        "SymInt",
-        "float",
-        "bool",
-    ),
+    (*(_T,) * 11, "SymInt", "SymInt", "float", "bool"),
 )
 FLASH_FWD = OpSpec(
     "_flash_attention_forward",
-    (
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor?",
-        "Tensor?",
-        "SymInt",
-        "SymInt",
-        "float",
-        "bool",
-        "bool",
-    ),
+    (_T, _T, _T, "Tensor?", "Tensor?", "SymInt", "SymInt", "float", "bool", "bool"),
 )
 FLASH_BWD = OpSpec(
     "_flash_attention_backward",
-    (
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "SymInt",
-        "SymInt",
-        "float",
-        "bool",
-        "Tensor",
-        "Tensor",
-    ),
+    (*(_T,) * 8, "SymInt", "SymInt", "float", "bool", _T, _T),
 )
 EFFICIENT_FWD = OpSpec(
     "_efficient_attention_forward",
-    (
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor?",
-        "Tensor?",
-        "Tensor?",
-        "SymInt?",
-        "SymInt?",
-        "float",
-        "int",
-        "bool",
-    ),
+    (_T, _T, _T, "Tensor?", "Tensor?", "Tensor?", "SymInt?", "SymInt?", "float", "int", "bool"),
 )
 EFFICIENT_BWD = OpSpec(
     "_efficient_attention_backward",
-    (
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor",
-        "Tensor?",
-        "Tensor",
-        "Tensor?",
-        "Tensor?",
-        "SymInt",
-        "SymInt",
-        "Tensor",
-        "float",
-        "Tensor",
-        "Tensor",
-        "int",
-        "bool",
-    ),
+    (_T, _T, _T, _T, "Tensor?", _T, "Tensor?", "Tensor?", "SymInt", "SymInt", _T, "float")
+    + (_T, _T, "int", "bool"),
     ("scale", "num_splits_key"),
 )
+#: FlashAttention's sliding-window keywords (both ops), checked only for calls with a window.
+WINDOW_KEYWORDS = ("scale", "window_size_left", "window_size_right")
+FLASH_FWD_WINDOW = FLASH_FWD._replace(keywords=WINDOW_KEYWORDS)
+FLASH_BWD_WINDOW = FLASH_BWD._replace(keywords=WINDOW_KEYWORDS)
 
 
 @functools.cache

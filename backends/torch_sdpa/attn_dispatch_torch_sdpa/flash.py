@@ -7,6 +7,12 @@ GQA: native; the kernel writes H-head dK/dV and sums each group (an extra 2·(H/
 written and read inside the op).
 Causal: the kernel's mask is bottom-right; top-left is accepted only where the two agree
 (Sq == Sk, or varlen with ``cu_seqlens_q is cu_seqlens_k``).
+Sliding windows: the ops' ``window_size_left``/``window_size_right`` (bottom-right aligned like
+the causal mask; checked in the installed schema), on NVIDIA only. The kernel treats a side
+``>= max_seqlen_k`` as unbounded and an unbounded right side beside a bounded left one as
+``max_seqlen_k``; where that changes the right side below ``max_seqlen_q - 1`` (so some row's
+band would end elsewhere before the last key) the window is rejected. No soft cap: the ops take
+none.
 Determinism: dQ is accumulated with atomics unless torch's deterministic mode is on
 (``torch.use_deterministic_algorithms(True)`` without ``warn_only``), which the op reads itself;
 ``deterministic`` follows that flag.
@@ -15,14 +21,94 @@ ROCm builds route these ops to AOTriton; there only Sq == Sk causal masks are ac
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import attn_dispatch as ad
 
 from . import _common as c
-from ._ops import FLASH_BWD, FLASH_FWD, aten, empty_long, ops_problems
+from ._ops import (
+    FLASH_BWD,
+    FLASH_BWD_WINDOW,
+    FLASH_FWD,
+    FLASH_FWD_WINDOW,
+    aten,
+    empty_long,
+    ops_problems,
+)
 
 ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
+
+
+def _effective_window(inp: ad.ForwardInputs) -> tuple[int | None, int | None] | None:
+    """The window with the causal mask folded in (``right = min(right, 0)``), or ``None``."""
+    window = c.window_of(inp)
+    if window is None:
+        return None
+    left, right = window
+    if inp.causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def _window_kwargs(inp: ad.ForwardInputs) -> dict[str, int]:
+    """The ops' window keywords (-1: unbounded); none at all without a window."""
+    window = _effective_window(inp)
+    if window is None:
+        return {}
+    left, right = (-1 if side is None else side for side in window)
+    return {"window_size_left": left, "window_size_right": right}
+
+
+def _inf(side: int | None) -> float:
+    return math.inf if side is None else side
+
+
+def _kernel_right(window: tuple[int | None, int | None], max_seqlen_k: int) -> int | None:
+    """The right side the kernel applies: a side >= max_seqlen_k becomes unbounded, and an
+    unbounded right side beside a bounded left one becomes max_seqlen_k."""
+    left, right = (None if s is None or s >= max_seqlen_k else s for s in window)
+    if right is None and left is not None:
+        return max_seqlen_k
+    return right
+
+
+def _window_reasons(inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    """Where the kernel's window differs from ours, or the ops lack one."""
+    window = _effective_window(inp)
+    if window is None:
+        return []
+    given = c.window_of(inp)
+    if arch.vendor == "rocm":
+        return [f"window={given} on ROCm: AOTriton's sliding window is not relied on"]
+    reasons = []
+    if not c.causal_matches(inp, "bottom_right", masked=True):
+        reasons.append(
+            f"window={given} with causal_align={inp.causal_align!r}, Sq={inp.seqlen_q} != "
+            f"Sk={inp.seqlen_k} (or varlen with distinct cu_seqlens): the kernel's window is "
+            "bottom_right aligned"
+        )
+    kernel_right = _kernel_right(window, inp.max_seqlen_k)
+    if (
+        kernel_right != window[1]
+        and min(_inf(kernel_right), _inf(window[1])) < inp.max_seqlen_q - 1
+    ):
+        bound = (
+            "leaves the right side unbounded"
+            if kernel_right is None
+            else f"bounds the right side at {kernel_right} instead"
+        )
+        reasons.append(
+            f"window={given} with Sk={inp.max_seqlen_k}, Sq={inp.max_seqlen_q}: the kernel "
+            f"{bound}, which changes the keys of rows whose band ends before the last key"
+        )
+    return reasons + ops_problems(FLASH_FWD_WINDOW, FLASH_BWD_WINDOW)
+
+
+def _varlen_args(inp: ad.ForwardInputs) -> tuple:
+    """cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, as both ops take them."""
+    return inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k
 
 
 def _torch_deterministic() -> bool:
@@ -45,6 +131,7 @@ class Flash(ad.Implementation):
     head_dims = range(8, 257, 8)  # 16-byte rows, at most 256
     same_head_dims = True
     alignment = 16
+    window = True  # NVIDIA, bottom-right aligned, where the ops take it (see supports)
 
     @property
     def deterministic(self) -> bool:  # type: ignore[override]
@@ -53,7 +140,8 @@ class Flash(ad.Implementation):
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: the causal mask (bottom-right on NVIDIA, Sq == Sk only on
-        ROCm), D > 192 only on sm_80/sm_90, no varlen on ROCm, the private ops' schemas."""
+        ROCm), D > 192 only on sm_80/sm_90, no varlen on ROCm, the window's alignment and
+        clamping, the private ops' schemas."""
         reasons = []
         rocm = arch.vendor == "rocm"
         if not rocm and inp.head_dim > 192 and arch.sm not in (80, 90):
@@ -73,6 +161,7 @@ class Flash(ad.Implementation):
             )
         if rocm and inp.is_varlen:
             reasons.append("varlen on ROCm: not supported by this backend")
+        reasons += _window_reasons(inp, arch)
         return reasons + ops_problems(FLASH_FWD, FLASH_BWD)
 
     def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,14 +172,12 @@ class Flash(ad.Implementation):
             inp.q,
             inp.k,
             inp.v,
-            inp.cu_seqlens_q,
-            inp.cu_seqlens_k,
-            inp.max_seqlen_q,
-            inp.max_seqlen_k,
+            *_varlen_args(inp),
             0.0,
             inp.causal,
             False,
             scale=inp.scale,
+            **_window_kwargs(inp),
         )
         out, lse = res[0], res[1]
         expected = 2 if inp.is_varlen else 3
@@ -113,14 +200,12 @@ class Flash(ad.Implementation):
             inp.v,
             inp.out,
             c.lse_to_kernel(inp),
-            inp.cu_seqlens_q,
-            inp.cu_seqlens_k,
-            inp.max_seqlen_q,
-            inp.max_seqlen_k,
+            *_varlen_args(inp),
             0.0,
             inp.causal,
             rng,
             rng,
             scale=inp.scale,
+            **_window_kwargs(inp),
         )
         return ad.Gradients(dq, dk, dv)

@@ -6,6 +6,8 @@ without a GPU. The numerics are in test_sdpa_gpu.py.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from attn_dispatch_torch_sdpa import _ops
@@ -222,3 +224,37 @@ def test_old_torch_is_rejected(monkeypatch):
             assert "torch 2.3.1 is older than 2.5" in _reasons(report, name)
     finally:
         _ops.op_problem.cache_clear()
+
+
+# ----------------------------------------------------------------------------------------------
+# Sliding windows and soft caps through the public API, once the core takes them
+
+
+def _core_takes(option: str) -> bool:
+    return option in inspect.signature(ad.backward).parameters
+
+
+def _explain(**kwargs) -> dict[str, tuple[str, tuple[str, ...]]]:
+    q = torch.empty(1, 256, 8, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 256, 2, 64, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(1, 8, 256, device="meta")
+    report = ad.explain(q, k, k, q, lse, q, arch="sm_90", **kwargs)
+    return {c.name: (c.status, c.reasons) for c in report.candidates}
+
+
+@pytest.mark.skipif(not _core_takes("window"), reason="ad.backward has no 'window' parameter yet")
+def test_explain_window():
+    st = _explain(window=(32, 0))
+    assert st["torch_sdpa:flash"][0] in ("selected", "supported")
+    for name in ("torch_sdpa:cudnn", "torch_sdpa:efficient"):
+        status, reasons = st[name]
+        assert status == "rejected" and any("window" in r for r in reasons), reasons
+
+
+@pytest.mark.skipif(not _core_takes("softcap"), reason="ad.backward has no 'softcap' parameter yet")
+def test_explain_softcap():
+    st = _explain(softcap=30.0)
+    for name in ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient"):
+        status, reasons = st[name]
+        assert status == "rejected" and any("softcap" in r for r in reasons), reasons
+    assert st["reference:chunked"][0] == "selected"
