@@ -45,10 +45,15 @@ class Report:
     mode: str = "backward"
 
     def to_dict(self) -> dict:
+        """``arch``, ``selected``, ``candidates``, and what the text form heads them with:
+        ``mode``, ``forced`` and ``inputs`` (the lines describing tensors and flags)."""
         return {
             "arch": self.arch.name,
             "selected": self.selected,
             "candidates": [c.to_dict() for c in self.candidates],
+            "mode": self.mode,
+            "forced": self.forced,
+            "inputs": self.inputs.splitlines(),
         }
 
     def __str__(self) -> str:

@@ -33,6 +33,7 @@ import fnmatch
 import importlib.metadata as md
 import json
 import math
+import os
 import platform
 import random
 import statistics
@@ -45,6 +46,7 @@ import torch
 
 import attn_dispatch as ad
 from attn_dispatch import _settings
+from attn_dispatch.cli import Parser, nonnegative_int, positive_int
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
@@ -110,15 +112,35 @@ class Row:
 
 
 def _ints(text: str) -> list[int]:
+    """argparse type: a comma list of ints >= 1."""
+    values = [x for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return [positive_int(x.strip()) for x in values]
+
+
+def _device(text: str) -> torch.device:
+    """argparse type: ``cpu``, or ``cuda[:N]`` when that GPU is present."""
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: no CUDA or ROCm GPU is available to this torch ({torch.__version__})"
+            )
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: there are only {count} GPUs")
+    return device
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attn-dispatch bench", description=__doc__.split("\n")[0])
-    p.add_argument("--batch", type=int, default=1)
+    p = Parser(prog="attn-dispatch bench", description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument(
         "--seqlens",
         type=_ints,
@@ -135,9 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-heads",
         type=_ints,
         default=None,
-        help="comma list paired with --heads, or one value for all (default 8)",
+        help="comma list paired with --heads, or one value for all (default 8, or H when H < 8)",
     )
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--head-dim", type=positive_int, default=128)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     causal = p.add_mutually_exclusive_group()
     causal.add_argument(
@@ -157,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--impls",
         default=None,
-        help="comma list of names or fnmatch patterns (e.g. 'torch_sdpa:*,triton')",
+        help="comma list of names or fnmatch patterns (e.g. 'torch_sdpa:*,triton'); each "
+        "must match an installed implementation",
     )
     p.add_argument(
         "--include-reference",
@@ -166,19 +189,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--repeats",
-        type=int,
+        type=nonnegative_int,
         default=0,
         help="timed calls per variant (default 0: enough for ~2 s of the fastest "
         "variant, 41 to 300)",
     )
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=nonnegative_int, default=3)
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
         help="time CUDA-graph replays of each call (the GPU's time alone, without "
         "the host's cost of a call; CUDA only)",
     )
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument(
+        "--device", type=_device, default=None, help="cuda or cpu (default: cuda if available)"
+    )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
     p.add_argument("--seed", type=int, default=0)
@@ -190,12 +215,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def shapes_from(args: argparse.Namespace) -> list[Shape]:
-    kv = args.kv_heads if args.kv_heads is not None else [8]
-    if len(kv) == 1:
-        kv = kv * len(args.heads)
+    """The sweep's shapes; ValueError when --kv-heads does not pair with --heads."""
+    if args.kv_heads is None:
+        kv = [min(8, h) for h in args.heads]
+    elif len(args.kv_heads) == 1:
+        kv = args.kv_heads * len(args.heads)
+    else:
+        kv = args.kv_heads
     if len(kv) != len(args.heads):
-        raise SystemExit(f"--kv-heads: expected 1 or {len(args.heads)} values, got {len(kv)}")
-    pairs = [(h, min(k, h)) for h, k in zip(args.heads, kv)]
+        raise ValueError(f"--kv-heads: expected 1 or {len(args.heads)} values, got {len(kv)}")
+    for h, k in zip(args.heads, kv):
+        if h % k:
+            given = "" if args.kv_heads is not None else " (the default)"
+            raise ValueError(
+                f"--kv-heads {k}{given} does not divide --heads {h}: each kv head serves a "
+                "whole group of query heads"
+            )
+    pairs = list(zip(args.heads, kv))
     causals = args.causal if args.causal is not None else [False, True]
     return [
         Shape(args.batch, s, h, k, args.head_dim, c, args.dtype)
@@ -366,6 +402,20 @@ def _args(t: dict) -> tuple:
     return t["q"], t["k"], t["v"], t["out"], t["lse"], t["grad_out"]
 
 
+def _matches(name: str, pattern: str) -> bool:
+    """``name`` (backend:impl) matches an fnmatch ``pattern`` or is of the backend ``pattern``."""
+    return fnmatch.fnmatchcase(name, pattern) or name.split(":")[0] == pattern
+
+
+def unmatched_patterns(patterns: list[str], installed: list[str]) -> list[str]:
+    """The patterns that name none of the ``installed`` implementations."""
+    return [p for p in patterns if not any(_matches(n, p) for n in installed)]
+
+
+def installed_implementations() -> list[str]:
+    return [i.name for b in ad.backends() if b.error is None for i in b.implementations]
+
+
 def candidates(
     shape: Shape, tensors: dict, patterns: list[str] | None, include_reference: bool
 ) -> tuple[list[str], str | None, dict[str, str]]:
@@ -380,11 +430,7 @@ def candidates(
     if not include_reference:
         names = [n for n in names if not n.startswith("reference:")] or names
     if patterns:
-        names = [
-            n
-            for n in names
-            if any(fnmatch.fnmatchcase(n, p) or n.split(":")[0] == p for p in patterns)
-        ]
+        names = [n for n in names if any(_matches(n, p) for p in patterns)]
     return names, report.selected, rejected
 
 
@@ -482,7 +528,7 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
     _settings.current().forget()
     sets = make_sets(shape, device, gen)
     include_ref = args.include_reference or device.type == "cpu"
-    patterns = [p.strip() for p in args.impls.split(",")] if args.impls else None
+    patterns = _patterns(args.impls)
     names, chosen, rejected = candidates(shape, sets[0], patterns, include_ref)
     timer = Timer(device)
     rows: list[Row] = []
@@ -549,7 +595,7 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
         r.tflops = shape.flops / (r.us * 1e-6) / 1e12
         r.ratio = r.us / fastest if fastest else None
     for name, why in rejected.items():
-        if not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns):
+        if not patterns or any(_matches(name, p) for p in patterns):
             rows.append(Row(shape, name, "forced", status="rejected", note=why))
     del sets
     if device.type == "cuda":
@@ -692,13 +738,54 @@ def plot(path: str, rows: list[Row], matmul: float | None) -> bool:
     return True
 
 
+def _patterns(impls: str | None) -> list[str] | None:
+    return [p.strip() for p in impls.split(",") if p.strip()] if impls else None
+
+
+def _check_output_path(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
+    """Fail before the sweep, not after it, when ``path`` cannot be written."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        parser.error(f"{option}: {path!r} is a directory")
+    if not os.path.isdir(folder):
+        parser.error(f"{option}: the directory {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        parser.error(f"{option}: the directory {folder!r} is not writable")
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Shape]:
+    """What argparse cannot check alone; returns the shapes. Errors go through ``parser``."""
+    if args.cuda_graphs and args.device.type != "cuda":
+        parser.error(f"--cuda-graphs needs a CUDA device, not {args.device.type!r}")
+    try:
+        shapes = shapes_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    patterns = _patterns(args.impls)
+    if args.impls is not None and not patterns:
+        parser.error("--impls: expected names or patterns, got nothing")
+    installed = installed_implementations()
+    unknown = unmatched_patterns(patterns or [], installed)
+    if unknown:
+        parser.error(
+            f"--impls: {', '.join(map(repr, unknown))} matches no installed implementation "
+            f"(installed: {', '.join(installed) or 'none'})"
+        )
+    for option in ("json", "csv", "plot"):
+        _check_output_path(parser, f"--{option}", getattr(args, option))
+    return shapes
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry of ``attn-dispatch bench``; returns the exit status (1 if a check failed)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.cuda_graphs and device.type != "cuda":
-        parser.error(f"--cuda-graphs needs a CUDA device, not {device.type!r}")
+    if args.device is None:
+        args.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device
+    shapes = check_args(parser, args)
 
     def log(msg: str) -> None:
         if not args.quiet:
@@ -711,7 +798,6 @@ def main(argv: list[str] | None = None) -> int:
     if matmul is not None:
         log(f"bf16 matmul 8192^3: {matmul:.0f} TFLOP/s")
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    shapes = shapes_from(args)
     rows: list[Row] = []
     for i, shape in enumerate(shapes, 1):
         log(f"[{i}/{len(shapes)}] {shape.label}")
@@ -723,20 +809,23 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(rows))
     if matmul is not None:
         print(f"\nbf16 matmul 8192^3 ceiling: {matmul:.0f} TFLOP/s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "environment": env,
-                    "matmul_tflops": matmul,
-                    "argv": argv,
-                    "rows": [r.to_dict() for r in rows],
-                },
-                f,
-                indent=1,
-            )
-    if args.csv:
-        write_csv(args.csv, rows)
-    if args.plot and not plot(args.plot, rows, matmul):
-        log("--plot: matplotlib is not installed (pip install 'attn-dispatch[plot]'); skipped")
+    try:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(
+                    {
+                        "environment": env,
+                        "matmul_tflops": matmul,
+                        "argv": argv,
+                        "rows": [r.to_dict() for r in rows],
+                    },
+                    f,
+                    indent=1,
+                )
+        if args.csv:
+            write_csv(args.csv, rows)
+        if args.plot and not plot(args.plot, rows, matmul):
+            log("--plot: matplotlib is not installed (pip install 'attn-dispatch[plot]'); skipped")
+    except OSError as exc:  # checked before the sweep, but the disk can still fill up
+        parser.error(f"writing the results: {exc}")
     return 1 if any(r.status in ("WRONG", "ERROR") for r in rows) else 0

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from typing import NoReturn
 
 import torch
 
@@ -20,6 +21,44 @@ DTYPES = {
     "fp32": torch.float32,
     "f64": torch.float64,
 }
+
+
+PROG = "attn-dispatch"
+MAX_TENSOR_BYTES = 2**63 - 1  # torch counts a tensor's bytes in an int64
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``<prog>: error: <message>``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (sizes and counts, where 0 or less means nothing)."""
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an int >= 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+    return value
+
+
+def _arch(text: str) -> Arch:
+    try:
+        return Arch.parse(text)
+    except ValueError as exc:  # argparse would replace the message with "invalid value"
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -52,24 +91,38 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _meta_inputs(args: argparse.Namespace) -> dict:
+def _meta_shapes(args: argparse.Namespace) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of each backward input the ``explain`` arguments describe."""
     dtype = DTYPES[args.dtype]
-    lse_dtype = _inputs.lse_dtype(dtype)
-    sk = args.seqlen_k or args.seqlen
-    dv = args.head_dim_v or args.head_dim
-    kv_heads = args.kv_heads or args.heads
+    b, sq, h, d = args.batch, args.seqlen, args.heads, args.head_dim
+    sk = sq if args.seqlen_k is None else args.seqlen_k
+    dv = d if args.head_dim_v is None else args.head_dim_v
+    hkv = h if args.kv_heads is None else args.kv_heads
+    return {
+        "q": ((b, sq, h, d), dtype),
+        "k": ((b, sk, hkv, d), dtype),
+        "v": ((b, sk, hkv, dv), dtype),
+        "out": ((b, sq, h, dv), dtype),
+        "lse": ((b, h, sq), _inputs.lse_dtype(dtype)),
+        "grad_out": ((b, sq, h, dv), dtype),
+    }
 
-    def empty(*shape, dt=dtype):
-        return torch.empty(shape, dtype=dt, device="meta")
 
-    return dict(
-        q=empty(args.batch, args.seqlen, args.heads, args.head_dim),
-        k=empty(args.batch, sk, kv_heads, args.head_dim),
-        v=empty(args.batch, sk, kv_heads, dv),
-        out=empty(args.batch, args.seqlen, args.heads, dv),
-        lse=empty(args.batch, args.heads, args.seqlen, dt=lse_dtype),
-        grad_out=empty(args.batch, args.seqlen, args.heads, dv),
-    )
+def _meta_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
+    """The inputs as ``meta`` tensors (shapes only, nothing allocated), any size torch can
+    describe; a size beyond that is a ValueError naming the tensor."""
+    tensors = {}
+    for name, (shape, dtype) in _meta_shapes(args).items():
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= n
+        if nbytes > MAX_TENSOR_BYTES:
+            raise ValueError(
+                f"{name} of shape {list(shape)} would take {float(nbytes):.3g} bytes, more than "
+                "a tensor can hold (2**63 - 1); give smaller sizes"
+            )
+        tensors[name] = torch.empty(shape, dtype=dtype, device="meta")
+    return tensors
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -147,19 +200,19 @@ def _cmd_bench(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attn-dispatch", description=__doc__)
+    parser = Parser(prog=PROG, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="installed backends, implementations and priorities")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("explain", help="why each implementation would or would not run a shape")
-    p.add_argument("--arch", type=Arch.parse, default=None, help="e.g. sm_90, gfx942, gfx950, cpu")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seqlen", type=int, required=True)
-    p.add_argument("--seqlen-k", type=int, default=None)
-    p.add_argument("--heads", type=int, required=True)
-    p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--head-dim", type=int, required=True)
-    p.add_argument("--head-dim-v", type=int, default=None)
+    p.add_argument("--arch", type=_arch, default=None, help="e.g. sm_90, gfx942, gfx950, cpu")
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--seqlen", type=positive_int, required=True)
+    p.add_argument("--seqlen-k", type=positive_int, default=None, help="default: --seqlen")
+    p.add_argument("--heads", type=positive_int, required=True)
+    p.add_argument("--kv-heads", type=positive_int, default=None, help="default: --heads")
+    p.add_argument("--head-dim", type=positive_int, required=True)
+    p.add_argument("--head-dim-v", type=positive_int, default=None, help="default: --head-dim")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--causal", action="store_true")
     p.add_argument("--causal-align", choices=("top_left", "bottom_right"), default="top_left")
@@ -170,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="pick, run and verify a GQA causal backward on this machine")
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even if a GPU is present")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--seed", type=int, default=0)
     sub.add_parser(
         "bench",
@@ -181,19 +234,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command and return its exit status.
+
+    Bad arguments, and the library's ``ValueError`` / ``TypeError`` (an unknown arch in
+    ``ATTN_DISPATCH_ARCH``, inputs no backend takes), are one line on stderr and status 2.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        return _cmd_bench(argv[1:])
-    args = build_parser().parse_args(argv)
-    _settings.current()
     try:
+        if argv[:1] == ["bench"]:
+            return _cmd_bench(argv[1:])
+        args = build_parser().parse_args(argv)
+        _settings.current()
         return {"list": _cmd_list, "explain": _cmd_explain, "demo": _cmd_demo}[args.command](args)
-    except ValueError as exc:  # our errors are ValueError/TypeError: show them plainly
-        print(f"error: {exc}", file=sys.stderr)
+    except (ValueError, TypeError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    except TypeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except SystemExit as exc:  # argparse's errors and --help, returned like every other status
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import attn_dispatch as ad
 
-ARCHS = ("cpu", "sm_80", "sm_90", "gfx942", "gfx950")
+ARCHS = ("cpu", "sm_80", "sm_90", "sm_100", "gfx942", "gfx950")
 
 
 def table() -> str:

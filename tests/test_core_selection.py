@@ -186,7 +186,7 @@ def test_explain_report_statuses_and_text(toys):
     assert text.splitlines()[0].startswith("attn_dispatch backward on arch cpu")
     assert "selected: toy:nondet" in text
     data = report.to_dict()
-    assert set(data) == {"arch", "selected", "candidates"}
+    assert set(data) == {"arch", "selected", "candidates", "mode", "forced", "inputs"}
     assert set(data["candidates"][0]) == {"name", "priority", "opt_in", "status", "reasons"}
     json.dumps(data)
 

@@ -295,6 +295,72 @@ def test_bf16_tolerance_catches_a_percent_error():
         check_backward(off_by_2_percent, GQA, dtype=torch.bfloat16)
 
 
+def _doubles_q(q, k, v, out, lse, grad_out, **flags):
+    grads = _oracle_backward(q, k, v, out, lse, grad_out, **flags)
+    q.mul_(2)  # after the gradients: only the mutation is wrong
+    return grads
+
+
+def _zeroes_grad_out(q, k, v, out, lse, grad_out, **flags):
+    grads = _oracle_backward(q, k, v, out, lse, grad_out, **flags)
+    grad_out.zero_()
+    return grads
+
+
+def _shifts_varlen_offsets(q, k, v, out, lse, grad_out, *, cu_seqlens_k=None, **flags):
+    grads = _oracle_backward(q, k, v, out, lse, grad_out, cu_seqlens_k=cu_seqlens_k, **flags)
+    cu_seqlens_k[-1] += 0  # a write of the same value is no change
+    cu_seqlens_k[1:] += 1
+    return grads
+
+
+def _writes_padding(q, k, v, out, lse, grad_out, **flags):
+    grads = _oracle_backward(q, k, v, out, lse, grad_out, **flags)
+    k._base[..., -1] = 0.0  # the head-dim padding of the sliced layout, outside k's view
+    return grads
+
+
+SLICED = Case((12,), (12,), heads=2, kv_heads=1, head_dim=8, layout="sliced", seed=5)
+
+
+@pytest.mark.parametrize(
+    ("mutating", "case", "match"),
+    [
+        (_doubles_q, GQA, "q: 2560 of 2560 elements changed in place"),
+        (_zeroes_grad_out, GQA, "grad_out: 2560 of 2560 elements changed in place"),
+        (_shifts_varlen_offsets, VARLEN, "cu_seqlens_k: 3 of 4 elements changed in place"),
+        (_writes_padding, SLICED, "k: bytes of its buffer changed"),
+    ],
+    ids=["doubles-q", "zeroes-grad_out", "varlen-offsets", "sliced-padding"],
+)
+def test_backward_that_modifies_its_inputs_fails(mutating, case, match):
+    with pytest.raises(
+        AssertionError, match=f"backward of {mutating.__name__} modified its inputs"
+    ):
+        check_backward(mutating, case)
+    with pytest.raises(AssertionError, match=match):
+        check_backward(mutating, case)
+
+
+def test_forward_that_modifies_its_inputs_fails():
+    def scales_v(q, k, v, **flags):
+        result = _oracle_forward(q, k, v, **flags)
+        v.mul_(0.5)
+        return result
+
+    def restrides_k(q, k, v, **flags):
+        result = _oracle_forward(q, k, v, **flags)
+        k.transpose_(1, 2)
+        return result
+
+    with pytest.raises(AssertionError, match="v: 768 of 768 elements changed"):
+        check_forward(scales_v, GQA)
+    with pytest.raises(
+        AssertionError, match=r"k: \(shape, stride, offset, dtype, device\) changed"
+    ):
+        check_forward(restrides_k, GQA)
+
+
 # ---------------------------------------------------------------------------------------------
 # the pytest suite factory
 

@@ -9,8 +9,11 @@ answer, a wrong number is not. Every other failure is an ``AssertionError`` whos
 the case, each tensor's error against its bound and the worst element.
 
 Besides the tolerance comparison, the checks hold the contract's exact parts: shapes, dtypes and
-devices of the results, no NaN/inf, ``lse == -inf`` exactly where a row sees no key, and zero
-output and zero dq on those rows. Before the backend runs, a block of NaN-filled memory is
+devices of the results, no NaN/inf, ``lse == -inf`` exactly where a row sees no key, zero
+output and zero dq on those rows, and inputs left as they were: every input tensor (and the
+memory of the buffer it is a view of) is copied before the call and compared bit for bit after
+it, since the oracle's reference was computed from the inputs before the call and a training
+step reuses them after it. Before the backend runs, a block of NaN-filled memory is
 allocated and freed on the device, so a caching allocator (CUDA/ROCm) hands NaN-filled memory to
 a kernel's ``torch.empty``: an element the kernel forgets to write shows up as NaN.
 """
@@ -18,6 +21,7 @@ a kernel's ``torch.empty``: an element the kernel forgets to write shows up as N
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -70,6 +74,20 @@ def _require_supported(backend: str, args: tuple, flags: dict) -> None:
     raise Unsupported(backend, reasons)
 
 
+def _run(backend: Backend, api: Callable[..., Any], args: tuple, flags: dict) -> Any:
+    """The forced ``backend`` through ``api`` (``ad.backward``/``ad.forward``), or the callable."""
+    if isinstance(backend, str):
+        return api(*args, **flags, backend=backend)
+    return backend(*args, **flags)
+
+
+def _named_inputs(args: tuple, flags: dict) -> dict[str, Tensor | None]:
+    names = ("q", "k", "v", "out", "lse", "grad_out")[: len(args)]
+    return dict(zip(names, args, strict=True)) | {
+        name: flags.get(name) for name in ("cu_seqlens_q", "cu_seqlens_k")
+    }
+
+
 def _poison_allocator(device: torch.device, nbytes: int) -> None:
     """Leave NaN-filled freed memory behind for the next allocations (best effort)."""
     n = max(1, nbytes // 4)
@@ -85,6 +103,72 @@ def _nbytes(*tensors: Tensor) -> int:
 def _row_view(x: Tensor, varlen: bool) -> Tensor:
     """[B, S, H, E] -> [B, H, S, E] (dense) or [T, H, E] -> [H, T, E] (varlen), matching lse."""
     return x.transpose(0, 1) if varlen else x.transpose(1, 2)
+
+
+@dataclass(frozen=True, eq=False)
+class _Saved:
+    """An input tensor as it was before the backend ran: its metadata, values and storage."""
+
+    tensor: Tensor
+    meta: tuple
+    values: Tensor
+    storage: Tensor  # the bytes of the whole buffer, padding and neighbouring views included
+
+
+def _meta(t: Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device)
+
+
+def _storage_bytes(t: Tensor) -> Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _snapshot(tensors: dict[str, Tensor | None]) -> dict[str, _Saved]:
+    return {
+        name: _Saved(t, _meta(t), t.detach().clone(), _storage_bytes(t).clone())
+        for name, t in tensors.items()
+        if t is not None
+    }
+
+
+def _modifications(saved: dict[str, _Saved]) -> list[str]:
+    """One line per input the call changed: metadata, values, or memory outside its view."""
+    problems = []
+    for name, s in saved.items():
+        t = s.tensor
+        if _meta(t) != s.meta:
+            problems.append(
+                f"  {name}: (shape, stride, offset, dtype, device) changed from {s.meta} to "
+                f"{_meta(t)}"
+            )
+            continue
+        same = t.detach() == s.values
+        if s.values.is_floating_point():
+            same |= t.detach().isnan() & s.values.isnan()
+        if not bool(same.all()):
+            changed = int((~same).sum())
+            problems.append(f"  {name}: {changed} of {t.numel()} elements changed in place")
+        elif not torch.equal(_storage_bytes(t), s.storage):
+            problems.append(
+                f"  {name}: bytes of its buffer changed (outside its view, or a value "
+                "rewritten with other bits, e.g. -0.0 for 0.0)"
+            )
+    return problems
+
+
+def _assert_unmodified(
+    saved: dict[str, _Saved], kind: str, backend: Backend, case: Case, dtype, device
+) -> None:
+    problems = _modifications(saved)
+    if problems:
+        raise AssertionError(
+            f"{kind} of {_name(backend)} modified its inputs\n"
+            f"{_describe(case, dtype, device)}\n" + "\n".join(problems)
+        )
+
+
+def _name(backend: Backend) -> str:
+    return backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))
 
 
 def _describe(case: Case, dtype: torch.dtype, device) -> str:
@@ -158,9 +242,8 @@ def _check_masked_zero(
 
 
 def _fail(kind: str, backend: Backend, case: Case, dtype, device, rows: list[str]) -> None:
-    name = backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))
     raise AssertionError(
-        f"{kind} of {name} does not match the float64 oracle\n"
+        f"{kind} of {_name(backend)} does not match the float64 oracle\n"
         f"{_describe(case, dtype, device)}\n" + "\n".join(rows)
     )
 
@@ -190,11 +273,10 @@ def check_backward(
     flags = inputs.flags() | {"deterministic": deterministic}
     if isinstance(backend, str):
         _require_supported(backend, args, flags)
+    saved = _snapshot(_named_inputs(args, flags))  # before the poison: copies stay out of it
     _poison_allocator(device, 2 * _nbytes(inputs.q, inputs.k, inputs.v))
-    if isinstance(backend, str):
-        grads = ad.backward(*args, **flags, backend=backend)
-    else:
-        grads = backend(*args, **flags)
+    grads = _run(backend, ad.backward, args, flags)
+    _assert_unmodified(saved, "backward", backend, case, dtype, device)
 
     rows: list[str] = []
     ok = isinstance(grads, tuple) and len(grads) == 3
@@ -238,11 +320,10 @@ def check_forward(
     flags = inputs.flags()
     if isinstance(backend, str):
         _require_supported(backend, args, flags)
+    saved = _snapshot(_named_inputs(args, flags))  # before the poison: copies stay out of it
     _poison_allocator(device, 2 * _nbytes(inputs.q, inputs.grad_out))
-    if isinstance(backend, str):
-        result = ad.forward(*args, **flags, backend=backend)
-    else:
-        result = backend(*args, **flags)
+    result = _run(backend, ad.forward, args, flags)
+    _assert_unmodified(saved, "forward", backend, case, dtype, device)
 
     rows: list[str] = []
     if not (isinstance(result, tuple) and len(result) == 2):
@@ -278,9 +359,16 @@ def check_deterministic(
     args = (inputs.q, inputs.k, inputs.v, out, lse, inputs.grad_out)
     flags = inputs.flags() | {"deterministic": True}
     _require_supported(backend, args, flags)
-    first = ad.backward(*args, **flags, backend=backend)
+    saved = _snapshot(_named_inputs(args, flags))
+
+    def call() -> Any:
+        grads = ad.backward(*args, **flags, backend=backend)
+        _assert_unmodified(saved, "backward", backend, case, dtype, device)
+        return grads
+
+    first = call()
     for i in range(1, repeats):
-        again = ad.backward(*args, **flags, backend=backend)
+        again = call()
         for name, a, b in zip(("dq", "dk", "dv"), first, again, strict=True):
             if not torch.equal(a, b):
                 diff = (a.double() - b.double()).abs().nan_to_num(float("inf")).max().item()

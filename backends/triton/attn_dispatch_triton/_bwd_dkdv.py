@@ -36,9 +36,11 @@ address arithmetic and ``cp.async``. Rows past the tensor's end arrive as zeros;
 varlen sequence's end are the next sequence's (finite) rows, which the row mask zeroes in P.
 
 The tile is computed transposed (``s^T = K Q^T``, ``BLOCK_N x BLOCK_M``) so ``P^T`` and ``dS^T``
-feed the two accumulating products without a transpose. With causal masking, query blocks that
-see none of these keys are skipped; the blocks crossing the diagonal (and a partial last query
-block) take the masked path, the rest none.
+feed the two accumulating products without a transpose. Only the query blocks that meet these
+keys' band (causal mask, sliding window: ``_common.query_block_ranges``) are walked; those at the
+band's edges (and a partial last query block) take the masked path, the rest none. With
+``SOFTCAP`` the scores are ``c tanh(s / c)``: P is recomputed from the capped scores and dS
+carries the cap's derivative ``1 - tanh^2``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import causal_offset, load_tile, seq_bounds, store_tile
+from ._common import (
+    band_keep,
+    band_offsets,
+    load_tile,
+    query_block_ranges,
+    seq_bounds,
+    soft_cap_tanh,
+    store_tile,
+)
 
 
 @triton.jit
@@ -60,13 +70,16 @@ def _attn_bwd_dkdv_inner(
     lo,
     hi,
     offs_n,
-    off,
+    band,
     q_len,
     qk_scale,
+    cap,
     D,
     DV,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    LIMIT_LEFT: tl.constexpr,
+    LIMIT_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     DQ_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -80,7 +93,8 @@ def _attn_bwd_dkdv_inner(
 
     ``head``: where this query head's rows start (q, dO pointers; their descriptors and the
     descriptor coordinates; lse2, delta; the dQ scratch and its row); ``strides``: the row
-    strides of q, dO, the dQ scratch and lse2/delta.
+    strides of q, dO, the dQ scratch and lse2/delta; ``band``: ``(lo_off, hi_off)``; ``cap``:
+    ``(cap_in, cap_out)`` of the soft cap.
 
     ``DP_FIRST`` (unmasked blocks only) loads dO and delta up front and issues
     ``dP^T = V dO^T`` right after ``S^T = K Q^T``, so the exponentials run while it computes.
@@ -88,6 +102,8 @@ def _attn_bwd_dkdv_inner(
     causal, 11-21% slower with the 64x128 causal tiles: docs/experiments.md)."""
     q_base, do_base, q_desc, do_desc, desc_at, lse2_base, delta_base, dqa_base, dqa_row = head
     stride_qs, stride_dos, stride_dqas, stride_ts = strides
+    lo_off, hi_off = band
+    cap_in, cap_out = cap
     dp_first: tl.constexpr = DP_FIRST and not MASKED
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -126,12 +142,22 @@ def _attn_bwd_dkdv_inner(
         qkT = tl.dot(k, tl.trans(q))
         if dp_first:
             dpT = tl.dot(v, tl.trans(do))
-        # -- P^T = exp2(K Q^T * qk_scale - lse2)
-        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+        # -- P^T = exp2(K Q^T * qk_scale - lse2)  (capped: exp2(c log2(e) tanh(s / c) - lse2))
+        if SOFTCAP:
+            tT = soft_cap_tanh(qkT, cap_in)
+            pT = tl.math.exp2(tT * cap_out - lse2[None, :])
+        else:
+            pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
         if MASKED:
-            keep = offs_m[None, :] < q_len
-            if CAUSAL:
-                keep = keep & (offs_n[:, None] <= offs_m[None, :] + off)
+            keep = band_keep(
+                offs_m[None, :] < q_len,
+                offs_m[None, :],
+                offs_n[:, None],
+                lo_off,
+                hi_off,
+                LIMIT_LEFT,
+                LIMIT_RIGHT,
+            )
             pT = tl.where(keep, pT, 0.0)
         # -- dV += P^T dO
         if not dp_first:
@@ -154,7 +180,10 @@ def _attn_bwd_dkdv_inner(
         if not dp_first:
             delta = _load_rows(delta_base, offs_m, stride_ts, q_len, 0.0, MASKED)
             dpT = tl.dot(v, tl.trans(do))
-        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        if SOFTCAP:  # d(c tanh(s / c)) / ds = 1 - tanh^2
+            dsT = (pT * (dpT - delta[None, :]) * (1.0 - tT * tT)).to(q.dtype)
+        else:
+            dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
         dk += tl.dot(dsT, q)
         if ATOMIC_DQ:  # -- dQ += dS K (unscaled; the convert pass applies the scale)
             dq = tl.dot(tl.trans(dsT), k)
@@ -274,10 +303,15 @@ def _attn_bwd_dkdv(
     group,
     qk_scale,
     scale,
+    win_left,
+    win_right,
+    softcap,
     D: tl.constexpr,
     DV: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    LIMIT_LEFT: tl.constexpr,
+    LIMIT_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     DQ_TMA: tl.constexpr,
@@ -343,18 +377,16 @@ def _attn_bwd_dkdv(
         BLOCK_DV != DV,
     )
 
-    # Query ranges: [lo, diag_hi) crosses the diagonal (masked); [diag_hi, full_hi) is plain;
-    # [tail_lo, q_len) is the partial last block (masked).
-    off = causal_offset(q_len, k_len, BOTTOM_RIGHT)
-    if CAUSAL:
-        lo = tl.minimum(tl.maximum(n0 - off, 0), q_len) // BLOCK_M * BLOCK_M
-        diag_hi = tl.minimum(tl.maximum(n0 + BLOCK_N - 1 - off, lo), q_len)
-        diag_hi = (diag_hi + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-        diag_hi = tl.maximum(diag_hi, lo)
+    # Query ranges: [lo, diag_hi) and [full_hi, hi) masked (the band's edges: causal diagonal,
+    # window's far side; the partial last block), [diag_hi, full_hi) plain; none outside.
+    band = band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
+    lo, diag_hi, full_hi, hi = query_block_ranges(
+        n0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
+    )
+    if SOFTCAP:
+        cap = (scale / softcap, softcap * 1.4426950408889634)
     else:
-        lo = q_len * 0
-        diag_hi = lo
-    full_hi = tl.maximum(q_len // BLOCK_M * BLOCK_M, diag_hi)
+        cap = (qk_scale, qk_scale)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
@@ -392,13 +424,16 @@ def _attn_bwd_dkdv(
             lo,
             diag_hi,
             offs_n,
-            off,
+            band,
             q_len,
             qk_scale,
+            cap,
             D,
             DV,
             True,
-            CAUSAL,
+            LIMIT_LEFT,
+            LIMIT_RIGHT,
+            SOFTCAP,
             ATOMIC_DQ,
             DQ_TMA,
             BLOCK_M,
@@ -417,13 +452,16 @@ def _attn_bwd_dkdv(
             diag_hi,
             full_hi,
             offs_n,
-            off,
+            band,
             q_len,
             qk_scale,
+            cap,
             D,
             DV,
             False,
-            CAUSAL,
+            LIMIT_LEFT,
+            LIMIT_RIGHT,
+            SOFTCAP,
             ATOMIC_DQ,
             DQ_TMA,
             BLOCK_M,
@@ -440,15 +478,18 @@ def _attn_bwd_dkdv(
             head,
             strides,
             full_hi,
-            q_len,
+            hi,
             offs_n,
-            off,
+            band,
             q_len,
             qk_scale,
+            cap,
             D,
             DV,
             True,
-            CAUSAL,
+            LIMIT_LEFT,
+            LIMIT_RIGHT,
+            SOFTCAP,
             ATOMIC_DQ,
             DQ_TMA,
             BLOCK_M,

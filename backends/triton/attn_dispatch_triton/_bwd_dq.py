@@ -14,8 +14,10 @@ therefore bitwise reproducible: the deterministic mode is the only mode.
 With ``LOAD_TMA`` (Hopper) K and V tiles are read through tensor descriptors (see
 ``_bwd_dkdv``; rows past a varlen sequence's end are masked out of P).
 
-Key blocks are walked like the forward: the fully visible ones without masks, then the diagonal
-and the partial last block with masks; blocks above the diagonal are skipped.
+Key blocks are walked like the forward (``_common.key_block_ranges``): the fully visible ones
+without masks, those at the band's edges (causal diagonal, sliding window) and the partial last
+block with masks; blocks wholly outside the band are skipped. With ``SOFTCAP``, P comes from the
+capped scores and dS carries the cap's derivative ``1 - tanh^2``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import causal_offset, load_tile, seq_bounds, store_tile
+from ._common import (
+    band_keep,
+    band_offsets,
+    key_block_ranges,
+    load_tile,
+    seq_bounds,
+    soft_cap_tanh,
+    store_tile,
+)
 
 
 @triton.jit
@@ -43,19 +53,25 @@ def _attn_bwd_dq_inner(
     lo,
     hi,
     offs_m,
-    off,
+    band,
     k_len,
     qk_scale,
+    cap,
     D,
     DV,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    LIMIT_LEFT: tl.constexpr,
+    LIMIT_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     LOAD_TMA: tl.constexpr,
 ):
-    """Accumulate key blocks [lo, hi) into dq (fp32)."""
+    """Accumulate key blocks [lo, hi) into dq (fp32); ``band``: ``(lo_off, hi_off)``;
+    ``cap``: ``(cap_in, cap_out)`` of the soft cap."""
+    lo_off, hi_off = band
+    cap_in, cap_out = cap
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -85,15 +101,27 @@ def _attn_bwd_dq_inner(
                 BLOCK_DV != DV,
             )
         # -- P = exp2(Q K^T * qk_scale - lse2)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        if SOFTCAP:  # capped: exp2(c log2(e) tanh(s / c) - lse2)
+            t = soft_cap_tanh(tl.dot(q, tl.trans(k)), cap_in)
+            p = tl.math.exp2(t * cap_out - lse2[:, None])
+        else:
+            p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         if MASKED:
-            keep = offs_n[None, :] < k_len
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None] + off)
+            keep = band_keep(
+                offs_n[None, :] < k_len,
+                offs_m[:, None],
+                offs_n[None, :],
+                lo_off,
+                hi_off,
+                LIMIT_LEFT,
+                LIMIT_RIGHT,
+            )
             p = tl.where(keep, p, 0.0)
         # -- dS = P * (dO V^T - delta);  dQ += dS K
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:  # d(c tanh(s / c)) / ds = 1 - tanh^2
+            ds = ds * (1.0 - t * t)
         dq += tl.dot(ds.to(k.dtype), k)
     return dq
 
@@ -135,10 +163,15 @@ def _attn_bwd_dq(
     group,
     qk_scale,
     scale,
+    win_left,
+    win_right,
+    softcap,
     D: tl.constexpr,
     DV: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    LIMIT_LEFT: tl.constexpr,
+    LIMIT_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     HEAVY_FIRST: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -204,15 +237,48 @@ def _attn_bwd_dq(
     k_base = K + b64 * stride_kb + krow0 * stride_ks + hk * stride_kh
     v_base = V + b64 * stride_vb + krow0 * stride_vs + hk * stride_vh
 
-    off = causal_offset(q_len, k_len, BOTTOM_RIGHT)
-    if CAUSAL:
-        hi = tl.minimum(k_len, m0 + BLOCK_M + off)
-        full_hi = tl.minimum(tl.maximum(m0 + off + 1, 0), k_len) // BLOCK_N * BLOCK_N
+    band = band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
+    lo, full_lo, full_hi, hi = key_block_ranges(
+        m0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
+    )
+    if SOFTCAP:
+        cap = (scale / softcap, softcap * 1.4426950408889634)
     else:
-        hi = k_len
-        full_hi = k_len // BLOCK_N * BLOCK_N
+        cap = (qk_scale, qk_scale)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if LIMIT_LEFT:
+        dq = _attn_bwd_dq_inner(
+            dq,
+            q,
+            do,
+            lse2,
+            delta,
+            k_base,
+            v_base,
+            KDESC,
+            VDESC,
+            desc_at,
+            stride_ks,
+            stride_vs,
+            lo,
+            full_lo,
+            offs_m,
+            band,
+            k_len,
+            qk_scale,
+            cap,
+            D,
+            DV,
+            True,
+            LIMIT_LEFT,
+            LIMIT_RIGHT,
+            SOFTCAP,
+            BLOCK_N,
+            BLOCK_D,
+            BLOCK_DV,
+            LOAD_TMA,
+        )
     dq = _attn_bwd_dq_inner(
         dq,
         q,
@@ -226,16 +292,19 @@ def _attn_bwd_dq(
         desc_at,
         stride_ks,
         stride_vs,
-        0,
+        full_lo,
         full_hi,
         offs_m,
-        off,
+        band,
         k_len,
         qk_scale,
+        cap,
         D,
         DV,
         False,
-        CAUSAL,
+        LIMIT_LEFT,
+        LIMIT_RIGHT,
+        SOFTCAP,
         BLOCK_N,
         BLOCK_D,
         BLOCK_DV,
@@ -257,13 +326,16 @@ def _attn_bwd_dq(
         full_hi,
         hi,
         offs_m,
-        off,
+        band,
         k_len,
         qk_scale,
+        cap,
         D,
         DV,
         True,
-        CAUSAL,
+        LIMIT_LEFT,
+        LIMIT_RIGHT,
+        SOFTCAP,
         BLOCK_N,
         BLOCK_D,
         BLOCK_DV,

@@ -57,6 +57,105 @@ def causal_offset(q_len, k_len, BOTTOM_RIGHT: tl.constexpr):
 
 
 @triton.jit
+def band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT: tl.constexpr):
+    """``(lo_off, hi_off)``: row ``i`` sees key ``j`` iff ``i + lo_off <= j <= i + hi_off`` (each
+    side applies only where the kernel's ``LIMIT_LEFT`` / ``LIMIT_RIGHT`` says it is bounded)."""
+    off = causal_offset(q_len, k_len, BOTTOM_RIGHT)
+    return off - win_left, off + win_right
+
+
+@triton.jit
+def band_keep(
+    keep, rows, cols, lo_off, hi_off, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr
+):
+    """``keep`` and (key ``cols`` within the band of query ``rows``); broadcast shapes."""
+    if LIMIT_RIGHT:
+        keep = keep & (cols <= rows + hi_off)
+    if LIMIT_LEFT:
+        keep = keep & (cols >= rows + lo_off)
+    return keep
+
+
+@triton.jit
+def key_block_ranges(
+    m0,
+    q_len,
+    k_len,
+    lo_off,
+    hi_off,
+    LIMIT_LEFT: tl.constexpr,
+    LIMIT_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Keys query rows ``[m0, m0 + BLOCK_M)`` walk: ``(lo, full_lo, full_hi, hi)``.
+
+    ``[lo, full_lo)`` and ``[full_hi, hi)`` need masks (band edges, the partial last block);
+    ``[full_lo, full_hi)`` holds whole key blocks every row sees entirely, walked without one.
+    Blocks outside ``[lo, hi)`` are never visited, and each block inside holds a key some row
+    below ``q_len`` sees (the rows' bands are contiguous and overlap). ``lo`` and ``full_lo``
+    are multiples of ``BLOCK_N`` (or ``hi``), ``lo <= full_lo <= full_hi <= hi``.
+    """
+    if LIMIT_RIGHT:
+        m_end = tl.minimum(m0 + BLOCK_M, q_len)
+        hi = tl.minimum(tl.maximum(m_end + hi_off, 0), k_len)
+        full_hi = tl.minimum(tl.maximum(m0 + hi_off + 1, 0), k_len) // BLOCK_N * BLOCK_N
+    else:
+        hi = k_len
+        full_hi = k_len // BLOCK_N * BLOCK_N
+    if LIMIT_LEFT:
+        start = tl.maximum(m0 + lo_off, 0)  # the first key row m0 sees
+        lo = tl.where(start < hi, start // BLOCK_N * BLOCK_N, hi)
+        first_full = tl.maximum(m0 + BLOCK_M - 1 + lo_off, 0) + BLOCK_N - 1
+        full_lo = tl.minimum(tl.maximum(first_full // BLOCK_N * BLOCK_N, lo), hi)
+    else:
+        lo = k_len * 0
+        full_lo = lo
+    return lo, full_lo, tl.maximum(full_hi, full_lo), hi
+
+
+@triton.jit
+def query_block_ranges(
+    n0,
+    q_len,
+    k_len,
+    lo_off,
+    hi_off,
+    LIMIT_LEFT: tl.constexpr,
+    LIMIT_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Query rows that see keys ``[n0, n0 + BLOCK_N)``: ``(lo, full_lo, full_hi, hi)`` as in
+    :func:`key_block_ranges` with the roles swapped (row ``i`` sees key ``j`` iff
+    ``j - hi_off <= i <= j - lo_off``); ``[full_lo, full_hi)`` holds whole query blocks that
+    see every key of the block. Keys past ``k_len`` widen no range."""
+    if LIMIT_LEFT:
+        n_end = tl.minimum(n0 + BLOCK_N, k_len)
+        hi = tl.minimum(tl.maximum(n_end - lo_off, 0), q_len)
+        full_hi = tl.minimum(tl.maximum(n0 - lo_off + 1, 0), q_len) // BLOCK_M * BLOCK_M
+    else:
+        hi = q_len
+        full_hi = q_len // BLOCK_M * BLOCK_M
+    if LIMIT_RIGHT:
+        start = tl.maximum(n0 - hi_off, 0)  # the first row that sees key n0
+        lo = tl.where(start < hi, start // BLOCK_M * BLOCK_M, hi)
+        first_full = tl.maximum(n0 + BLOCK_N - 1 - hi_off, 0) + BLOCK_M - 1
+        full_lo = tl.minimum(tl.maximum(first_full // BLOCK_M * BLOCK_M, lo), hi)
+    else:
+        lo = q_len * 0
+        full_lo = lo
+    return lo, full_lo, tl.maximum(full_hi, full_lo), hi
+
+
+@triton.jit
+def soft_cap_tanh(x, cap_in):
+    """``tanh(x * cap_in)`` from one ``exp2`` and one division (every target, the
+    interpreter too): ``2 / (1 + e^(-2y)) - 1`` saturates to +-1 without overflow."""
+    return 2.0 / (1.0 + tl.math.exp2(x * (cap_in * -2.8853900817779268))) - 1.0
+
+
+@triton.jit
 def load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
     """Load a 2-D tile, zero-filling out-of-range rows/cols; checks only what may be out."""
     if CHECK_ROWS:

@@ -8,6 +8,10 @@ Fused-atomic design (``atomic_dq``, ``triton:fused_atomic``): preprocess, the dK
 ``ATOMIC_DQ`` also adding dQ into a zero-filled fp32 scratch (config key ``"dkdvq"``), then
 ``_bwd_dq_convert`` scales and casts it (``"cvt"``). Each kernel can be launched (and timed) on
 its own.
+
+Sliding windows and soft-capping run in the ``tl`` kernels only (band-limited loop bounds,
+``_band``); the Gluon sm_90 kernels take the plain causal mask or none, so a call with
+another band or a soft cap routes to the ``tl`` kernels whatever the config's ``GLUON`` says.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 
 from . import _launch_policy as policy
 from . import _plan
+from ._band import Window, checked_softcap, effective_band
 from ._bwd_dkdv import _attn_bwd_dkdv
 from ._bwd_dq import _attn_bwd_dq
 from ._bwd_dq_convert import _attn_bwd_dq_convert
@@ -48,6 +53,8 @@ class BackwardLaunch:
         cu_seqlens_k=None,
         max_seqlen_q=None,
         max_seqlen_k=None,
+        window: Window | None = None,
+        softcap: float | None = None,
         dq=None,
         dk=None,
         dv=None,
@@ -65,13 +72,18 @@ class BackwardLaunch:
             self.seqlen_k, self.kv_heads = k.shape[1], k.shape[2]
         self.d, self.d_v = q.shape[-1], v.shape[-1]
         self.group = self.heads // self.kv_heads
+        align = "bottom_right" if bottom_right else "top_left"
+        self.band = effective_band(causal, align, window, self.seqlen_q, self.seqlen_k)
+        self.softcap = checked_softcap(softcap)
+        # the Gluon sm_90 kernels compute no window and no soft cap
+        self.gluon_ok = self.softcap is None and (not self.band.limited or self.band.plain_causal)
         self.problem = policy.Problem(
             self.batch,
             self.heads,
             self.kv_heads,
             self.seqlen_q,
             self.seqlen_k,
-            causal,
+            self.band.limited,
             varlen,
             on_gpu=q.device.type == "cuda",
             has_keys=k.numel() > 0,
@@ -93,7 +105,12 @@ class BackwardLaunch:
         if recorder is not None:
             self._name_arguments(recorder, tmp)
         self.atomic_dq = atomic_dq
-        self.flags = dict(CAUSAL=causal, BOTTOM_RIGHT=bottom_right, IS_VARLEN=varlen)
+        self.flags = dict(**self.band.constexprs(), SOFTCAP=self.softcap is not None)
+        self.flags["IS_VARLEN"] = varlen
+        self.band_args = (*self.band.sides(), self.softcap or 1.0)
+        self.gluon_flags = dict(
+            CAUSAL=self.band.limited, BOTTOM_RIGHT=self.band.bottom_right, IS_VARLEN=varlen
+        )
         self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
         self.s_q, self.s_k, self.s_v = (token_strides(t, varlen) for t in (q, k, v))
         self.s_do = token_strides(grad_out, varlen)
@@ -400,6 +417,7 @@ class BackwardLaunch:
                 self.group,
                 self.qk_scale,
                 self.scale,
+                *self.band_args,
             ),
             dict(
                 D=self.d,
@@ -478,6 +496,7 @@ class BackwardLaunch:
                 self.group,
                 self.qk_scale,
                 self.scale,
+                *self.band_args,
             ),
             dict(
                 D=self.d,
@@ -537,10 +556,12 @@ class BackwardLaunch:
     def sm90_descriptors(self, c: dict, tiles: tuple[int, int]) -> tuple | None:
         """TMA descriptors of Q, K, V, dO for a Gluon sm_90 kernel when config ``GLUON`` asks
         for it and it applies: NVIDIA sm_90, verified triton, D = DV = 128, the kernel's tiles
-        ``(BLOCK_M, BLOCK_N)`` and tensors TMA can read as ``[rows, heads * D]`` (see
-        ``_sm90.sm90_descriptors``); else ``None`` (the portable ``tl`` kernel runs)."""
+        ``(BLOCK_M, BLOCK_N)``, no window and no soft cap (``self.gluon_ok``) and tensors TMA can
+        read as ``[rows, heads * D]`` (see ``_sm90.sm90_descriptors``); else ``None`` (the
+        portable ``tl`` kernel runs)."""
         if not (
             c.get("GLUON")
+            and self.gluon_ok
             and self.d == self.d_v == 128
             and (c["BLOCK_M"], c["BLOCK_N"]) == tiles
             and gluon_sm90(self.q.device)
@@ -572,7 +593,7 @@ class BackwardLaunch:
 
         return dict(
             D=self.d,
-            **self.flags,
+            **self.gluon_flags,
             BLOCK_M=c["BLOCK_M"],
             BLOCK_N=c["BLOCK_N"],
             STAGES=GLUON_STAGES,

@@ -14,6 +14,7 @@ import torch
 import triton
 
 from . import _plan
+from ._band import Window
 from ._common import LOG2E, last_dim_contiguous
 from ._launcher import BackwardLaunch
 
@@ -35,6 +36,8 @@ def attention_backward(
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    window: Window | None = None,
+    softcap: float | None = None,
     config: dict | None = None,
     dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
@@ -42,6 +45,9 @@ def attention_backward(
     atomic_dq: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` of attention, shaped and typed like ``(q, k, v)``.
+
+    ``window`` / ``softcap`` as in :func:`~.forward.attention_forward` (the same values the
+    forward that produced ``out`` and ``lse`` ran with).
 
     ``config`` maps kernel names ("pre", "dkdv", "dq"; "dkdvq", "cvt" with ``atomic_dq``) to
     {BLOCK_M, BLOCK_N, num_warps, num_stages} (default: the tuning table). ``dq``/``dk``/``dv``
@@ -68,7 +74,7 @@ def attention_backward(
             dk,
             dv,
             scale,
-            (causal, bottom_right, atomic_dq),
+            (causal, bottom_right, atomic_dq, window, softcap),
         )
         plan = _plan.get(key)
         if plan is not False:
@@ -96,6 +102,8 @@ def attention_backward(
         cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
+        window=window,
+        softcap=softcap,
         dq=dq,
         dk=dk,
         dv=dv,
@@ -107,7 +115,9 @@ def attention_backward(
     if config is None:
         from .tuning import get_backward_config
 
-        config = get_backward_config(q.device, launch.d, causal, launch.group, launch.seqlen_k)
+        config = get_backward_config(
+            q.device, launch.d, launch.band.limited, launch.group, launch.seqlen_k
+        )
     grads = launch.run(config)
     if recorder is not None:
         plan = recorder.plan(launch.plan_extra)

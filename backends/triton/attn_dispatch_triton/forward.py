@@ -14,9 +14,14 @@ to the natural log, ``lse = (m_i + log2 l_i) * ln 2``. A row that sees no key (p
 ``causal_align="bottom_right"`` when Sq > Sk, or an empty key sequence) gets ``lse = -inf`` and
 ``o = 0``.
 
-One program owns BLOCK_M query rows of one (sequence, head). It walks the key blocks that need no
-mask first (fully visible, fully in bounds), then the few that do (the causal diagonal and the
-last partial block); key blocks entirely above the diagonal are never visited.
+Visible keys form a band around each row's diagonal (``_band``: causal mask and sliding window);
+with ``SOFTCAP`` the scores are capped first, :math:`s \to c \tanh(s / c)`, and the lse is over
+the capped scores.
+
+One program owns BLOCK_M query rows of one (sequence, head). It walks only the key blocks that
+meet its rows' band (``_common.key_block_ranges``): whole blocks every row sees without a mask,
+the few at the band's edges and the last partial block with one; blocks wholly outside the band
+are never visited.
 """
 
 from __future__ import annotations
@@ -25,14 +30,18 @@ import torch
 import triton
 import triton.language as tl
 
+from ._band import Window, checked_softcap, effective_band
 from ._common import (
     LOG2E,
-    causal_offset,
+    band_keep,
+    band_offsets,
+    key_block_ranges,
     last_dim_contiguous,
     load_tile,
     lse_strides,
     padded_dim,
     seq_bounds,
+    soft_cap_tanh,
     store_tile,
     token_strides,
 )
@@ -51,18 +60,24 @@ def _attn_fwd_inner(
     lo,
     hi,
     offs_m,
-    off,
+    band,
     k_len,
     qk_scale,
+    cap,
     D,
     DV,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    LIMIT_LEFT: tl.constexpr,
+    LIMIT_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    """Accumulate key blocks [lo, hi) into (acc, l_i, m_i); MASKED applies bounds + causal."""
+    """Accumulate key blocks [lo, hi) into (acc, l_i, m_i); MASKED applies bounds + band.
+    ``band``: ``(lo_off, hi_off)``; ``cap``: ``(cap_in, cap_out)`` of the soft cap."""
+    lo_off, hi_off = band
+    cap_in, cap_out = cap
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -78,11 +93,20 @@ def _attn_fwd_inner(
             MASKED,
             BLOCK_D != D,
         )
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        if SOFTCAP:  # c * tanh(s / c), in the log2 domain
+            qk = soft_cap_tanh(tl.dot(q, tl.trans(k)), cap_in) * cap_out
+        else:
+            qk = tl.dot(q, tl.trans(k)) * qk_scale
         if MASKED:
-            keep = offs_n[None, :] < k_len
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None] + off)
+            keep = band_keep(
+                offs_n[None, :] < k_len,
+                offs_m[:, None],
+                offs_n[None, :],
+                lo_off,
+                hi_off,
+                LIMIT_LEFT,
+                LIMIT_RIGHT,
+            )
             qk = tl.where(keep, qk, float("-inf"))
         # -- online softmax update; a row with no key so far keeps m = -inf, guard the shift
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -134,10 +158,15 @@ def _attn_fwd(
     heads,
     group,
     qk_scale,
+    win_left,
+    win_right,
+    softcap,
     D: tl.constexpr,
     DV: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    LIMIT_LEFT: tl.constexpr,
+    LIMIT_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -173,18 +202,47 @@ def _attn_fwd(
         BLOCK_D != D,
     )
 
-    # Key ranges: [0, full_hi) needs no mask; [full_hi, hi) is the diagonal / partial tail.
-    off = causal_offset(q_len, k_len, BOTTOM_RIGHT)
-    if CAUSAL:
-        hi = tl.minimum(k_len, m0 + BLOCK_M + off)
-        full_hi = tl.minimum(tl.maximum(m0 + off + 1, 0), k_len) // BLOCK_N * BLOCK_N
+    # Key ranges: [lo, full_lo) and [full_hi, hi) masked (band edges, partial tail), between
+    # them whole blocks without a mask; nothing outside [lo, hi).
+    band = band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
+    lo, full_lo, full_hi, hi = key_block_ranges(
+        m0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
+    )
+    if SOFTCAP:
+        cap = (qk_scale / (softcap * 1.4426950408889634), softcap * 1.4426950408889634)
     else:
-        hi = k_len
-        full_hi = k_len // BLOCK_N * BLOCK_N
+        cap = (qk_scale, qk_scale)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    if LIMIT_LEFT:
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_base,
+            v_base,
+            stride_ks,
+            stride_vs,
+            lo,
+            full_lo,
+            offs_m,
+            band,
+            k_len,
+            qk_scale,
+            cap,
+            D,
+            DV,
+            True,
+            LIMIT_LEFT,
+            LIMIT_RIGHT,
+            SOFTCAP,
+            BLOCK_N,
+            BLOCK_D,
+            BLOCK_DV,
+        )
     acc, l_i, m_i = _attn_fwd_inner(
         acc,
         l_i,
@@ -194,16 +252,19 @@ def _attn_fwd(
         v_base,
         stride_ks,
         stride_vs,
-        0,
+        full_lo,
         full_hi,
         offs_m,
-        off,
+        band,
         k_len,
         qk_scale,
+        cap,
         D,
         DV,
         False,
-        CAUSAL,
+        LIMIT_LEFT,
+        LIMIT_RIGHT,
+        SOFTCAP,
         BLOCK_N,
         BLOCK_D,
         BLOCK_DV,
@@ -220,13 +281,16 @@ def _attn_fwd(
         full_hi,
         hi,
         offs_m,
-        off,
+        band,
         k_len,
         qk_scale,
+        cap,
         D,
         DV,
         True,
-        CAUSAL,
+        LIMIT_LEFT,
+        LIMIT_RIGHT,
+        SOFTCAP,
         BLOCK_N,
         BLOCK_D,
         BLOCK_DV,
@@ -261,12 +325,17 @@ def attention_forward(
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    window: Window | None = None,
+    softcap: float | None = None,
     config: dict | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel; returns ``(out, lse)`` in our layout (BSHD / THD, lse fp32).
 
+    ``window``: ``(left, right)`` keys around each row's diagonal (a side ``None``: unbounded;
+    the diagonal aligned by ``bottom_right``), on top of ``causal``; ``softcap``: ``c`` caps the
+    scores at ``c * tanh(s / c)``. See ``_band``.
     ``config`` holds BLOCK_M, BLOCK_N, num_warps, num_stages (default: the tuning table).
     ``out`` / ``lse`` may be given preallocated (tests poison them).
     """
@@ -286,10 +355,14 @@ def attention_forward(
         out = torch.empty((*q.shape[:-1], dv), dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    band = effective_band(
+        causal, "bottom_right" if bottom_right else "top_left", window, seqlen_q, seqlen_k
+    )
+    softcap = checked_softcap(softcap)
     if config is None:
         from .tuning import get_config
 
-        config = get_config("fwd", q.device, d, causal, heads // kv_heads, seqlen_k)
+        config = get_config("fwd", q.device, d, band.limited, heads // kv_heads, seqlen_k)
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
     cu_k = cu_seqlens_k if varlen else q
@@ -312,10 +385,12 @@ def attention_forward(
         heads,
         heads // kv_heads,
         scale * LOG2E,
+        *band.sides(),
+        softcap or 1.0,
         D=d,
         DV=dv,
-        CAUSAL=causal,
-        BOTTOM_RIGHT=bottom_right,
+        **band.constexprs(),
+        SOFTCAP=softcap is not None,
         IS_VARLEN=varlen,
         BLOCK_M=block_m,
         BLOCK_N=block_n,

@@ -10,8 +10,10 @@ enabled); on NVIDIA a contender placed by the H200 measurements in docs/benchmar
 
 Capabilities (class attributes; the core rejects what they exclude, with a reason): bf16/f16
 only (fp32 accumulation inside); head dims 32-256, any value (tiles padded to a power of two); D
-may differ from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native.
-Non-goals: dropout, bias, float32 inputs.
+may differ from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native;
+sliding windows (``inp.window``) and logit soft-capping (``inp.softcap``) in forward and
+backward, in the portable ``tl`` kernels (the Gluon sm_90 kernels run plain causal or unmasked
+calls only; see ``_band``). Non-goals: dropout, bias, float32 inputs.
 
 ``triton:fused`` is deterministic (split dQ kernel, no atomics anywhere); ``triton:fused_atomic``
 computes dQ in the dK/dV kernel and adds it with fp32 atomics or TMA reductions (5 tile products
@@ -39,14 +41,44 @@ SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
 GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic where gluon_fused_atomic_fastest
 
 
+def window_of(inp: ad.ForwardInputs) -> tuple[int | None, int | None] | None:
+    """The call's sliding window as the user gave it (``None``: none, or inputs that do not
+    carry the option)."""
+    return getattr(inp, "window", None)
+
+
+def softcap_of(inp: ad.ForwardInputs) -> float | None:
+    """The call's logit soft cap (``None``: none, or inputs that do not carry the option)."""
+    return getattr(inp, "softcap", None)
+
+
+def band_of(inp: ad.ForwardInputs):
+    """The effective band (``_band.Band``) of a call: causal mask and window as one."""
+    from ._band import effective_band
+
+    return effective_band(
+        inp.causal, inp.causal_align, window_of(inp), inp.max_seqlen_q, inp.max_seqlen_k
+    )
+
+
+def gluon_variant(inp: ad.ForwardInputs) -> bool:
+    """Whether the Gluon sm_90 kernels compute this call's mask: plain causal or none, no soft
+    cap (anything else runs the ``tl`` kernels)."""
+    if softcap_of(inp) is not None:
+        return False
+    band = band_of(inp)
+    return not band.limited or band.plain_causal
+
+
 def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
     """Whether ``triton:fused`` would run its Gluon sm_90 kernels on these inputs (D = 128, a
-    triton they were checked with, tensors TMA can read as rows; the sm_90 arch is the caller's
-    condition), read from metadata: no triton import."""
+    triton they were checked with, no window or soft cap, tensors TMA can read as rows; the
+    sm_90 arch is the caller's condition), read from metadata: no triton import."""
     from ._tma_rows import gluon_triton_installed, rows_view
 
     return (
         inp.head_dim == inp.head_dim_v == 128
+        and gluon_variant(inp)
         and gluon_triton_installed()
         and all(
             rows_view(t, inp.is_varlen) is not None for t in (inp.q, inp.k, inp.v, inp.grad_out)
@@ -55,10 +87,11 @@ def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
 
 
 def small_dense_causal_mha(inp: ad.ForwardInputs) -> bool:
-    """A dense causal MHA call with B*H <= ``SMALL_CAUSAL_MHA_HEADS``: the case where a triton
-    implementation outranks cuDNN on sm_90 at some key lengths."""
+    """A dense causal MHA call (no window, no soft cap) with B*H <= ``SMALL_CAUSAL_MHA_HEADS``:
+    the case where a triton implementation outranks cuDNN on sm_90 at some key lengths."""
     return (
         inp.causal
+        and gluon_variant(inp)
         and not inp.is_varlen
         and inp.heads == inp.kv_heads
         and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS
@@ -98,6 +131,8 @@ class Fused(ad.Implementation):
     min_sm = 80  # tensor-core tiles of Ampere and newer
     dtypes = (torch.float16, torch.bfloat16)  # fp32 accumulation inside
     head_dims = range(32, 257)  # any value: tiles are padded to a power of two
+    window = True  # sliding windows (band-limited loops in the tl kernels)
+    softcap = True  # logit soft-capping (a compile-time path of the tl kernels)
     atomic_dq = False  # dQ by the split kernel (no atomics)
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
@@ -134,7 +169,11 @@ class Fused(ad.Implementation):
     @staticmethod
     def _flags(inp: ad.ForwardInputs) -> dict:
         flags = dict(
-            causal=inp.causal, bottom_right=inp.causal_align == "bottom_right", scale=inp.scale
+            causal=inp.causal,
+            bottom_right=inp.causal_align == "bottom_right",
+            scale=inp.scale,
+            window=window_of(inp),
+            softcap=softcap_of(inp),
         )
         if inp.is_varlen:
             flags.update(

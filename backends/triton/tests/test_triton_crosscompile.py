@@ -55,7 +55,7 @@ ATOMICS = {
 TMA_REDUCE = "cp.reduce.async.bulk.tensor"  # Hopper: dQ tiles added by TMA reductions
 FLOAT_POINTERS = {"Lse", "Lse2", "Delta", "DQA", "ACC"}
 INT_POINTERS = {"CU_Q", "CU_K"}
-FLOATS = {"qk_scale", "scale"}
+FLOATS = {"qk_scale", "scale", "softcap"}
 TILE_DESCRIPTORS = {"QDESC", "DODESC", "KDESC", "VDESC"}  # TMA tile loads (config LOAD_TMA)
 TMA_LOAD = "cp.async.bulk.tensor.4d"
 
@@ -77,9 +77,14 @@ def compile_kernel(
     group: int = 8,
     seqlen_k: int = 1 << 30,
     cfg: dict | None = None,
+    window_left: bool = False,
+    window_right: bool = False,
+    softcap: bool = False,
 ):
     """Compile one kernel as the launcher would launch it (with the tuning table's
-    configuration unless ``cfg`` is given); returns the compiled kernel."""
+    configuration unless ``cfg`` is given); returns the compiled kernel. ``window_left`` /
+    ``window_right``: a sliding window bounds that side of the band (``causal`` bounds the
+    right one); ``softcap``: the soft-capped scores."""
     target = TARGETS[arch][0]
     fn = KERNELS[kernel_name]
     cfg = cfg or lookup(arch, d, causal, group, seqlen_k)[kernel_name]
@@ -88,7 +93,9 @@ def compile_kernel(
     consts = {
         "D": d,
         "DV": d,
-        "CAUSAL": causal,
+        "LIMIT_LEFT": window_left,
+        "LIMIT_RIGHT": causal or window_right,
+        "SOFTCAP": softcap,
         "BOTTOM_RIGHT": bottom_right,
         "IS_VARLEN": varlen,
         "ATOMIC_DQ": kernel_name == "dkdvq",
@@ -117,7 +124,13 @@ def compile_kernel(
             signature[name] = f"tensordesc<{dtype}[1, {tile_rows}, 1, {padded_dim(d)}]>"
         elif name in FLOATS:
             signature[name] = "fp32"
-        elif name.startswith(("stride_", "seqlen_")) or name in ("heads", "kv_heads", "group"):
+        elif name.startswith(("stride_", "seqlen_")) or name in (
+            "heads",
+            "kv_heads",
+            "group",
+            "win_left",
+            "win_right",
+        ):
             signature[name] = "i32"
             if (
                 name.startswith("stride_")
@@ -261,6 +274,51 @@ def test_triton_split_sum_compiles(arch: str) -> None:
         )
         assert ATOMICS[asm_key].search(compiled.asm[asm_key]) is None
         assert len(compiled.asm["cubin" if asm_key == "ptx" else "hsaco"]) > 0
+
+
+VARIANTS = {  # (causal, window_left, window_right, softcap): the band and soft-cap constexprs
+    "window-left": (False, True, False, False),
+    "window-causal": (True, True, False, False),
+    "window-two-sided": (False, True, True, False),
+    "softcap": (False, False, False, True),
+    "softcap-window-causal": (True, True, False, True),
+}
+BAND_KERNELS = ("fwd", "dkdv", "dq", "dkdvq")  # the kernels that read the band and the cap
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx950"])
+@pytest.mark.parametrize("kernel_name", BAND_KERNELS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_triton_window_softcap_variants_compile(kernel_name: str, arch: str, variant: str) -> None:
+    """Sliding-window and soft-cap variants of every band-reading kernel, with the table's
+    configuration for a causal GQA call (sm_90: TMA tile loads and the TMA dQ reduction)."""
+    causal, left, right, cap = VARIANTS[variant]
+    compiled = compile_kernel(
+        kernel_name,
+        arch,
+        causal=causal,
+        bottom_right=True,
+        window_left=left,
+        window_right=right,
+        softcap=cap,
+    )
+    _check(compiled, kernel_name, arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_triton_window_softcap_varlen_d64_compiles(arch: str) -> None:
+    for kernel_name in BAND_KERNELS:
+        compiled = compile_kernel(
+            kernel_name,
+            arch,
+            dtype="fp16",
+            d=64,
+            varlen=True,
+            window_left=True,
+            window_right=True,
+            softcap=True,
+        )
+        _check(compiled, kernel_name, arch)
 
 
 @pytest.mark.slow

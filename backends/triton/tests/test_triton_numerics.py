@@ -284,6 +284,195 @@ DEFAULT_CASES = [
 ]
 
 
+# Sliding windows and soft-capping (issue 26): the oracle builds the band from the contract
+# (``triton_interp_worker.visible``) and caps the full score matrix; tiles smaller than the
+# windows so bands cross several blocks on both sides.
+WIN_TILES = {
+    **SMALL_TILES,
+    "fwd": {**SMALL_TILES["fwd"], "BLOCK_M": 16},
+    "dq": {**SMALL_TILES["dq"], "BLOCK_M": 16},
+}
+CAPPED_SCALE = 2.5 / math.sqrt(64)  # scores of std ~2.5: a cap of 2 bends most of them
+
+VARIANT_CASES = [
+    case("win-left-only-tl-bf16", sq=70, sk=70, window=[9, None], config=WIN_TILES),
+    case(
+        "win-one-sided-causal-br-f16",
+        dtype="float16",
+        sq=50,
+        sk=77,
+        causal=True,
+        align="bottom_right",
+        window=[13, None],
+        config=WIN_TILES,
+        repeat=True,
+    ),
+    case(
+        "win-two-sided-gqa-br-sq<sk",
+        sq=20,
+        sk=75,
+        heads=4,
+        kv_heads=2,
+        align="bottom_right",
+        window=[5, 9],
+        config=WIN_TILES,
+    ),
+    case("win-right-only-tl-sq<sk", sq=33, sk=64, window=[None, 3], config=WIN_TILES),
+    # rows 0..37 see no key (d_i = i - 40, right side 2): lse -inf, out 0, dq 0
+    case(
+        "win-empty-rows-br-sq>sk",
+        sq=60,
+        sk=20,
+        align="bottom_right",
+        window=[3, 2],
+        config=WIN_TILES,
+    ),
+    # top-left, Sq > Sk, left side only: the last rows' bands start past the keys
+    case("win-empty-rows-tl-sq>sk-left", sq=80, sk=24, window=[30, 5], config=WIN_TILES),
+    case("win-causal-caps-right", sq=45, sk=45, causal=True, window=[10, 6], config=WIN_TILES),
+    case("win-zero-width", sq=40, sk=40, window=[0, 0], config=WIN_TILES),
+    case("win-wider-than-seq", sq=37, sk=45, window=[100, 100], causal=True),
+    case("win-default-tiles-mqa", sq=70, sk=90, heads=4, kv_heads=1, window=[20, 4]),
+    case("softcap-full-bf16", batch=2, sq=37, sk=45, softcap=2.0, scale=CAPPED_SCALE),
+    case(
+        "softcap-causal-tl-f16-d128",
+        dtype="float16",
+        sq=50,
+        sk=50,
+        heads=4,
+        kv_heads=1,
+        d=128,
+        causal=True,
+        softcap=3.0,
+        scale=2.5 / math.sqrt(128),
+        config=WIN_TILES,
+    ),
+    case(
+        "softcap-win-causal-br-gqa",
+        sq=45,
+        sk=70,
+        heads=8,
+        kv_heads=2,
+        causal=True,
+        align="bottom_right",
+        window=[12, None],
+        softcap=2.0,
+        scale=CAPPED_SCALE,
+        config=WIN_TILES,
+        repeat=True,
+    ),
+    case(
+        "varlen-win-softcap-br-gqa",
+        heads=4,
+        kv_heads=2,
+        align="bottom_right",
+        window=[4, 3],
+        softcap=2.0,
+        scale=CAPPED_SCALE,
+        varlen=([17, 0, 33, 5, 40], [20, 11, 29, 0, 12]),
+        config=WIN_TILES,
+    ),
+    case(
+        "varlen-win-causal-tl",
+        dtype="float16",
+        heads=4,
+        kv_heads=1,
+        causal=True,
+        window=[7, None],
+        varlen=([9, 40, 1, 30], [30, 7, 18, 30]),
+        config=WIN_TILES,
+    ),
+    case(
+        "win-group-split-heavy-first",
+        sq=45,
+        sk=70,
+        heads=8,
+        kv_heads=2,
+        causal=True,
+        window=[15, None],
+        config={
+            k: {**c, "HEAVY_FIRST": 1, **({"SPLIT": 2} if k == "dkdv" else {})}
+            for k, c in WIN_TILES.items()
+        },
+    ),
+    case(
+        "win-softcap-dp-first-tma-loads",
+        sq=50,
+        sk=70,
+        heads=4,
+        kv_heads=2,
+        window=[11, 6],
+        align="bottom_right",
+        softcap=2.0,
+        scale=CAPPED_SCALE,
+        config={
+            **WIN_TILES,
+            "dkdv": {**WIN_TILES["dkdv"], "DP_FIRST": 1, "LOAD_TMA": 1},
+            "dq": {**WIN_TILES["dq"], "LOAD_TMA": 1},
+        },
+    ),
+    case(
+        "atomic-win-softcap-two-sided",
+        sq=45,
+        sk=60,
+        heads=4,
+        kv_heads=2,
+        window=[6, 10],
+        softcap=2.0,
+        scale=CAPPED_SCALE,
+        atomic=True,
+        config=WIN_TILES,
+    ),
+    case(
+        "atomic-tma-varlen-win-empty-rows",
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
+        align="bottom_right",
+        causal=True,
+        window=[3, None],
+        varlen=([9, 0, 40, 13], [30, 7, 18, 13]),
+        atomic=True,
+        config={**WIN_TILES, "dkdvq": {**WIN_TILES["dkdvq"], "TMA": 1, "SPLIT": 2}},
+    ),
+]
+
+
+def _random_variant_cases(count: int) -> list[dict]:
+    """Random windows (either side None or 0..40), alignments, causal, soft cap, GQA, lengths."""
+    import random
+
+    rng = random.Random(26)
+    out = []
+    for n in range(count):
+        sq, sk = rng.randint(1, 70), rng.randint(1, 70)
+        window = [rng.choice([None, 0, rng.randint(0, 40)]) for _ in range(2)]
+        cap = rng.choice([None, 1.5, 4.0])
+        heads, kv_heads = rng.choice([(2, 2), (4, 1), (6, 2)])
+        extra = {} if cap is None else {"softcap": cap, "scale": CAPPED_SCALE}
+        out.append(
+            case(
+                f"random-variant-{n}",
+                sq=sq,
+                sk=sk,
+                heads=heads,
+                kv_heads=kv_heads,
+                dtype=rng.choice(["bfloat16", "float16"]),
+                causal=rng.random() < 0.3,
+                align=rng.choice(["top_left", "bottom_right"]),
+                window=window,
+                atomic=rng.random() < 0.3,
+                config=WIN_TILES,
+                **extra,
+            )
+        )
+    return out
+
+
+VARIANT_CASES += _random_variant_cases(12)
+RANGES_CASE = {"id": "loop-bounds", "kind": "ranges", "seed": 2626, "count": 300}
+
+
 def _slow_cases() -> list[dict]:
     out = []
     for dtype, d, (h, hk), (causal, align), (sq, sk) in itertools.product(
@@ -353,6 +542,11 @@ def default_results() -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
+def variant_results() -> dict[str, dict]:
+    return _run_worker([RANGES_CASE, *VARIANT_CASES])
+
+
+@pytest.fixture(scope="module")
 def slow_results() -> dict[str, dict]:
     return _run_worker(SLOW_CASES)
 
@@ -367,6 +561,8 @@ def _check(c: dict, r: dict) -> None:
     assert r["lse_abs"] <= LSE_TOL, r
     if "dq_empty_rows_zero" in r:
         assert r["dq_empty_rows_zero"], "rows that see no key must get dq == 0"
+    if "dkdv_unseen_zero" in r:
+        assert r["dkdv_unseen_zero"], "keys that no row sees must get dk == dv == 0"
     if c.get("repeat"):
         assert r["bitwise_repeat"], "backward is not bitwise reproducible"
 
@@ -380,3 +576,18 @@ def test_triton_kernels_match_oracle(c: dict, default_results: dict) -> None:
 @pytest.mark.parametrize("c", SLOW_CASES, ids=[c["id"] for c in SLOW_CASES])
 def test_triton_kernels_match_oracle_matrix(c: dict, slow_results: dict) -> None:
     _check(c, slow_results[c["id"]])
+
+
+@pytest.mark.parametrize("c", VARIANT_CASES, ids=[c["id"] for c in VARIANT_CASES])
+def test_triton_window_softcap_match_oracle(c: dict, variant_results: dict) -> None:
+    _check(c, variant_results[c["id"]])
+
+
+def test_triton_loop_bounds_walk_exactly_the_band(variant_results: dict) -> None:
+    """Every program's loop bounds (the kernels' ``_common`` functions, run by the
+    interpreter) for random bands, both sides: each walked block meets the band, together they
+    cover it once, and the ones walked without a mask are wholly visible and in range."""
+    r = variant_results[RANGES_CASE["id"]]
+    assert "error" not in r, r.get("error")
+    assert r["checked"] > RANGES_CASE["count"], r
+    assert r["n_errors"] == 0, r["errors"]

@@ -14,6 +14,19 @@ from attn_dispatch_triton._tma_rows import gluon_triton_installed
 import attn_dispatch as ad
 
 
+@pytest.fixture(autouse=True)
+def triton_sdpa_and_reference(monkeypatch):
+    """Selection among triton, torch_sdpa (cuDNN: the rank these tests compare against) and the
+    reference alone, whatever else is installed."""
+    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "triton,torch_sdpa,reference")
+    for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
+        monkeypatch.delenv(name, raising=False)
+    ad.reload()
+    yield
+    monkeypatch.undo()
+    ad.reload()
+
+
 def meta_inputs(*, dtype=torch.bfloat16, b=1, s=256, h=16, hk=4, d=128, dv=None, varlen=False):
     """Backward arguments on the meta device (explain on a hypothetical arch)."""
     dv = dv or d

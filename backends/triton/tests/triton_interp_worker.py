@@ -72,17 +72,35 @@ def patch_interpreter() -> None:
 # ------------------------------------------------------------------------------------ oracle
 
 
-def oracle_one(q, k, v, causal, bottom_right, scale):
-    """Plain attention on one sequence [S,H,D] in float64; returns (out, lse[H,S])."""
+def visible(sq, sk, causal, bottom_right, window=None):
+    """[Sq, Sk] bool: key j visible to row i, straight from the contract: diagonal
+    d_i = i (top-left) or i + Sk - Sq (bottom-right), d_i - left <= j <= d_i + right, causal
+    caps right at 0."""
+    left, right = window if window is not None else (None, None)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    d = i + (sk - sq if bottom_right else 0)
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if left is not None:
+        ok &= j >= d - left
+    if right is not None:
+        ok &= j <= d + right
+    return ok
+
+
+def oracle_one(q, k, v, causal, bottom_right, scale, window=None, softcap=None):
+    """Attention on one sequence [S,H,D] in float64 as an explicit masked softmax (band and
+    soft cap applied to the full score matrix); returns (out, lse[H,S])."""
     sq, sk = q.shape[0], k.shape[0]
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = torch.einsum("ihd,jhd->hij", q, kk) * scale
-    if causal:
-        off = sk - sq if bottom_right else 0
-        i = torch.arange(sq)[:, None]
-        j = torch.arange(sk)[None, :]
-        s = s.masked_fill(j > i + off, float("-inf"))
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if causal or window is not None:
+        s = s.masked_fill(~visible(sq, sk, causal, bottom_right, window), float("-inf"))
     lse = (
         torch.logsumexp(s, -1) if sk else torch.full((q.shape[1], sq), float("-inf"), dtype=q.dtype)
     )
@@ -92,7 +110,13 @@ def oracle_one(q, k, v, causal, bottom_right, scale):
 
 def oracle(q, k, v, case):
     """Dense [B,S,H,D] or varlen [T,H,D] oracle; returns (out, lse) in our layout."""
-    args = (case["causal"], case["bottom_right"], case["scale"])
+    args = (
+        case["causal"],
+        case["bottom_right"],
+        case["scale"],
+        _window(case),
+        case.get("softcap"),
+    )
     if case.get("seqlens_q") is None:
         outs, lses = zip(*(oracle_one(q[b], k[b], v[b], *args) for b in range(q.shape[0])))
         return torch.stack(outs), torch.stack(lses)
@@ -105,6 +129,22 @@ def oracle(q, k, v, case):
         )
     )
     return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def _window(case):
+    w = case.get("window")
+    return None if w is None else tuple(w)
+
+
+def unseen_keys(case):
+    """Per key row of k ([B, Sk] dense / [T] varlen): True where no query row sees it."""
+    args = (case["causal"], case["bottom_right"], _window(case))
+    if case.get("seqlens_q") is None:
+        one = ~visible(case["seqlen_q"], case["seqlen_k"], *args).any(0)
+        return one.expand(case["batch"], -1)
+    return torch.cat(
+        [~visible(a, b, *args).any(0) for a, b in zip(case["seqlens_q"], case["seqlens_k"])]
+    )
 
 
 # ------------------------------------------------------------------------------------- cases
@@ -153,6 +193,10 @@ def run_case(case: dict) -> dict:
     dq64, dk64, dv64 = torch.autograd.grad(out64, (q64, k64, v64), do.double())
 
     flags = dict(causal=case["causal"], bottom_right=case["bottom_right"], scale=case["scale"])
+    if "window" in case:
+        flags["window"] = _window(case)
+    if "softcap" in case:
+        flags["softcap"] = case["softcap"]
     if varlen:
         cu_q = torch.tensor(np.cumsum([0, *case["seqlens_q"]]), dtype=torch.int32)
         cu_k = torch.tensor(np.cumsum([0, *case["seqlens_k"]]), dtype=torch.int32)
@@ -198,10 +242,155 @@ def run_case(case: dict) -> dict:
     if empty.any():
         per_row = empty.t() if varlen else empty.transpose(1, 2)  # dq's [T,H] / [B,S,H]
         res["dq_empty_rows_zero"] = bool((grads[0][per_row] == 0).all())
+    unseen = unseen_keys(case)  # keys no row sees: exactly zero dK and dV
+    if unseen.any():
+        res["dkdv_unseen_zero"] = bool(
+            (grads[1][unseen] == 0).all() and (grads[2][unseen] == 0).all()
+        )
     if case.get("repeat"):  # the backward is atomic-free: a second run is bitwise identical
         again = attention_backward(q, k, v, o_in, lse_in, do, **flags, config=cfg, atomic_dq=atomic)
         res["bitwise_repeat"] = all(torch.equal(a, b) for a, b in zip(again, grads))
     return res
+
+
+# ------------------------------------------------------------------------------ loop bounds
+
+
+_common = None  # attn_dispatch_triton._common, imported by _range_kernel (after main sets the path)
+
+
+def _range_kernel():
+    """A kernel storing the loop bounds ``_common`` gives each program (the kernels' code)."""
+    global _common
+    import triton
+    import triton.language as tl
+    from attn_dispatch_triton import _common
+
+    @triton.jit
+    def ranges(
+        Out,
+        q_len,
+        k_len,
+        win_left,
+        win_right,
+        KEY_SIDE: tl.constexpr,
+        LIMIT_LEFT: tl.constexpr,
+        LIMIT_RIGHT: tl.constexpr,
+        BOTTOM_RIGHT: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        lo_off, hi_off = _common.band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
+        if KEY_SIDE:  # the keys query block pid walks (forward, dQ)
+            r = _common.key_block_ranges(
+                pid * BLOCK_M,
+                q_len,
+                k_len,
+                lo_off,
+                hi_off,
+                LIMIT_LEFT,
+                LIMIT_RIGHT,
+                BLOCK_M,
+                BLOCK_N,
+            )
+        else:  # the query rows key block pid walks (dK/dV)
+            r = _common.query_block_ranges(
+                pid * BLOCK_N,
+                q_len,
+                k_len,
+                lo_off,
+                hi_off,
+                LIMIT_LEFT,
+                LIMIT_RIGHT,
+                BLOCK_M,
+                BLOCK_N,
+            )
+        for x in tl.static_range(4):
+            tl.store(Out + pid * 4 + x, r[x])
+
+    return ranges
+
+
+def walk_errors(vis, own, other_len, step, ranges):
+    """What is wrong with one program's walk ``ranges = (lo, full_lo, full_hi, hi)`` over the
+    other side's indices in blocks of ``step``, for the (in-range) rows/cols ``own`` it owns;
+    ``vis[a, b]``: own index a sees other index b. Walked blocks must each hold a visible pair,
+    together cover every visible one once, and those walked without a mask must lie in range
+    and be seen whole by every owned index."""
+    lo, flo, fhi, hi = ranges
+    errs = []
+    if not lo <= flo <= fhi <= hi:
+        errs.append(f"order {ranges}")
+    if lo % step and lo != hi or fhi > flo and flo % step:
+        errs.append(f"alignment {ranges}")
+    covered = []
+    for a, b, masked in ((lo, flo, True), (flo, fhi, False), (fhi, hi, True)):
+        for n in range(a, b, step):
+            block = [j for j in range(n, n + step) if j < other_len]
+            covered += block
+            seen = vis[own][:, block] if len(own) and block else torch.zeros(0, dtype=torch.bool)
+            if not seen.any():
+                errs.append(f"block {n} visited but outside the band {ranges}")
+            if not masked:
+                if not (n + step <= other_len and bool(vis[own][:, n : n + step].all())):
+                    errs.append(f"unmasked block {n} not wholly visible {ranges}")
+    if len(covered) != len(set(covered)):
+        errs.append(f"a block walked twice {ranges}")
+    needed = set(torch.nonzero(vis[own].any(0)).flatten().tolist()) if len(own) else set()
+    if needed - set(covered):
+        errs.append(f"visible indices {sorted(needed - set(covered))[:4]} not walked {ranges}")
+    return errs
+
+
+def run_ranges(case: dict) -> dict:
+    """Every program's loop bounds, both sides, for many random bands, against brute force."""
+    rng = np.random.default_rng(case["seed"])
+    kernel = _range_kernel()
+    errors, checked = [], 0
+
+    def side():
+        return None if rng.random() < 0.3 else int(rng.integers(0, 90))
+
+    for _ in range(case["count"]):
+        sq, sk = (int(x) for x in rng.integers(1, 100, 2))
+        window = (side(), side())
+        causal, bottom_right = bool(rng.random() < 0.3), bool(rng.random() < 0.5)
+        bm, bn = (int(x) for x in rng.choice([16, 32, 64], 2))
+        from attn_dispatch_triton._band import effective_band
+
+        band = effective_band(
+            causal, "bottom_right" if bottom_right else "top_left", window, sq, sk
+        )
+        vis = visible(sq, sk, causal, bottom_right, window)
+        for key_side in (True, False):
+            blocks = -(-sq // bm) if key_side else -(-sk // bn)
+            out = torch.zeros(blocks * 4, dtype=torch.int32)
+            kernel[(blocks,)](
+                out,
+                sq,
+                sk,
+                *band.sides(),
+                KEY_SIDE=key_side,
+                **band.constexprs(),
+                BLOCK_M=bm,
+                BLOCK_N=bn,
+            )
+            for pid, r in enumerate(out.view(-1, 4).tolist()):
+                if key_side:
+                    own = torch.arange(pid * bm, min(pid * bm + bm, sq))
+                    errs = walk_errors(vis, own, sk, bn, r)
+                else:
+                    own = torch.arange(pid * bn, min(pid * bn + bn, sk))
+                    errs = walk_errors(vis.t(), own, sq, bm, r)
+                checked += 1
+                if errs:
+                    what = "keys" if key_side else "queries"
+                    errors.append(
+                        f"Sq={sq} Sk={sk} window={window} causal={causal} "
+                        f"br={bottom_right} {bm}x{bn} {what} of block {pid}: {errs[0]}"
+                    )
+    return {"id": case["id"], "errors": errors[:5], "n_errors": len(errors), "checked": checked}
 
 
 def main() -> None:
@@ -211,7 +400,7 @@ def main() -> None:
     results = []
     for case in cases:
         try:
-            results.append(run_case(case))
+            results.append(run_ranges(case) if case.get("kind") == "ranges" else run_case(case))
         except Exception as exc:  # reported per case, so one failure does not hide the others
             results.append({"id": case["id"], "error": f"{type(exc).__name__}: {exc}"})
     json.dump(results, sys.stdout)

@@ -1,0 +1,128 @@
+"""What FlashAttention-4 runs, decided from installed metadata and the inputs alone.
+
+Nothing here imports FA4 or CUTLASS (``import flash_attn.cute.interface`` takes seconds): the
+version gate reads package metadata, and the support rules restate FA4 4.0.0b36's own checks
+(``flash_attn/cute/interface.py``: ``_validate_head_dims``, the arch asserts of
+``_flash_attn_fwd`` / ``_flash_attn_bwd``, ``_resolve_causal_local_window``).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+from importlib import metadata
+from typing import NamedTuple
+
+import attn_dispatch as ad
+
+FA4_DISTRIBUTION = "flash-attn-4"
+# The releases this backend was tested with. It calls FA4's private entry points
+# (_flash_attn_fwd returns a 5-tuple, _flash_attn_bwd takes out, dout, lse in that order), which
+# change between betas: widen the range only after the GPU suite has passed on the new release.
+FA4_SPECIFIER = ">=4.0.0b36,<4.0.0b37"
+FA4_REQUIREMENT = FA4_DISTRIBUTION + FA4_SPECIFIER
+# The module whose functions the backend calls; FlashAttention-2 ('flash-attn') ships an older
+# flash_attn/cute package of its own, and whichever distribution installs last owns the files.
+FA4_INTERFACE_FILE = "flash_attn/cute/interface.py"
+
+# Blackwell head dims (interface.py, _validate_head_dims): D and Dv each a multiple of 8 in
+# 8..128, or exactly one of these pairs (Dv = 512 is MLA only, with a separate qv input).
+SM100_LARGE_HEAD_DIMS = frozenset({(192, 128), (256, 256)})
+
+
+def fa4_problem() -> str | None:
+    """Why FA4 cannot be used here (absent, outside the tested range, or its files replaced by
+    another distribution), or ``None``. Reads metadata only; cached."""
+    missing = ad.missing_requirement(FA4_REQUIREMENT)
+    if missing is not None:
+        return missing
+    return _interface_replaced(FA4_DISTRIBUTION)
+
+
+@functools.cache
+def _interface_replaced(distribution: str) -> str | None:
+    """Whether ``flash_attn/cute/interface.py`` is still ``distribution``'s own file (its hash in
+    the distribution's RECORD); an install of flash-attn 2 after FA4 overwrites it."""
+    try:
+        dist = metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return f"{distribution} is not installed"
+    entry = next((f for f in dist.files or () if f.as_posix() == FA4_INTERFACE_FILE), None)
+    if entry is None:
+        return f"{distribution} lists no {FA4_INTERFACE_FILE}: not a usable installation"
+    path = dist.locate_file(entry)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"{FA4_INTERFACE_FILE} of {distribution} cannot be read ({exc})"
+    if entry.hash is None or entry.hash.mode != "sha256":
+        return None  # an install without hashes (e.g. from a source tree): nothing to compare
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    if digest != entry.hash.value:
+        return (
+            f"{path} is not {distribution}'s own file (another distribution, e.g. flash-attn 2, "
+            f"replaced it): reinstall {distribution}"
+        )
+    return None
+
+
+def sm100_head_dim_problem(head_dim: int, head_dim_v: int) -> str | None:
+    """Blackwell's rule for the (D, Dv) pair beyond the per-dim declaration (8..128 in steps of
+    8, 192, 256): above 128 only (192, 128) and (256, 256) run."""
+    if max(head_dim, head_dim_v) <= 128 or (head_dim, head_dim_v) in SM100_LARGE_HEAD_DIMS:
+        return None
+    pairs = " or ".join(str(p) for p in sorted(SM100_LARGE_HEAD_DIMS))
+    return (
+        f"(head_dim, head_dim_v)=({head_dim}, {head_dim_v}): on Blackwell FA4 runs both <= 128, "
+        f"or {pairs}"
+    )
+
+
+class MaskArgs(NamedTuple):
+    """FA4's mask arguments: ``causal`` and the window sides (``None``: unbounded)."""
+
+    causal: bool
+    window_left: int | None
+    window_right: int | None
+
+
+def top_left_needs_window(inp: ad.ForwardInputs) -> bool:
+    """A top-left causal mask that differs from FA4's bottom-right one (dense Sq != Sk, or varlen
+    with distinct cu_seqlens tensors)."""
+    if not inp.causal or inp.causal_align != "top_left":
+        return False
+    if inp.is_varlen:
+        return inp.cu_seqlens_q is not inp.cu_seqlens_k
+    return inp.seqlen_q != inp.seqlen_k
+
+
+def mask_problem(inp: ad.ForwardInputs) -> str | None:
+    """Why FA4 cannot compute ``inp``'s causal mask, or ``None``.
+
+    FA4's mask lets query row i see key j when ``i + off - left <= j <= i + off + right`` with
+    ``off = Sk - Sq`` per sequence (bottom-right aligned). A top-left mask is the window
+    ``right = Sq - Sk``, one value for the whole call: expressible for dense inputs, not for
+    varlen sequences whose lengths differ between q and k.
+    """
+    if inp.is_varlen and top_left_needs_window(inp):
+        return (
+            "causal_align='top_left' with varlen and distinct cu_seqlens_q / cu_seqlens_k: FA4's "
+            "causal mask is bottom-right aligned per sequence and its window is one value per "
+            "call (pass the same cu_seqlens tensor for q and k when the lengths are equal, or "
+            "causal_align='bottom_right')"
+        )
+    return None
+
+
+def mask_args(inp: ad.ForwardInputs) -> MaskArgs:
+    """The FA4 arguments that compute exactly ``inp``'s mask (see :func:`mask_problem`)."""
+    if not inp.causal:
+        return MaskArgs(False, None, None)
+    if not top_left_needs_window(inp):
+        return MaskArgs(True, None, None)
+    if inp.is_varlen:
+        raise ValueError(mask_problem(inp))
+    # j <= i + (Sk - Sq) + right with right = Sq - Sk is j <= i: the top-left mask. FA4 resolves
+    # (None, right != 0) to a 'local' mask whose right side is this runtime value.
+    return MaskArgs(False, None, inp.seqlen_q - inp.seqlen_k)

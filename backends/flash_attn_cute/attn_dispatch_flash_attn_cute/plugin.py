@@ -1,0 +1,124 @@
+"""Entry point of the flash_attn_cute backend: ``flash_attn_cute:sm90`` and ``:sm100``.
+
+FlashAttention-4 (distribution ``flash-attn-4``, package ``flash_attn.cute``): CuTe-DSL
+kernels JIT-compiled per variant, forward and backward, for Hopper (sm_90) and Blackwell
+(sm_100, sm_103). One implementation per arch family, since their head dims differ. Cheap to
+import: FA4 and CUTLASS are imported on the first kernel call (``_fa4``); ``supports`` reads
+package metadata alone (``_support``).
+
+Capabilities (class attributes; the core writes the reasons): CUDA only, bf16/f16, dense and
+varlen, GQA/MQA native (K/V read with Hkv heads, dK/dV returned with Hkv heads), both causal
+alignments: FA4's causal mask is bottom-right aligned, and a top-left mask with Sq != Sk is
+passed as FA4's window ``(None, Sq - Sk)``, which is exactly the top-left mask. ``supports``
+adds what the attributes cannot say: the installed FA4 within the tested range, top-left
+varlen with distinct cu_seqlens (rejected: the window is one value per call), and Blackwell's
+(D, Dv) pairs. Deterministic: FA4's backward has a deterministic mode (dQ/dK/dV reductions
+ordered by semaphores), used when the call asks for determinism; otherwise the faster
+atomic one runs.
+
+Priorities (design and measurements: docs/backends/flash_attn_cute.md): 60 on sm_90, above
+cuDNN (50) and triton's raised entries (55/56): FA4 measured fastest at 16 of the 20 seed
+shapes on an H200. Where it measured slower for the backward (dense D = 128 at Sk <= 1024
+with B*H <= 64, and causal MHA with B*H <= 8 at 2048 < Sk <= 4096, where triton's Gluon
+kernel leads) it ranks 49, below those. 60 on sm_100/sm_103: FA4 is written for Blackwell;
+not measured by this project (no Blackwell GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import attn_dispatch as ad
+
+from ._support import fa4_problem, mask_problem, sm100_head_dim_problem
+
+PRIORITY = 60
+# For the backward on sm_90 where an H200 measured FA4 slower than the implementation the
+# other priorities pick: below cuDNN (50) and triton's raised entries (55, 56).
+SLOWER_PRIORITY = 49
+SMALL_SK = 1024  # dense D=128 backward: FA4 behind triton:fused_atomic / cuDNN at 1K ...
+SMALL_SK_HEADS = 64  # ... measured with B*H = 64 (GQA 64/8) and 8 (MHA 8)
+MHA_CAUSAL_SK = (2049, 4096)  # causal MHA, B*H <= 8: behind triton:fused_atomic's Gluon kernel
+MHA_CAUSAL_HEADS = 8
+
+
+def measured_slower_sm90(inp: ad.ForwardInputs) -> bool:
+    """Whether ``inp`` is a backward where an H200 measured FA4 behind another implementation:
+    dense, D = Dv = 128, and Sk <= 1024 with B*H <= 64 (the 1K seed shapes: GQA 64/8, FA4
+    212 us against triton:fused_atomic's 204 us), or causal MHA with B*H <= 8 at
+    2048 < Sk <= 4096 (MHA 8, 4K causal: FA4 222 us, triton:fused_atomic 205 us)."""
+    if not isinstance(inp, ad.BackwardInputs) or inp.is_varlen:
+        return False
+    if inp.head_dim != 128 or inp.head_dim_v != 128:
+        return False
+    if inp.seqlen_k <= SMALL_SK and inp.batch * inp.heads <= SMALL_SK_HEADS:
+        return True
+    small_causal_mha = (
+        inp.causal and inp.heads == inp.kv_heads and inp.batch * inp.heads <= MHA_CAUSAL_HEADS
+    )
+    return small_causal_mha and MHA_CAUSAL_SK[0] <= inp.seqlen_k <= MHA_CAUSAL_SK[1]
+
+
+class FlashAttnCute(ad.Implementation):
+    """FA4 forward and backward; subclasses fix the arch family and its head dims."""
+
+    backend = "flash_attn_cute"
+    opt_in = False
+    deterministic = True  # FA4's deterministic backward runs when the call asks for it
+    vendors = ("cuda",)
+    dtypes = (torch.float16, torch.bfloat16)  # fp8 is forward-only in FA4: not offered
+
+    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+        """Beyond the declarations: FA4 installed within the tested range, and a causal mask
+        FA4 can express."""
+        reasons = [r for r in (fa4_problem(), mask_problem(inp)) if r]
+        return reasons
+
+    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(out, lse)`` in our layout."""
+        from ._fa4 import forward
+
+        return forward(inp)
+
+    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+        """``(dq, dk, dv)`` from the caller's out and lse."""
+        from ._fa4 import backward
+
+        return backward(inp)
+
+
+class Sm90(FlashAttnCute):
+    """FA4 on Hopper: D and Dv each a multiple of 8 in 8..256."""
+
+    name = "sm90"
+    priority = {"sm_90": PRIORITY}
+    archs = ("sm_90",)
+    head_dims = range(8, 257, 8)
+
+    def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
+        """``SLOWER_PRIORITY`` where :func:`measured_slower_sm90`, else the arch's."""
+        if arch.name == "sm_90" and measured_slower_sm90(inp):
+            return SLOWER_PRIORITY
+        return self.priority_for(arch)
+
+
+class Sm100(FlashAttnCute):
+    """FA4 on Blackwell (sm_100, sm_103): D and Dv each a multiple of 8 up to 128, or the
+    pairs (192, 128) and (256, 256)."""
+
+    name = "sm100"
+    priority = {"sm_100": PRIORITY, "sm_103": PRIORITY}
+    archs = ("sm_100", "sm_103")
+    head_dims = frozenset(range(8, 129, 8)) | {192, 256}
+
+    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+        """The base reasons, and Blackwell's (D, Dv) pairs above 128."""
+        reasons = super().supports(inp, arch)
+        pair = sm100_head_dim_problem(inp.head_dim, inp.head_dim_v)
+        return reasons + ([pair] if pair else [])
+
+
+@ad.hookimpl
+def attn_dispatch_implementations() -> list[ad.Implementation]:
+    """The flash_attn_cute backend's implementations."""
+    return [Sm90(), Sm100()]

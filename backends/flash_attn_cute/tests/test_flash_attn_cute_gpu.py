@@ -1,0 +1,234 @@
+"""flash_attn_cute on a Hopper or Blackwell GPU (skipped elsewhere, with the reason).
+
+* The conformance kit against the float64 oracle: the standard and random cases (dense, GQA,
+  MQA, varlen with empty sequences, both causal alignments, odd lengths, rows that see no key,
+  non-contiguous layouts), backward and forward, in bf16 (standard and random cases) and f16
+  (standard cases); bitwise-repeatable backward with ``deterministic=True`` (standard cases,
+  bf16); then multi-tile cases where the masks cross tile boundaries (top-left as FA4's
+  window, bottom-right with hundreds of empty rows, varlen with empty sequences, D = 256, MQA).
+* ``ad.attention`` under ``torch.compile(fullgraph=True)`` and under CUDA-graph capture.
+* Compilation: once per variant per process, not per shape; the first call of each variant is
+  recorded with its time.
+
+Tolerances are the kit's per-dtype defaults (bf16: max_err 2e-2, rel_l2 1e-2; f16: 4e-3,
+2e-3). Set FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 to let parallel workers (pytest -n) share
+compiled kernels through FA4's disk cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attn_dispatch_flash_attn_cute import _fa4
+from attn_dispatch_flash_attn_cute._support import fa4_problem
+
+import attn_dispatch as ad
+from attn_dispatch.testing import Case, make_conformance_tests, standard_cases
+
+FA4_ARCHS = ("sm_90", "sm_100", "sm_103")
+
+pytestmark = pytest.mark.gpu
+
+
+def _why_not_here() -> str | None:
+    if not torch.cuda.is_available() or torch.version.hip:
+        return "needs an NVIDIA GPU"
+    arch = ad.detect_arch(torch.device("cuda"))
+    if arch.name not in FA4_ARCHS:
+        return f"FA4 runs on {', '.join(FA4_ARCHS)}; this GPU is {arch.name}"
+    return fa4_problem()
+
+
+WHY_NOT = _why_not_here()
+needs_fa4_gpu = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
+
+test_conformance_bf16 = make_conformance_tests(
+    "flash_attn_cute", dtypes=("bfloat16",), device="cuda", checks=("backward", "forward")
+)
+test_conformance_fp16 = make_conformance_tests(
+    "flash_attn_cute",
+    dtypes=("float16",),
+    device="cuda",
+    cases=standard_cases(),
+    checks=("backward", "forward"),
+)
+test_deterministic_bf16 = make_conformance_tests(
+    "flash_attn_cute",
+    dtypes=("bfloat16",),
+    device="cuda",
+    cases=standard_cases(),
+    checks=("deterministic",),
+)
+
+MULTI_TILE_CASES = [
+    # top-left with Sq < Sk and Sq > Sk: FA4's window (None, Sq - Sk) across several tiles
+    Case((300,), (1000,), heads=8, kv_heads=2, head_dim=128, causal=True, seed=101),
+    Case((1000,), (300,), heads=8, kv_heads=2, head_dim=128, causal=True, seed=102),
+    # bottom-right with Sq > Sk: the first 700 rows of each head see no key
+    Case(
+        (1000,),
+        (300,),
+        heads=4,
+        kv_heads=4,
+        head_dim=64,
+        causal=True,
+        causal_align="bottom_right",
+        seed=103,
+    ),
+    # varlen, odd lengths, an empty query sequence and an empty key sequence
+    Case(
+        (513, 0, 700, 129),
+        (257, 300, 700, 0),
+        heads=6,
+        kv_heads=2,
+        head_dim=64,
+        varlen=True,
+        causal=True,
+        causal_align="bottom_right",
+        seed=104,
+    ),
+    Case((777,), (777,), heads=4, kv_heads=4, head_dim=256, causal=True, seed=105),
+    Case((640,), (640,), heads=16, kv_heads=1, head_dim=128, seed=106),
+]
+
+test_conformance_multi_tile = make_conformance_tests(
+    "flash_attn_cute", dtypes=("bfloat16",), device="cuda", cases=MULTI_TILE_CASES
+)
+
+
+def _qkv(b, sq, sk, h, hkv, d, *, dtype=torch.bfloat16, requires_grad=False, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        t = torch.randn(shape, generator=gen, device="cuda", dtype=dtype)
+        return t.requires_grad_(requires_grad)
+
+    return rnd(b, sq, h, d), rnd(b, sk, hkv, d), rnd(b, sk, hkv, d)
+
+
+def _reference_grads(q, k, v, grad_out, **flags):
+    """out and (dq, dk, dv) of the reference backend in float32 on the same inputs."""
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out = ad.attention(q32, k32, v32, backend="reference", **flags)
+    grads = torch.autograd.grad(out, (q32, k32, v32), grad_out.float())
+    return out.detach(), grads
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+@needs_fa4_gpu
+def test_attention_under_torch_compile_fullgraph():
+    """A GQA causal attention step compiled with fullgraph=True runs FA4 both ways."""
+    q, k, v = _qkv(2, 384, 384, 8, 2, 128, requires_grad=True)
+    grad_out = torch.randn_like(q)
+
+    def step(q, k, v):
+        return ad.attention(q, k, v, causal=True, backend="flash_attn_cute")
+
+    compiled = torch.compile(step, fullgraph=True)
+    out = compiled(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref_out, ref_grads = _reference_grads(q, k, v, grad_out, causal=True)
+    assert _rel(out, ref_out) < 1e-2
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
+        assert got.shape == want.shape, name
+        assert _rel(got, want) < 1e-2, name
+
+
+@needs_fa4_gpu
+@pytest.mark.parametrize("varlen", [False, True])
+def test_attention_under_cuda_graph_capture(varlen):
+    """Forward and backward of ``ad.attention`` captured in one CUDA graph; replays on new
+    values agree with eager calls."""
+    b, s, h, hkv, d = 2, 512, 8, 2, 128
+    flags: dict = dict(causal=True, backend="flash_attn_cute")
+    q, k, v = _qkv(b, s, s, h, hkv, d, requires_grad=True)
+    if varlen:
+        q, k, v = (t.detach().reshape(b * s, *t.shape[2:]).requires_grad_() for t in (q, k, v))
+        cu = torch.tensor([0, 300, 2 * s], dtype=torch.int32, device="cuda")
+        flags.update(
+            cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=2 * s - 300, max_seqlen_k=2 * s - 300
+        )
+    grad_out = torch.randn_like(q)
+
+    def run():
+        out = ad.attention(q, k, v, **flags)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # compiles and warms every kernel before the capture
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = run()
+    with torch.no_grad():
+        for t in (q, k, v, grad_out):
+            t.copy_(torch.randn_like(t))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = run()
+    for name, got, want in zip(("out", "dq", "dk", "dv"), static, eager, strict=True):
+        assert _rel(got, want.float()) < 2e-3, name
+
+
+@needs_fa4_gpu
+def test_compiles_once_per_variant_not_per_shape():
+    """After the first call of a variant, other lengths, batches and varlen offsets reuse its
+    kernels (FA4 passes shapes and strides as runtime values)."""
+    flags = dict(causal=True, backend="flash_attn_cute")
+    q, k, v = _qkv(1, 384, 384, 12, 4, 96)
+    out, lse = ad.forward(q, k, v, **flags)
+    ad.backward(q, k, v, out, lse, out, **flags)
+    compiled = _fa4.kernel_count()
+    assert compiled > 0
+    for b, s in ((1, 700), (3, 1500), (2, 257)):
+        q, k, v = _qkv(b, s, s, 12, 4, 96, seed=s)
+        out, lse = ad.forward(q, k, v, **flags)
+        ad.backward(q, k, v, out, lse, out, **flags)
+    assert _fa4.kernel_count() == compiled, "a new length or batch compiled new kernels"
+    variants = {r.variant for r in _fa4.compile_log()}
+    assert "forward bfloat16 D=96 Dv=96 group=3 causal dense" in variants
+    assert "backward bfloat16 D=96 Dv=96 group=3 causal dense" in variants
+
+    vflags = dict(flags, causal_align="bottom_right")
+    q, k, v = (t.reshape(-1, *t.shape[2:]) for t in _qkv(1, 1200, 1200, 12, 4, 96))
+    for offsets in ((0, 300, 1200), (0, 1000, 1200), (0, 600, 900, 1200)):
+        cu = torch.tensor(offsets, dtype=torch.int32, device="cuda")
+        longest = max(b - a for a, b in zip(offsets, offsets[1:]))
+        lens = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+        out, lse = ad.forward(q, k, v, **vflags, **lens)
+        ad.backward(q, k, v, out, lse, out, **vflags, **lens)
+        if offsets == (0, 300, 1200):
+            compiled = _fa4.kernel_count()
+    assert _fa4.kernel_count() == compiled, "new varlen offsets compiled new kernels"
+
+
+@needs_fa4_gpu
+def test_automatic_choice_on_this_gpu():
+    """The seed shape GQA 64/8, 4K, causal, D = 128 picks FA4 on its archs."""
+    q, k, v = _qkv(1, 4096, 4096, 64, 8, 128)
+    lse = torch.empty(1, 64, 4096, device="cuda")
+    report = ad.explain(q, k, v, q, lse, q, causal=True)
+    arch = ad.detect_arch(q.device).name
+    assert report.selected == (
+        "flash_attn_cute:sm90" if arch == "sm_90" else "flash_attn_cute:sm100"
+    )
+
+
+@needs_fa4_gpu
+def test_deterministic_backward_is_bitwise_repeatable_at_size():
+    """FA4's deterministic mode (semaphore-ordered reductions) on a GQA problem of many tiles."""
+    q, k, v = _qkv(2, 1500, 1500, 16, 4, 128)
+    out, lse = ad.forward(q, k, v, causal=True, backend="flash_attn_cute")
+    grad_out = torch.randn_like(out)
+    args = (q, k, v, out, lse, grad_out)
+    first = ad.backward(*args, causal=True, deterministic=True, backend="flash_attn_cute")
+    for _ in range(3):
+        again = ad.backward(*args, causal=True, deterministic=True, backend="flash_attn_cute")
+        for name, a, b in zip(("dq", "dk", "dv"), first, again, strict=True):
+            assert torch.equal(a, b), name

@@ -1,0 +1,441 @@
+"""flash_attn_cute on the CPU: what each implementation accepts and why it declines, its
+priorities, the causal-mask mapping, and that discovery and explain import no FA4 code.
+
+Tensors live on the ``meta`` device and ``arch=`` names a hypothetical chip. These tests need
+the real ``flash-attn-4`` distribution installed (scripts/setup.sh installs it); the kernels
+themselves run in test_flash_attn_cute_gpu.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from attn_dispatch_flash_attn_cute import _support, plugin
+from attn_dispatch_flash_attn_cute._support import MaskArgs, mask_args
+
+import attn_dispatch as ad
+from attn_dispatch._inputs import build_inputs
+from attn_dispatch.testing import visible_mask
+
+NAMES = ("flash_attn_cute:sm90", "flash_attn_cute:sm100")
+FA4_MODULES = ("flash_attn", "cutlass", "tvm_ffi", "quack")
+
+
+@pytest.fixture(autouse=True)
+def selection_env(monkeypatch):
+    """This backend, torch_sdpa (cuDNN at 50 on sm_90) and the reference only."""
+    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "flash_attn_cute,torch_sdpa,reference")
+    for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
+        monkeypatch.delenv(name, raising=False)
+    ad.reload()
+    yield
+    monkeypatch.undo()
+    ad.reload()
+
+
+def dense(sq=1024, sk=None, h=64, hkv=8, d=128, dv=None, b=1, dtype=torch.bfloat16):
+    """Backward arguments on the meta device."""
+    sk = sq if sk is None else sk
+    dv = d if dv is None else dv
+    q = torch.empty(b, sq, h, d, dtype=dtype, device="meta")
+    k = torch.empty(b, sk, hkv, d, dtype=dtype, device="meta")
+    v = torch.empty(b, sk, hkv, dv, dtype=dtype, device="meta")
+    out = torch.empty(b, sq, h, dv, dtype=dtype, device="meta")
+    lse = torch.empty(b, h, sq, dtype=torch.float32, device="meta")
+    return q, k, v, out, lse, out
+
+
+def varlen(same_offsets: bool, tq=96, tk=80, h=8, hkv=2, d=64):
+    q = torch.empty(tq, h, d, dtype=torch.float16, device="meta")
+    k = torch.empty(tk, hkv, d, dtype=torch.float16, device="meta")
+    out = torch.empty_like(q)
+    lse = torch.empty(h, tq, device="meta")
+    cu_q = torch.empty(4, dtype=torch.int32, device="meta")
+    cu_k = cu_q if same_offsets else torch.empty(4, dtype=torch.int32, device="meta")
+    if same_offsets:
+        k = torch.empty(tq, hkv, d, dtype=torch.float16, device="meta")
+    flags = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=40, max_seqlen_k=40)
+    return (q, k, k, out, lse, out), flags
+
+
+def verdicts(report: ad.Report) -> dict[str, ad.Candidate]:
+    return {c.name: c for c in report.candidates if c.name in NAMES}
+
+
+def explain(args, arch, **flags) -> ad.Report:
+    return ad.explain(*args, arch=arch, **flags)
+
+
+# ----------------------------------------------------------------------------------------------
+# Registration and imports
+
+
+def test_registered_not_opt_in_and_deterministic_capable():
+    (info,) = [b for b in ad.backends() if b.name == "flash_attn_cute"]
+    assert info.distribution == "attn-dispatch-flash-attn-cute"
+    assert info.error is None
+    assert [i.name for i in info.implementations] == list(NAMES)
+    for impl in info.implementations:
+        assert not impl.opt_in and impl.deterministic and impl.has_forward
+    sm90, sm100 = info.implementations
+    assert sm90.priority == {"sm_90": 60}
+    assert sm100.priority == {"sm_100": 60, "sm_103": 60}
+
+
+def test_discovery_and_explain_import_no_fa4_code():
+    """Listing, explaining on every arch and the plugin's supports() leave FA4, CUTLASS's DSL,
+    TVM-FFI and quack unimported (importing them takes seconds)."""
+    code = textwrap.dedent(
+        f"""
+        import sys, torch
+        import attn_dispatch as ad
+        ad.backends()
+        for arch in ("sm_90", "sm_100", "sm_103", "sm_80", "gfx942"):
+            for causal in (False, True):
+                q = torch.empty(1, 256, 8, 128, dtype=torch.bfloat16, device="meta")
+                k = torch.empty(1, 128, 2, 128, dtype=torch.bfloat16, device="meta")
+                lse = torch.empty(1, 8, 256, device="meta")
+                ad.explain(q, k, k, q, lse, q, causal=causal, arch=arch)
+                ad.explain(q, k, k, causal=causal, arch=arch)
+        q = torch.empty(1, 2048, 8, 128, dtype=torch.bfloat16, device="meta")
+        lse = torch.empty(1, 8, 2048, device="meta")
+        report = ad.explain(q, q, q, q, lse, q, arch="sm_90")
+        assert report.selected == "flash_attn_cute:sm90", str(report)
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in {FA4_MODULES!r})
+        assert not loaded, loaded
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_fa4_requirement_is_the_distributions_dependency():
+    """The gate in supports() and the package's dependency name the same tested range."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    requires = [Requirement(r) for r in metadata.requires("attn-dispatch-flash-attn-cute") or []]
+    gate = Requirement(_support.FA4_REQUIREMENT)
+    assert [(r.name, r.specifier) for r in requires if r.name == gate.name] == [
+        (gate.name, gate.specifier)
+    ]
+    assert _support.fa4_problem() is None  # the real dependency is installed and intact
+
+
+# ----------------------------------------------------------------------------------------------
+# Arch and device
+
+
+def test_sm90_seed_shape_selects_fa4():
+    report = explain(dense(4096), "sm_90", causal=True)
+    assert report.selected == "flash_attn_cute:sm90"
+    c = verdicts(report)
+    assert c["flash_attn_cute:sm90"].priority == 60
+    assert c["flash_attn_cute:sm100"].reasons == ("arch=sm_90: runs on sm_100, sm_103 only",)
+
+
+@pytest.mark.parametrize("arch", ["sm_100", "sm_103"])
+def test_blackwell_selects_fa4(arch):
+    report = explain(dense(2048, h=16, hkv=16), arch, causal=True)
+    assert report.selected == "flash_attn_cute:sm100"
+    c = verdicts(report)
+    assert c["flash_attn_cute:sm100"].priority == 60
+    assert c["flash_attn_cute:sm90"].reasons == (f"arch={arch}: runs on sm_90 only",)
+
+
+def test_sm80_rejected_by_both():
+    c = verdicts(explain(dense(), "sm_80"))
+    assert c["flash_attn_cute:sm90"].reasons == ("arch=sm_80: runs on sm_90 only",)
+    assert c["flash_attn_cute:sm100"].reasons == ("arch=sm_80: runs on sm_100, sm_103 only",)
+    assert all(v.status == "rejected" for v in c.values())
+
+
+def test_gfx942_rejected_by_vendor():
+    report = explain(dense(), "gfx942")
+    for cand in verdicts(report).values():
+        assert cand.status == "rejected"
+        assert cand.reasons == (
+            "device vendor 'rocm' (tensors on meta): needs an NVIDIA (CUDA) GPU",
+        )
+
+
+def test_cpu_tensors_forced_give_reasons_not_a_crash():
+    q = torch.randn(1, 16, 2, 32)
+    with pytest.raises(ad.NoBackendError, match="needs an NVIDIA"):
+        ad.forward(q, q, q, backend="flash_attn_cute")
+
+
+# ----------------------------------------------------------------------------------------------
+# Dtypes and head dims, per arch
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_float32_rejected(arch):
+    name = "flash_attn_cute:sm90" if arch == "sm_90" else "flash_attn_cute:sm100"
+    cand = verdicts(explain(dense(dtype=torch.float32), arch))[name]
+    assert cand.reasons == ("dtype=float32: needs one of bfloat16, float16",)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("d", "dv"), [(8, 8), (64, 256), (256, 256), (136, 72), (192, 128)])
+def test_sm90_head_dims_accepted(dtype, d, dv):
+    cand = verdicts(explain(dense(256, d=d, dv=dv, dtype=dtype), "sm_90"))["flash_attn_cute:sm90"]
+    assert cand.reasons == ()
+
+
+@pytest.mark.parametrize(
+    ("d", "dv", "reason"),
+    [
+        (264, 264, "head_dim=264: needs a multiple of 8 in 8..256"),
+        (12, 16, "head_dim=12: needs a multiple of 8 in 8..256"),
+        (64, 4, "head_dim_v=4: needs a multiple of 8 in 8..256"),
+    ],
+)
+def test_sm90_head_dims_rejected(d, dv, reason):
+    cand = verdicts(explain(dense(256, d=d, dv=dv), "sm_90"))["flash_attn_cute:sm90"]
+    assert reason in cand.reasons
+
+
+@pytest.mark.parametrize(("d", "dv"), [(8, 8), (64, 128), (128, 40), (192, 128), (256, 256)])
+def test_sm100_head_dims_accepted(d, dv):
+    report = explain(dense(256, d=d, dv=dv), "sm_100")
+    assert verdicts(report)["flash_attn_cute:sm100"].reasons == ()
+
+
+@pytest.mark.parametrize(("d", "dv"), [(192, 192), (256, 128), (128, 256), (192, 64)])
+def test_sm100_large_head_dim_pairs_rejected(d, dv):
+    cand = verdicts(explain(dense(256, d=d, dv=dv), "sm_100"))["flash_attn_cute:sm100"]
+    assert cand.reasons == (
+        f"(head_dim, head_dim_v)=({d}, {dv}): on Blackwell FA4 runs both <= 128, "
+        "or (192, 128) or (256, 256)",
+    )
+
+
+@pytest.mark.parametrize(("d", "dv"), [(160, 160), (136, 128), (120, 96 + 4)])
+def test_sm100_head_dims_outside_the_declared_set(d, dv):
+    cand = verdicts(explain(dense(256, d=d, dv=dv), "sm_100"))["flash_attn_cute:sm100"]
+    assert cand.status == "rejected"
+    assert any("needs one of 8, 16," in r for r in cand.reasons), cand.reasons
+
+
+# ----------------------------------------------------------------------------------------------
+# GQA, varlen, causal alignments, determinism
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+@pytest.mark.parametrize(("h", "hkv"), [(64, 8), (8, 1), (8, 8)])
+def test_gqa_mqa_mha_native(arch, h, hkv):
+    report = explain(dense(2048, h=h, hkv=hkv), arch, causal=True)
+    assert report.selected is not None and report.selected.startswith("flash_attn_cute:")
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize(("sq", "sk"), [(200, 300), (300, 200), (256, 256)])
+def test_dense_both_alignments_accepted(align, sq, sk):
+    report = explain(dense(sq, sk, h=8, hkv=8, d=64), "sm_90", causal=True, causal_align=align)
+    assert verdicts(report)["flash_attn_cute:sm90"].reasons == ()
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_varlen_same_offsets_accepted(align):
+    args, flags = varlen(same_offsets=True)
+    report = explain(args, "sm_90", causal=True, causal_align=align, **flags)
+    assert verdicts(report)["flash_attn_cute:sm90"].reasons == ()
+
+
+def test_varlen_bottom_right_with_distinct_offsets_accepted():
+    args, flags = varlen(same_offsets=False)
+    report = explain(args, "sm_100", causal=True, causal_align="bottom_right", **flags)
+    assert verdicts(report)["flash_attn_cute:sm100"].reasons == ()
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_varlen_top_left_with_distinct_offsets_rejected(arch):
+    args, flags = varlen(same_offsets=False)
+    report = explain(args, arch, causal=True, causal_align="top_left", **flags)
+    name = "flash_attn_cute:sm90" if arch == "sm_90" else "flash_attn_cute:sm100"
+    (reason,) = verdicts(report)[name].reasons
+    assert reason.startswith("causal_align='top_left' with varlen and distinct cu_seqlens_q")
+    # the non-causal call on the same tensors is fine
+    report = explain(args, arch, causal=False, **flags)
+    assert verdicts(report)[name].reasons == ()
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_deterministic_request_accepted(arch):
+    report = explain(dense(2048), arch, causal=True, deterministic=True)
+    assert report.selected in NAMES
+
+
+# ----------------------------------------------------------------------------------------------
+# Priorities per input on sm_90
+
+
+@pytest.mark.parametrize(
+    ("shape", "causal", "expected"),
+    [
+        (dict(sq=1024), False, 49),  # GQA 64/8 1K: triton:fused_atomic measured faster
+        (dict(sq=1024), True, 49),
+        (dict(sq=1024, h=8, hkv=8), True, 49),
+        (dict(sq=2048), True, 60),
+        (dict(sq=16384), False, 60),
+        (dict(sq=4096, h=8, hkv=8), True, 49),  # MHA 4K causal: Gluon fused_atomic faster
+        (dict(sq=4096, h=8, hkv=8), False, 60),
+        (dict(sq=8192, h=8, hkv=8), True, 60),
+        (dict(sq=4096, h=8, hkv=8, b=2), True, 60),  # B*H = 16: outside the measured case
+        (dict(sq=1024, d=64), False, 60),  # D = 64: not measured slower
+        (dict(sq=1024, b=2), True, 60),  # B*H = 128: outside the measured case
+        (dict(sq=512, h=8, hkv=8, b=8), False, 49),  # B*H = 64, shorter than measured
+    ],
+)
+def test_sm90_backward_priority_by_measurement(shape, causal, expected):
+    report = explain(dense(**shape), "sm_90", causal=causal)
+    assert verdicts(report)["flash_attn_cute:sm90"].priority == expected
+    if expected < 50:  # cuDNN (50) accepts these inputs and now leads
+        assert report.selected == "torch_sdpa:cudnn"
+    else:
+        assert report.selected == "flash_attn_cute:sm90"
+
+
+def test_sm90_forward_keeps_the_arch_priority_at_small_shapes():
+    q, k, v, *_ = dense(1024)
+    report = ad.explain(q, k, v, arch="sm_90")
+    assert verdicts(report)["flash_attn_cute:sm90"].priority == 60
+
+
+def test_sm100_priority_is_not_lowered_by_the_sm90_measurements():
+    report = explain(dense(1024), "sm_100")
+    assert verdicts(report)["flash_attn_cute:sm100"].priority == 60
+
+
+# ----------------------------------------------------------------------------------------------
+# The installation gate
+
+
+def test_installed_version_outside_the_tested_range_is_a_reason(monkeypatch):
+    from importlib import metadata
+
+    installed = metadata.version("flash-attn-4")
+    monkeypatch.setattr(_support, "FA4_REQUIREMENT", "flash-attn-4>=99")
+    cand = verdicts(explain(dense(), "sm_90"))["flash_attn_cute:sm90"]
+    assert cand.status == "rejected"
+    assert cand.reasons == (f"flash-attn-4 {installed} is installed; needs flash-attn-4>=99",)
+
+
+def test_absent_distribution_is_a_reason(monkeypatch):
+    monkeypatch.setattr(_support, "FA4_REQUIREMENT", "flash-attn-4-not-a-real-name>=4")
+    cand = verdicts(explain(dense(), "sm_90"))["flash_attn_cute:sm90"]
+    assert cand.reasons == (
+        "flash-attn-4-not-a-real-name is not installed (needs flash-attn-4-not-a-real-name>=4)",
+    )
+
+
+def _fake_distribution(root, name: str, content: bytes, recorded: bytes) -> None:
+    """A distribution ``name`` whose RECORD lists flash_attn/cute/interface.py with the hash of
+    ``recorded`` while the file holds ``content``."""
+    import base64
+    import hashlib
+
+    digest = base64.urlsafe_b64encode(hashlib.sha256(recorded).digest()).rstrip(b"=").decode()
+    info = root / f"{name.replace('-', '_')}-4.0.0b36.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 4.0.0b36\n")
+    (info / "RECORD").write_text(f"flash_attn/cute/interface.py,sha256={digest},{len(content)}\n")
+    (root / "flash_attn" / "cute").mkdir(parents=True)
+    (root / "flash_attn" / "cute" / "interface.py").write_bytes(content)
+
+
+def test_replaced_interface_file_is_a_reason(tmp_path, monkeypatch):
+    """flash-attn 2 installed after FA4 overwrites flash_attn/cute/*.py: the RECORD hash of
+    interface.py no longer matches the file."""
+    name = "fa4-replaced-test"
+    _fake_distribution(tmp_path, name, content=b"older copy\n", recorded=b"fa4's copy\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reason = _support._interface_replaced.__wrapped__(name)
+    assert reason is not None and "is not fa4-replaced-test's own file" in reason
+
+
+def test_intact_interface_file_passes(tmp_path, monkeypatch):
+    name = "fa4-intact-test"
+    _fake_distribution(tmp_path, name, content=b"fa4's copy\n", recorded=b"fa4's copy\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _support._interface_replaced.__wrapped__(name) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# The causal mask mapping
+
+
+def fa4_visible(args: MaskArgs, sq: int, sk: int) -> torch.Tensor:
+    """The keys FA4 lets each query row see for these arguments, by FA4's own rule
+    (mask.py / block_info.py): ``i + off - left <= j <= i + off + right``, ``off = Sk - Sq``;
+    ``causal`` is right = 0; ``None`` is unbounded."""
+    off = sk - sq
+    right = 0 if args.causal else args.window_right
+    rows = torch.arange(sq)[:, None]
+    cols = torch.arange(sk)[None, :]
+    seen = torch.ones(sq, sk, dtype=torch.bool)
+    if right is not None:
+        seen &= cols <= rows + off + right
+    if args.window_left is not None:
+        seen &= cols >= rows + off - args.window_left
+    return seen
+
+
+def forward_inputs(sq: int, sk: int, causal: bool, align: str) -> ad.ForwardInputs:
+    q = torch.empty(1, sq, 2, 16, device="meta")
+    k = torch.empty(1, sk, 2, 16, device="meta")
+    return build_inputs(q, k, k, causal=causal, causal_align=align, scale=None, deterministic=False)
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("sq", "sk"), [(1, 1), (7, 7), (5, 13), (13, 5), (1, 9), (9, 1), (64, 3)])
+def test_mask_args_give_exactly_our_mask(align, causal, sq, sk):
+    inp = forward_inputs(sq, sk, causal, align)
+    args = mask_args(inp)
+    assert torch.equal(fa4_visible(args, sq, sk), visible_mask(sq, sk, causal, align))
+
+
+def test_mask_args_use_fa4_causal_where_the_alignments_agree():
+    assert mask_args(forward_inputs(8, 8, True, "top_left")) == MaskArgs(True, None, None)
+    assert mask_args(forward_inputs(5, 9, True, "bottom_right")) == MaskArgs(True, None, None)
+    assert mask_args(forward_inputs(5, 9, True, "top_left")) == MaskArgs(False, None, -4)
+    assert mask_args(forward_inputs(9, 5, False, "top_left")) == MaskArgs(False, None, None)
+
+
+def test_mask_args_refuse_top_left_varlen_with_distinct_offsets():
+    q = torch.empty(12, 2, 16, device="meta")
+    cu_q = torch.zeros(3, dtype=torch.int32, device="meta")
+    cu_k = torch.zeros(3, dtype=torch.int32, device="meta")
+    inp = build_inputs(
+        q,
+        q,
+        q,
+        causal=True,
+        causal_align="top_left",
+        scale=None,
+        deterministic=False,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=6,
+        max_seqlen_k=6,
+    )
+    with pytest.raises(ValueError, match="distinct cu_seqlens_q / cu_seqlens_k"):
+        mask_args(inp)
+
+
+def test_measured_slower_only_for_backward_inputs():
+    q, k, v, out, lse, do = dense(1024)
+    fwd = build_inputs(
+        q, k, v, causal=True, causal_align="top_left", scale=None, deterministic=False
+    )
+    bwd = build_inputs(
+        q, k, v, out, lse, do, causal=True, causal_align="top_left", scale=None, deterministic=False
+    )
+    assert not plugin.measured_slower_sm90(fwd)
+    assert plugin.measured_slower_sm90(bwd)
