@@ -15,6 +15,7 @@ from ._arch import Arch
 from ._dispatch import BACKWARD, FORWARD, arch_for, dispatch
 from ._implementation import Gradients, lookup_priority
 from ._inputs import BackwardInputs, build_inputs
+from ._registry import BackendRecord, _declaration_problems
 from ._report import Report
 from ._selection import evaluate
 
@@ -137,7 +138,7 @@ def explain(
     )
     mode = "backward" if isinstance(inp, BackwardInputs) else "forward"
     forced = _settings.resolve_forced(backend, settings)
-    report, _ = evaluate(settings, inp, arch or arch_for(settings, inp.device), mode, forced)
+    report, _, _ = evaluate(settings, inp, arch or arch_for(settings, inp.device), mode, forced)
     return report
 
 
@@ -182,21 +183,19 @@ class BackendInfo:
         return data | {"implementations": [i.to_dict() for i in self.implementations]}
 
 
+def _info(record: BackendRecord) -> BackendInfo:
+    """``record`` as data; declarations that broke since the plugin loaded make it failed."""
+    problems = [p for i in record.implementations for p in _declaration_problems(i)]
+    if record.error is not None or problems:
+        error = record.error or "; ".join(problems)
+        return BackendInfo(record.name, record.distribution, record.version, (), error)
+    impls = tuple(
+        ImplementationInfo(i.full_name, i.opt_in, i.deterministic, dict(i.priority), i.has_forward)
+        for i in record.implementations
+    )
+    return BackendInfo(record.name, record.distribution, record.version, impls, None)
+
+
 def backends() -> list[BackendInfo]:
     """Every discovered backend plugin, loaded or failed, with versions."""
-    registry = _settings.current().registry
-    return [
-        BackendInfo(
-            b.name,
-            b.distribution,
-            b.version,
-            tuple(
-                ImplementationInfo(
-                    i.full_name, i.opt_in, i.deterministic, dict(i.priority), i.has_forward
-                )
-                for i in b.implementations
-            ),
-            b.error,
-        )
-        for b in registry.backends.values()
-    ]
+    return [_info(b) for b in _settings.current().registry.backends.values()]

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ._api import backward as _dispatch_backward
 from ._api import forward as _dispatch_forward
-from ._inputs import check_flags, lse_dtype
+from ._inputs import check_flags, lse_dtype, resolve_scale
 
 _FLAGS = (
     "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, "
@@ -220,7 +220,19 @@ def attention(
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"argument 'backend': expected a str or None, got {type(backend).__name__}")
     if scale is not None:
-        scale = float(scale)
+        scale = resolve_scale(scale, 1)
+    # A meta tensor among real ones would send the operator to its fake implementation, which
+    # returns uninitialised memory: refuse mixed devices here, as the dispatcher does.
+    for name, t in (
+        ("k", k),
+        ("v", v),
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("cu_seqlens_k", cu_seqlens_k),
+    ):
+        if isinstance(t, Tensor) and isinstance(q, Tensor) and t.device != q.device:
+            raise ValueError(
+                f"argument '{name}': expected device {q.device} (same as q), got {t.device}"
+            )
     out, _ = _fwd(
         q,
         k,

@@ -16,10 +16,19 @@ from typing import NamedTuple
 import torch
 
 from . import _guards, _settings
-from ._arch import Arch, detect_arch
+from ._arch import CPU, Arch, _gpu_arch
 from ._implementation import Gradients, Implementation
-from ._inputs import BackwardInputs, Facts, ForwardInputs, build_inputs, check_cu_seqlens, lse_dtype
-from ._selection import evaluate, no_backend_error
+from ._inputs import (
+    BackwardInputs,
+    Facts,
+    ForwardInputs,
+    build_inputs,
+    check_cu_seqlens,
+    check_flags,
+    lse_dtype,
+    resolve_scale,
+)
+from ._selection import POINTER_RESIDUE, evaluate, no_backend_error
 
 log = logging.getLogger("attn_dispatch")
 # More signatures than this (shape-varying workloads) restart the cache rather than grow it.
@@ -31,6 +40,12 @@ class Decision(NamedTuple):
 
     facts: Facts
     impl: Implementation
+    # impl.backward or impl.forward; for meta tensors the shape logic alone (nothing to compute)
+    run: Callable
+    # residues of the data pointers (see _selection.Probe) when the verdicts read them, else None
+    pointers: tuple | None
+    # set on guard entries only: some input requires grad (the guard checks requires_grad)
+    grad: bool = False
 
 
 Tensors = tuple[torch.Tensor, ...]
@@ -55,6 +70,10 @@ def _check_tuple(impl: Implementation, outputs, expected: dict[str, tuple]) -> N
 
 def _checked_gradients(impl: Implementation, grads, tensors: Tensors, facts: Facts) -> Gradients:
     q, k, v = tensors[:3]
+    if not isinstance(grads, tuple):
+        raise ValueError(
+            f"{impl.full_name} returned {type(grads).__name__}; expected attn_dispatch.Gradients"
+        )
     _check_tuple(impl, tuple(grads), {"dq": _like(q), "dk": _like(k), "dv": _like(v)})
     if not isinstance(grads, Gradients):
         raise ValueError(
@@ -79,6 +98,17 @@ def _checked_forward(impl: Implementation, result, tensors: Tensors, facts: Fact
     return result
 
 
+def _meta_backward(inp: BackwardInputs) -> Gradients:
+    return Gradients(*(t.new_empty(t.shape) for t in (inp.q, inp.k, inp.v)))
+
+
+def _meta_forward(inp: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    q = inp.q
+    lse_shape = (q.shape[1], q.shape[0]) if inp.is_varlen else (inp.batch, inp.heads, q.shape[1])
+    out = q.new_empty((*q.shape[:-1], inp.head_dim_v))
+    return out, q.new_empty(lse_shape, dtype=lse_dtype(q.dtype))
+
+
 class Mode(NamedTuple):
     """What differs between forward and backward dispatch."""
 
@@ -87,33 +117,64 @@ class Mode(NamedTuple):
     inputs: type[ForwardInputs]
     # (impl, result, tensors, facts) -> result; raises when the result breaks the contract
     checked: Callable
+    # the result's shapes, for meta tensors
+    meta: Callable
 
 
-BACKWARD = Mode("backward", BackwardInputs, _checked_gradients)
-FORWARD = Mode("forward", ForwardInputs, _checked_forward)
+BACKWARD = Mode("backward", BackwardInputs, _checked_gradients, _meta_backward)
+FORWARD = Mode("forward", ForwardInputs, _checked_forward, _meta_forward)
 
 
 def arch_for(settings: _settings.Settings, device: torch.device) -> Arch:
-    """The arch selection assumes for tensors on ``device``."""
+    """The arch selection assumes for tensors on ``device``: ``ATTN_DISPATCH_ARCH`` as read
+    with the settings, else detected (a meta tensor stands for the default device)."""
     if settings.arch_override is not None:
         return settings.arch_override
-    return detect_arch(None if device.type == "meta" else device)
+    if device.type == "cuda" or device.type == "meta" and torch.cuda.is_available():
+        index = device.index if device.type == "cuda" and device.index is not None else None
+        return _gpu_arch(torch.cuda.current_device() if index is None else index)
+    return CPU
 
 
-def _cached(decisions: dict, flags: tuple, tensors: Tensors, cu_q, cu_k, max_q, max_k):
-    """``(key, decision)`` from the dictionary; the key is ``None`` when the arguments cannot
-    make one (not tensors, nested tensors, unhashable flags: validation explains them)."""
+def pointer_residues(tensors: Tensors, cu_q, cu_k) -> tuple:
+    """What a decision that read data pointers depends on (see ``_selection.Probe``)."""
+    residues = tuple([t.data_ptr() % POINTER_RESIDUE for t in tensors])
+    if cu_q is not None:
+        residues += (cu_q.data_ptr() % POINTER_RESIDUE, cu_k.data_ptr() % POINTER_RESIDUE)
+    return residues
+
+
+def _key(flags: tuple, tensors: Tensors, cu_q, cu_k, max_q, max_k):
+    """The dictionary key of a call, or ``None`` when the arguments cannot make one (not
+    tensors, nested tensors, unhashable flags: validation explains them)."""
     try:
         key = flags + tuple([(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
         if cu_q is not None or cu_k is not None or max_q is not None or max_k is not None:
-            key += (_cu_key(cu_q), _cu_key(cu_k), max_q, max_k)
-        return key, decisions.get(key)
+            # types too: 8.0 == 8 but only 8 is valid; identity: a supports() may read it
+            key += (
+                _cu_key(cu_q),
+                _cu_key(cu_k),
+                cu_q is cu_k,
+                max_q,
+                max_k,
+                max_q.__class__,
+                max_k.__class__,
+            )
+        hash(key)
+        return key
     except (AttributeError, TypeError, RuntimeError):
-        return None, None
+        return None
 
 
 def _cu_key(cu: torch.Tensor | None):
     return None if cu is None else (cu.shape, cu.dtype, cu.device)
+
+
+def _normalized(causal, deterministic, scale):
+    """Validate what the cache key cannot tell apart (``1 == True``, ``True == 1.0``) and
+    return the scale as a float. Only calls with unusual flag types get here."""
+    check_flags(causal, "top_left", deterministic)
+    return scale if scale is None else resolve_scale(scale, 1)
 
 
 def dispatch(
@@ -130,34 +191,99 @@ def dispatch(
     backend,
 ):
     """Run ``tensors`` (q, k, v[, out, lse, grad_out]) by the cached or a new decision."""
-    settings = _settings.current()
+    settings = _settings._settings or _settings.current()
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    forced = _settings.forced_name(backend, settings)
-    flags = (mode.name, causal, causal_align, scale, deterministic, forced)
-    dense = cu_q is None and cu_k is None and max_q is None and max_k is None
-    decision = None
-    if dense and (entries := settings.guarded.get(flags)):
-        decision = _guards.match(entries, tensors)
+    if (
+        (causal is not True and causal is not False)
+        or (deterministic is not True and deterministic is not False)
+        or (scale is not None and scale.__class__ is not float)
+    ):
+        scale = _normalized(causal, deterministic, scale)
+    backend_arg = backend
+    if backend is None:
+        backend = _settings._forced.get() or settings.forced_env
+    flags = (mode.name, causal, causal_align, scale, deterministic, backend)
+    if cu_q is None and cu_k is None and max_q is None and max_k is None:
+        entries = settings.guarded.get(flags)
+        if entries and (decision := _guards.match(entries, tensors)) is not None:
+            if decision.pointers is None and not decision.grad:
+                # the hottest path, inlined: a guarded signature, no pointer or grad concerns
+                inp = mode.inputs(
+                    *tensors, None, None, causal, causal_align, deterministic, decision.facts
+                )
+                try:
+                    return decision.run(inp)
+                except Exception as exc:
+                    _name(exc, decision.impl, mode)
+                    raise
+            if decision.pointers is None or decision.pointers == pointer_residues(
+                tensors, None, None
+            ):
+                return _run(mode, decision, decision.grad, tensors, None, None, flags)
+        guard_flags = flags
+    else:
+        guard_flags = None
+    return _looked_up(
+        mode, settings, tensors, cu_q, cu_k, max_q, max_k, flags, guard_flags, backend_arg
+    )
+
+
+def _run(mode: Mode, decision: Decision, grad: bool, tensors: Tensors, cu_q, cu_k, flags):
+    """Call the decision's implementation, with grad recording off (a backend's own ops must
+    not build a graph), naming it in any exception it raises."""
+    inp = mode.inputs(*tensors, cu_q, cu_k, flags[1], flags[2], flags[4], decision.facts)
+    if grad and torch.is_grad_enabled():
+        torch._C._set_grad_enabled(False)
+        try:
+            return decision.run(inp)
+        except Exception as exc:
+            _name(exc, decision.impl, mode)
+            raise
+        finally:
+            torch._C._set_grad_enabled(True)
+    try:
+        return decision.run(inp)
+    except Exception as exc:
+        _name(exc, decision.impl, mode)
+        raise
+
+
+def _name(exc: Exception, impl: Implementation, mode: Mode) -> None:
+    exc.add_note(f"(raised by {impl.full_name} in attn_dispatch.{mode.name})")
+
+
+def _requires_grad(tensors: Tensors) -> bool:
+    return any([t.requires_grad for t in tensors])
+
+
+def _looked_up(
+    mode: Mode,
+    settings: _settings.Settings,
+    tensors: Tensors,
+    cu_q,
+    cu_k,
+    max_q,
+    max_k,
+    flags: tuple,
+    guard_flags: tuple | None,
+    backend_arg,
+):
+    """The dictionary path: a known signature (re-checking what it must), else a first call."""
+    key = _key(flags, tensors, cu_q, cu_k, max_q, max_k)
+    decision = None if key is None else settings.decisions.get(key)
+    if decision is not None and decision.pointers is not None:
+        residues = pointer_residues(tensors, cu_q, cu_k)
+        if residues != decision.pointers:
+            # another alignment than the first call's: its own entry, never a guard
+            key, guard_flags = key + (residues,), None
+            decision = settings.decisions.get(key)
     if decision is None:
-        key, decision = _cached(settings.decisions, flags, tensors, cu_q, cu_k, max_q, max_k)
-        if decision is None:
-            options = dict(
-                causal=causal,
-                causal_align=causal_align,
-                scale=scale,
-                deterministic=deterministic,
-                cu_seqlens_q=cu_q,
-                cu_seqlens_k=cu_k,
-                max_seqlen_q=max_q,
-                max_seqlen_k=max_k,
-            )
-            guard_flags = flags if dense else None
-            return _first_call(mode, settings, tensors, options, backend, key, guard_flags)
-        _revisit(settings, decision, tensors, cu_q, cu_k, flags if dense else None)
-    facts, impl = decision
-    inp = mode.inputs(*tensors, cu_q, cu_k, causal, causal_align, deterministic, facts)
-    return impl.backward(inp) if mode is BACKWARD else impl.forward(inp)
+        return _first_call(
+            mode, settings, tensors, cu_q, cu_k, max_q, max_k, flags, key, guard_flags, backend_arg
+        )
+    _revisit(settings, decision, tensors, cu_q, cu_k, guard_flags)
+    return _run(mode, decision, _requires_grad(tensors), tensors, cu_q, cu_k, flags)
 
 
 def _revisit(
@@ -181,22 +307,44 @@ def _revisit(
             facts.max_seqlen_k,
         )
     if guard_flags is not None:
-        _guards.remember(settings.guarded, guard_flags, tensors, decision)
+        _remember_guard(settings, guard_flags, tensors, decision)
+
+
+def _remember_guard(settings, guard_flags: tuple, tensors: Tensors, decision: Decision) -> None:
+    _guards.remember(
+        settings.guarded, guard_flags, tensors, decision._replace(grad=_requires_grad(tensors))
+    )
 
 
 def _first_call(
     mode: Mode,
     settings: _settings.Settings,
     tensors: Tensors,
-    options: dict,
-    backend,
+    cu_q,
+    cu_k,
+    max_q,
+    max_k,
+    flags: tuple,
     key: tuple | None,
     guard_flags: tuple | None,
+    backend_arg,
 ):
     """Validate, select, run, check the outputs, then cache the decision."""
-    inp = build_inputs(*tensors, **options)
-    forced = _settings.resolve_forced(backend, settings)
-    report, impl = evaluate(settings, inp, arch_for(settings, inp.device), mode.name, forced)
+    _, causal, causal_align, scale, deterministic, _ = flags
+    inp = build_inputs(
+        *tensors,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        deterministic=deterministic,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max_q,
+        max_seqlen_k=max_k,
+    )
+    forced = _settings.resolve_forced(backend_arg, settings)
+    arch = arch_for(settings, inp.device)
+    report, impl, read_pointers = evaluate(settings, inp, arch, mode.name, forced)
     if impl is None:
         raise no_backend_error(report)
     log.info(
@@ -207,12 +355,16 @@ def _first_call(
         report.arch.full,
         f"forced {forced!r}" if forced else "automatic",
     )
-    result = mode.checked(impl, getattr(impl, mode.name)(inp), tensors, inp.facts)
+    run = mode.meta if inp.device.type == "meta" else getattr(impl, mode.name)
+    pointers = pointer_residues(tensors, cu_q, cu_k) if read_pointers else None
+    decision = Decision(inp.facts, impl, run, pointers)
+    result = _run(mode, decision, _requires_grad(tensors), tensors, cu_q, cu_k, flags)
+    result = mode.checked(impl, result, tensors, inp.facts)
     if key is not None:
-        decision = Decision(inp.facts, impl)
         if len(settings.decisions) >= MAX_CACHED_DECISIONS:
-            settings.forget()
+            # the guards stay: their decisions still hold, and they serve the hottest calls
+            settings.decisions.clear()
         settings.decisions[key] = decision
         if guard_flags is not None:
-            _guards.remember(settings.guarded, guard_flags, tensors, decision)
+            _remember_guard(settings, guard_flags, tensors, decision)
     return result

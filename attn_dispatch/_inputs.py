@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from typing import NamedTuple
 
 import torch
 
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-DEBUG_ENV = "ATTN_DISPATCH_DEBUG"
 
 
 class Facts(NamedTuple):
@@ -146,9 +144,16 @@ class BackwardInputs(ForwardInputs):
         deterministic,
         facts: Facts,
     ) -> None:
-        ForwardInputs.__init__(
-            self, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
-        )
+        # the slots are set here rather than by ForwardInputs.__init__: one call less per dispatch
+        self.q = q
+        self.k = k
+        self.v = v
+        self.cu_seqlens_q = cu_seqlens_q
+        self.cu_seqlens_k = cu_seqlens_k
+        self.causal = causal
+        self.causal_align = causal_align
+        self.deterministic = deterministic
+        self.facts = facts
         self.out = out
         self.lse = lse
         self.grad_out = grad_out
@@ -485,8 +490,11 @@ def check_cu_seqlens(cu_q, cu_k, tq: int, tk: int, max_seqlen_q: int, max_seqlen
     (that check waits for the device)."""
     if cu_q.device.type == "meta":
         return
-    if cu_q.device.type != "cpu" and os.environ.get(DEBUG_ENV, "") in ("", "0"):
-        return
+    if cu_q.device.type != "cpu":
+        from . import _settings  # the settings import this module
+
+        if not _settings.current().debug:
+            return
     for name, cu, total, max_len, max_name in (
         ("cu_seqlens_q", cu_q, tq, max_seqlen_q, "max_seqlen_q"),
         ("cu_seqlens_k", cu_k, tk, max_seqlen_k, "max_seqlen_k"),

@@ -70,26 +70,45 @@ def _declaration_problems(impl: Implementation) -> list[str]:
     return [f"{impl.full_name}: {problem}" for problem in problems]
 
 
+def _origin(ep: metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"{dist.name if dist else 'an unknown distribution'} ({ep.value})"
+
+
+def _clash(name: str, group: list[metadata.EntryPoint]) -> str:
+    return (
+        f"backend name {name!r} is declared by {len(group)} entry points: "
+        f"{', '.join(_origin(ep) for ep in group)}; none of them is loaded, since which one "
+        "would win depends on sys.path order (uninstall or rename all but one)"
+    )
+
+
 def discover(allowlist: list[str] | None) -> Registry:
-    """Load the entry points of group ``attn_dispatch.backends`` (only ``allowlist`` if given)."""
+    """Load the entry points of group ``attn_dispatch.backends`` (only ``allowlist`` if given).
+
+    A backend name declared by two entry points that load different modules is a clash: neither
+    is loaded, and the name is recorded as failed with both origins, so a call that would have
+    used either fails naming the clash instead of running whichever ``sys.path`` put first.
+    """
     manager = pluggy.PluginManager(_hookspecs.PROJECT)
     manager.add_hookspecs(_hookspecs)
     registry = Registry()
-    entry_points = sorted(
-        metadata.entry_points(group=_hookspecs.ENTRY_POINT_GROUP), key=lambda ep: ep.name
-    )
-    registry.entry_point_names = tuple(ep.name for ep in entry_points)
-    for ep in entry_points:
-        if allowlist is not None and ep.name not in allowlist:
+    groups: dict[str, list[metadata.EntryPoint]] = {}
+    for ep in metadata.entry_points(group=_hookspecs.ENTRY_POINT_GROUP):
+        groups.setdefault(ep.name, []).append(ep)
+    registry.entry_point_names = tuple(sorted(groups))
+    for name in registry.entry_point_names:
+        if allowlist is not None and name not in allowlist:
             continue
-        if ep.name in registry.backends:
-            log.warning(
-                "attn_dispatch: entry point %r is declared twice; keeping the first", ep.name
-            )
-            continue
+        group = groups[name]
+        ep = group[0]
         dist = getattr(ep, "dist", None)
-        record = BackendRecord(ep.name, dist.name if dist else None, dist.version if dist else None)
-        registry.backends[ep.name] = record
+        record = BackendRecord(name, dist.name if dist else None, dist.version if dist else None)
+        registry.backends[name] = record
+        if len({other.value for other in group}) > 1:
+            record.error = _clash(name, group)
+            _report_failure(f"backend plugin {name!r} is not loaded: {record.error}")
+            continue
         _load_one(manager, ep, record, registry)
     return registry
 

@@ -4,18 +4,41 @@ Precedence of a forced name: ``backend=`` > ``use_backend()`` > ``ATTN_DISPATCH_
 Automatic choice: among enabled, unblocked implementations with a priority for the arch and no
 rejection reasons, the highest priority wins (ties: alphabetical). A forced choice never falls
 back and needs no priority entry.
+
+The decision is cached per input signature, so what ``supports`` and ``priority_for_inputs`` read
+must be part of it. They see the call's tensors as :class:`Probe` views: metadata as is, and
+``data_ptr()`` reduced to its residue modulo :data:`POINTER_RESIDUE` (all an alignment check
+needs). Reading it is recorded, and the decision is then also keyed on those residues; nothing
+else about a pointer can be read. ``cu_seqlens_q is cu_seqlens_k`` holds for the probes exactly
+when it holds for the tensors (the signature keys it); every other tensor gets its own probe.
 """
 
 from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
 
 from ._arch import Arch
 from ._capabilities import input_reasons, where_reasons
 from ._errors import NoBackendError
 from ._implementation import Implementation
-from ._inputs import ForwardInputs
+from ._inputs import BackwardInputs, ForwardInputs
 from ._registry import describe_error
 from ._report import BLOCKED, FAILED, OPT_IN, REJECTED, SELECTED, SUPPORTED, Candidate, Report
 from ._settings import DISABLE_ENV, Settings
+
+log = logging.getLogger("attn_dispatch")
+
+# Decisions that read data pointers are keyed on each pointer modulo this (bytes).
+POINTER_RESIDUE = 256
+# A plugin hook running longer than this is reported (seconds); the watchdog looks this often.
+SLOW_HOOK_S = 2.0
+WATCH_INTERVAL_S = 1.0
 
 NON_DETERMINISTIC = (
     "deterministic=True was requested (argument or "
@@ -23,7 +46,94 @@ NON_DETERMINISTIC = (
 )
 
 
-def _reasons(impl: Implementation, inp: ForwardInputs, arch: Arch, mode: str) -> list[str]:
+_reads = threading.local()
+
+
+class Probe(torch.Tensor):
+    """A call's tensor as the plugin hooks of selection see it (see the module docstring)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def data_ptr(self) -> int:
+        _reads.pointers = True
+        return super().data_ptr() % POINTER_RESIDUE
+
+
+def _probe(t):
+    return t.as_subclass(Probe) if isinstance(t, torch.Tensor) else t
+
+
+def probed(inp: ForwardInputs) -> ForwardInputs:
+    """``inp`` with every tensor replaced by its own :class:`Probe`."""
+    cu_q = _probe(inp.cu_seqlens_q)
+    cu_k = cu_q if inp.cu_seqlens_k is inp.cu_seqlens_q else _probe(inp.cu_seqlens_k)
+    flags = (cu_q, cu_k, inp.causal, inp.causal_align, inp.deterministic, inp.facts)
+    if isinstance(inp, BackwardInputs):
+        tensors = (inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out)
+        return BackwardInputs(*map(_probe, tensors), *flags)
+    return ForwardInputs(_probe(inp.q), _probe(inp.k), _probe(inp.v), *flags)
+
+
+class _Watchdog:
+    """Reports plugin hooks that run long, from a daemon thread, while they still run: a hook
+    that never returns blocks the dispatch of every new signature, and this names it."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, tuple[str, float]] = {}
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def call(self, what: str, fn: Callable, *args):
+        """``fn(*args)``, watched; a slow one is also reported when it returns."""
+        if self.thread is None:
+            self._start()
+        me = threading.get_ident()
+        start = time.perf_counter()
+        self.running[me] = (what, start)
+        try:
+            return fn(*args)
+        finally:
+            del self.running[me]
+            took = time.perf_counter() - start
+            if took > SLOW_HOOK_S:
+                message = (
+                    f"{what} took {took:.1f} s; it runs on the first call of every input "
+                    "signature and must be cheap"
+                )
+                log.warning("attn_dispatch: %s", message)
+                warnings.warn(message, stacklevel=2)
+
+    def _start(self) -> None:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._watch, name="attn_dispatch-watchdog", daemon=True
+                )
+                self.thread.start()
+
+    def _watch(self) -> None:
+        reported: set[tuple[int, float]] = set()
+        while True:
+            time.sleep(WATCH_INTERVAL_S)
+            now = time.perf_counter()
+            for ident, (what, start) in list(self.running.items()):
+                if now - start > SLOW_HOOK_S and (ident, start) not in reported:
+                    reported.add((ident, start))
+                    log.warning(
+                        "attn_dispatch: %s has been running for %.1f s; dispatch waits for it "
+                        "(supports and priority_for_inputs must be cheap)",
+                        what,
+                        now - start,
+                    )
+            reported = {entry for entry in reported if entry[0] in self.running}
+
+
+_watchdog = _Watchdog()
+
+
+def _reasons(
+    impl: Implementation, inp: ForwardInputs, probe: ForwardInputs, arch: Arch, mode: str
+) -> list[str]:
     """The core's reasons (mode, determinism, declared capabilities), then ``supports``'s."""
     reasons = []
     if mode == "forward" and not impl.has_forward:
@@ -34,36 +144,50 @@ def _reasons(impl: Implementation, inp: ForwardInputs, arch: Arch, mode: str) ->
     if where:
         return reasons + where
     reasons += input_reasons(impl, inp)
-    answer = impl.supports(inp, arch)
+    if impl.alignment is not None:
+        _reads.pointers = True
+    answer = _watchdog.call(f"{impl.full_name} supports()", impl.supports, probe, arch)
     if not isinstance(answer, (list, tuple)) or not all(isinstance(r, str) for r in answer):
         raise TypeError(f"supports() must return a list of str, got {answer!r}")
     return reasons + list(answer)
 
 
+def _checked_priority(what: str, priority: object) -> int | None:
+    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+        raise TypeError(f"{what} must return an int or None, got {priority!r}")
+    return priority
+
+
 def _verdict(
     impl: Implementation,
     inp: ForwardInputs,
+    probe: ForwardInputs,
     arch: Arch,
     mode: str,
     settings: Settings,
     forced: str | None,
 ) -> Candidate:
     name = impl.full_name
-    priority = impl.priority_for(arch)
     try:
-        reasons = _reasons(impl, inp, arch, mode)
+        # ``priority`` may have been changed since the plugin loaded, or priority_for overridden
+        priority = _checked_priority("priority_for()", impl.priority_for(arch))
     except Exception as exc:  # a broken plugin costs only itself
+        reason = f"its priority for {arch.name}: {describe_error(exc)}"
+        return Candidate(name, None, False, FAILED, (reason,))
+    try:
+        reasons = _reasons(impl, inp, probe, arch, mode)
+    except Exception as exc:
         return Candidate(
             name, priority, impl.opt_in, FAILED, (f"supports() raised {describe_error(exc)}",)
         )
     try:
-        priority = impl.priority_for_inputs(inp, arch)
-        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-            raise TypeError(f"priority_for_inputs() must return an int or None, got {priority!r}")
+        what = f"{name} priority_for_inputs()"
+        priority_in = _watchdog.call(what, impl.priority_for_inputs, probe, arch)
+        priority = _checked_priority("priority_for_inputs()", priority_in)
     except Exception as exc:
         return Candidate(
             name,
-            impl.priority_for(arch),
+            priority,
             impl.opt_in,
             FAILED,
             (f"priority_for_inputs() raised {describe_error(exc)}",),
@@ -95,13 +219,17 @@ def _rank(candidate: Candidate) -> tuple:
 
 def evaluate(
     settings: Settings, inp: ForwardInputs, arch: Arch, mode: str, forced: str | None
-) -> tuple[Report, Implementation | None]:
-    """Every implementation's verdict and the winner (``None`` when nothing can run)."""
+) -> tuple[Report, Implementation | None, bool]:
+    """Every implementation's verdict, the winner (``None`` when nothing can run), and whether
+    a verdict read data pointers (then the decision holds only for the same residues)."""
     registry = settings.registry
+    probe = probed(inp)
+    _reads.pointers = False
     verdicts = [
-        _verdict(impl, inp, arch, mode, settings, forced)
+        _verdict(impl, inp, probe, arch, mode, settings, forced)
         for impl in registry.implementations.values()
     ]
+    read_pointers = _reads.pointers
     if forced is None:
         pool = [c for c in verdicts if c.status == SUPPORTED and c.priority is not None]
     else:
@@ -127,7 +255,7 @@ def evaluate(
         forced=forced,
         mode=mode,
     )
-    return report, registry.implementations[winner.name] if winner else None
+    return report, registry.implementations[winner.name] if winner else None, read_pointers
 
 
 def no_backend_error(report: Report) -> NoBackendError:

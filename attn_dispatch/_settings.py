@@ -1,13 +1,16 @@
 """The selection environment: env vars, ``enable()``, ``use_backend()``, loaded plugins.
 
-Everything here is read once, on the first dispatch, and again on ``reload()``. Each change
-clears the cached decisions (each Settings object owns its decision cache).
+Everything here is read once, on the first dispatch, and again on ``reload()``. Settings objects
+are never changed once installed: ``enable()`` and ``reload()`` install a new one, with an empty
+decision cache, in one assignment. A selection that was in progress against the old object stores
+its decision in the old object's cache, which no later call reads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import os
 import threading
@@ -22,6 +25,7 @@ from ._registry import Registry, discover
 log = logging.getLogger("attn_dispatch")
 
 BACKEND_ENV = "ATTN_DISPATCH_BACKEND"
+DEBUG_ENV = "ATTN_DISPATCH_DEBUG"
 ENABLE_ENV = "ATTN_DISPATCH_ENABLE"
 DISABLE_ENV = "ATTN_DISPATCH_DISABLE"
 PLUGINS_ENV = "ATTN_DISPATCH_PLUGINS"
@@ -31,20 +35,49 @@ _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
 def _split(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
+def _flag(variable: str) -> bool:
+    """A boolean variable: 1/true/yes/on or 0/false/no/off (any case); anything else is warned
+    about and means off."""
+    text = os.environ.get(variable, "").strip().lower()
+    if text in _TRUE:
+        return True
+    if text not in _FALSE:
+        message = f"{variable}={text!r} is not a boolean (1/true/yes/on or 0/false/no/off): off"
+        log.warning("attn_dispatch: %s", message)
+        warnings.warn(message, stacklevel=4)
+    return False
+
+
+def _arch_from_env() -> Arch | None:
+    text = os.environ.get(ARCH_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return Arch.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{ARCH_ENV}: {exc}") from None
+
+
 @dataclass
 class Settings:
-    """A snapshot of the environment and the loaded plugins."""
+    """A snapshot of the environment and the loaded plugins (never changed once installed,
+    except for its caches)."""
 
     registry: Registry
     forced_env: str | None
-    enabled: set[str]
-    disabled: set[str]
+    enabled: frozenset[str]
+    disabled: frozenset[str]
     arch_override: Arch | None
-    # signature key -> Decision (see _dispatch); cleared on every change of the settings.
+    debug: bool = False
+    # signature key -> Decision (see _dispatch).
     decisions: dict = field(default_factory=dict)
     # flags -> [(guard, Decision)]: the C-level front of ``decisions`` (see _guards).
     guarded: dict = field(default_factory=dict)
@@ -54,14 +87,28 @@ class Settings:
         self.decisions.clear()
         self.guarded.clear()
 
+    def fresh(self, **changes) -> Settings:
+        """A copy with ``changes`` and empty caches."""
+        return dataclasses.replace(self, decisions={}, guarded={}, **changes)
+
     def matches(self, names: set[str], full_name: str) -> bool:
         """Whether ``full_name`` (``backend:impl``) or its backend is in ``names``."""
         return full_name in names or full_name.split(":", 1)[0] in names
 
 
-_lock = threading.Lock()
+# Reentrant: enable() and reload() may be reached from code that already holds it.
+_lock = threading.RLock()
 _settings: Settings | None = None
 _programmatic_enabled: set[str] = set()
+# Set while this thread discovers plugins: a plugin that calls back into the library from its
+# import or hook would otherwise wait for itself, or start discovery again.
+_loading = threading.local()
+
+REENTRANT_LOAD = (
+    "attn_dispatch was called while it loads its backend plugins (from a plugin's import or "
+    "its attn_dispatch_implementations hook); a plugin must not call the library before its "
+    "hook has returned"
+)
 
 
 def _warn_unknown(variable: str, names: list[str], known: set[str]) -> None:
@@ -76,9 +123,16 @@ def _warn_unknown(variable: str, names: list[str], known: set[str]) -> None:
 
 
 def _load() -> Settings:
+    if getattr(_loading, "active", False):
+        raise RuntimeError(REENTRANT_LOAD)
+    arch_override = _arch_from_env()
     plugins_env = os.environ.get(PLUGINS_ENV)
     allowlist = None if plugins_env is None else _split(plugins_env)
-    registry = discover(allowlist)
+    _loading.active = True
+    try:
+        registry = discover(allowlist)
+    finally:
+        _loading.active = False
     if allowlist is not None:
         _warn_unknown(PLUGINS_ENV, allowlist, set(registry.entry_point_names))
     known = set(registry.known_names())
@@ -86,13 +140,13 @@ def _load() -> Settings:
     disabled = _split(os.environ.get(DISABLE_ENV))
     _warn_unknown(ENABLE_ENV, enabled, known)
     _warn_unknown(DISABLE_ENV, disabled, known)
-    arch_text = os.environ.get(ARCH_ENV)
     return Settings(
         registry=registry,
-        forced_env=os.environ.get(BACKEND_ENV) or None,
-        enabled=set(enabled) | _programmatic_enabled,
-        disabled=set(disabled),
-        arch_override=Arch.parse(arch_text) if arch_text else None,
+        forced_env=os.environ.get(BACKEND_ENV, "").strip() or None,
+        enabled=frozenset(enabled) | frozenset(_programmatic_enabled),
+        disabled=frozenset(disabled),
+        arch_override=arch_override,
+        debug=_flag(DEBUG_ENV),
     )
 
 
@@ -100,6 +154,8 @@ def current() -> Settings:
     """The settings, loading plugins and reading the environment on first use."""
     settings = _settings
     if settings is None:
+        if getattr(_loading, "active", False):
+            raise RuntimeError(REENTRANT_LOAD)
         with _lock:
             if _settings is None:
                 _install(_load())
@@ -167,8 +223,7 @@ def enable(*names: str) -> None:
     with _lock:
         _programmatic_enabled.update(names)
         settings = current()
-        settings.enabled.update(names)
-        settings.forget()
+        _install(settings.fresh(enabled=settings.enabled | frozenset(names)))
 
 
 @contextlib.contextmanager

@@ -94,8 +94,9 @@ def test_guards_keep_no_tensor_alive_and_are_forgotten(env):
     assert all(ref() is None for ref in refs)
     settings = ad._settings.current()
     assert settings.guarded
-    ad.enable("reference")
-    assert not settings.guarded and not settings.decisions
+    ad.enable("reference")  # installs new settings: the old caches are never read again
+    fresh = ad._settings.current()
+    assert fresh is not settings and not fresh.guarded and not fresh.decisions
 
 
 def test_guards_per_flags_are_bounded(env):
@@ -136,17 +137,23 @@ def test_non_dense_tensors_are_rejected_after_a_cached_decision(env, kind, index
 
 def test_an_implementation_error_on_a_guarded_call_propagates_once(env, monkeypatch):
     env.set(ATTN_DISPATCH_PLUGINS="reference")
+    impl = ad._settings.current().registry.implementations["reference:chunked"]
+    calls, broken = [], []
+    works = impl.backward
+
+    def backward(inp):
+        calls.append(inp)
+        if broken:
+            raise TypeError("broken kernel")
+        return works(inp)
+
+    monkeypatch.setattr(impl, "backward", backward)  # before the decision caches the method
     inputs = make_inputs()
     for _ in range(2):
         ad.backward(*inputs)
-    impl = ad._settings.current().registry.implementations["reference:chunked"]
-    calls = []
-
-    def broken(inp):
-        calls.append(inp)
-        raise TypeError("broken kernel")
-
-    monkeypatch.setattr(impl, "backward", broken)
+    assert ad._settings.current().guarded
+    broken.append(True)
+    calls.clear()
     with pytest.raises(TypeError, match="broken kernel"):
         ad.backward(*inputs)
     assert len(calls) == 1
