@@ -27,7 +27,7 @@ atomic one runs.
 
 Priorities, used once enabled (design and measurements: docs/backends/flash_attn_cute.md,
 docs/benchmarks.md): 60 on sm_90, above cuDNN (50) and triton's raised entries (55/56): FA4
-measured fastest under CUDA graphs at 16 of the 20 seed shapes on an H200. Where its backward
+measured fastest under CUDA graphs at 17 of the 20 seed shapes on an H200. Where its backward
 measured slower it ranks 49, below those: GQA, dense D = 128, Sk <= 1024 with B*H <= 64
 (triton:fused_atomic leads), and causal MHA with B*H <= 8 at 2048 < Sk <= 4096 (triton's Gluon
 kernel leads). 60 on sm_100/sm_103: FA4 is written for Blackwell; not measured by this
