@@ -27,14 +27,16 @@ FA4_MODULES = ("flash_attn", "cutlass", "tvm_ffi", "quack")
 
 @pytest.fixture(autouse=True)
 def selection_env(monkeypatch):
-    """This backend, torch_sdpa (cuDNN at 50 on sm_90) and the reference only."""
+    """This backend (enabled: it is opt-in), torch_sdpa (cuDNN at 50 on sm_90) and the
+    reference only."""
     monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "flash_attn_cute,torch_sdpa,reference")
+    monkeypatch.setenv("ATTN_DISPATCH_ENABLE", "flash_attn_cute")
     for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
         monkeypatch.delenv(name, raising=False)
     ad.reload()
     yield
     monkeypatch.undo()
-    ad.reload()
+    ad.reload(reset_enabled=True)
 
 
 def dense(sq=1024, sk=None, h=64, hkv=8, d=128, dv=None, b=1, dtype=torch.bfloat16):
@@ -74,16 +76,35 @@ def explain(args, arch, **flags) -> ad.Report:
 # Registration and imports
 
 
-def test_registered_not_opt_in_and_deterministic_capable():
+def test_registered_opt_in_and_deterministic_capable():
     (info,) = [b for b in ad.backends() if b.name == "flash_attn_cute"]
     assert info.distribution == "attn-dispatch-flash-attn-cute"
     assert info.error is None
     assert [i.name for i in info.implementations] == list(NAMES)
     for impl in info.implementations:
-        assert not impl.opt_in and impl.deterministic and impl.has_forward
+        assert impl.opt_in and impl.deterministic and impl.has_forward
     sm90, sm100 = info.implementations
     assert sm90.priority == {"sm_90": 60}
     assert sm100.priority == {"sm_100": 60, "sm_103": 60}
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_not_chosen_automatically_unless_enabled(monkeypatch, arch):
+    """Opt-in until a GPU run passes the whole GPU test file: without an opt-in the seed shape
+    goes to another implementation; forcing still works."""
+    monkeypatch.delenv("ATTN_DISPATCH_ENABLE")
+    ad.reload(reset_enabled=True)
+    args = dense(4096)
+    report = explain(args, arch, causal=True)
+    name = "flash_attn_cute:sm90" if arch == "sm_90" else "flash_attn_cute:sm100"
+    cand = verdicts(report)[name]
+    assert cand.status == "opt-in"
+    assert cand.reasons[0].startswith("opt-in: enable with ATTN_DISPATCH_ENABLE=flash_attn_cute")
+    assert report.selected is not None and not report.selected.startswith("flash_attn_cute")
+    forced = explain(args, arch, causal=True, backend="flash_attn_cute")
+    assert forced.selected == name
+    ad.enable("flash_attn_cute")
+    assert explain(args, arch, causal=True).selected == name
 
 
 def test_discovery_and_explain_import_no_fa4_code():
@@ -94,6 +115,7 @@ def test_discovery_and_explain_import_no_fa4_code():
         import sys, torch
         import attn_dispatch as ad
         ad.backends()
+        ad.enable("flash_attn_cute")
         for arch in ("sm_90", "sm_100", "sm_103", "sm_80", "gfx942"):
             for causal in (False, True):
                 q = torch.empty(1, 256, 8, 128, dtype=torch.bfloat16, device="meta")
@@ -181,23 +203,46 @@ def test_float32_rejected(arch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize(("d", "dv"), [(8, 8), (64, 256), (256, 256), (136, 72), (192, 128)])
-def test_sm90_head_dims_accepted(dtype, d, dv):
-    cand = verdicts(explain(dense(256, d=d, dv=dv, dtype=dtype), "sm_90"))["flash_attn_cute:sm90"]
+@pytest.mark.parametrize("d", [24, 32, 64, 128])
+def test_sm90_verified_head_dims_accepted(dtype, d):
+    cand = verdicts(explain(dense(256, d=d, dtype=dtype), "sm_90"))["flash_attn_cute:sm90"]
     assert cand.reasons == ()
 
 
+VERIFIED = "needs one of 24, 32, 64, 128"
+
+
 @pytest.mark.parametrize(
-    ("d", "dv", "reason"),
+    ("d", "dv", "reasons"),
     [
-        (264, 264, "head_dim=264: needs a multiple of 8 in 8..256"),
-        (12, 16, "head_dim=12: needs a multiple of 8 in 8..256"),
-        (64, 4, "head_dim_v=4: needs a multiple of 8 in 8..256"),
+        # backward: zero gradient rows on the GPU (dQ at D = 8, dK/dV at D = 16, GQA 6/3)
+        (8, 8, (f"head_dim=8: {VERIFIED}", f"head_dim_v=8: {VERIFIED}")),
+        (16, 16, (f"head_dim=16: {VERIFIED}", f"head_dim_v=16: {VERIFIED}")),
+        # forward: illegal memory access with D = 8 < Dv
+        (
+            8,
+            64,
+            (f"head_dim=8: {VERIFIED}", "head_dim_v=64 != head_dim=8: needs equal head dims"),
+        ),
+        # GQA backward: FA4 asserts head_dim == head_dim_v; MHA with D != Dv not verified
+        (32, 128, ("head_dim_v=128 != head_dim=32: needs equal head dims",)),
+        # FA4 runs these, but no GPU run has shown them correct
+        (96, 96, (f"head_dim=96: {VERIFIED}", f"head_dim_v=96: {VERIFIED}")),
+        (256, 256, (f"head_dim=256: {VERIFIED}", f"head_dim_v=256: {VERIFIED}")),
+        (40, 40, (f"head_dim=40: {VERIFIED}", f"head_dim_v=40: {VERIFIED}")),
+        (264, 264, (f"head_dim=264: {VERIFIED}", f"head_dim_v=264: {VERIFIED}")),
     ],
 )
-def test_sm90_head_dims_rejected(d, dv, reason):
+def test_sm90_unverified_head_dims_rejected(d, dv, reasons):
     cand = verdicts(explain(dense(256, d=d, dv=dv), "sm_90"))["flash_attn_cute:sm90"]
-    assert reason in cand.reasons
+    assert cand.status == "rejected"
+    assert cand.reasons == reasons
+
+
+def test_sm90_gqa_with_unequal_head_dims_rejected_for_the_forward_too():
+    q, k, v, *_ = dense(256, d=64, dv=128)
+    cand = verdicts(ad.explain(q, k, v, arch="sm_90"))["flash_attn_cute:sm90"]
+    assert cand.reasons == ("head_dim_v=128 != head_dim=64: needs equal head dims",)
 
 
 @pytest.mark.parametrize(("d", "dv"), [(8, 8), (64, 128), (128, 40), (192, 128), (256, 256)])
@@ -280,7 +325,8 @@ def test_deterministic_request_accepted(arch):
     [
         (dict(sq=1024), False, 49),  # GQA 64/8 1K: triton:fused_atomic measured faster
         (dict(sq=1024), True, 49),
-        (dict(sq=1024, h=8, hkv=8), True, 49),
+        (dict(sq=1024, h=8, hkv=8), True, 60),  # MHA 8 1K causal: FA4 fastest under graphs
+        (dict(sq=1024, h=8, hkv=8), False, 60),  # MHA 8 1K: FA4 46 us, cuDNN 54 us
         (dict(sq=2048), True, 60),
         (dict(sq=16384), False, 60),
         (dict(sq=4096, h=8, hkv=8), True, 49),  # MHA 4K causal: Gluon fused_atomic faster
@@ -289,7 +335,8 @@ def test_deterministic_request_accepted(arch):
         (dict(sq=4096, h=8, hkv=8, b=2), True, 60),  # B*H = 16: outside the measured case
         (dict(sq=1024, d=64), False, 60),  # D = 64: not measured slower
         (dict(sq=1024, b=2), True, 60),  # B*H = 128: outside the measured case
-        (dict(sq=512, h=8, hkv=8, b=8), False, 49),  # B*H = 64, shorter than measured
+        (dict(sq=512, h=16, hkv=2, b=4), False, 49),  # GQA, B*H = 64, shorter than measured
+        (dict(sq=512, h=8, hkv=8, b=8), False, 60),  # MHA at 512: not measured slower
     ],
 )
 def test_sm90_backward_priority_by_measurement(shape, causal, expected):
