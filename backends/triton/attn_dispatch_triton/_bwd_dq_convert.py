@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import head_rows, load_tile, seq_bounds, store_tile
+from ._common import load_head_rows, seq_bounds, store_head_rows
 
 
 @triton.jit
@@ -57,23 +57,21 @@ def _attn_bwd_dq_convert(
     row0 = q_start.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    acc = load_tile(
-        head_rows(ACC, b64, row0, h, stride_ab, stride_as, stride_ah, offs_m, offs_d),
-        offs_m,
-        q_len,
-        offs_d,
-        D,
-        True,
-        BLOCK_D != D,
+    acc = load_head_rows(
+        ACC, b64, row0, h, (stride_ab, stride_as, stride_ah), offs_m, q_len, offs_d, D, BLOCK_D
     )
     if WIDE_STORE:
         acc = logical_columns(acc, BLOCK_M, BLOCK_D)
-    store_tile(
-        head_rows(DQ, b64, row0, h, stride_dqb, stride_dqs, stride_dqh, offs_m, offs_d),
+    store_head_rows(
+        DQ,
         (acc * scale).to(DQ.dtype.element_ty),
+        b64,
+        row0,
+        h,
+        (stride_dqb, stride_dqs, stride_dqh),
         offs_m,
         q_len,
         offs_d,
         D,
-        BLOCK_D != D,
+        BLOCK_D,
     )
