@@ -258,7 +258,7 @@ def _attn_bwd_dq(
     dq = dq * scale
     store_head_rows(
         DQ,
-        dq.to(DQ.dtype.element_ty),
+        dq,
         b64,
         qrow0,
         h,

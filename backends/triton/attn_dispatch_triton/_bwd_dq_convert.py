@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import load_head_rows, seq_bounds, store_head_rows
+from ._common import head_rows, load_head_rows, seq_bounds, store_tile
 
 
 @triton.jit
@@ -62,16 +62,12 @@ def _attn_bwd_dq_convert(
     )
     if WIDE_STORE:
         acc = logical_columns(acc, BLOCK_M, BLOCK_D)
-    store_head_rows(
-        DQ,
+    store_tile(
+        head_rows(DQ, b64, row0, h, stride_dqb, stride_dqs, stride_dqh, offs_m, offs_d),
         (acc * scale).to(DQ.dtype.element_ty),
-        b64,
-        row0,
-        h,
-        (stride_dqb, stride_dqs, stride_dqh),
         offs_m,
         q_len,
         offs_d,
         D,
-        BLOCK_D,
+        BLOCK_D != D,
     )

@@ -64,12 +64,13 @@ def load_head_rows(X, b64, row0, h, strides, offs_m, n_rows, offs_d, D, BLOCK_D:
 
 @triton.jit
 def store_head_rows(X, x, b64, row0, h, strides, offs_m, n_rows, offs_d, D, BLOCK_D: tl.constexpr):
-    """Store ``x`` into the tile of :func:`head_rows` (``strides``: ``(b, s, h)``), rows below
-    ``n_rows`` and columns below ``D`` only."""
+    """Store ``x``, cast to ``X``'s element type, into the tile of :func:`head_rows`
+    (``strides``: ``(b, s, h)``), rows below ``n_rows`` and columns below ``D`` only. (The cast
+    comes after the addresses, as the kernels had it written out: the same instruction order.)"""
     stride_b, stride_s, stride_h = strides
     store_tile(
         head_rows(X, b64, row0, h, stride_b, stride_s, stride_h, offs_m, offs_d),
-        x,
+        x.to(X.dtype.element_ty),
         offs_m,
         n_rows,
         offs_d,
