@@ -45,6 +45,7 @@ from bench_kernels import (  # noqa: E402
     bwd_flops,
     cfg,
     check_against_oracle,
+    checked_problem,
     log,
     make_problem,
     rel,
@@ -161,11 +162,7 @@ def main() -> None:
     scale = 1 / math.sqrt(d)
     # ---- 3. correctness of the fused-atomic backward (tuning-table configs)
     for name, h, hk, s, causal in shapes:
-        q, k, v, do = make_problem(h, hk, s, d, device=dev)
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full((1, h, s), float("nan"), device=dev)
-        attention_forward(q, k, v, causal=causal, bottom_right=False, scale=scale, out=out, lse=lse)
-        grads = tuple(torch.full_like(x, float("nan")) for x in (q, k, v))
+        q, k, v, do, out, lse, grads = checked_problem(h, hk, s, d, causal, scale, dev)
         attention_backward(
             q,
             k,

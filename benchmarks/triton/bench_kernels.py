@@ -186,6 +186,23 @@ def oracle_heads(q, k, v, do, causal, bottom_right, scale, heads):
     return res
 
 
+def checked_problem(
+    h: int, hk: int, s: int, d: int, causal: bool, scale: float, dev: str, fwd_cfg=None
+) -> tuple:
+    """``(q, k, v, do, out, lse, grads)`` for a correctness check: a fresh problem, its forward
+    into NaN-poisoned ``out`` / ``lse``, and NaN-poisoned ``(dq, dk, dv)`` for the backward."""
+    from attn_dispatch_triton.forward import attention_forward
+
+    q, k, v, do = make_problem(h, hk, s, d, device=dev)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((1, h, s), float("nan"), device=dev)
+    attention_forward(
+        q, k, v, causal=causal, bottom_right=False, scale=scale, config=fwd_cfg, out=out, lse=lse
+    )
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    return q, k, v, do, out, lse, grads
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a = a.double()
     if torch.isnan(a).any():
@@ -362,21 +379,7 @@ def main() -> None:
     # ---- 3. correctness at the seed shapes (default configs = the first candidates)
     default = {"pre": pre_cfg, "dkdv": dkdv_cands[0], "dq": dq_cands[0]}
     for name, h, hk, s, causal in shapes:
-        q, k, v, do = make_problem(h, hk, s, d, device=dev)
-        out = torch.full_like(q, float("nan"))
-        lse = torch.full((1, h, s), float("nan"), device=dev)
-        attention_forward(
-            q,
-            k,
-            v,
-            causal=causal,
-            bottom_right=False,
-            scale=scale,
-            config=fwd_cfg,
-            out=out,
-            lse=lse,
-        )
-        grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+        q, k, v, do, out, lse, grads = checked_problem(h, hk, s, d, causal, scale, dev, fwd_cfg)
         BackwardLaunch(
             q,
             k,

@@ -49,12 +49,15 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    band_keep,
+    backward_cap,
     band_offsets,
+    band_where,
+    load_head_rows,
     load_tile,
+    log2_scores,
     query_block_ranges,
+    score_grad,
     seq_bounds,
-    soft_cap_tanh,
     store_tile,
 )
 
@@ -102,8 +105,6 @@ def _attn_bwd_dkdv_inner(
     causal, 11-21% slower with the 64x128 causal tiles: docs/experiments.md)."""
     q_base, do_base, q_desc, do_desc, desc_at, lse2_base, delta_base, dqa_base, dqa_row = head
     stride_qs, stride_dos, stride_dqas, stride_ts = strides
-    lo_off, hi_off = band
-    cap_in, cap_out = cap
     dp_first: tl.constexpr = DP_FIRST and not MASKED
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -143,22 +144,13 @@ def _attn_bwd_dkdv_inner(
         if dp_first:
             dpT = tl.dot(v, tl.trans(do))
         # -- P^T = exp2(K Q^T * qk_scale - lse2)  (capped: exp2(c log2(e) tanh(s / c) - lse2))
-        if SOFTCAP:
-            tT = soft_cap_tanh(qkT, cap_in)
-            pT = tl.math.exp2(tT * cap_out - lse2[None, :])
-        else:
-            pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+        xT, tT = log2_scores(qkT, qk_scale, cap, SOFTCAP)
+        pT = tl.math.exp2(xT - lse2[None, :])
         if MASKED:
-            keep = band_keep(
-                offs_m[None, :] < q_len,
-                offs_m[None, :],
-                offs_n[:, None],
-                lo_off,
-                hi_off,
-                LIMIT_LEFT,
-                LIMIT_RIGHT,
+            keep = offs_m[None, :] < q_len
+            pT = band_where(
+                pT, 0.0, keep, offs_m[None, :], offs_n[:, None], band, LIMIT_LEFT, LIMIT_RIGHT
             )
-            pT = tl.where(keep, pT, 0.0)
         # -- dV += P^T dO
         if not dp_first:
             do = _load_do(
@@ -180,10 +172,7 @@ def _attn_bwd_dkdv_inner(
         if not dp_first:
             delta = _load_rows(delta_base, offs_m, stride_ts, q_len, 0.0, MASKED)
             dpT = tl.dot(v, tl.trans(do))
-        if SOFTCAP:  # d(c tanh(s / c)) / ds = 1 - tanh^2
-            dsT = (pT * (dpT - delta[None, :]) * (1.0 - tT * tT)).to(q.dtype)
-        else:
-            dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        dsT = score_grad(pT, dpT, delta[None, :], tT, SOFTCAP).to(q.dtype)
         dk += tl.dot(dsT, q)
         if ATOMIC_DQ:  # -- dQ += dS K (unscaled; the convert pass applies the scale)
             dq = tl.dot(tl.trans(dsT), k)
@@ -348,45 +337,19 @@ def _attn_bwd_dkdv(
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    k = load_tile(
-        K
-        + b64 * stride_kb
-        + krow0 * stride_ks
-        + hk * stride_kh
-        + offs_n[:, None] * stride_ks
-        + offs_d[None, :],
-        offs_n,
-        k_len,
-        offs_d,
-        D,
-        True,
-        BLOCK_D != D,
+    k = load_head_rows(
+        K, b64, krow0, hk, (stride_kb, stride_ks, stride_kh), offs_n, k_len, offs_d, D, BLOCK_D
     )
-    v = load_tile(
-        V
-        + b64 * stride_vb
-        + krow0 * stride_vs
-        + hk * stride_vh
-        + offs_n[:, None] * stride_vs
-        + offs_dv[None, :],
-        offs_n,
-        k_len,
-        offs_dv,
-        DV,
-        True,
-        BLOCK_DV != DV,
+    v = load_head_rows(
+        V, b64, krow0, hk, (stride_vb, stride_vs, stride_vh), offs_n, k_len, offs_dv, DV, BLOCK_DV
     )
-
     # Query ranges: [lo, diag_hi) and [full_hi, hi) masked (the band's edges: causal diagonal,
     # window's far side; the partial last block), [diag_hi, full_hi) plain; none outside.
     band = band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
     lo, diag_hi, full_hi, hi = query_block_ranges(
         n0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
     )
-    if SOFTCAP:
-        cap = (scale / softcap, softcap * 1.4426950408889634)
-    else:
-        cap = (qk_scale, qk_scale)
+    cap = backward_cap(qk_scale, scale, softcap, SOFTCAP)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
@@ -413,91 +376,36 @@ def _attn_bwd_dkdv(
             dqa_row,
         )
         strides = (stride_qs, stride_dos, stride_dqas, stride_ts)
-        # the diagonal (masked), the fully visible blocks (no mask), the partial last block
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            head,
-            strides,
-            lo,
-            diag_hi,
-            offs_n,
-            band,
-            q_len,
-            qk_scale,
-            cap,
-            D,
-            DV,
-            True,
-            LIMIT_LEFT,
-            LIMIT_RIGHT,
-            SOFTCAP,
-            ATOMIC_DQ,
-            DQ_TMA,
-            BLOCK_M,
-            BLOCK_D,
-            BLOCK_DV,
-            LOAD_TMA,
-            DP_FIRST,
-        )
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            head,
-            strides,
-            diag_hi,
-            full_hi,
-            offs_n,
-            band,
-            q_len,
-            qk_scale,
-            cap,
-            D,
-            DV,
-            False,
-            LIMIT_LEFT,
-            LIMIT_RIGHT,
-            SOFTCAP,
-            ATOMIC_DQ,
-            DQ_TMA,
-            BLOCK_M,
-            BLOCK_D,
-            BLOCK_DV,
-            LOAD_TMA,
-            DP_FIRST,
-        )
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            head,
-            strides,
-            full_hi,
-            hi,
-            offs_n,
-            band,
-            q_len,
-            qk_scale,
-            cap,
-            D,
-            DV,
-            True,
-            LIMIT_LEFT,
-            LIMIT_RIGHT,
-            SOFTCAP,
-            ATOMIC_DQ,
-            DQ_TMA,
-            BLOCK_M,
-            BLOCK_D,
-            BLOCK_DV,
-            LOAD_TMA,
-            DP_FIRST,
-        )
+        ranges = (lo, diag_hi, full_hi, hi)
+        for seg in tl.static_range(3):  # the diagonal (masked), the plain blocks, the tail (masked)
+            dk, dv = _attn_bwd_dkdv_inner(
+                dk,
+                dv,
+                k,
+                v,
+                head,
+                strides,
+                ranges[seg],
+                ranges[seg + 1],
+                offs_n,
+                band,
+                q_len,
+                qk_scale,
+                cap,
+                D,
+                DV,
+                seg != 1,
+                LIMIT_LEFT,
+                LIMIT_RIGHT,
+                SOFTCAP,
+                ATOMIC_DQ,
+                DQ_TMA,
+                BLOCK_M,
+                BLOCK_D,
+                BLOCK_DV,
+                LOAD_TMA,
+                DP_FIRST,
+            )
 
     dk = dk * scale
     split64 = split.to(tl.int64)

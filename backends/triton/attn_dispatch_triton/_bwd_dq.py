@@ -26,13 +26,16 @@ import triton
 import triton.language as tl
 
 from ._common import (
-    band_keep,
+    backward_cap,
     band_offsets,
+    band_where,
     key_block_ranges,
+    load_head_rows,
     load_tile,
+    log2_scores,
+    score_grad,
     seq_bounds,
-    soft_cap_tanh,
-    store_tile,
+    store_head_rows,
 )
 
 
@@ -70,8 +73,6 @@ def _attn_bwd_dq_inner(
 ):
     """Accumulate key blocks [lo, hi) into dq (fp32); ``band``: ``(lo_off, hi_off)``;
     ``cap``: ``(cap_in, cap_out)`` of the soft cap."""
-    lo_off, hi_off = band
-    cap_in, cap_out = cap
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -100,28 +101,17 @@ def _attn_bwd_dq_inner(
                 MASKED,
                 BLOCK_DV != DV,
             )
-        # -- P = exp2(Q K^T * qk_scale - lse2)
-        if SOFTCAP:  # capped: exp2(c log2(e) tanh(s / c) - lse2)
-            t = soft_cap_tanh(tl.dot(q, tl.trans(k)), cap_in)
-            p = tl.math.exp2(t * cap_out - lse2[:, None])
-        else:
-            p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        # -- P = exp2(Q K^T * qk_scale - lse2)  (capped: exp2(c log2(e) tanh(s / c) - lse2))
+        x, t = log2_scores(tl.dot(q, tl.trans(k)), qk_scale, cap, SOFTCAP)
+        p = tl.math.exp2(x - lse2[:, None])
         if MASKED:
-            keep = band_keep(
-                offs_n[None, :] < k_len,
-                offs_m[:, None],
-                offs_n[None, :],
-                lo_off,
-                hi_off,
-                LIMIT_LEFT,
-                LIMIT_RIGHT,
+            keep = offs_n[None, :] < k_len
+            p = band_where(
+                p, 0.0, keep, offs_m[:, None], offs_n[None, :], band, LIMIT_LEFT, LIMIT_RIGHT
             )
-            p = tl.where(keep, p, 0.0)
         # -- dS = P * (dO V^T - delta);  dQ += dS K
         dp = tl.dot(do, tl.trans(v))
-        ds = p * (dp - delta[:, None])
-        if SOFTCAP:  # d(c tanh(s / c)) / ds = 1 - tanh^2
-            ds = ds * (1.0 - t * t)
+        ds = score_grad(p, dp, delta[:, None], t, SOFTCAP)
         dq += tl.dot(ds.to(k.dtype), k)
     return dq
 
@@ -203,33 +193,20 @@ def _attn_bwd_dq(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q = load_tile(
-        Q
-        + b64 * stride_qb
-        + qrow0 * stride_qs
-        + h * stride_qh
-        + offs_m[:, None] * stride_qs
-        + offs_d[None, :],
-        offs_m,
-        q_len,
-        offs_d,
-        D,
-        True,
-        BLOCK_D != D,
+    q = load_head_rows(
+        Q, b64, qrow0, h, (stride_qb, stride_qs, stride_qh), offs_m, q_len, offs_d, D, BLOCK_D
     )
-    do = load_tile(
-        DO
-        + b64 * stride_dob
-        + qrow0 * stride_dos
-        + h * stride_doh
-        + offs_m[:, None] * stride_dos
-        + offs_dv[None, :],
+    do = load_head_rows(
+        DO,
+        b64,
+        qrow0,
+        h,
+        (stride_dob, stride_dos, stride_doh),
         offs_m,
         q_len,
         offs_dv,
         DV,
-        True,
-        BLOCK_DV != DV,
+        BLOCK_DV,
     )
     t_off = b64 * stride_tb + qrow0 * stride_ts + h * stride_th + offs_m * stride_ts
     lse2 = tl.load(Lse2 + t_off, mask=offs_m < q_len, other=float("inf"))
@@ -241,118 +218,54 @@ def _attn_bwd_dq(
     lo, full_lo, full_hi, hi = key_block_ranges(
         m0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
     )
-    if SOFTCAP:
-        cap = (scale / softcap, softcap * 1.4426950408889634)
-    else:
-        cap = (qk_scale, qk_scale)
+    cap = backward_cap(qk_scale, scale, softcap, SOFTCAP)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if LIMIT_LEFT:
-        dq = _attn_bwd_dq_inner(
-            dq,
-            q,
-            do,
-            lse2,
-            delta,
-            k_base,
-            v_base,
-            KDESC,
-            VDESC,
-            desc_at,
-            stride_ks,
-            stride_vs,
-            lo,
-            full_lo,
-            offs_m,
-            band,
-            k_len,
-            qk_scale,
-            cap,
-            D,
-            DV,
-            True,
-            LIMIT_LEFT,
-            LIMIT_RIGHT,
-            SOFTCAP,
-            BLOCK_N,
-            BLOCK_D,
-            BLOCK_DV,
-            LOAD_TMA,
-        )
-    dq = _attn_bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        k_base,
-        v_base,
-        KDESC,
-        VDESC,
-        desc_at,
-        stride_ks,
-        stride_vs,
-        full_lo,
-        full_hi,
-        offs_m,
-        band,
-        k_len,
-        qk_scale,
-        cap,
-        D,
-        DV,
-        False,
-        LIMIT_LEFT,
-        LIMIT_RIGHT,
-        SOFTCAP,
-        BLOCK_N,
-        BLOCK_D,
-        BLOCK_DV,
-        LOAD_TMA,
-    )
-    dq = _attn_bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        k_base,
-        v_base,
-        KDESC,
-        VDESC,
-        desc_at,
-        stride_ks,
-        stride_vs,
-        full_hi,
-        hi,
-        offs_m,
-        band,
-        k_len,
-        qk_scale,
-        cap,
-        D,
-        DV,
-        True,
-        LIMIT_LEFT,
-        LIMIT_RIGHT,
-        SOFTCAP,
-        BLOCK_N,
-        BLOCK_D,
-        BLOCK_DV,
-        LOAD_TMA,
-    )
+    ranges = (lo, full_lo, full_hi, hi)
+    for seg in tl.static_range(3):  # [lo, full_lo) masked, [full_lo, full_hi), [full_hi, hi) masked
+        if seg > 0 or LIMIT_LEFT:  # without a left bound [lo, full_lo) is empty
+            dq = _attn_bwd_dq_inner(
+                dq,
+                q,
+                do,
+                lse2,
+                delta,
+                k_base,
+                v_base,
+                KDESC,
+                VDESC,
+                desc_at,
+                stride_ks,
+                stride_vs,
+                ranges[seg],
+                ranges[seg + 1],
+                offs_m,
+                band,
+                k_len,
+                qk_scale,
+                cap,
+                D,
+                DV,
+                seg != 1,
+                LIMIT_LEFT,
+                LIMIT_RIGHT,
+                SOFTCAP,
+                BLOCK_N,
+                BLOCK_D,
+                BLOCK_DV,
+                LOAD_TMA,
+            )
     dq = dq * scale
-    store_tile(
-        DQ
-        + b64 * stride_dqb
-        + qrow0 * stride_dqs
-        + h * stride_dqh
-        + offs_m[:, None] * stride_dqs
-        + offs_d[None, :],
-        dq.to(DQ.dtype.element_ty),
+    store_head_rows(
+        DQ,
+        dq,
+        b64,
+        qrow0,
+        h,
+        (stride_dqb, stride_dqs, stride_dqh),
         offs_m,
         q_len,
         offs_d,
         D,
-        BLOCK_D != D,
+        BLOCK_D,
     )

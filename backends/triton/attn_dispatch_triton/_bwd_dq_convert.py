@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import head_rows, load_tile, seq_bounds, store_tile
+from ._common import head_rows, load_head_rows, seq_bounds, store_tile
 
 
 @triton.jit
@@ -57,14 +57,8 @@ def _attn_bwd_dq_convert(
     row0 = q_start.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    acc = load_tile(
-        head_rows(ACC, b64, row0, h, stride_ab, stride_as, stride_ah, offs_m, offs_d),
-        offs_m,
-        q_len,
-        offs_d,
-        D,
-        True,
-        BLOCK_D != D,
+    acc = load_head_rows(
+        ACC, b64, row0, h, (stride_ab, stride_as, stride_ah), offs_m, q_len, offs_d, D, BLOCK_D
     )
     if WIDE_STORE:
         acc = logical_columns(acc, BLOCK_M, BLOCK_D)

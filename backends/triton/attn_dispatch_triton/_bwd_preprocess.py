@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import head_rows, load_tile, seq_bounds
+from ._common import load_head_rows, seq_bounds
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "heads"])
@@ -56,23 +56,11 @@ def _attn_bwd_preprocess(
     row0 = q_start.to(tl.int64)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
-    o = load_tile(
-        head_rows(Out, b64, row0, h, stride_ob, stride_os, stride_oh, offs_m, offs_dv),
-        offs_m,
-        q_len,
-        offs_dv,
-        DV,
-        True,
-        BLOCK_DV != DV,
+    o = load_head_rows(
+        Out, b64, row0, h, (stride_ob, stride_os, stride_oh), offs_m, q_len, offs_dv, DV, BLOCK_DV
     )
-    do = load_tile(
-        head_rows(DO, b64, row0, h, stride_dob, stride_dos, stride_doh, offs_m, offs_dv),
-        offs_m,
-        q_len,
-        offs_dv,
-        DV,
-        True,
-        BLOCK_DV != DV,
+    do = load_head_rows(
+        DO, b64, row0, h, (stride_dob, stride_dos, stride_doh), offs_m, q_len, offs_dv, DV, BLOCK_DV
     )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     row_ok = offs_m < q_len

@@ -47,6 +47,39 @@ def head_rows(X, b64, row0, h, stride_b, stride_s, stride_h, offs_m, offs_d):
 
 
 @triton.jit
+def load_head_rows(X, b64, row0, h, strides, offs_m, n_rows, offs_d, D, BLOCK_D: tl.constexpr):
+    """The tile of :func:`head_rows` (``strides``: ``(b, s, h)``), rows past ``n_rows`` and
+    columns past ``D`` read as zero."""
+    stride_b, stride_s, stride_h = strides
+    return load_tile(
+        head_rows(X, b64, row0, h, stride_b, stride_s, stride_h, offs_m, offs_d),
+        offs_m,
+        n_rows,
+        offs_d,
+        D,
+        True,
+        BLOCK_D != D,
+    )
+
+
+@triton.jit
+def store_head_rows(X, x, b64, row0, h, strides, offs_m, n_rows, offs_d, D, BLOCK_D: tl.constexpr):
+    """Store ``x``, cast to ``X``'s element type, into the tile of :func:`head_rows`
+    (``strides``: ``(b, s, h)``), rows below ``n_rows`` and columns below ``D`` only. (The cast
+    comes after the addresses, as the kernels had it written out: the same instruction order.)"""
+    stride_b, stride_s, stride_h = strides
+    store_tile(
+        head_rows(X, b64, row0, h, stride_b, stride_s, stride_h, offs_m, offs_d),
+        x.to(X.dtype.element_ty),
+        offs_m,
+        n_rows,
+        offs_d,
+        D,
+        BLOCK_D != D,
+    )
+
+
+@triton.jit
 def causal_offset(q_len, k_len, BOTTOM_RIGHT: tl.constexpr):
     """Row ``i`` sees key ``j`` iff ``j <= i + offset``."""
     if BOTTOM_RIGHT:
@@ -74,6 +107,17 @@ def band_keep(
     if LIMIT_LEFT:
         keep = keep & (cols >= rows + lo_off)
     return keep
+
+
+@triton.jit
+def band_where(
+    x, other, keep, rows, cols, band, LIMIT_LEFT: tl.constexpr, LIMIT_RIGHT: tl.constexpr
+):
+    """``x`` where ``keep`` and key ``cols`` lie in the band ``(lo_off, hi_off)`` of query
+    ``rows``, else ``other``; broadcast shapes."""
+    lo_off, hi_off = band
+    keep = band_keep(keep, rows, cols, lo_off, hi_off, LIMIT_LEFT, LIMIT_RIGHT)
+    return tl.where(keep, x, other)
 
 
 @triton.jit
@@ -153,6 +197,42 @@ def soft_cap_tanh(x, cap_in):
     """``tanh(x * cap_in)`` from one ``exp2`` and one division (every target, the
     interpreter too): ``2 / (1 + e^(-2y)) - 1`` saturates to +-1 without overflow."""
     return 2.0 / (1.0 + tl.math.exp2(x * (cap_in * -2.8853900817779268))) - 1.0
+
+
+@triton.jit
+def log2_scores(s, qk_scale, cap, SOFTCAP: tl.constexpr):
+    """Raw scores ``s = q . k`` in the log2 domain, ``(scores, t)``: ``s * qk_scale``, or with
+    ``SOFTCAP`` ``t * cap_out`` where ``t = tanh(s * cap_in)`` (the backward needs ``t`` for the
+    cap's derivative; without the cap ``t`` is ``s``, unused). ``cap``: ``(cap_in, cap_out)``."""
+    cap_in, cap_out = cap
+    if SOFTCAP:
+        t = soft_cap_tanh(s, cap_in)
+        x = t * cap_out
+    else:
+        t = s
+        x = s * qk_scale
+    return x, t
+
+
+@triton.jit
+def backward_cap(qk_scale, scale, softcap, SOFTCAP: tl.constexpr):
+    """``(cap_in, cap_out)`` of :func:`log2_scores` for the backward kernels: ``tanh`` of
+    ``s * scale / c``, times ``c log2(e)``."""
+    if SOFTCAP:
+        cap = (scale / softcap, softcap * 1.4426950408889634)
+    else:
+        cap = (qk_scale, qk_scale)
+    return cap
+
+
+@triton.jit
+def score_grad(p, dp, delta, t, SOFTCAP: tl.constexpr):
+    """``dS = P * (dP - delta)`` (``delta`` broadcast), times the cap's derivative
+    ``d(c tanh(s / c)) / ds = 1 - tanh^2`` with ``SOFTCAP``."""
+    ds = p * (dp - delta)
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    return ds
 
 
 @triton.jit

@@ -33,15 +33,15 @@ import triton.language as tl
 from ._band import Window, checked_softcap, effective_band
 from ._common import (
     LOG2E,
-    band_keep,
     band_offsets,
+    band_where,
     key_block_ranges,
     last_dim_contiguous,
     load_tile,
+    log2_scores,
     lse_strides,
     padded_dim,
     seq_bounds,
-    soft_cap_tanh,
     store_tile,
     token_strides,
 )
@@ -76,8 +76,6 @@ def _attn_fwd_inner(
 ):
     """Accumulate key blocks [lo, hi) into (acc, l_i, m_i); MASKED applies bounds + band.
     ``band``: ``(lo_off, hi_off)``; ``cap``: ``(cap_in, cap_out)`` of the soft cap."""
-    lo_off, hi_off = band
-    cap_in, cap_out = cap
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -93,21 +91,19 @@ def _attn_fwd_inner(
             MASKED,
             BLOCK_D != D,
         )
-        if SOFTCAP:  # c * tanh(s / c), in the log2 domain
-            qk = soft_cap_tanh(tl.dot(q, tl.trans(k)), cap_in) * cap_out
-        else:
-            qk = tl.dot(q, tl.trans(k)) * qk_scale
+        qk, _ = log2_scores(tl.dot(q, tl.trans(k)), qk_scale, cap, SOFTCAP)
         if MASKED:
-            keep = band_keep(
-                offs_n[None, :] < k_len,
+            keep = offs_n[None, :] < k_len
+            qk = band_where(
+                qk,
+                float("-inf"),
+                keep,
                 offs_m[:, None],
                 offs_n[None, :],
-                lo_off,
-                hi_off,
+                band,
                 LIMIT_LEFT,
                 LIMIT_RIGHT,
             )
-            qk = tl.where(keep, qk, float("-inf"))
         # -- online softmax update; a row with no key so far keeps m = -inf, guard the shift
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -216,85 +212,35 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    if LIMIT_LEFT:
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_base,
-            v_base,
-            stride_ks,
-            stride_vs,
-            lo,
-            full_lo,
-            offs_m,
-            band,
-            k_len,
-            qk_scale,
-            cap,
-            D,
-            DV,
-            True,
-            LIMIT_LEFT,
-            LIMIT_RIGHT,
-            SOFTCAP,
-            BLOCK_N,
-            BLOCK_D,
-            BLOCK_DV,
-        )
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_ks,
-        stride_vs,
-        full_lo,
-        full_hi,
-        offs_m,
-        band,
-        k_len,
-        qk_scale,
-        cap,
-        D,
-        DV,
-        False,
-        LIMIT_LEFT,
-        LIMIT_RIGHT,
-        SOFTCAP,
-        BLOCK_N,
-        BLOCK_D,
-        BLOCK_DV,
-    )
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_ks,
-        stride_vs,
-        full_hi,
-        hi,
-        offs_m,
-        band,
-        k_len,
-        qk_scale,
-        cap,
-        D,
-        DV,
-        True,
-        LIMIT_LEFT,
-        LIMIT_RIGHT,
-        SOFTCAP,
-        BLOCK_N,
-        BLOCK_D,
-        BLOCK_DV,
-    )
+    ranges = (lo, full_lo, full_hi, hi)
+    for seg in tl.static_range(3):  # [lo, full_lo) masked, [full_lo, full_hi), [full_hi, hi) masked
+        if seg > 0 or LIMIT_LEFT:  # without a left bound [lo, full_lo) is empty
+            acc, l_i, m_i = _attn_fwd_inner(
+                acc,
+                l_i,
+                m_i,
+                q,
+                k_base,
+                v_base,
+                stride_ks,
+                stride_vs,
+                ranges[seg],
+                ranges[seg + 1],
+                offs_m,
+                band,
+                k_len,
+                qk_scale,
+                cap,
+                D,
+                DV,
+                seg != 1,
+                LIMIT_LEFT,
+                LIMIT_RIGHT,
+                SOFTCAP,
+                BLOCK_N,
+                BLOCK_D,
+                BLOCK_DV,
+            )
 
     # Epilogue: normalise; rows that saw no key get out = 0 and lse = -inf.
     empty = l_i == 0.0

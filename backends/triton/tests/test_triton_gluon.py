@@ -440,6 +440,19 @@ def _assert_close(got, ref, name) -> None:
     assert err < 1e-2, f"{name}: relative error {err:.2e} (bound 1e-2 for 16-bit inputs)"
 
 
+def _gluon_backward(q, k, v, do, ref, cfg, *, atomic_dq, **call):
+    """``attention_backward`` with ``cfg`` into NaN-poisoned ``(dq, dk, dv)``, the oracle's out
+    and lse as inputs; returns them with the :class:`BackwardLaunch` the call builds (``call``:
+    the mask and varlen arguments)."""
+    out, lse = ref.out.to(q.dtype), ref.lse.float()
+    launch = BackwardLaunch(q, k, v, out, lse, do, **call)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    attention_backward(
+        q, k, v, out, lse, do, **call, config=cfg, dq=dq, dk=dk, dv=dv, atomic_dq=atomic_dq
+    )
+    return launch, dq, dk, dv
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
 @pytest.mark.parametrize("atomic_dq", [False, True], ids=["split", "atomic-dq"])
@@ -454,36 +467,20 @@ def test_gluon_kernels_match_the_oracle(case, atomic_dq) -> None:
     align = "bottom_right" if bottom_right else "top_left"
     ref = oracle(q, k, v, do, causal=causal, causal_align=align)
     cfg = _gluon_config(causal, h // hk, sk, split, order)
-    launch = BackwardLaunch(
+    launch, dq, dk, dv = _gluon_backward(
         q,
         k,
         v,
-        ref.out.to(dtype),
-        ref.lse.float(),
         do,
+        ref,
+        cfg,
+        atomic_dq=atomic_dq,
         causal=causal,
         bottom_right=bottom_right,
         scale=128**-0.5,
     )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
     assert launch.sm90_descriptors(cfg["dq"], (128, 64)) is not None
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(
-        q,
-        k,
-        v,
-        ref.out.to(dtype),
-        ref.lse.float(),
-        do,
-        causal=causal,
-        bottom_right=bottom_right,
-        scale=128**-0.5,
-        config=cfg,
-        dq=dq,
-        dk=dk,
-        dv=dv,
-        atomic_dq=atomic_dq,
-    )
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
 
@@ -510,18 +507,6 @@ def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
     ref = oracle(q, k, v, do, causal=False)
     cfg = _gluon_config(False, 3, 700, None, "")
     cfg["dkdv"]["TAIL_SLICES"] = 4
-    launch = BackwardLaunch(
-        q,
-        k,
-        v,
-        ref.out.to(dtype),
-        ref.lse.float(),
-        do,
-        causal=False,
-        bottom_right=False,
-        scale=128**-0.5,
-    )
-    assert _launch_policy.tail_slices(launch.problem, cfg["dkdv"], 1, sms) == (batch * 24 - 4, 2)
     grids = []  # the dK/dV kernel's launches, as the call makes them
 
     def spy(self, kernel, grid, args, kwargs, _launch=BackwardLaunch._launch):
@@ -530,23 +515,10 @@ def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
         return _launch(self, kernel, grid, args, kwargs)
 
     monkeypatch.setattr(BackwardLaunch, "_launch", spy)
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(
-        q,
-        k,
-        v,
-        ref.out.to(dtype),
-        ref.lse.float(),
-        do,
-        causal=False,
-        bottom_right=False,
-        scale=128**-0.5,
-        config=cfg,
-        dq=dq,
-        dk=dk,
-        dv=dv,
-        atomic_dq=True,
+    launch, dq, dk, dv = _gluon_backward(
+        q, k, v, do, ref, cfg, atomic_dq=True, causal=False, bottom_right=False, scale=128**-0.5
     )
+    assert _launch_policy.tail_slices(launch.problem, cfg["dkdv"], 1, sms) == (batch * 24 - 4, 2)
     assert grids == [(batch * 24 - 4, 1, 1), (4, 1, 2)]
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
@@ -582,13 +554,14 @@ def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq, order) -> None:
         cu_seqlens_k=cu_k,
     )
     cfg = _gluon_config(True, h // hk, max(lens_k), None, order)
-    launch = BackwardLaunch(
+    launch, dq, dk, dv = _gluon_backward(
         q,
         k,
         v,
-        ref.out.to(q.dtype),
-        ref.lse.float(),
         do,
+        ref,
+        cfg,
+        atomic_dq=atomic_dq,
         causal=True,
         bottom_right=True,
         scale=0.1,
@@ -599,27 +572,6 @@ def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq, order) -> None:
     )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
     assert launch.sm90_descriptors(cfg["dq"], (128, 64)) is not None
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    attention_backward(
-        q,
-        k,
-        v,
-        ref.out.to(q.dtype),
-        ref.lse.float(),
-        do,
-        causal=True,
-        bottom_right=True,
-        scale=0.1,
-        cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k,
-        max_seqlen_q=max(lens_q),
-        max_seqlen_k=max(lens_k),
-        config=cfg,
-        dq=dq,
-        dk=dk,
-        dv=dv,
-        atomic_dq=atomic_dq,
-    )
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
     keys_of_empty = slice(lens_k[0], lens_k[0] + lens_k[1])
