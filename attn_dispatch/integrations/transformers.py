@@ -115,7 +115,7 @@ def register(name: str = "attn_dispatch") -> str:
 
 
 def _pattern_parts(fn: Callable) -> Iterator[str]:
-    """The qualified names of the building blocks of a transformers mask function (and/or nesting)."""
+    """Qualified names of the building blocks of a transformers mask function (and/or nested)."""
     qualname = getattr(fn, "__qualname__", type(fn).__name__)
     if qualname.startswith(("and_masks.", "or_masks.")):
         yield qualname.split(".")[0]

@@ -63,6 +63,13 @@ TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=2e-4
 EAGER_F64_TOL = dict(rtol=1e-6, atol=1e-7)
 
 
+def padded_dtype(name: str) -> torch.dtype:
+    """float64, except for Gemma 2: its float64 ``eager`` reference turns a fully masked row into
+    NaN (a float64 ``-inf`` mask meets a float32 softmax) and the NaN reaches real rows through
+    zero attention weights; in float32 its mask is finite."""
+    return torch.float32 if name == "gemma2" else torch.float64
+
+
 def reference(name: str, dtype: torch.dtype) -> tuple[str, dict]:
     """The transformers implementation to compare with, and the tolerance that it allows.
 
@@ -132,13 +139,23 @@ def padding(side: str) -> torch.Tensor:
     return mask
 
 
+def real_labels(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Labels predicted from real positions only: token t counts iff t and t - 1 are real.
+
+    A padding position's output is unspecified (attn_dispatch gives 0, transformers whatever its
+    mask makes of an empty row), so no label may be predicted from one.
+    """
+    prev = torch.nn.functional.pad(mask[:, :-1], (1, 0))
+    return ids.masked_fill((mask * prev) == 0, -100)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_padded_batch(name, side):
-    dtype = torch.float64
+    dtype = padded_dtype(name)
     theirs, ours = make_pair(name, dtype)
     ids, mask = tokens(3), padding(side)
-    labels = ids.masked_fill(mask == 0, -100)
+    labels = real_labels(ids, mask)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     real = mask.bool()
     a = run(theirs, ids, mask, labels, position_ids=pos)
@@ -171,7 +188,7 @@ def test_packed_documents(name):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_left_padded_greedy_generate(name):
-    theirs, ours = make_pair(name, torch.float64)
+    theirs, ours = make_pair(name, padded_dtype(name))
     ids, mask = tokens(3), padding("left")
     args = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     expected = theirs.generate(ids, **args)
@@ -233,7 +250,7 @@ def test_decode_step_compiles_with_fullgraph():
 def test_padded_training_forward_compiles():
     theirs, ours = make_pair("llama", torch.float32)
     ids, mask = tokens(3), padding("right")
-    labels = ids.masked_fill(mask == 0, -100)
+    labels = real_labels(ids, mask)
     torch._dynamo.reset()
     compiled = torch.compile(ours, backend="eager")
     assert_match(
