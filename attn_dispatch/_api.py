@@ -37,10 +37,16 @@ def backward(
     max_seqlen_k=None,
     deterministic=None,
     backend=None,
+    window=None,
+    softcap=None,
 ) -> Gradients:
     """Gradients ``(dq, dk, dv)`` of attention, by the best (or the forced) implementation.
 
     Tensors are BSHD (dense) or THD with ``cu_seqlens`` (varlen); see the README for shapes.
+    ``window=(left, right)``: row ``i`` sees keys ``d_i - left .. d_i + right`` around its
+    diagonal ``d_i`` (``i``, or ``i + Sk - Sq`` with ``causal_align="bottom_right"``); a side
+    ``None`` is unbounded; ``causal=True`` caps ``right`` at 0. ``softcap=c``: scores ``s``
+    become ``c * tanh(s / c)`` before the softmax. Only implementations declaring these run them.
     Raises ``TypeError``/``ValueError`` for malformed input and ``NoBackendError`` when no
     implementation (or not the forced one) accepts the inputs.
     """
@@ -56,6 +62,8 @@ def backward(
         scale,
         deterministic,
         backend,
+        window,
+        softcap,
     )
 
 
@@ -73,6 +81,8 @@ def forward(
     max_seqlen_k=None,
     deterministic=None,
     backend=None,
+    window=None,
+    softcap=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of attention by the best (or forced) implementation that has a forward."""
     return dispatch(
@@ -87,6 +97,8 @@ def forward(
         scale,
         deterministic,
         backend,
+        window,
+        softcap,
     )
 
 
@@ -107,6 +119,8 @@ def explain(
     max_seqlen_k=None,
     deterministic=None,
     backend=None,
+    window=None,
+    softcap=None,
     arch=None,
 ) -> Report:
     """Why each implementation would or would not run these inputs; ``str()`` is a table.
@@ -135,6 +149,8 @@ def explain(
         cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
+        window=window,
+        softcap=softcap,
     )
     mode = "backward" if isinstance(inp, BackwardInputs) else "forward"
     forced = _settings.resolve_forced(backend, settings)
@@ -144,13 +160,16 @@ def explain(
 
 @dataclass(frozen=True)
 class ImplementationInfo:
-    """An implementation's declared capabilities."""
+    """An implementation's declared capabilities (``window`` / ``softcap``: whether it runs
+    sliding windows and logit soft-capping)."""
 
     name: str
     opt_in: bool
     deterministic: bool
     priority: dict
     has_forward: bool
+    window: bool = False
+    softcap: bool = False
 
     def priority_for(self, arch: Arch | str) -> int | None:
         """The priority on ``arch`` (``None``: not chosen automatically there)."""
@@ -163,6 +182,8 @@ class ImplementationInfo:
             "deterministic": self.deterministic,
             "priority": dict(self.priority),
             "has_forward": self.has_forward,
+            "window": self.window,
+            "softcap": self.softcap,
         }
 
 
@@ -190,7 +211,15 @@ def _info(record: BackendRecord) -> BackendInfo:
         error = record.error or "; ".join(problems)
         return BackendInfo(record.name, record.distribution, record.version, (), error)
     impls = tuple(
-        ImplementationInfo(i.full_name, i.opt_in, i.deterministic, dict(i.priority), i.has_forward)
+        ImplementationInfo(
+            i.full_name,
+            i.opt_in,
+            i.deterministic,
+            dict(i.priority),
+            i.has_forward,
+            i.window,
+            i.softcap,
+        )
         for i in record.implementations
     )
     return BackendInfo(record.name, record.distribution, record.version, impls, None)

@@ -16,22 +16,31 @@ Outputs are always fresh, contiguous tensors. The fake implementations promise e
 and a compiler plans the following kernels on the promised strides.
 """
 
+import numbers
+
 import torch
 from torch import Tensor
 
 from ._api import backward as _dispatch_backward
 from ._api import forward as _dispatch_forward
-from ._inputs import check_flags, lse_dtype, resolve_scale
+from ._inputs import check_flags, check_softcap, check_window, lse_dtype, resolve_scale
 
 _FLAGS = (
     "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, "
-    "bool causal, str causal_align, float? scale, bool deterministic, str? backend"
+    "bool causal, str causal_align, float? scale, bool deterministic, str? backend, "
+    "SymInt? window_left, SymInt? window_right, float? softcap"
 )
 FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, {_FLAGS}) -> (Tensor, Tensor)"
 BWD_SCHEMA = (
     f"(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_FLAGS}) "
     "-> (Tensor, Tensor, Tensor)"
 )
+
+
+def _window(left, right):
+    """The window of the operators' two optional sides: none when both are unbounded, which is
+    what ``window=None`` and ``window=(None, None)`` both mean."""
+    return None if left is None and right is None else (left, right)
 
 
 def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
@@ -56,6 +65,9 @@ def _fwd(
     scale,
     deterministic,
     backend,
+    window_left,
+    window_right,
+    softcap,
 ):
     out, lse = _dispatch_forward(
         q,
@@ -70,6 +82,8 @@ def _fwd(
         max_seqlen_k=max_seqlen_k,
         deterministic=deterministic,
         backend=backend,
+        window=_window(window_left, window_right),
+        softcap=softcap,
     )
     inputs = (q, k, v)
     return _fresh(out, inputs), _fresh(lse, inputs)
@@ -89,6 +103,9 @@ def _fwd_fake(
     scale,
     deterministic,
     backend,
+    window_left,
+    window_right,
+    softcap,
 ):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:  # dense: q [B, Sq, H, D] -> lse [B, H, Sq]
@@ -115,6 +132,9 @@ def _bwd(
     scale,
     deterministic,
     backend,
+    window_left,
+    window_right,
+    softcap,
 ):
     dq, dk, dv = _dispatch_backward(
         q,
@@ -132,6 +152,8 @@ def _bwd(
         max_seqlen_k=max_seqlen_k,
         deterministic=deterministic,
         backend=backend,
+        window=_window(window_left, window_right),
+        softcap=softcap,
     )
     inputs = (grad_out, q, k, v, out, lse)
     return _fresh(dq, inputs), _fresh(dk, inputs), _fresh(dv, inputs)
@@ -154,6 +176,9 @@ def _bwd_fake(
     scale,
     deterministic,
     backend,
+    window_left,
+    window_right,
+    softcap,
 ):
     return (
         q.new_empty(q.shape),
@@ -176,12 +201,12 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     if grad_out is None:
-        return (None,) * 12
+        return (None,) * (7 + len(ctx.flags))
     # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
     # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
     grad_out = grad_out.contiguous()
     dq, dk, dv = _bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.flags)
-    return (dq, dk, dv) + (None,) * 9
+    return (dq, dk, dv) + (None,) * (4 + len(ctx.flags))
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -201,13 +226,16 @@ def attention(
     max_seqlen_k: int | None = None,
     deterministic: bool | None = None,
     backend: str | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """Attention output, differentiable: forward by :func:`forward`, backward by :func:`backward`.
 
     Layouts and flags are those of :func:`backward` (dense BSHD, or THD with ``cu_seqlens`` and
-    ``max_seqlen`` as Python ints). Works under autograd, ``torch.compile(fullgraph=True)`` and
-    CUDA graph capture. ``backend`` (or ``use_backend``) forces both passes; the latter is read
-    where each pass runs. ``lse`` is not returned and carries no gradient.
+    ``max_seqlen`` as Python ints), ``window`` and ``softcap`` included. Works under autograd,
+    ``torch.compile(fullgraph=True)`` and CUDA graph capture. ``backend`` (or ``use_backend``)
+    forces both passes; the latter is read where each pass runs. ``lse`` is not returned and
+    carries no gradient.
     """
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
@@ -221,6 +249,9 @@ def attention(
         raise TypeError(f"argument 'backend': expected a str or None, got {type(backend).__name__}")
     if scale is not None:
         scale = resolve_scale(scale, 1)
+    window = check_window(window, (numbers.Integral, torch.SymInt))
+    window_left, window_right = (None, None) if window is None else window
+    softcap = check_softcap(softcap)
     # A meta tensor among real ones would send the operator to its fake implementation, which
     # returns uninitialised memory: refuse mixed devices here, as the dispatcher does.
     for name, t in (
@@ -246,5 +277,8 @@ def attention(
         scale,
         deterministic,
         backend,
+        window_left,
+        window_right,
+        softcap,
     )
     return out

@@ -152,18 +152,33 @@ def aligns_agree(inp: ForwardInputs) -> bool:
 
 
 def _causal_reasons(impl, inp: ForwardInputs) -> list[str]:
-    """A causal mask the implementation cannot compute (another alignment counts where the two
-    agree)."""
+    """A causal mask (or a window's diagonal, aligned the same way) the implementation cannot
+    compute; another alignment counts where the two agree."""
     aligns = impl.causal_aligns
-    if not inp.causal or inp.causal_align in aligns or (aligns and aligns_agree(inp)):
+    if (not inp.causal and inp.window is None) or inp.causal_align in aligns:
         return []
-    if not aligns:
+    if inp.causal and not aligns:
         return ["causal=True: not supported"]
-    return [
+    if aligns_agree(inp):
+        return []
+    given = (
         f"causal_align={inp.causal_align!r} with Sq={inp.seqlen_q} != Sk={inp.seqlen_k} "
-        f"(or varlen with distinct cu_seqlens): the causal mask is {' or '.join(aligns)} "
-        "only"
-    ]
+        "(or varlen with distinct cu_seqlens)"
+    )
+    if not aligns:
+        return [f"{given}: window={inp.window} needs an alignment; none is declared"]
+    what = "causal mask" if inp.causal else f"diagonal of window={inp.window}"
+    return [f"{given}: the {what} is {' or '.join(aligns)} only"]
+
+
+def variant_reasons(impl, inp: ForwardInputs) -> list[str]:
+    """A sliding window or a soft cap the implementation does not declare."""
+    reasons = []
+    if inp.window is not None and not impl.window:
+        reasons.append(f"window={inp.window}: not supported by this implementation")
+    if inp.softcap is not None and not impl.softcap:
+        reasons.append(f"softcap={inp.softcap!r}: not supported by this implementation")
+    return reasons
 
 
 def _named_tensors(inp: ForwardInputs) -> list[tuple[str, torch.Tensor]]:
@@ -195,7 +210,7 @@ def stride_reasons(inp: ForwardInputs, alignment: int) -> list[str]:
 
 def input_reasons(impl, inp: ForwardInputs) -> list[str]:
     """The standard reasons ``impl``'s declarations give for ``inp`` (on a device it runs on)."""
-    reasons = _shape_reasons(impl, inp) + _causal_reasons(impl, inp)
+    reasons = _shape_reasons(impl, inp) + variant_reasons(impl, inp) + _causal_reasons(impl, inp)
     if impl.alignment is not None:
         reasons += stride_reasons(inp, impl.alignment)
     return reasons

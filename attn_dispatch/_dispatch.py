@@ -25,6 +25,8 @@ from ._inputs import (
     build_inputs,
     check_cu_seqlens,
     check_flags,
+    check_softcap,
+    check_window,
     lse_dtype,
     resolve_scale,
 )
@@ -189,6 +191,8 @@ def dispatch(
     scale,
     deterministic,
     backend,
+    window=None,
+    softcap=None,
 ):
     """Run ``tensors`` (q, k, v[, out, lse, grad_out]) by the cached or a new decision."""
     settings = _settings._settings or _settings.current()
@@ -200,10 +204,16 @@ def dispatch(
         or (scale is not None and scale.__class__ is not float)
     ):
         scale = _normalized(causal, deterministic, scale)
+    # Checked on every call, not by the cache: (True, 1) and (1, 1) are equal keys, as are
+    # softcap=True and softcap=1.0. The checked values are plain ints/floats (or None).
+    if window is not None:
+        window = check_window(window)
+    if softcap is not None:
+        softcap = check_softcap(softcap)
     backend_arg = backend
     if backend is None:
         backend = _settings._forced.get() or settings.forced_env
-    flags = (mode.name, causal, causal_align, scale, deterministic, backend)
+    flags = (mode.name, causal, causal_align, scale, deterministic, backend, window, softcap)
     if cu_q is None and cu_k is None and max_q is None and max_k is None:
         entries = settings.guarded.get(flags)
         if entries and (decision := _guards.match(entries, tensors)) is not None:
@@ -330,7 +340,7 @@ def _first_call(
     backend_arg,
 ):
     """Validate, select, run, check the outputs, then cache the decision."""
-    _, causal, causal_align, scale, deterministic, _ = flags
+    _, causal, causal_align, scale, deterministic, _, window, softcap = flags
     inp = build_inputs(
         *tensors,
         causal=causal,
@@ -341,6 +351,8 @@ def _first_call(
         cu_seqlens_k=cu_k,
         max_seqlen_q=max_q,
         max_seqlen_k=max_k,
+        window=window,
+        softcap=softcap,
     )
     forced = _settings.resolve_forced(backend_arg, settings)
     arch = arch_for(settings, inp.device)

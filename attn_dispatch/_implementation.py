@@ -61,8 +61,10 @@ class Implementation:
       with ``cu_seqlens_q is cu_seqlens_k``).
     * ``alignment``: when set (bytes, e.g. 16), q, k, v (and out, grad_out) need a contiguous
       last dim, every other stride a multiple of it and data pointers aligned to it.
-    * ``window`` / ``softcap``: whether it runs sliding-window attention and logit soft-capping.
-      The inputs do not carry these options yet; the declarations are read once they do.
+    * ``window`` / ``softcap``: whether it runs sliding-window attention (``inp.window``) and
+      logit soft-capping (``inp.softcap``). An implementation that does not declare one is never
+      chosen for a call that uses it. A window's diagonal is aligned by ``causal_align``, so
+      ``causal_aligns`` applies to windowed calls too.
     """
 
     backend: ClassVar[str] = ""

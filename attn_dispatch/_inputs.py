@@ -13,6 +13,8 @@ from typing import NamedTuple
 import torch
 
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
+# A sliding window (left, right): keys d_i - left .. d_i + right of row i; None: unbounded side.
+Window = tuple[int | None, int | None]
 QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -32,6 +34,9 @@ class Facts(NamedTuple):
     scale: float
     max_seqlen_q: int
     max_seqlen_k: int
+    # the call's sliding window and soft cap (validated; part of the signature like the flags)
+    window: Window | None = None
+    softcap: float | None = None
 
 
 class ForwardInputs:
@@ -39,7 +44,9 @@ class ForwardInputs:
 
     Tensors: ``q``, ``k``, ``v``, ``cu_seqlens_q``, ``cu_seqlens_k`` (``None`` when dense).
     Flags: ``causal``, ``causal_align``, ``scale`` (resolved), ``deterministic`` (resolved),
-    ``max_seqlen_q`` / ``max_seqlen_k`` (the sequence lengths when dense).
+    ``max_seqlen_q`` / ``max_seqlen_k`` (the sequence lengths when dense), ``window`` (``None``
+    or ``(left, right)``, each side an int >= 0 or ``None`` for unbounded, as the caller gave
+    it: the causal mask is not folded in) and ``softcap`` (``None`` or a float > 0).
     Derived: ``batch``, ``seqlen_q``, ``seqlen_k`` (max lengths when varlen), ``heads``,
     ``kv_heads``, ``head_dim``, ``head_dim_v``, ``dtype``, ``device``, ``is_varlen``,
     ``group_size``.
@@ -71,6 +78,8 @@ class ForwardInputs:
         self.facts = facts
 
     scale = property(lambda self: self.facts.scale)
+    window = property(lambda self: self.facts.window)
+    softcap = property(lambda self: self.facts.softcap)
     max_seqlen_q = property(lambda self: self.facts.max_seqlen_q)
     max_seqlen_k = property(lambda self: self.facts.max_seqlen_k)
     batch = property(lambda self: self.facts.batch)
@@ -103,7 +112,7 @@ class ForwardInputs:
         lines.append(
             f"causal={self.causal} causal_align={self.causal_align!r} scale={self.scale:.6g} "
             f"deterministic={self.deterministic} max_seqlen_q={self.max_seqlen_q} "
-            f"max_seqlen_k={self.max_seqlen_k}"
+            f"max_seqlen_k={self.max_seqlen_k} window={self.window} softcap={self.softcap}"
         )
         return "\n".join(lines)
 
@@ -120,7 +129,7 @@ class ForwardInputs:
             f"head_dim={f.head_dim}, "
             f"head_dim_v={f.head_dim_v}, dtype={f.dtype}, device={f.device}, causal={self.causal}, "
             f"causal_align={self.causal_align!r}, scale={f.scale:.6g}, "
-            f"deterministic={self.deterministic})"
+            f"deterministic={self.deterministic}, window={f.window}, softcap={f.softcap})"
         )
 
 
@@ -190,6 +199,8 @@ def build_inputs(
     cu_seqlens_k=None,
     max_seqlen_q=None,
     max_seqlen_k=None,
+    window=None,
+    softcap=None,
 ) -> ForwardInputs:
     """Validate a call and wrap it: ``BackwardInputs`` when any of out/lse/grad_out is given,
     else ``ForwardInputs``. Flags are keywords, named as in ``attn_dispatch.backward``."""
@@ -208,6 +219,8 @@ def build_inputs(
         cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
+        window=window,
+        softcap=softcap,
     )
     if out is None and lse is None and grad_out is None:
         return ForwardInputs(
@@ -298,6 +311,48 @@ def check_flags(causal, causal_align, deterministic) -> None:
         )
 
 
+def check_window(window, ints: tuple[type, ...] = (numbers.Integral,)) -> Window | None:
+    """``window`` as a ``(left, right)`` tuple of Python ints or ``None`` (``(None, None)``
+    bounds nothing and becomes ``None``). Each side: an int >= 0 (one of ``ints``, never a bool)
+    or ``None`` (unbounded). A list of two is accepted like the tuple."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(
+            f"argument 'window': expected None or a (left, right) tuple, got {window!r}"
+        )
+    sides = []
+    for name, side in zip(("left", "right"), window):
+        if side is None:
+            sides.append(None)
+            continue
+        if isinstance(side, bool) or not isinstance(side, ints):
+            raise TypeError(
+                f"argument 'window': expected each side an int >= 0 or None, got {name}={side!r} "
+                f"({type(side).__name__})"
+            )
+        if side < 0:
+            raise ValueError(
+                f"argument 'window': expected each side an int >= 0 or None, got {name}={side}"
+            )
+        sides.append(side if isinstance(side, torch.SymInt) else int(side))
+    return None if sides == [None, None] else (sides[0], sides[1])
+
+
+def check_softcap(softcap) -> float | None:
+    """``None``, or ``softcap`` as a float checked finite and > 0."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(
+            f"argument 'softcap': expected None or a float, got {type(softcap).__name__}"
+        )
+    softcap = float(softcap)
+    if not math.isfinite(softcap) or softcap <= 0:
+        raise ValueError(f"argument 'softcap': expected a finite float > 0, got {softcap}")
+    return softcap
+
+
 def validate(
     q,
     k,
@@ -314,6 +369,8 @@ def validate(
     cu_seqlens_k=None,
     max_seqlen_q=None,
     max_seqlen_k=None,
+    window=None,
+    softcap=None,
 ) -> Facts:
     """Check every argument of a forward (``out``/``lse``/``grad_out`` None) or backward call.
 
@@ -328,6 +385,8 @@ def validate(
         lse = _require_tensor("lse", lse)
         grad_out = _require_tensor("grad_out", grad_out)
     check_flags(causal, causal_align, deterministic)
+    window = check_window(window)
+    softcap = check_softcap(softcap)
 
     if q.dtype not in QUERY_DTYPES:
         raise TypeError(
@@ -392,6 +451,8 @@ def validate(
         resolve_scale(scale, d),
         msq,
         msk,
+        window,
+        softcap,
     )
 
 

@@ -61,6 +61,21 @@ def _arch(text: str) -> Arch:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _window(text: str) -> tuple[int | None, int | None]:
+    """``L,R`` with ``none`` (or ``-``, as ``--window=-,64``) for an unbounded side."""
+    sides = text.split(",")
+    if len(sides) != 2:
+        raise argparse.ArgumentTypeError(f"expected L,R (e.g. 128,0 or none,64), got {text!r}")
+    parsed: list[int | None] = []
+    for side in sides:
+        side = side.strip()
+        if side.lower() in ("-", "none"):
+            parsed.append(None)
+        else:
+            parsed.append(nonnegative_int(side))
+    return parsed[0], parsed[1]
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     infos = _api.backends()
     if args.json:
@@ -83,6 +98,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
                     ("opt-in", impl.opt_in),
                     ("non-deterministic", not impl.deterministic),
                     ("forward", impl.has_forward),
+                    ("window", impl.window),
+                    ("softcap", impl.softcap),
                 )
                 if on
             )
@@ -135,6 +152,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         deterministic=args.deterministic or None,
         backend=args.backend,
         arch=args.arch,
+        window=args.window,
+        softcap=args.softcap,
     )
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0
@@ -217,6 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--causal", action="store_true")
     p.add_argument("--causal-align", choices=("top_left", "bottom_right"), default="top_left")
     p.add_argument("--scale", type=float, default=None)
+    p.add_argument(
+        "--window",
+        type=_window,
+        default=None,
+        metavar="L,R",
+        help="sliding window: keys d-L..d+R around each row's diagonal d; 'none' for an "
+        "unbounded side (e.g. 128,0 or none,64)",
+    )
+    p.add_argument("--softcap", type=float, default=None, metavar="C", help="logit soft cap")
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--backend", default=None, help="explain a forced choice")
     p.add_argument("--json", action="store_true")

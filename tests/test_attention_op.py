@@ -74,6 +74,32 @@ CASES = [
     ),
     Case((20,), (20,), heads=4, kv_heads=2, head_dim=16, layout="transposed", seed=9),
     Case((12,), (12,), heads=2, kv_heads=1, head_dim=8, layout="strided", scale=0.3, seed=10),
+    # sliding windows and soft caps (the reference declares both)
+    Case((24,), (40,), heads=4, kv_heads=2, head_dim=16, window=(4, 2), seed=31),
+    Case(
+        (40,),
+        (16,),
+        heads=2,
+        kv_heads=1,
+        head_dim=8,
+        causal=True,
+        causal_align="bottom_right",
+        window=(3, None),
+        softcap=1.5,
+        seed=32,
+    ),  # rows that see no key
+    Case(
+        (5, 17, 0, 9),
+        (7, 17, 3, 2),
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        window=(None, 1),
+        softcap=2.0,
+        causal_align="bottom_right",
+        varlen=True,
+        seed=33,
+    ),
 ]
 
 
@@ -119,6 +145,7 @@ GRADCHECK_CASES = [
     ),
     Case((4,), (4,), heads=2, kv_heads=2, head_dim=2, head_dim_v=3, layout="transposed", seed=12),
     Case((2, 3), (3, 1), heads=2, kv_heads=1, head_dim=2, causal=True, varlen=True, seed=13),
+    Case((5,), (6,), heads=2, kv_heads=1, head_dim=3, window=(1, 2), softcap=0.8, seed=34),
 ]
 
 
@@ -152,6 +179,8 @@ def _fwd_args(case: Case, dtype=torch.float64, requires_grad=True):
         scale,
         False,
         "reference",
+        *(inp.window or (None, None)),
+        inp.softcap,
     )
     return args, inp.grad_out
 
@@ -159,6 +188,8 @@ def _fwd_args(case: Case, dtype=torch.float64, requires_grad=True):
 OPCHECK_CASES = [
     Case((6,), (6,), heads=2, kv_heads=1, head_dim=4, causal=True, seed=14),
     Case((3, 4), (5, 2), heads=2, kv_heads=2, head_dim=4, varlen=True, seed=15),
+    Case((5,), (7,), heads=2, kv_heads=1, head_dim=4, window=(2, None), softcap=3.0, seed=35),
+    Case((5,), (7,), heads=2, kv_heads=1, head_dim=4, window=(None, 0), seed=36),
 ]
 
 
@@ -181,7 +212,9 @@ def test_outputs_are_fresh_contiguous_tensors(monkeypatch) -> None:
         return q, q.new_zeros(q.shape[0], q.shape[2], q.shape[1])
 
     monkeypatch.setattr("attn_dispatch._autograd._dispatch_forward", aliasing_forward)
-    out, lse = _fwd(q, k, v, None, None, None, None, False, "top_left", None, False, None)
+    out, lse = _fwd(
+        q, k, v, None, None, None, None, False, "top_left", None, False, None, None, None, None
+    )
     assert out.is_contiguous() and lse.is_contiguous()
     assert out.untyped_storage().data_ptr() != q.untyped_storage().data_ptr()
     torch.testing.assert_close(out, q)

@@ -1,5 +1,6 @@
 """The conformance kit itself: the oracle, tolerances, case generators, and checks that fail."""
 
+import dataclasses
 import math
 
 import pytest
@@ -21,6 +22,7 @@ from attn_dispatch.testing import (
     random_cases,
     standard_cases,
     tolerance_for,
+    variant_cases,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -123,6 +125,14 @@ def test_error_metrics():
 # cases
 
 
+def test_variants_draw_from_their_own_stream():
+    """``variants=True`` adds windows and caps to the same cases, and only adds."""
+    plain, varied = random_cases(10, seed=9), random_cases(10, seed=9, variants=True)
+    strip = dict(window=None, softcap=None)
+    assert [dataclasses.replace(c, **strip) for c in varied] == plain
+    assert all(c.needs for c in varied) and not any(c.needs for c in plain)
+
+
 def test_standard_cases_cover_every_feature():
     cases = standard_cases()
     tags = {t for c in cases for t in c.tags}
@@ -147,14 +157,21 @@ def test_standard_cases_cover_every_feature():
     assert len({c.id for c in cases}) == len(cases)
 
 
-@pytest.mark.parametrize("case", standard_cases() + random_cases(12, seed=3), ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case",
+    standard_cases()
+    + random_cases(12, seed=3)
+    + variant_cases()
+    + random_cases(12, seed=4, variants=True),
+    ids=lambda c: c.id,
+)
 def test_case_inputs_are_valid_and_laid_out(case):
     inp = case.make_inputs(torch.float32)
     ad.explain(inp.q, inp.k, inp.v, **inp.flags())  # validation raises on malformed inputs
     assert inp.q.shape[-1] == case.head_dim and inp.v.shape[-1] == case.dv
     assert inp.q.shape[-2] == case.heads and inp.k.shape[-2] == case.kv_heads
     assert torch.isfinite(inp.q).all() and torch.isfinite(inp.grad_out).all()
-    if case.layout != "contiguous":
+    if case.layout != "contiguous" and inp.q.numel():  # an empty tensor is always contiguous
         assert not inp.q.is_contiguous()
     if case.layout == "strided":
         assert inp.q.stride(-1) == 2

@@ -9,7 +9,15 @@ or calls the checks directly: ``check_backward("mybackend", case, dtype=..., dev
 pytest is imported only by :func:`make_conformance_tests`.
 """
 
-from .cases import LAYOUTS, Case, CaseInputs, place, random_cases, standard_cases
+from .cases import (
+    LAYOUTS,
+    Case,
+    CaseInputs,
+    place,
+    random_cases,
+    standard_cases,
+    variant_cases,
+)
 from .conformance import (
     Unsupported,
     check_backward,
@@ -18,7 +26,7 @@ from .conformance import (
     default_cases,
 )
 from .oracle import OracleResult, oracle, visible_mask
-from .suite import make_conformance_tests
+from .suite import declared_capabilities, make_conformance_tests
 from .tolerances import (
     BFLOAT16,
     FLOAT16,
@@ -45,6 +53,7 @@ __all__ = [
     "check_backward",
     "check_deterministic",
     "check_forward",
+    "declared_capabilities",
     "default_cases",
     "error_metrics",
     "make_conformance_tests",
@@ -53,5 +62,6 @@ __all__ = [
     "random_cases",
     "standard_cases",
     "tolerance_for",
+    "variant_cases",
     "visible_mask",
 ]

@@ -1,9 +1,11 @@
 """Seeded test cases: shapes, masks and memory layouts that a backend must get right.
 
 A :class:`Case` is a small frozen description (per-sequence lengths, heads, head dims, mask,
-layout, seed); :meth:`Case.make_inputs` builds fresh random tensors for a dtype and device.
-:func:`standard_cases` is a fixed list in which every feature appears at least once;
-:func:`random_cases` draws more from a seed.
+sliding window, soft cap, layout, seed); :meth:`Case.make_inputs` builds fresh random tensors
+for a dtype and device. :func:`standard_cases` is a fixed list in which every feature of plain
+attention appears at least once, :func:`variant_cases` one for sliding windows and logit
+soft-capping (run only by backends that declare them); :func:`random_cases` draws more from a
+seed (windows and soft caps too with ``variants=True``).
 
 Layouts (how q, k, v, out, grad_out and lse sit in memory):
 
@@ -43,10 +45,18 @@ class CaseInputs:
     causal: bool
     causal_align: str
     scale: float | None
+    window: tuple[int | None, int | None] | None = None
+    softcap: float | None = None
 
     def flags(self) -> dict:
-        """Keyword arguments shared by ``ad.forward`` / ``ad.backward`` / the oracle."""
+        """Keyword arguments shared by ``ad.forward`` / ``ad.backward`` / the oracle
+        (``window`` / ``softcap`` only when set, so a callable without them still runs the
+        plain cases)."""
         flags = {"causal": self.causal, "causal_align": self.causal_align, "scale": self.scale}
+        if self.window is not None:
+            flags["window"] = self.window
+        if self.softcap is not None:
+            flags["softcap"] = self.softcap
         if self.cu_seqlens_q is not None:
             flags.update(
                 cu_seqlens_q=self.cu_seqlens_q,
@@ -74,6 +84,8 @@ class Case:
     scale: float | None = None
     seed: int = 0
     tags: tuple[str, ...] = field(default=(), compare=False)
+    window: tuple[int | None, int | None] | None = None
+    softcap: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.seqlens_q) != len(self.seqlens_k) or not self.seqlens_q:
@@ -89,6 +101,23 @@ class Case:
             )
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout: expected one of {LAYOUTS}, got {self.layout!r}")
+        if self.window is not None and (
+            len(self.window) != 2 or any(s is not None and s < 0 for s in self.window)
+        ):
+            raise ValueError(
+                f"window: expected (left, right) of ints >= 0 or None, got {self.window}"
+            )
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"softcap: expected a float > 0, got {self.softcap}")
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The optional capabilities this case exercises (``"window"``, ``"softcap"``)."""
+        return tuple(
+            name
+            for name, value in (("window", self.window), ("softcap", self.softcap))
+            if value is not None
+        )
 
     @property
     def dv(self) -> int:
@@ -102,9 +131,11 @@ class Case:
     @property
     def has_masked_rows(self) -> bool:
         """Whether some query row sees no key (its lse is -inf)."""
+        from .oracle import visible_mask
+
         for sq, sk in zip(self.seqlens_q, self.seqlens_k, strict=True):
-            bottom_right = self.causal and self.causal_align == "bottom_right"
-            if sq and (sk == 0 or (bottom_right and sq > sk)):
+            mask = visible_mask(sq, sk, self.causal, self.causal_align, window=self.window)
+            if sq and not bool(mask.any(dim=1).all()):
                 return True
         return False
 
@@ -120,10 +151,15 @@ class Case:
             if self.causal
             else "full"
         )
+        if self.window is not None:
+            sides = ("inf" if s is None else str(s) for s in self.window)
+            align = "tl" if self.causal_align == "top_left" else "br"
+            mask += f"-win{'_'.join(sides)}{align}"
         scale = "" if self.scale is None else f"-scale{self.scale:g}"
+        cap = "" if self.softcap is None else f"-cap{self.softcap:g}"
         return (
             f"{lens}-h{self.heads}kv{self.kv_heads}-d{self.head_dim}v{self.dv}-{mask}"
-            f"-{self.layout}{scale}-s{self.seed}"
+            f"-{self.layout}{scale}{cap}-s{self.seed}"
         )
 
     def make_inputs(self, dtype: torch.dtype = torch.float32, device="cpu") -> CaseInputs:
@@ -165,6 +201,8 @@ class Case:
             self.causal,
             self.causal_align,
             self.scale,
+            self.window,
+            self.softcap,
         )
 
 
@@ -356,6 +394,118 @@ def standard_cases() -> list[Case]:
     ]
 
 
+def variant_cases() -> list[Case]:
+    """Sliding windows and soft caps: one-sided and two-sided windows, both alignments with
+    Sq != Sk, bands that leave rows without keys, soft cap alone and combined, varlen and GQA.
+    A backend runs these only when it declares ``window`` / ``softcap``."""
+    c = Case
+    return [
+        c((64,), (64,), window=(8, 0), seed=20, tags=("window", "sliding")),
+        c(
+            (48,),
+            (80,),
+            heads=4,
+            kv_heads=2,
+            window=(16, None),
+            causal=True,
+            causal_align="bottom_right",
+            seed=21,
+            tags=("window", "causal_br", "sq<sk", "gqa"),
+        ),
+        c(
+            (40, 40),
+            (72, 72),
+            window=(5, 9),
+            seed=22,
+            tags=("window", "two_sided", "sq<sk"),
+        ),
+        c(
+            (72,),
+            (40,),
+            heads=4,
+            kv_heads=1,
+            window=(None, 3),
+            causal_align="bottom_right",
+            seed=23,
+            tags=("window", "right_only", "sq>sk", "masked_rows"),
+        ),
+        c(
+            (60,),
+            (24,),
+            window=(2, 0),
+            seed=24,
+            tags=("window", "sq>sk", "masked_rows"),
+        ),
+        c((33,), (33,), head_dim=40, head_dim_v=24, window=(0, 0), seed=25, tags=("window", "dv")),
+        c((50,), (50,), heads=4, kv_heads=2, softcap=2.0, seed=26, tags=("softcap", "gqa")),
+        c(
+            (45,),
+            (70,),
+            causal=True,
+            causal_align="bottom_right",
+            softcap=1.5,
+            scale=0.4,
+            seed=27,
+            tags=("softcap", "causal_br", "scale"),
+        ),
+        c(
+            (56,),
+            (56,),
+            heads=8,
+            kv_heads=2,
+            window=(12, 4),
+            softcap=3.0,
+            layout="sliced",
+            seed=28,
+            tags=("window", "softcap", "noncontig"),
+        ),
+        c(
+            (30, 1, 45, 0),
+            (30, 60, 20, 7),
+            heads=4,
+            kv_heads=2,
+            window=(6, 2),
+            causal_align="bottom_right",
+            varlen=True,
+            seed=29,
+            tags=("varlen", "window", "masked_rows", "empty"),
+        ),
+        c(
+            (17, 40, 9),
+            (23, 40, 0),
+            heads=4,
+            kv_heads=1,
+            window=(10, None),
+            causal=True,
+            softcap=2.5,
+            varlen=True,
+            seed=30,
+            tags=("varlen", "window", "softcap", "masked_rows"),
+        ),
+    ]
+
+
+def _draw_variant(rng: random.Random, max_seqlen: int) -> dict:
+    """A window and/or a soft cap (at least one) for a random case."""
+
+    def side() -> int | None:
+        return rng.choice([None, 0, 1, rng.randint(2, 12), rng.randint(2, max_seqlen)])
+
+    kind = rng.choice(["window", "window", "softcap", "both"])
+    drawn: dict = {}
+    if kind != "softcap":
+        window = (side(), side())
+        drawn["window"] = window if window != (None, None) else (rng.randint(0, 8), None)
+    if kind != "window":
+        drawn["softcap"] = round(rng.uniform(1.0, 6.0), 2)
+    return drawn
+
+
+def _random_variant(rng: random.Random, max_seqlen: int) -> dict:
+    drawn = _draw_variant(rng, max_seqlen)
+    return drawn | {"tags": ("random", *drawn)}
+
+
 def random_cases(
     n: int,
     seed: int = 0,
@@ -368,12 +518,16 @@ def random_cases(
     layouts: Sequence[str] = ("contiguous", "contiguous", "sliced", "transposed"),
     varlen: bool | None = None,
     causal: bool | None = None,
+    variants: bool = False,
 ) -> list[Case]:
     """``n`` seeded random cases. ``varlen``/``causal`` None draws both; lengths include 0, 1
     and odd values; Sq != Sk is common; bottom-right with Sq > Sk yields fully masked rows.
+    ``variants``: every case also gets a sliding window and/or a soft cap (drawn from their own
+    stream, so the rest of each case is the one drawn without them).
     A custom scale is drawn within [0.3, 2] x 1/sqrt(D): much larger scales make the softmax so
     peaked that dS = P(dP - rowsum(dO·O)) cancels and a low-precision ``out`` dominates."""
     rng = random.Random(seed)
+    variant_rng = random.Random(seed * 1_000_003 + 17)
 
     def length() -> int:
         return rng.choice([0, 1, rng.randint(2, max_seqlen), rng.randint(2, max_seqlen)])
@@ -407,7 +561,7 @@ def random_cases(
                 layout=rng.choice(list(layouts)),
                 scale=None if rng.random() < 0.7 else round(rng.uniform(0.3, 2.0) / d**0.5, 4),
                 seed=seed * 100_003 + i,
-                tags=("random",),
+                **(_random_variant(variant_rng, max_seqlen) if variants else {"tags": ("random",)}),
             )
         )
     return cases

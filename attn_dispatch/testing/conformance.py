@@ -55,6 +55,8 @@ def _oracle_for(inputs: CaseInputs) -> OracleResult:
         scale=inputs.scale,
         cu_seqlens_q=inputs.cu_seqlens_q,
         cu_seqlens_k=inputs.cu_seqlens_k,
+        window=inputs.window,
+        softcap=inputs.softcap,
     )
 
 
@@ -379,7 +381,13 @@ def check_deterministic(
 
 
 def default_cases() -> list[Case]:
-    """The cases :func:`make_conformance_tests` uses unless given others."""
-    from .cases import random_cases, standard_cases
+    """The cases :func:`make_conformance_tests` uses unless given others (the window and soft
+    cap ones run only for backends that declare those capabilities)."""
+    from .cases import random_cases, standard_cases, variant_cases
 
-    return standard_cases() + random_cases(16, seed=1)
+    return (
+        standard_cases()
+        + variant_cases()
+        + random_cases(16, seed=1)
+        + random_cases(8, seed=5, variants=True)
+    )

@@ -1,8 +1,10 @@
 """The float64 oracle: plain attention differentiated by PyTorch autograd.
 
-Nothing clever: scores, a boolean mask, a softmax, a matmul, then ``torch.autograd.grad``.
-K/V heads are expanded for GQA (autograd sums the expanded gradients back). A row that sees
-no key gets ``lse = -inf``, output 0 and zero gradients, as the input contract states.
+Nothing clever: scores, an optional soft cap (``c * tanh(s / c)``), a boolean mask (causal
+and sliding window, straight from the contract's definition), a softmax, a matmul, then
+``torch.autograd.grad`` (which differentiates the tanh too). K/V heads are expanded for GQA
+(autograd sums the expanded gradients back). A row that sees no key gets ``lse = -inf``,
+output 0 and zero gradients, as the input contract states.
 """
 
 from __future__ import annotations
@@ -23,22 +25,48 @@ class OracleResult(NamedTuple):
     dv: Tensor | None
 
 
-def visible_mask(sq: int, sk: int, causal: bool, causal_align: str, device=None) -> Tensor:
-    """Boolean [sq, sk]: True where query row i may see key j."""
-    if not causal:
-        return torch.ones(sq, sk, dtype=torch.bool, device=device)
-    offset = 0 if causal_align == "top_left" else sk - sq
-    rows = torch.arange(sq, device=device)[:, None]
+Window = tuple[int | None, int | None]
+
+
+def visible_mask(
+    sq: int,
+    sk: int,
+    causal: bool,
+    causal_align: str,
+    device=None,
+    window: Window | None = None,
+) -> Tensor:
+    """Boolean [sq, sk]: True where query row i may see key j.
+
+    Row i's diagonal is ``d_i = i`` (top_left) or ``i + sk - sq`` (bottom_right); with
+    ``window=(left, right)`` key j is visible iff ``d_i - left <= j <= d_i + right`` (a side
+    ``None`` is unbounded); ``causal`` caps ``right`` at 0.
+    """
+    left, right = (None, None) if window is None else window
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    diagonal = torch.arange(sq, device=device)[:, None] + (
+        0 if causal_align == "top_left" else sk - sq
+    )
     cols = torch.arange(sk, device=device)[None, :]
-    return cols <= rows + offset
+    mask = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left is not None:
+        mask &= cols >= diagonal - left
+    if right is not None:
+        mask &= cols <= diagonal + right
+    return mask
 
 
-def _dense(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor) -> tuple[Tensor, Tensor]:
+def _dense(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor, softcap: float | None = None
+) -> tuple[Tensor, Tensor]:
     """out [B, Sq, H, Dv] and lse [B, H, Sq] for float64 BSHD tensors (differentiable)."""
     group = q.shape[2] // k.shape[2]
     kx = k.repeat_interleave(group, dim=2)
     vx = v.repeat_interleave(group, dim=2)
     s = torch.einsum("bihd,bjhd->bhij", q, kx) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
     sees_any = mask.any(dim=-1)  # [Sq]
     # Masked keys get -inf; rows that see nothing get all-zero scores (so no NaN) and are
     # zeroed after the softmax, which also zeroes their gradients.
@@ -60,8 +88,12 @@ def oracle(
     scale: float | None = None,
     cu_seqlens_q: Tensor | None = None,
     cu_seqlens_k: Tensor | None = None,
+    window: Window | None = None,
+    softcap: float | None = None,
 ) -> OracleResult:
     """Exact attention in float64 on the inputs' device: (out, lse, dq, dk, dv).
+
+    ``window`` and ``softcap`` as in :func:`attn_dispatch.backward` (per sequence when varlen).
 
     Layouts follow the library contract: dense q [B, Sq, H, D] (lse [B, H, Sq]) or, when
     cu_seqlens are given, varlen q [Tq, H, D] (lse [H, Tq]). Inputs of any float dtype are
@@ -73,11 +105,20 @@ def oracle(
     q64, k64, v64 = leaves
     with torch.enable_grad():
         if cu_seqlens_q is None:
-            mask = visible_mask(q.shape[1], k.shape[1], causal, causal_align, q.device)
-            out, lse = _dense(q64, k64, v64, scale, mask)
+            mask = visible_mask(q.shape[1], k.shape[1], causal, causal_align, q.device, window)
+            out, lse = _dense(q64, k64, v64, scale, mask, softcap)
         else:
             out, lse = _varlen(
-                q64, k64, v64, scale, causal, causal_align, cu_seqlens_q, cu_seqlens_k
+                q64,
+                k64,
+                v64,
+                scale,
+                causal,
+                causal_align,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                window,
+                softcap,
             )
         if grad_out is None:
             return OracleResult(out.detach(), lse.detach(), None, None, None)
@@ -97,6 +138,8 @@ def _varlen(
     causal_align: str,
     cu_q: Tensor,
     cu_k: Tensor | None,
+    window: Window | None,
+    softcap: float | None,
 ) -> tuple[Tensor, Tensor]:
     if cu_k is None:
         raise ValueError("cu_seqlens_k: expected a tensor when cu_seqlens_q is given, got None")
@@ -104,8 +147,8 @@ def _varlen(
     outs, lses = [], []
     for i in range(len(oq) - 1):
         q0, q1, k0, k1 = oq[i], oq[i + 1], ok[i], ok[i + 1]
-        mask = visible_mask(q1 - q0, k1 - k0, causal, causal_align, q.device)
-        o, lse = _dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], scale, mask)
+        mask = visible_mask(q1 - q0, k1 - k0, causal, causal_align, q.device, window)
+        o, lse = _dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], scale, mask, softcap)
         outs.append(o[0])
         lses.append(lse[0])
     out = torch.cat(outs, dim=0) if outs else q.new_zeros(0, q.shape[1], v.shape[-1])

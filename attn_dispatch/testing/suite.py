@@ -8,7 +8,10 @@ In a backend's test module::
                                               device="cuda")
 
 pytest collects ``test_conformance`` as one test per (check, dtype, case). A case the backend
-rejects is skipped with its reasons; a wrong result fails with the diff table.
+rejects is skipped with its reasons; a wrong result fails with the diff table. Cases with a
+sliding window or a soft cap are collected only when some implementation of the backend
+declares that capability (``Implementation.window`` / ``.softcap``); one that declares it is
+held to the oracle on them like on every other case.
 """
 
 from __future__ import annotations
@@ -45,6 +48,23 @@ def _device_missing(device: torch.device) -> str | None:
     return None
 
 
+def declared_capabilities(backend: str) -> set[str] | None:
+    """The optional capabilities (``"window"``, ``"softcap"``) some implementation named by
+    ``backend`` (``"name"`` or ``"name:impl"``) declares; ``None`` when no installed
+    implementation has that name (nothing is filtered then: the checks report it)."""
+    import attn_dispatch as ad
+
+    impls = [
+        i
+        for info in ad.backends()
+        for i in info.implementations
+        if i.name == backend or i.name.startswith(backend + ":")
+    ]
+    if not impls:
+        return None
+    return {name for name in ("window", "softcap") for i in impls if getattr(i, name)}
+
+
 def make_conformance_tests(
     backend: str,
     *,
@@ -59,7 +79,8 @@ def make_conformance_tests(
 
     ``checks``: any of "backward", "forward" (drop it if the backend has no forward) and
     "deterministic" (bitwise-repeatable backward with ``deterministic=True``; skipped when the
-    backend rejects that flag). ``filter`` keeps only the cases it returns True for. ``tol``
+    backend rejects that flag). ``filter`` keeps only the cases it returns True for; cases that
+    need a capability the backend does not declare are left out (see the module docstring). ``tol``
     overrides the default tolerance (one for all dtypes, or a dict per dtype). Tests on a device
     that is absent are skipped and marked ``gpu``.
     """
@@ -67,10 +88,11 @@ def make_conformance_tests(
 
     from . import conformance
 
+    declared = declared_capabilities(backend)
     chosen = [
         c
         for c in (list(cases) if cases is not None else conformance.default_cases())
-        if filter is None or filter(c)
+        if (filter is None or filter(c)) and (declared is None or set(c.needs) <= declared)
     ]
     dev = torch.device(device)
     unknown = set(checks) - {"backward", "forward", "deterministic"}
