@@ -17,6 +17,7 @@ from ._inputs import BackwardInputs, ForwardInputs, lse_dtype
 from ._report import Candidate, Report
 from ._requirements import missing_requirement
 from ._settings import enable, reload, use_backend
+from ._varlen import Varlen, varlen_from_key_mask, varlen_from_mask, varlen_from_position_ids
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,7 @@ __all__ = [
     "NoBackendError",
     "Report",
     "UnknownBackendError",
+    "Varlen",
     "attention",
     "backends",
     "backward",
@@ -47,4 +49,7 @@ __all__ = [
     "missing_requirement",
     "reload",
     "use_backend",
+    "varlen_from_key_mask",
+    "varlen_from_mask",
+    "varlen_from_position_ids",
 ]

@@ -19,6 +19,8 @@ if [ "${1:-}" = "--minimal" ]; then exit 0; fi
 echo "setup: installing the other backends, the test plugins and test tools"
 # triton pinned to the release the H200 measurements used, so CI checks the same compiler.
 pip_install "pytest>=7" "ruff" "triton==3.6.0"
+# transformers pinned for tests/integrations (tiny models built from configs, no downloads).
+pip_install "transformers==5.17.0"
 pip_install -e backends/torch_sdpa -e backends/triton -e tests/plugins
 # FlashAttention-4 with its real dependency (flash-attn-4 and the CUTLASS DSL): its CPU tests
 # check supports/explain and compile FA4's kernels in fake mode.

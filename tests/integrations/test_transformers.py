@@ -1,0 +1,365 @@
+"""attn_dispatch inside Hugging Face transformers: tiny random models built from configs.
+
+Every check compares against transformers' own ``eager``/``sdpa`` attention on the same weights,
+or (packed documents) against each document run alone.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+import attn_dispatch as ad  # noqa: E402
+from attn_dispatch.integrations import transformers as adt  # noqa: E402
+
+NAME = adt.register()
+VOCAB, S = 64, 12
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    head_dim=8,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+# window 5 < S so the band is exercised; Gemma 2: softcap and a scale that is not D^-1/2.
+MODELS = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, num_key_value_heads=2)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**COMMON, num_key_value_heads=1)),
+    "mistral": lambda: MistralForCausalLM(
+        MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=5)
+    ),
+    "gemma2": lambda: Gemma2ForCausalLM(
+        Gemma2Config(
+            **COMMON,
+            num_key_value_heads=2,
+            sliding_window=5,
+            query_pre_attn_scalar=12,
+            attn_logit_softcapping=2.0,
+        )
+    ),
+}
+TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=2e-4, atol=2e-5)}
+# transformers' eager attention takes the softmax in float32 even for float64 inputs.
+EAGER_F64_TOL = dict(rtol=1e-6, atol=1e-7)
+
+
+def padded_dtype(name: str) -> torch.dtype:
+    """float64, except for Gemma 2: its float64 ``eager`` reference turns a fully masked row into
+    NaN (a float64 ``-inf`` mask meets a float32 softmax) and the NaN reaches real rows through
+    zero attention weights; in float32 its mask is finite."""
+    return torch.float32 if name == "gemma2" else torch.float64
+
+
+def reference(name: str, dtype: torch.dtype) -> tuple[str, dict]:
+    """The transformers implementation to compare with, and the tolerance that it allows.
+
+    float64: ``sdpa`` (exact in float64), except for Gemma 2, whose soft-cap ``sdpa`` ignores,
+    so its float64 reference is ``eager`` with the float32-softmax tolerance. float32: ``eager``.
+    """
+    if dtype == torch.float32:
+        return "eager", TOL[dtype]
+    if name == "gemma2":
+        return "eager", EAGER_F64_TOL
+    return "sdpa", TOL[dtype]
+
+
+def make_pair(name: str, dtype: torch.dtype, ref: str | None = None):
+    """(reference model, attn_dispatch model) with identical random weights."""
+    ref = ref or reference(name, dtype)[0]
+    torch.manual_seed(0)
+    theirs = MODELS[name]().to(dtype)
+    ours = copy.deepcopy(theirs)
+    theirs.set_attn_implementation(ref)
+    ours.set_attn_implementation(NAME)
+    return theirs, ours
+
+
+def run(model, ids, mask=None, labels=None, **kw):
+    model.zero_grad(set_to_none=True)
+    out = model(ids, attention_mask=mask, labels=labels, use_cache=False, **kw)
+    out.loss.backward()
+    grads = {n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters()}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+def assert_match(a, b, tol, where=None):
+    la, lossa, ga = a
+    lb, lossb, gb = b
+    if where is not None:
+        la, lb = la[where], lb[where]
+    torch.testing.assert_close(lb, la, **tol)
+    torch.testing.assert_close(lossb, lossa, **tol)
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        assert gb[name] is not None, name
+        torch.testing.assert_close(gb[name], ga[name], **tol, msg=name)
+
+
+def tokens(batch: int, seqlen: int = S) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (batch, seqlen), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_loss_and_every_gradient_match(name, dtype):
+    theirs, ours = make_pair(name, dtype)
+    ids = tokens(2)
+    tol = reference(name, dtype)[1]
+    assert_match(run(theirs, ids, labels=ids), run(ours, ids, labels=ids), tol)
+
+
+def padding(side: str) -> torch.Tensor:
+    """Rows of 12, 7 and 1 real tokens, padded on ``side``."""
+    mask = torch.zeros(3, S, dtype=torch.long)
+    for row, n in enumerate((S, 7, 1)):
+        if side == "left":
+            mask[row, S - n :] = 1
+        else:
+            mask[row, :n] = 1
+    return mask
+
+
+def real_labels(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Labels predicted from real positions only: token t counts iff t and t - 1 are real.
+
+    A padding position's output is unspecified (attn_dispatch gives 0, transformers whatever its
+    mask makes of an empty row), so no label may be predicted from one.
+    """
+    prev = torch.nn.functional.pad(mask[:, :-1], (1, 0))
+    return ids.masked_fill((mask * prev) == 0, -100)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_padded_batch(name, side):
+    dtype = padded_dtype(name)
+    theirs, ours = make_pair(name, dtype)
+    ids, mask = tokens(3), padding(side)
+    labels = real_labels(ids, mask)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    real = mask.bool()
+    a = run(theirs, ids, mask, labels, position_ids=pos)
+    b = run(ours, ids, mask, labels, position_ids=pos)
+    assert_match(a, b, reference(name, dtype)[1], where=real)
+    assert torch.all(torch.isfinite(b[0]))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_packed_documents(name):
+    dtype = torch.float64
+    theirs, ours = make_pair(name, dtype)
+    lens = (7, 4, 1)
+    ids = tokens(1)
+    position_ids = torch.cat([torch.arange(n) for n in lens])[None]
+    alone = torch.cat([theirs(d, use_cache=False).logits for d in ids.split(lens, dim=1)], 1)
+    packed = ours(ids, position_ids=position_ids).logits  # with a cache too: still separate
+    torch.testing.assert_close(packed, alone, **reference(name, dtype)[1])
+    cu = torch.tensor([0, 7, 11, 12], dtype=torch.int32)
+    given = ours(
+        ids,
+        position_ids=position_ids,
+        cu_seq_lens_q=cu,
+        cu_seq_lens_k=cu,
+        max_length_q=7,
+        max_length_k=7,
+    ).logits
+    torch.testing.assert_close(given, alone, **reference(name, dtype)[1])
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_left_padded_greedy_generate(name):
+    theirs, ours = make_pair(name, padded_dtype(name))
+    ids, mask = tokens(3), padding("left")
+    args = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    expected = theirs.generate(ids, **args)
+    assert torch.equal(ours.generate(ids, **args), expected)
+    if name == "llama":
+        assert torch.equal(ours.generate(ids, cache_implementation="static", **args), expected)
+        assert torch.equal(ours.generate(ids, prefill_chunk_size=5, **args), expected)
+
+
+def test_thirty_training_steps_follow_the_same_loss_curve():
+    curves = []
+    for impl in ("sdpa", NAME):
+        torch.manual_seed(0)
+        model = MODELS["llama"]().double()
+        model.set_attn_implementation(impl)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        ids = tokens(2)  # one batch, memorised: the loss must fall
+        losses = []
+        for _ in range(30):
+            loss = model(ids, labels=ids, use_cache=False).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(torch.tensor(losses, dtype=torch.float64))
+    assert curves[1][-1] < curves[1][0]
+    torch.testing.assert_close(curves[1], curves[0], rtol=1e-8, atol=1e-9)
+
+
+def test_varlen_metadata_is_built_once_per_forward_and_mask(monkeypatch):
+    builds = []
+    real = adt.varlen_from_key_mask
+
+    def counting(mask, seqlen_q):
+        builds.append(seqlen_q)
+        return real(mask, seqlen_q)
+
+    monkeypatch.setattr(adt, "varlen_from_key_mask", counting)
+    _, ours = make_pair("llama", torch.float64)
+    ours(tokens(3), attention_mask=padding("left"), use_cache=False)
+    assert builds == [S]  # two layers, one build
+
+
+def test_decode_step_compiles_with_fullgraph():
+    _, ours = make_pair("llama", torch.float32)
+    ours.eval()
+    ids = tokens(2)
+    with torch.no_grad():
+        prefill = ours(ids[:, :-1], use_cache=True)
+        cache = prefill.past_key_values
+        expected = ours(ids[:, -1:], past_key_values=copy.deepcopy(cache)).logits
+        torch._dynamo.reset()
+        step = torch.compile(ours, backend="eager", fullgraph=True)
+        got = step(ids[:, -1:], past_key_values=copy.deepcopy(cache)).logits
+    torch.testing.assert_close(got, expected, **TOL[torch.float32])
+
+
+def test_padded_training_forward_compiles():
+    theirs, ours = make_pair("llama", torch.float32)
+    ids, mask = tokens(3), padding("right")
+    labels = real_labels(ids, mask)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, backend="eager")
+    assert_match(
+        run(theirs, ids, mask, labels),
+        run(compiled, ids, mask, labels),
+        TOL[torch.float32],
+        where=mask.bool(),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# What is refused, and how
+
+
+def test_attention_dropout_is_refused():
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**COMMON, num_key_value_heads=2, attention_dropout=0.1))
+    model.set_attn_implementation(NAME)
+    model.train()
+    with pytest.raises(ValueError, match="attention dropout"):
+        model(tokens(1), use_cache=False)
+
+
+def test_4d_mask_is_refused():
+    _, ours = make_pair("llama", torch.float32)
+    mask = torch.zeros(1, 1, S, S)
+    with pytest.raises(ValueError, match="4-D attention mask"):
+        ours(tokens(1), attention_mask=mask, use_cache=False)
+
+
+def layer_inputs(bhsd: bool = True):
+    _, ours = make_pair("llama", torch.float32)
+    module = ours.model.layers[0].self_attn
+    q, k = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8)
+    if not bhsd:
+        q, k = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+    return module, q, k, k.clone()
+
+
+def test_attention_sinks_are_refused():
+    module, q, k, v = layer_inputs()
+    with pytest.raises(ValueError, match="attention sinks"):
+        adt.attention_forward(module, q, k, v, None, s_aux=torch.zeros(4))
+
+
+def test_bshd_tensors_are_caught_not_guessed():
+    module, q, k, v = layer_inputs(bhsd=False)
+    with pytest.raises(ValueError, match="argument 'query': expected BHSD"):
+        adt.attention_forward(module, q, k, v, None)
+
+
+def test_bidirectional_sliding_window_is_refused():
+    module, q, k, v = layer_inputs()
+    with pytest.raises(ValueError, match="bidirectional sliding-window"):
+        adt.attention_forward(module, q, k, v, None, sliding_window=3, is_causal=False)
+
+
+def test_bhsd_output_is_the_dense_attention_of_bshd_views():
+    module, q, k, v = layer_inputs()
+    out, weights = adt.attention_forward(module, q, k, v, None, scaling=0.3)
+    assert weights is None
+    want = ad.attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, scale=0.3
+    )
+    torch.testing.assert_close(out, want)
+
+
+def mask_call(pattern, **kw):
+    args = dict(batch_size=1, q_length=4, kv_length=4, mask_function=pattern, device="cpu")
+    return adt.mask_function(**(args | kw))
+
+
+def test_unsupported_mask_patterns_are_refused():
+    from transformers.masking_utils import (
+        causal_mask_function,
+        chunked_causal_mask_function,
+        or_masks,
+        sliding_window_causal_mask_function,
+    )
+
+    assert mask_call(causal_mask_function) is None
+    assert mask_call(sliding_window_causal_mask_function(3)) is None
+    with pytest.raises(ValueError, match="chunked attention"):
+        mask_call(chunked_causal_mask_function(2, torch.zeros(1, dtype=torch.long)))
+    with pytest.raises(ValueError, match="custom mask functions"):
+        mask_call(or_masks(causal_mask_function, causal_mask_function), use_vmap=True)
+
+    def my_pattern(b, h, q, kv):
+        return kv <= q
+
+    with pytest.raises(ValueError, match="my_pattern"):
+        mask_call(my_pattern)
+
+
+def test_mask_function_keeps_padding_and_drops_all_real_masks():
+    from transformers.masking_utils import causal_mask_function
+
+    full = torch.ones(2, 6, dtype=torch.bool)
+    assert mask_call(causal_mask_function, batch_size=2, attention_mask=full, kv_length=6) is None
+    padded = full.clone()
+    padded[1, :2] = False
+    got = mask_call(causal_mask_function, batch_size=2, attention_mask=padded, kv_length=5)
+    assert torch.equal(got, padded[:, -5:])
+    # static cache: 6 of 9 slots written; the mask trims the keys
+    got = mask_call(causal_mask_function, batch_size=2, attention_mask=full, kv_length=9)
+    assert got.shape == (2, 6)
+
+
+@pytest.mark.parametrize("name", ["flash_mine", "eager", "sdpa", "org/kernel", "paged|x", ""])
+def test_register_refuses_names_transformers_interprets(name):
+    with pytest.raises(ValueError, match="argument 'name'"):
+        adt.register(name)
