@@ -228,6 +228,7 @@ def attention(
     backend: str | None = None,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
+    layout: str = "bshd",
 ) -> Tensor:
     """Attention output, differentiable: forward by :func:`forward`, backward by :func:`backward`.
 
@@ -236,7 +237,14 @@ def attention(
     ``torch.compile(fullgraph=True)`` and CUDA graph capture. ``backend`` (or ``use_backend``)
     forces both passes; the latter is read where each pass runs. ``lse`` is not returned and
     carries no gradient.
+
+    ``layout="bhsd"`` takes dense q/k/v as [B, H, S, D] (Hugging Face's order) and returns the
+    output as [B, H, Sq, Dv]: the tensors are used through transposed views, never copied. The
+    layout is declared, never guessed from the shapes.
     """
+    heads_first = _heads_first(layout, cu_seqlens_q, cu_seqlens_k, (q, k, v))
+    if heads_first:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     # The operator schema would coerce or reject these with its own error; say it the library's
@@ -281,4 +289,29 @@ def attention(
         window_right,
         softcap,
     )
-    return out
+    return out.transpose(1, 2) if heads_first else out
+
+
+_LAYOUTS = ("bshd", "bhsd")
+
+
+def _heads_first(layout: object, cu_seqlens_q, cu_seqlens_k, tensors) -> bool:
+    """Whether ``layout`` says [B, H, S, D]; a bad value or a layout varlen cannot take raises."""
+    if not isinstance(layout, str):
+        raise TypeError(f"argument 'layout': expected a str, got {type(layout).__name__}")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"argument 'layout': expected one of {_LAYOUTS}, got {layout!r}")
+    if layout == "bshd":
+        return False
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        raise ValueError(
+            "argument 'layout': 'bhsd' is for dense [B, H, S, D] tensors; varlen tensors are "
+            "[T, H, D] with cu_seqlens (pass layout='bshd')"
+        )
+    for name, t in zip(("q", "k", "v"), tensors):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(
+                f"argument '{name}': layout='bhsd' expects a 4-D tensor [B, H, S, D], got {shape}"
+            )
+    return True
