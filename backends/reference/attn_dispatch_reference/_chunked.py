@@ -32,9 +32,7 @@ order, so results are deterministic.
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -139,32 +137,6 @@ def plan(
         i1 = min(seqlen_q, i0 + rows)
         tiles.append(Tile(i0, i1, *_key_range(band, i0, i1, seqlen_k)))
     return tiles
-
-
-def check_variants(window: object, softcap: object) -> None:
-    """``window``: None or ``(left, right)`` of ints >= 0 or None; ``softcap``: None or a
-    finite float > 0. Raises TypeError/ValueError naming the argument."""
-    if window is not None:
-        if not isinstance(window, Sequence) or isinstance(window, str) or len(window) != 2:
-            raise TypeError(f"argument 'window': expected None or (left, right), got {window!r}")
-        for side in window:
-            if side is None:
-                continue
-            if isinstance(side, bool) or not isinstance(side, numbers.Integral):
-                raise TypeError(
-                    f"argument 'window': expected each side an int or None, got {window!r}"
-                )
-            if side < 0:
-                raise ValueError(
-                    f"argument 'window': expected each side >= 0 or None, got {window!r}"
-                )
-    if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-            raise TypeError(
-                f"argument 'softcap': expected None or a float, got {type(softcap).__name__}"
-            )
-        if not math.isfinite(softcap) or softcap <= 0:
-            raise ValueError(f"argument 'softcap': expected a finite float > 0, got {softcap}")
 
 
 def _host_offsets(cu_seqlens: Tensor) -> list[int]:
@@ -379,7 +351,8 @@ def attention_forward(
     ``window=(left, right)``: each side an int >= 0 or None (unbounded); for varlen the band is
     per sequence. ``softcap``: scores become ``softcap · tanh(s / softcap)`` before the softmax.
     """
-    check_variants(window, softcap)
+    ad.check_window(window)
+    ad.check_softcap(softcap)
     lse_dtype = ad.lse_dtype(q.dtype)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:
@@ -420,7 +393,8 @@ def attention_backward(
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) with the shapes and dtype of (q, k, v); arguments as in the forward."""
-    check_variants(window, softcap)
+    ad.check_window(window)
+    ad.check_softcap(softcap)
     # Varlen: tokens of sequences without queries are not visited, so start from zeros.
     alloc = torch.empty if cu_seqlens_q is None else torch.zeros
     dq, dk, dv = (alloc(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))

@@ -82,16 +82,3 @@ def _checked_window(window: object) -> Window:
         if side is not None and (isinstance(side, bool) or not isinstance(side, int) or side < 0):
             raise ValueError(f"window={window!r}: each side must be an int >= 0 or None")
     return window  # type: ignore[return-value]
-
-
-def checked_softcap(softcap: object) -> float | None:
-    """``softcap`` as a float (``None`` passes); a clear error for a value the kernels cannot
-    run (the core validates the user's value; this guards direct kernel calls)."""
-    if softcap is None:
-        return None
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise TypeError(f"softcap={softcap!r}: must be a float > 0 or None")
-    value = float(softcap)
-    if not (0.0 < value < float("inf")):
-        raise ValueError(f"softcap={softcap!r}: must be a finite float > 0")
-    return value

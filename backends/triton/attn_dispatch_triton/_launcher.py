@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import torch
 
+import attn_dispatch as ad
+
 from . import _launch_policy as policy
 from . import _plan
-from ._band import Window, checked_softcap, effective_band
+from ._band import Window, effective_band
 from ._bwd_dkdv import _attn_bwd_dkdv
 from ._bwd_dq import _attn_bwd_dq
 from ._bwd_dq_convert import _attn_bwd_dq_convert
@@ -74,7 +76,7 @@ class BackwardLaunch:
         self.group = self.heads // self.kv_heads
         align = "bottom_right" if bottom_right else "top_left"
         self.band = effective_band(causal, align, window, self.seqlen_q, self.seqlen_k)
-        self.softcap = checked_softcap(softcap)
+        self.softcap = ad.check_softcap(softcap)
         # the Gluon sm_90 kernels compute no window and no soft cap
         self.gluon_ok = self.softcap is None and (not self.band.limited or self.band.plain_causal)
         self.problem = policy.Problem(

@@ -30,7 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._band import Window, checked_softcap, effective_band
+import attn_dispatch as ad
+
+from ._band import Window, effective_band
 from ._common import (
     LOG2E,
     band_offsets,
@@ -304,7 +306,7 @@ def attention_forward(
     band = effective_band(
         causal, "bottom_right" if bottom_right else "top_left", window, seqlen_q, seqlen_k
     )
-    softcap = checked_softcap(softcap)
+    softcap = ad.check_softcap(softcap)
     if config is None:
         from .tuning import get_config
 

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from attn_dispatch_triton import plugin
-from attn_dispatch_triton._band import Band, checked_softcap, effective_band
+from attn_dispatch_triton._band import Band, effective_band
+
+import attn_dispatch as ad
 
 
 def visible(sq: int, sk: int, causal: bool, align: str, window) -> torch.Tensor:
@@ -100,8 +102,8 @@ def test_band_rejects_bad_windows(window, error) -> None:
 )
 def test_softcap_rejects_bad_values(value, error) -> None:
     with pytest.raises(error, match="softcap"):
-        checked_softcap(value)
-    assert checked_softcap(30) == 30.0 and checked_softcap(None) is None
+        ad.check_softcap(value)
+    assert ad.check_softcap(30) == 30.0 and ad.check_softcap(None) is None
 
 
 def _inputs(**kw) -> SimpleNamespace:
