@@ -110,7 +110,8 @@ def kernel_count() -> int:
 def variant_of(inp: ad.ForwardInputs, kind: str) -> str:
     """A readable description of what selects FA4's kernels for ``inp``."""
     m = mask_args(inp)
-    mask = "causal" if m.causal else ("top-left window" if m.window_right is not None else "full")
+    window = m.window_left is not None or m.window_right is not None
+    mask = "causal" if m.causal else ("window" if window else "full")
     parts = [
         kind,
         str(inp.dtype).removeprefix("torch."),
@@ -120,6 +121,8 @@ def variant_of(inp: ad.ForwardInputs, kind: str) -> str:
         mask,
         "varlen" if inp.is_varlen else "dense",
     ]
+    if getattr(inp, "softcap", None) is not None:
+        parts.append(f"softcap={inp.softcap:g}")  # FA4 compiles one kernel per cap value
     if kind == "backward" and inp.deterministic:
         parts.append("deterministic")
     return " ".join(parts)
@@ -197,6 +200,7 @@ def forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
                 causal=m.causal,
                 window_size_left=m.window_left,
                 window_size_right=m.window_right,
+                softcap=getattr(inp, "softcap", None),
                 return_lse=True,
                 **_varlen_args(inp),
             )
@@ -227,6 +231,7 @@ def backward(inp: ad.BackwardInputs) -> ad.Gradients:
                 causal=m.causal,
                 window_size_left=m.window_left,
                 window_size_right=m.window_right,
+                softcap=getattr(inp, "softcap", None) or 0.0,
                 deterministic=inp.deterministic,
                 **_varlen_args(inp),
             )

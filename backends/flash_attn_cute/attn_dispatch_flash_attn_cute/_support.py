@@ -87,10 +87,19 @@ class MaskArgs(NamedTuple):
     window_right: int | None
 
 
-def top_left_needs_window(inp: ad.ForwardInputs) -> bool:
-    """A top-left causal mask that differs from FA4's bottom-right one (dense Sq != Sk, or varlen
-    with distinct cu_seqlens tensors)."""
-    if not inp.causal or inp.causal_align != "top_left":
+def band_sides(inp: ad.ForwardInputs) -> tuple[int | None, int | None]:
+    """The call's band as ``(left, right)`` around its diagonal, causal folded in (right capped
+    at 0); ``(None, None)``: every key visible."""
+    left, right = getattr(inp, "window", None) or (None, None)
+    if inp.causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def top_left_shift(inp: ad.ForwardInputs) -> bool:
+    """A band on the top-left diagonal that differs from FA4's bottom-right one (dense Sq !=
+    Sk, or varlen with distinct cu_seqlens tensors)."""
+    if band_sides(inp) == (None, None) or inp.causal_align != "top_left":
         return False
     if inp.is_varlen:
         return inp.cu_seqlens_q is not inp.cu_seqlens_k
@@ -98,31 +107,43 @@ def top_left_needs_window(inp: ad.ForwardInputs) -> bool:
 
 
 def mask_problem(inp: ad.ForwardInputs) -> str | None:
-    """Why FA4 cannot compute ``inp``'s causal mask, or ``None``.
+    """Why FA4 cannot compute ``inp``'s band (causal mask and window), or ``None``.
 
     FA4's mask lets query row i see key j when ``i + off - left <= j <= i + off + right`` with
-    ``off = Sk - Sq`` per sequence (bottom-right aligned). A top-left mask is the window
-    ``right = Sq - Sk``, one value for the whole call: expressible for dense inputs, not for
-    varlen sequences whose lengths differ between q and k.
+    ``off = Sk - Sq`` per sequence (bottom-right aligned). A top-left band shifts both sides by
+    ``Sk - Sq``, one value for the whole call: expressible for dense inputs, not for varlen
+    sequences whose lengths differ between q and k.
     """
-    if inp.is_varlen and top_left_needs_window(inp):
+    if inp.is_varlen and top_left_shift(inp):
         return (
-            "causal_align='top_left' with varlen and distinct cu_seqlens_q / cu_seqlens_k: FA4's "
-            "causal mask is bottom-right aligned per sequence and its window is one value per "
-            "call (pass the same cu_seqlens tensor for q and k when the lengths are equal, or "
-            "causal_align='bottom_right')"
+            "causal_align='top_left' with a causal mask or window, varlen and distinct "
+            "cu_seqlens_q / cu_seqlens_k: FA4's band is bottom-right aligned per sequence and "
+            "its window is one value per call (pass the same cu_seqlens tensor for q and k when "
+            "the lengths are equal, or causal_align='bottom_right')"
         )
     return None
 
 
 def mask_args(inp: ad.ForwardInputs) -> MaskArgs:
-    """The FA4 arguments that compute exactly ``inp``'s mask (see :func:`mask_problem`)."""
-    if not inp.causal:
-        return MaskArgs(False, None, None)
-    if not top_left_needs_window(inp):
+    """The FA4 arguments that compute exactly ``inp``'s band (see :func:`mask_problem`)."""
+    left, right = band_sides(inp)
+    if top_left_shift(inp):
+        if inp.is_varlen:
+            raise ValueError(mask_problem(inp))
+        # i - left <= j <= i + right is i + off - (left + off) <= j <= i + off + (right - off).
+        # One side may turn negative (e.g. right = Sq - Sk < 0 for causal with Sq < Sk): FA4
+        # keeps it as a 'local' side; both never are (that needs Sq > Sk and Sq < Sk).
+        off = inp.seqlen_k - inp.seqlen_q
+        left = None if left is None else left + off
+        right = None if right is None else right - off
+    if left is None and right == 0:
         return MaskArgs(True, None, None)
-    if inp.is_varlen:
-        raise ValueError(mask_problem(inp))
-    # j <= i + (Sk - Sq) + right with right = Sq - Sk is j <= i: the top-left mask. FA4 resolves
-    # (None, right != 0) to a 'local' mask whose right side is this runtime value.
-    return MaskArgs(False, None, inp.seqlen_q - inp.seqlen_k)
+    return MaskArgs(False, left, right)
+
+
+def softcap_problem(inp: ad.ForwardInputs, head_dim_pair: tuple[int, int]) -> str | None:
+    """FA4's Blackwell backward for ``(256, 256)`` head dims has no soft cap."""
+    backward = isinstance(inp, ad.BackwardInputs)
+    if backward and getattr(inp, "softcap", None) is not None and head_dim_pair == (256, 256):
+        return "softcap with (head_dim, head_dim_v)=(256, 256): FA4's Blackwell backward has none"
+    return None

@@ -40,7 +40,7 @@ import torch
 
 import attn_dispatch as ad
 
-from ._support import fa4_problem, mask_problem, sm100_head_dim_problem
+from ._support import fa4_problem, mask_problem, sm100_head_dim_problem, softcap_problem
 
 PRIORITY = 60
 # For the backward on sm_90 where an H200 measured FA4 slower than the implementation the
@@ -81,6 +81,8 @@ class FlashAttnCute(ad.Implementation):
     deterministic = True  # FA4's deterministic backward runs when the call asks for it
     vendors = ("cuda",)
     dtypes = (torch.float16, torch.bfloat16)  # fp8 is forward-only in FA4: not offered
+    window = True  # FA4's window_size_left / right, the alignment mapped exactly (_support)
+    softcap = True  # FA4's softcap: c tanh(s / c) on the scaled scores, as the contract
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: FA4 installed within the tested range, and a causal mask
@@ -128,10 +130,12 @@ class Sm100(FlashAttnCute):
     head_dims = frozenset(range(8, 129, 8)) | {192, 256}
 
     def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
-        """The base reasons, and Blackwell's (D, Dv) pairs above 128."""
+        """The base reasons, Blackwell's (D, Dv) pairs above 128 and its (256, 256) backward
+        without a soft cap."""
         reasons = super().supports(inp, arch)
-        pair = sm100_head_dim_problem(inp.head_dim, inp.head_dim_v)
-        return reasons + ([pair] if pair else [])
+        pair = (inp.head_dim, inp.head_dim_v)
+        extra = (sm100_head_dim_problem(*pair), softcap_problem(inp, pair))
+        return reasons + [r for r in extra if r]
 
 
 @ad.hookimpl

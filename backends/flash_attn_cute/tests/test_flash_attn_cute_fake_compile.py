@@ -4,7 +4,8 @@ Under ``FakeTensorMode`` FA4 builds and compiles its kernels for a named arch wi
 and without launching them (what FA4 offers to fill its disk cache ahead of time). Running
 the backend's own ``forward`` / ``backward`` that way checks, on every CI run, that the
 installed FA4 takes the private entry points' arguments as this backend passes them (the
-top-left causal mask as a window with a negative right side included), returns what it
+top-left causal mask as a window with a negative right side, a sliding window with a soft cap),
+returns what it
 unpacks, and that the first calls are recorded. sm_90 only: FA4's Blackwell kernels query
 the GPU while compiling. Runs in a subprocess, since FA4 reads the arch once per process.
 """
@@ -36,10 +37,17 @@ CODE = textwrap.dedent(
         assert lse.shape == (2, 8, 300) and lse.dtype == torch.float32, lse
         dq, dk, dv = _fa4.backward(build_inputs(q, k, k, out, lse, out, **flags))
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
+        # a sliding window on the top-left diagonal (both sides shifted) with a soft cap
+        capped = dict(flags, window=(200, 5), softcap=30.0)
+        out, lse = _fa4.forward(build_inputs(q, k, k, **capped))
+        dq, dk, dv = _fa4.backward(build_inputs(q, k, k, out, lse, out, **capped))
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
     log = _fa4.compile_log()
     assert [(r.kind, r.variant) for r in log] == [
-        ("forward", "forward bfloat16 D=64 Dv=64 group=4 top-left window dense"),
-        ("backward", "backward bfloat16 D=64 Dv=64 group=4 top-left window dense"),
+        ("forward", "forward bfloat16 D=64 Dv=64 group=4 window dense"),
+        ("backward", "backward bfloat16 D=64 Dv=64 group=4 window dense"),
+        ("forward", "forward bfloat16 D=64 Dv=64 group=4 window dense softcap=30"),
+        ("backward", "backward bfloat16 D=64 Dv=64 group=4 window dense softcap=30"),
     ], log
     assert all(r.kernels > 0 and r.seconds > 0 for r in log), log
     print("compiled:", [(r.variant, r.kernels, round(r.seconds, 1)) for r in log])

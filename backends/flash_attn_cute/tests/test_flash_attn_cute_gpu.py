@@ -5,7 +5,8 @@
   non-contiguous layouts), backward and forward, in bf16 (standard and random cases) and f16
   (standard cases); bitwise-repeatable backward with ``deterministic=True`` (standard cases,
   bf16); then multi-tile cases where the masks cross tile boundaries (top-left as FA4's
-  window, bottom-right with hundreds of empty rows, varlen with empty sequences, D = 256, MQA).
+  window, bottom-right with hundreds of empty rows, varlen with empty sequences, D = 256, MQA,
+  sliding windows on both alignments, soft caps).
 * ``ad.attention`` under ``torch.compile(fullgraph=True)`` and under CUDA-graph capture.
 * Compilation: once per variant per process, not per shape; the first call of each variant is
   recorded with its time.
@@ -104,6 +105,23 @@ MULTI_TILE_CASES = [
     ),
     Case((777,), (777,), heads=4, kv_heads=4, head_dim=256, causal=True, seed=105),
     Case((640,), (640,), heads=16, kv_heads=1, head_dim=128, seed=106),
+    # sliding windows across tiles: top-left with Sq < Sk (both sides shifted onto FA4's
+    # diagonal), bottom-right causal with a left side, two-sided; soft caps with and without
+    Case((300,), (1000,), heads=8, kv_heads=2, head_dim=128, window=(100, 40), seed=107),
+    Case(
+        (1000,),
+        (1000,),
+        heads=8,
+        kv_heads=2,
+        head_dim=128,
+        causal=True,
+        causal_align="bottom_right",
+        window=(255, None),
+        softcap=30.0,
+        seed=108,
+    ),
+    Case((777,), (777,), heads=4, kv_heads=4, head_dim=64, window=(64, 64), seed=109),
+    Case((512,), (700,), heads=4, kv_heads=2, head_dim=128, causal=True, softcap=5.0, seed=110),
 ]
 
 test_conformance_multi_tile = make_conformance_tests(

@@ -304,10 +304,19 @@ def test_varlen_top_left_with_distinct_offsets_rejected(arch):
     report = explain(args, arch, causal=True, causal_align="top_left", **flags)
     name = "flash_attn_cute:sm90" if arch == "sm_90" else "flash_attn_cute:sm100"
     (reason,) = verdicts(report)[name].reasons
-    assert reason.startswith("causal_align='top_left' with varlen and distinct cu_seqlens_q")
-    # the non-causal call on the same tensors is fine
+    assert reason.startswith("causal_align='top_left' with a causal mask or window, varlen")
+    # a window on the top-left diagonal is shifted the same way: rejected too
+    report = explain(args, arch, causal=False, causal_align="top_left", window=(3, 3), **flags)
+    assert len(verdicts(report)[name].reasons) == 1
+    # the call without a band on the same tensors is fine
     report = explain(args, arch, causal=False, **flags)
     assert verdicts(report)[name].reasons == ()
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_window_and_softcap_accepted(arch):
+    report = explain(dense(2048), arch, causal=True, window=(511, 0), softcap=30.0)
+    assert report.selected in NAMES
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
@@ -433,10 +442,19 @@ def fa4_visible(args: MaskArgs, sq: int, sk: int) -> torch.Tensor:
     return seen
 
 
-def forward_inputs(sq: int, sk: int, causal: bool, align: str) -> ad.ForwardInputs:
+def forward_inputs(sq: int, sk: int, causal: bool, align: str, window=None) -> ad.ForwardInputs:
     q = torch.empty(1, sq, 2, 16, device="meta")
     k = torch.empty(1, sk, 2, 16, device="meta")
-    return build_inputs(q, k, k, causal=causal, causal_align=align, scale=None, deterministic=False)
+    return build_inputs(
+        q,
+        k,
+        k,
+        causal=causal,
+        causal_align=align,
+        scale=None,
+        deterministic=False,
+        window=window,
+    )
 
 
 @pytest.mark.parametrize("align", ["top_left", "bottom_right"])
@@ -446,6 +464,24 @@ def test_mask_args_give_exactly_our_mask(align, causal, sq, sk):
     inp = forward_inputs(sq, sk, causal, align)
     args = mask_args(inp)
     assert torch.equal(fa4_visible(args, sq, sk), visible_mask(sq, sk, causal, align))
+
+
+WINDOWS = [(0, 0), (2, None), (None, 3), (1, 4), (6, 0), (0, 5), (20, 20)]
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("sq", "sk"), [(7, 7), (5, 13), (13, 5), (1, 9), (9, 1)])
+@pytest.mark.parametrize("window", WINDOWS)
+def test_mask_args_give_exactly_our_window(align, causal, sq, sk, window):
+    """Every sliding window, with or without causal, both alignments and Sq != Sk: FA4's
+    window arguments see exactly the contract's keys (the top-left diagonal shifted onto FA4's
+    bottom-right one, one side possibly negative, never both)."""
+    args = mask_args(forward_inputs(sq, sk, causal, align, window))
+    wanted = visible_mask(sq, sk, causal, align, window=window)
+    assert torch.equal(fa4_visible(args, sq, sk), wanted)
+    sides = (args.window_left, args.window_right)
+    assert not all(side is not None and side < 0 for side in sides)
 
 
 def test_mask_args_use_fa4_causal_where_the_alignments_agree():

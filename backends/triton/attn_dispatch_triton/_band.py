@@ -30,11 +30,6 @@ class Band(NamedTuple):
         """Whether any key is ever outside the band (a mask exists at all)."""
         return self.left is not None or self.right is not None
 
-    @property
-    def plain_causal(self) -> bool:
-        """Exactly a causal mask (``right == 0``, no left side): what the Gluon kernels run."""
-        return self.left is None and self.right == 0
-
     def constexprs(self) -> dict[str, bool]:
         """The kernels' compile-time flags for this band."""
         return dict(

@@ -68,10 +68,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ._launch_policy import GridLayout
 from ._sm90 import (
     CONSUMER_REGS,
+    in_band,
     mma_layout,
     operand_layout,
     sequence_rows,
     store_rows,
+    tanh_approx,
     tma_reduce_add,
 )
 
@@ -86,6 +88,22 @@ GRID_UNITS = gl.constexpr(int(GridLayout.UNITS))
 def _step_position(it, nblk, lo_blk, head0, BLOCK_M: gl.constexpr):
     """Query head and first query row of loop step ``it`` (steps walk head by head)."""
     return head0 + it // nblk, (lo_blk + it % nblk) * BLOCK_M
+
+
+@gluon.jit
+def _tile_crosses_band(
+    first, m0, off_hi, off_lo, HALF_N, BLOCK_M, LIMIT_RIGHT: gl.constexpr, LIMIT_LEFT: gl.constexpr
+):
+    """Whether some (key, row) pair of keys ``[first, first + HALF_N)`` and rows ``[m0, m0 +
+    BLOCK_M)`` is outside the band (the tile needs a mask): a key past the first row's last
+    visible key, or before the last row's first one."""
+    if LIMIT_RIGHT:
+        crosses = first + HALF_N - 1 > m0 + off_hi
+        if LIMIT_LEFT:
+            crosses = crosses | (first < m0 + BLOCK_M - 1 + off_lo)
+    else:
+        crosses = first < m0 + BLOCK_M - 1 + off_lo
+    return crosses
 
 
 @gluon.jit
@@ -183,8 +201,11 @@ def _consumer(
     dqa_desc,
     qk_scale,
     scale,
+    cap,
     WG: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    LIMIT_RIGHT: gl.constexpr,
+    LIMIT_LEFT: gl.constexpr,
+    SOFTCAP: gl.constexpr,
     ATOMIC_DQ: gl.constexpr,
     ADD_DKDV: gl.constexpr,
     BLOCK_M: gl.constexpr,
@@ -209,7 +230,8 @@ def _consumer(
         stride_ts,
         q_len,
     ) = work
-    k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs = out
+    k_start, k_len, off_hi, off_lo, dk_base, dv_base, stride_dks, stride_dvs = out
+    cap_in, cap_out = cap
     s_layout: gl.constexpr = mma_layout(HALF_N, BLOCK_M)
     acc_layout: gl.constexpr = mma_layout(HALF_N, D)
     op_layout: gl.constexpr = operand_layout(HALF_N, D)
@@ -225,7 +247,7 @@ def _consumer(
     # go through the shared-memory pipe that bounds the kernel. So there (LATE_DELTA) the
     # offsets are made only where the diagonal crosses a tile and ``delta`` is read from shared
     # memory once dP^T is there. Without a mask the late read is slower, so that form stays.
-    LATE_DELTA: gl.constexpr = ATOMIC_DQ and CAUSAL
+    LATE_DELTA: gl.constexpr = ATOMIC_DQ and (LIMIT_RIGHT or LIMIT_LEFT)
     if not LATE_DELTA:
         offs_m0 = gl.arange(0, BLOCK_M, layout=row_layout)
     # (the two forms compile the same math to differently allocated registers: each kernel keeps
@@ -254,25 +276,40 @@ def _consumer(
         if not LATE_DELTA:
             delta = delta_bufs.index(slot).load(row_layout)
         sT = warpgroup_mma_wait(1, deps=(s_tok,))
-        pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
-        if CAUSAL:
+        if SOFTCAP:
+            tT = tanh_approx(sT * cap_in)
+            pT = gl.exp2(tT * cap_out - gl.expand_dims(lse2, 0))
+        else:
+            pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
+        if LIMIT_RIGHT or LIMIT_LEFT:
             h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, BLOCK_M)
-            # The fused-atomic kernel masks only the tiles the diagonal crosses (faster there);
+            # The fused-atomic kernel masks only the tiles a band edge crosses (faster there);
             # the split one masks every step (its register budget: the branch made it spill more)
             if ATOMIC_DQ:
-                crosses = first + HALF_N - 1 > m0 + off
+                crosses = _tile_crosses_band(
+                    first, m0, off_hi, off_lo, HALF_N, BLOCK_M, LIMIT_RIGHT, LIMIT_LEFT
+                )
             else:
                 crosses = True
             if crosses:
                 if LATE_DELTA:
                     offs_m0 = gl.arange(0, BLOCK_M, layout=row_layout)
-                keep = gl.expand_dims(offs_n, 1) <= gl.expand_dims(m0 + offs_m0, 0) + off
+                keep = in_band(
+                    gl.expand_dims(offs_n, 1),
+                    gl.expand_dims(m0 + offs_m0, 0),
+                    off_hi,
+                    off_lo,
+                    LIMIT_RIGHT,
+                    LIMIT_LEFT,
+                )
                 pT = gl.where(keep, pT, 0.0)
         if ATOMIC_DQ:
             if first + HALF_N > k_len:  # keys past the sequence's end must not enter dQ
                 pT = gl.where(gl.expand_dims(offs_n < k_len, 1), pT, 0.0)
         pT_op = gl.convert_layout(pT.to(dtype), op_layout)
         dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
+        if SOFTCAP:  # dS^T = P^T tanh' (dP^T - delta); tanh' folded in now, so t dies here
+            pT = pT * (1.0 - tT * tT)
         dpT = warpgroup_mma_wait(1, deps=(dp_tok,))
         if LATE_DELTA:
             delta = delta_bufs.index(slot).load(row_layout)
@@ -359,8 +396,14 @@ def _attn_bwd_dkdv_sm90(
     key_blocks,
     qk_scale,
     scale,
+    win_left,
+    win_right,
+    cap_in,
+    cap_out,
     D: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    LIMIT_RIGHT: gl.constexpr,
+    LIMIT_LEFT: gl.constexpr,
+    SOFTCAP: gl.constexpr,
     BOTTOM_RIGHT: gl.constexpr,
     IS_VARLEN: gl.constexpr,
     GRID_LAYOUT: gl.constexpr,
@@ -410,6 +453,8 @@ def _attn_bwd_dkdv_sm90(
     q_start, q_len, k_start, k_len, qrow, krow, off = sequence_rows(
         CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN, BOTTOM_RIGHT
     )
+    off_hi = off + win_right  # row i sees key j iff i + off_lo <= j <= i + off_hi
+    off_lo = off - win_left
     n0 = pid_n * BLOCK_N
     if n0 < k_len:
         dtype: gl.constexpr = q_desc.dtype
@@ -434,11 +479,15 @@ def _attn_bwd_dkdv_sm90(
         mbarrier.init(bars.index(3 * STAGES), count=1)
 
         # Query blocks that see these keys: [lo_blk, lo_blk + nblk) of each head of the slice
-        if CAUSAL:
-            lo_blk = gl.minimum(gl.maximum(n0 - off, 0), q_len) // BLOCK_M
+        if LIMIT_RIGHT:
+            lo_blk = gl.minimum(gl.maximum(n0 - off_hi, 0), q_len) // BLOCK_M
         else:
             lo_blk = 0
-        nblk = gl.cdiv(q_len, BLOCK_M) - lo_blk
+        if LIMIT_LEFT:  # rows past n0 + BLOCK_N - 1 - off_lo see none of these keys
+            hi_blk = gl.cdiv(gl.minimum(gl.maximum(n0 + BLOCK_N - off_lo, 0), q_len), BLOCK_M)
+            nblk = gl.maximum(hi_blk - lo_blk, 0)
+        else:
+            nblk = gl.cdiv(q_len, BLOCK_M) - lo_blk
         if STEP_SLICES:  # slice: an equal share of the group's (head, query block) steps
             n_splits = gl.num_programs(2)
             head0 = hk * group
@@ -476,7 +525,7 @@ def _attn_bwd_dkdv_sm90(
             + b.to(gl.int64) * stride_dvb
             + hk * stride_dvh
         )
-        out = (k_start, k_len, off, dk_base, dv_base, stride_dks, stride_dvs)
+        out = (k_start, k_len, off_hi, off_lo, dk_base, dv_base, stride_dks, stride_dvs)
         half: gl.constexpr = BLOCK_N // 2
         if ATOMIC_DQ:  # per ring slot, dS^T of the program's keys (both warp groups)
             ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
@@ -529,8 +578,11 @@ def _attn_bwd_dkdv_sm90(
                         dqa_desc,
                         qk_scale,
                         scale,
+                        (cap_in, cap_out),
                         0,
-                        CAUSAL,
+                        LIMIT_RIGHT,
+                        LIMIT_LEFT,
+                        SOFTCAP,
                         ATOMIC_DQ,
                         ADD_DKDV,
                         BLOCK_M,
@@ -557,8 +609,11 @@ def _attn_bwd_dkdv_sm90(
                         dqa_desc,
                         qk_scale,
                         scale,
+                        (cap_in, cap_out),
                         1,
-                        CAUSAL,
+                        LIMIT_RIGHT,
+                        LIMIT_LEFT,
+                        SOFTCAP,
                         ATOMIC_DQ,
                         ADD_DKDV,
                         BLOCK_M,

@@ -26,7 +26,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._sm90 import CONSUMER_REGS, mma_layout, operand_layout, sequence_rows, store_rows
+from ._sm90 import (
+    CONSUMER_REGS,
+    in_band,
+    mma_layout,
+    operand_layout,
+    sequence_rows,
+    store_rows,
+    tanh_approx,
+)
 
 
 @gluon.jit
@@ -46,7 +54,7 @@ def _producer(
     STAGES: gl.constexpr,
 ):
     """Q and dO once, then every key block's K and V tiles, STAGES blocks ahead."""
-    total, qrow, krow, m0, h, hk = work
+    total, lo_n, qrow, krow, m0, h, hk = work
     qo_bar = bars.index(2 * STAGES)
     mbarrier.expect(qo_bar, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [qrow + m0, h * D], qo_bar, q_smem)
@@ -57,12 +65,9 @@ def _producer(
         ready = bars.index(slot)
         mbarrier.wait(bars.index(STAGES + slot), phase ^ 1)  # emptied by both consumers
         mbarrier.expect(ready, 2 * k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(
-            k_desc, [krow + it * BLOCK_N, hk * D], ready, k_bufs.index(slot)
-        )
-        tma.async_copy_global_to_shared(
-            v_desc, [krow + it * BLOCK_N, hk * D], ready, v_bufs.index(slot)
-        )
+        n0 = (lo_n + it) * BLOCK_N
+        tma.async_copy_global_to_shared(k_desc, [krow + n0, hk * D], ready, k_bufs.index(slot))
+        tma.async_copy_global_to_shared(v_desc, [krow + n0, hk * D], ready, v_bufs.index(slot))
 
 
 @gluon.jit
@@ -78,16 +83,20 @@ def _consumer(
     rows_info,
     qk_scale,
     scale,
+    cap,
     WG: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    LIMIT_RIGHT: gl.constexpr,
+    LIMIT_LEFT: gl.constexpr,
+    SOFTCAP: gl.constexpr,
     HALF_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     D: gl.constexpr,
     STAGES: gl.constexpr,
 ):
     """One warp group: dQ of query rows [m0 + WG * HALF_M, + HALF_M) over every key block."""
-    total, qrow, krow, m0, h, hk = work
-    q_len, k_len, off, t_base, stride_ts, dq_base, stride_dqs, q_start = rows_info
+    total, lo_n, qrow, krow, m0, h, hk = work
+    q_len, k_len, off_hi, off_lo, t_base, stride_ts, dq_base, stride_dqs, q_start = rows_info
+    cap_in, cap_out = cap
     s_layout: gl.constexpr = mma_layout(HALF_M, BLOCK_N)
     acc_layout: gl.constexpr = mma_layout(HALF_M, D)
     op_layout: gl.constexpr = operand_layout(HALF_M, D)
@@ -111,12 +120,19 @@ def _consumer(
             do_part, v_bufs.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True
         )
         s = warpgroup_mma_wait(1, deps=(s_tok,))
-        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-        offs_n = gl.expand_dims(it * BLOCK_N + offs_n0, 0)
+        if SOFTCAP:
+            t = tanh_approx(s * cap_in)
+            p = gl.exp2(t * cap_out - gl.expand_dims(lse2, 1))
+        else:
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+        offs_n = gl.expand_dims((lo_n + it) * BLOCK_N + offs_n0, 0)
         keep = offs_n < k_len
-        if CAUSAL:
-            keep = keep & (offs_n <= gl.expand_dims(offs_m, 1) + off)
+        if LIMIT_RIGHT or LIMIT_LEFT:
+            rows = gl.expand_dims(offs_m, 1)
+            keep = keep & in_band(offs_n, rows, off_hi, off_lo, LIMIT_RIGHT, LIMIT_LEFT)
         p = gl.where(keep, p, 0.0)
+        if SOFTCAP:  # dS = P tanh' (dP - delta)
+            p = p * (1.0 - t * t)
         dp = warpgroup_mma_wait(0, deps=(dp_tok,))
         ds = p * (dp - gl.expand_dims(delta, 1))
         ds_op = gl.convert_layout(ds.to(dtype), op_layout)
@@ -150,8 +166,14 @@ def _attn_bwd_dq_sm90(
     group,
     qk_scale,
     scale,
+    win_left,
+    win_right,
+    cap_in,
+    cap_out,
     D: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    LIMIT_RIGHT: gl.constexpr,
+    LIMIT_LEFT: gl.constexpr,
+    SOFTCAP: gl.constexpr,
     BOTTOM_RIGHT: gl.constexpr,
     IS_VARLEN: gl.constexpr,
     HEAVY_FIRST: gl.constexpr,
@@ -188,15 +210,22 @@ def _attn_bwd_dq_sm90(
             mbarrier.init(bars.index(STAGES + i), count=2)
         mbarrier.init(bars.index(2 * STAGES), count=1)
 
-        if CAUSAL:  # keys up to the diagonal of the block's last row
-            hi = gl.minimum(k_len, m0 + BLOCK_M + off)
+        off_hi = off + win_right  # row i sees key j iff i + off_lo <= j <= i + off_hi
+        off_lo = off - win_left
+        if LIMIT_RIGHT:  # keys up to the last visible key of the block's last row
+            hi = gl.minimum(k_len, m0 + BLOCK_M + off_hi)
         else:
             hi = k_len
-        total = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
-        work = (total, qrow, krow, m0, h, hk)
+        if LIMIT_LEFT:  # from the key block of the first row's first visible key
+            lo_n = gl.minimum(gl.maximum(m0 + off_lo, 0), k_len) // BLOCK_N
+            total = gl.maximum(gl.cdiv(gl.maximum(hi, 0), BLOCK_N) - lo_n, 0)
+        else:
+            lo_n = 0
+            total = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
+        work = (total, lo_n, qrow, krow, m0, h, hk)
         t_base = b.to(gl.int64) * stride_tb + h * stride_th + q_start * stride_ts
         dq_base = DQ + b.to(gl.int64) * stride_dqb + h * stride_dqh
-        rows_info = (q_len, k_len, off, t_base, stride_ts, dq_base, stride_dqs, q_start)
+        rows_info = (q_len, k_len, off_hi, off_lo, t_base, stride_ts, dq_base, stride_dqs, q_start)
         half: gl.constexpr = BLOCK_M // 2
         gl.warp_specialize(
             [
@@ -232,8 +261,11 @@ def _attn_bwd_dq_sm90(
                         rows_info,
                         qk_scale,
                         scale,
+                        (cap_in, cap_out),
                         0,
-                        CAUSAL,
+                        LIMIT_RIGHT,
+                        LIMIT_LEFT,
+                        SOFTCAP,
                         half,
                         BLOCK_N,
                         D,
@@ -254,8 +286,11 @@ def _attn_bwd_dq_sm90(
                         rows_info,
                         qk_scale,
                         scale,
+                        (cap_in, cap_out),
                         1,
-                        CAUSAL,
+                        LIMIT_RIGHT,
+                        LIMIT_LEFT,
+                        SOFTCAP,
                         half,
                         BLOCK_N,
                         D,

@@ -9,9 +9,8 @@ Fused-atomic design (``atomic_dq``, ``triton:fused_atomic``): preprocess, the dK
 ``_bwd_dq_convert`` scales and casts it (``"cvt"``). Each kernel can be launched (and timed) on
 its own.
 
-Sliding windows and soft-capping run in the ``tl`` kernels only (band-limited loop bounds,
-``_band``); the Gluon sm_90 kernels take the plain causal mask or none, so a call with
-another band or a soft cap routes to the ``tl`` kernels whatever the config's ``GLUON`` says.
+Every kernel takes the band (causal mask and sliding window, ``_band``) as loop bounds, so
+blocks wholly outside it are never visited, and the soft cap as a compile-time path.
 """
 
 from __future__ import annotations
@@ -28,7 +27,14 @@ from ._bwd_dq import _attn_bwd_dq
 from ._bwd_dq_convert import _attn_bwd_dq_convert
 from ._bwd_preprocess import _attn_bwd_preprocess
 from ._bwd_split_sum import _attn_bwd_split_sum
-from ._common import LOG2E, last_dim_contiguous, lse_strides, padded_dim, token_strides
+from ._common import (
+    LOG2E,
+    last_dim_contiguous,
+    lse_strides,
+    padded_dim,
+    softcap_mode,
+    token_strides,
+)
 from ._kernel_support import gluon_sm90, interpreting, tile_descriptor, tma_available
 
 GLUON_STAGES = 2  # ring buffers of the Gluon kernels (3 do not fit beside the atomic-dQ tiles)
@@ -77,8 +83,6 @@ class BackwardLaunch:
         align = "bottom_right" if bottom_right else "top_left"
         self.band = effective_band(causal, align, window, self.seqlen_q, self.seqlen_k)
         self.softcap = ad.check_softcap(softcap)
-        # the Gluon sm_90 kernels compute no window and no soft cap
-        self.gluon_ok = self.softcap is None and (not self.band.limited or self.band.plain_causal)
         self.problem = policy.Problem(
             self.batch,
             self.heads,
@@ -107,12 +111,20 @@ class BackwardLaunch:
         if recorder is not None:
             self._name_arguments(recorder, tmp)
         self.atomic_dq = atomic_dq
-        self.flags = dict(**self.band.constexprs(), SOFTCAP=self.softcap is not None)
+        self.flags = dict(**self.band.constexprs(), SOFTCAP=softcap_mode(self.softcap, q.device))
         self.flags["IS_VARLEN"] = varlen
         self.band_args = (*self.band.sides(), self.softcap or 1.0)
         self.gluon_flags = dict(
-            CAUSAL=self.band.limited, BOTTOM_RIGHT=self.band.bottom_right, IS_VARLEN=varlen
+            LIMIT_RIGHT=self.band.right is not None,
+            LIMIT_LEFT=self.band.left is not None,
+            SOFTCAP=self.softcap is not None,
+            BOTTOM_RIGHT=self.band.bottom_right,
+            IS_VARLEN=varlen,
         )
+        # the Gluon kernels' runtime band and cap: (win_left, win_right, cap_in, cap_out), the
+        # cap as tanh(s * scale / c) * c log2(e)
+        cap = (scale / self.softcap, self.softcap * LOG2E) if self.softcap else (1.0, 1.0)
+        self.gluon_band_args = (*self.band.sides(), *cap)
         self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
         self.s_q, self.s_k, self.s_v = (token_strides(t, varlen) for t in (q, k, v))
         self.s_do = token_strides(grad_out, varlen)
@@ -371,6 +383,7 @@ class BackwardLaunch:
                     plan.key_blocks,
                     self.qk_scale,
                     self.scale,
+                    *self.gluon_band_args,
                 ),
                 self.dkdv_sm90_constants(c, launch, atomic_dq),
             )
@@ -463,6 +476,7 @@ class BackwardLaunch:
                     self.group,
                     self.qk_scale,
                     self.scale,
+                    *self.gluon_band_args,
                 ),
                 dict(self.sm90_constants(c), HEAVY_FIRST=launch.heavy_first),
             )
@@ -558,12 +572,10 @@ class BackwardLaunch:
     def sm90_descriptors(self, c: dict, tiles: tuple[int, int]) -> tuple | None:
         """TMA descriptors of Q, K, V, dO for a Gluon sm_90 kernel when config ``GLUON`` asks
         for it and it applies: NVIDIA sm_90, verified triton, D = DV = 128, the kernel's tiles
-        ``(BLOCK_M, BLOCK_N)``, no window and no soft cap (``self.gluon_ok``) and tensors TMA can
-        read as ``[rows, heads * D]`` (see ``_sm90.sm90_descriptors``); else ``None`` (the
-        portable ``tl`` kernel runs)."""
+        ``(BLOCK_M, BLOCK_N)`` and tensors TMA can read as ``[rows, heads * D]`` (see
+        ``_sm90.sm90_descriptors``); else ``None`` (the portable ``tl`` kernel runs)."""
         if not (
             c.get("GLUON")
-            and self.gluon_ok
             and self.d == self.d_v == 128
             and (c["BLOCK_M"], c["BLOCK_N"]) == tiles
             and gluon_sm90(self.q.device)

@@ -63,6 +63,28 @@ def sequence_rows(
     return q_start, q_len, k_start, k_len, qrow, krow, off
 
 
+@gluon.jit
+def in_band(keys, rows, off_hi, off_lo, LIMIT_RIGHT: gl.constexpr, LIMIT_LEFT: gl.constexpr):
+    """Whether row ``rows`` sees key ``keys`` (broadcast against each other): ``rows + off_lo
+    <= keys <= rows + off_hi``, a side checked only when it is bounded (at least one is)."""
+    if LIMIT_RIGHT:
+        keep = keys <= rows + off_hi
+        if LIMIT_LEFT:
+            keep = keep & (keys >= rows + off_lo)
+    else:
+        keep = keys >= rows + off_lo
+    return keep
+
+
+@gluon.jit
+def tanh_approx(x):
+    """``tanh(x)`` by the hardware instruction (max relative error 2^-11, under the 16-bit
+    inputs' rounding): one special-function operation where ``exp2`` and a division take two."""
+    return gl.inline_asm_elementwise(
+        "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1
+    )
+
+
 @gluon.constexpr_function
 def mma_layout(rows, cols):
     """The accumulator layout of one consumer warp group's ``[rows, cols]`` product."""

@@ -44,6 +44,7 @@ from ._common import (
     lse_strides,
     padded_dim,
     seq_bounds,
+    softcap_mode,
     store_tile,
     token_strides,
 )
@@ -338,7 +339,7 @@ def attention_forward(
         D=d,
         DV=dv,
         **band.constexprs(),
-        SOFTCAP=softcap is not None,
+        SOFTCAP=softcap_mode(softcap, q.device),
         IS_VARLEN=varlen,
         BLOCK_M=block_m,
         BLOCK_N=block_n,

@@ -52,33 +52,14 @@ def softcap_of(inp: ad.ForwardInputs) -> float | None:
     return getattr(inp, "softcap", None)
 
 
-def band_of(inp: ad.ForwardInputs):
-    """The effective band (``_band.Band``) of a call: causal mask and window as one."""
-    from ._band import effective_band
-
-    return effective_band(
-        inp.causal, inp.causal_align, window_of(inp), inp.max_seqlen_q, inp.max_seqlen_k
-    )
-
-
-def gluon_variant(inp: ad.ForwardInputs) -> bool:
-    """Whether the Gluon sm_90 kernels compute this call's mask: plain causal or none, no soft
-    cap (anything else runs the ``tl`` kernels)."""
-    if softcap_of(inp) is not None:
-        return False
-    band = band_of(inp)
-    return not band.limited or band.plain_causal
-
-
 def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
     """Whether ``triton:fused`` would run its Gluon sm_90 kernels on these inputs (D = 128, a
-    triton they were checked with, no window or soft cap, tensors TMA can read as rows; the
-    sm_90 arch is the caller's condition), read from metadata: no triton import."""
+    triton they were checked with, tensors TMA can read as rows; the sm_90 arch is the caller's
+    condition), read from metadata: no triton import."""
     from ._tma_rows import gluon_triton_installed, rows_view
 
     return (
         inp.head_dim == inp.head_dim_v == 128
-        and gluon_variant(inp)
         and gluon_triton_installed()
         and all(
             rows_view(t, inp.is_varlen) is not None for t in (inp.q, inp.k, inp.v, inp.grad_out)
@@ -91,7 +72,8 @@ def small_dense_causal_mha(inp: ad.ForwardInputs) -> bool:
     the case where a triton implementation outranks cuDNN on sm_90 at some key lengths."""
     return (
         inp.causal
-        and gluon_variant(inp)
+        and window_of(inp) is None
+        and softcap_of(inp) is None
         and not inp.is_varlen
         and inp.heads == inp.kv_heads
         and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS

@@ -24,7 +24,12 @@ from attn_dispatch_triton._bwd_dkdv import _attn_bwd_dkdv  # noqa: E402
 from attn_dispatch_triton._bwd_dq import _attn_bwd_dq  # noqa: E402
 from attn_dispatch_triton._bwd_dq_convert import _attn_bwd_dq_convert  # noqa: E402
 from attn_dispatch_triton._bwd_preprocess import _attn_bwd_preprocess  # noqa: E402
-from attn_dispatch_triton._common import padded_dim  # noqa: E402
+from attn_dispatch_triton._common import (  # noqa: E402
+    SOFTCAP_EXP2,
+    SOFTCAP_NONE,
+    SOFTCAP_TANH_APPROX,
+    padded_dim,
+)
 from attn_dispatch_triton.forward import _attn_fwd  # noqa: E402
 from attn_dispatch_triton.tuning import lookup  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -65,6 +70,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def softcap_mode(softcap: bool, arch: str) -> int:
+    """The ``SOFTCAP`` constexpr the launcher passes on ``arch``'s GPUs."""
+    if not softcap:
+        return SOFTCAP_NONE
+    return SOFTCAP_TANH_APPROX if arch.startswith("sm_") else SOFTCAP_EXP2
+
+
 def compile_kernel(
     kernel_name: str,
     arch: str,
@@ -95,7 +107,7 @@ def compile_kernel(
         "DV": d,
         "LIMIT_LEFT": window_left,
         "LIMIT_RIGHT": causal or window_right,
-        "SOFTCAP": softcap,
+        "SOFTCAP": softcap_mode(softcap, arch),
         "BOTTOM_RIGHT": bottom_right,
         "IS_VARLEN": varlen,
         "ATOMIC_DQ": kernel_name == "dkdvq",
@@ -336,3 +348,21 @@ def test_triton_kernel_compiles_matrix(kernel_name, arch, dtype, d, causal, varl
         kernel_name,
         arch,
     )
+
+
+@pytest.mark.parametrize("kernel_name", BAND_KERNELS)
+def test_triton_softcap_takes_one_hardware_tanh_per_score_on_sm90(kernel_name: str) -> None:
+    """On sm_90 the cap is ``tanh.approx.f32``: no exp2 and no division per score beyond those
+    of the uncapped kernel (the portable form's ``exp2`` and division per score cost two
+    special-function operations; a tile adds dozens of each). One scalar division may set up
+    the cap's constants."""
+
+    def count(ptx: str, op: str) -> int:
+        return len(re.findall(re.escape(op), ptx))
+
+    plain = compile_kernel(kernel_name, "sm_90").asm["ptx"]
+    capped = compile_kernel(kernel_name, "sm_90", softcap=True).asm["ptx"]
+    assert count(capped, "tanh.approx.f32") > 0
+    assert count(plain, "tanh.approx.f32") == 0
+    for op in ("ex2.approx", "div.full.f32", "div.rn.f32", "rcp."):
+        assert count(plain, op) <= count(capped, op) <= count(plain, op) + 1, op

@@ -55,9 +55,12 @@ def compile_sm90(
     units: bool = False,
     step_slices: bool = False,
     wide_store: bool = False,
+    window_left: bool = False,
+    softcap: bool = False,
 ):
     """Compile one Gluon kernel for sm_90 as the launcher would launch it (the dK/dV kernel's
-    grid layout: ``window`` > 0 windowed, else ``units``, else ``heavy_first``, else natural)."""
+    grid layout: ``window`` > 0 windowed, else ``units``, else ``heavy_first``, else natural;
+    ``causal`` bounds the band's right side, ``window_left`` its left side)."""
     fn, (block_m, block_n) = KERNELS[kernel]
     q_rows, k_rows = (block_m, block_n)
     layout = (
@@ -71,7 +74,9 @@ def compile_sm90(
     )
     consts = dict(
         D=128,
-        CAUSAL=causal,
+        LIMIT_RIGHT=causal,
+        LIMIT_LEFT=window_left,
+        SOFTCAP=softcap,
         BOTTOM_RIGHT=causal,
         IS_VARLEN=varlen,
         HEAVY_FIRST=heavy_first,
@@ -98,7 +103,7 @@ def compile_sm90(
             signature[name] = DESC.format(dtype=dtype, rows=q_rows)
         elif name in ("k_desc", "v_desc"):
             signature[name] = DESC.format(dtype=dtype, rows=k_rows)
-        elif name in ("qk_scale", "scale"):
+        elif name in ("qk_scale", "scale", "cap_in", "cap_out"):
             signature[name] = "fp32"
         elif name.startswith(("stride_", "seqlen_")) or name in (
             "heads",
@@ -106,6 +111,8 @@ def compile_sm90(
             "group",
             "unit_offset",
             "key_blocks",
+            "win_left",
+            "win_right",
         ):
             signature[name] = "i32"
         else:
@@ -226,6 +233,37 @@ def test_gluon_wide_store_stores_dq_tiles_16_bytes_per_thread(causal) -> None:
     assert wide.count("st.shared.v4.b32") - plain.count("st.shared.v4.b32") == 2 * 8
     assert plain.count("st.shared.v2.b32") - wide.count("st.shared.v2.b32") == 2 * 16
     assert wide.count("ld.shared") == plain.count("ld.shared")
+
+
+BAND_VARIANTS = {  # (causal: right side bounded, window_left, softcap)
+    "left-only": (False, True, False),
+    "causal-left": (True, True, False),
+    "softcap": (False, False, True),
+    "causal-left-softcap": (True, True, True),
+}
+
+
+@pytest.mark.skipif(
+    not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
+    reason="kernels were defined in interpreter mode: nothing to compile",
+)
+@pytest.mark.parametrize("kernel", ["dkdv", "dkdv-atomic-dq", "dq"])
+@pytest.mark.parametrize("variant", BAND_VARIANTS)
+def test_gluon_band_and_softcap_variants_compile_for_sm90(kernel, variant) -> None:
+    """Sliding-window bands and the soft cap in both Gluon kernels (and the fused-atomic one):
+    the same warp-group MMAs and shared memory budget; the cap is one hardware ``tanh`` per
+    score and adds no ``exp2``."""
+    causal, left, cap = BAND_VARIANTS[variant]
+    name, atomic = kernel.removesuffix("-atomic-dq"), kernel.endswith("-atomic-dq")
+    common = dict(causal=causal, varlen=False, atomic_dq=atomic, window_left=left)
+    plain = compile_sm90(name, **common).asm["ptx"]
+    compiled = compile_sm90(name, **common, softcap=cap)
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("wgmma.mma_async") == plain.count("wgmma.mma_async") > 0
+    assert ("tanh.approx.f32" in ptx) == cap and "tanh.approx" not in plain
+    assert ptx.count("ex2.approx") == plain.count("ex2.approx")
+    assert compiled.metadata.shared <= SMEM_SM90
+    assert len(compiled.asm["cubin"]) > 0
 
 
 def _qkv(shape_q, shape_kv, dtype=torch.bfloat16, device="cpu"):
@@ -481,6 +519,54 @@ def test_gluon_kernels_match_the_oracle(case, atomic_dq) -> None:
     )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
     assert launch.sm90_descriptors(cfg["dq"], (128, 64)) is not None
+    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
+        _assert_close(got, want, name)
+
+
+BAND_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, align, window,
+    #              softcap, dtype)
+    ("causal-left-top-left", 2, 8, 2, 700, 700, True, "top_left", (150, None), None, "bf16"),
+    ("left-only-sq<sk", 1, 8, 2, 300, 900, False, "bottom_right", (64, None), None, "bf16"),
+    ("two-sided-sq>sk", 2, 4, 4, 517, 300, False, "bottom_right", (40, 77), None, "f16"),
+    ("right-only", 1, 8, 2, 600, 600, False, "top_left", (None, 33), None, "bf16"),
+    ("causal-softcap", 2, 8, 2, 700, 700, True, "bottom_right", None, 5.0, "bf16"),
+    ("full-softcap", 1, 8, 8, 640, 500, False, "top_left", None, 2.0, "f16"),
+    ("causal-left-softcap", 1, 8, 2, 1000, 1000, True, "top_left", (255, 0), 30.0, "bf16"),
+    # top-left with Sq > Sk: the last rows' windows lie past the keys (rows that see nothing)
+    ("left-rows-see-none", 1, 4, 2, 700, 300, False, "top_left", (20, 10), 3.0, "bf16"),
+]
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_SM90, reason="needs an NVIDIA sm_90 GPU and triton 3.6's Gluon")
+@pytest.mark.parametrize("atomic_dq", [False, True], ids=["split", "atomic-dq"])
+@pytest.mark.parametrize("case", BAND_CASES, ids=[c[0] for c in BAND_CASES])
+def test_gluon_band_and_softcap_match_the_oracle(case, atomic_dq) -> None:
+    """Sliding windows and soft caps through the Gluon kernels (outputs NaN-poisoned) against
+    the float64 oracle, with the band's key blocks skipped by loop bounds."""
+    _, b, h, hk, sq, sk, causal, align, window, softcap, dtype = case
+    torch.manual_seed(3)
+    q, k, v, do = _qkv((b, sq, h, 128), (b, sk, hk, 128), DTYPES[dtype], "cuda")
+    scale = 128**-0.5
+    call = dict(causal=causal, causal_align=align, window=window, softcap=softcap, scale=scale)
+    ref = oracle(q, k, v, do, **call)
+    cfg = _gluon_config(causal, h // hk, sk, None, "")
+    launch, dq, dk, dv = _gluon_backward(
+        q,
+        k,
+        v,
+        do,
+        ref,
+        cfg,
+        atomic_dq=atomic_dq,
+        causal=causal,
+        bottom_right=align == "bottom_right",
+        scale=scale,
+        window=window,
+        softcap=softcap,
+    )
+    assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
     for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
         _assert_close(got, want, name)
 
