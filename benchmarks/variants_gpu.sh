@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Attention variants (sliding window, soft cap) on one NVIDIA GPU in one go, no network needed:
+#   1. installs the repo's packages editable (flash_attn_cute too when flash-attn-4 is there);
+#   2. the GPU tests of every implementation that declares window / softcap: the Gluon sm_90
+#      kernels' file (bands and caps against the float64 oracle, and its causal cases), the
+#      conformance kit's window / softcap cases for triton, torch_sdpa:flash and
+#      flash_attn_cute, and FA4's multi-tile cases; parallel workers when pytest-xdist is there;
+#   3. benchmarks/triton/bench_variants.py (checks at S=9000, then the 16K timings).
+# Usage: OUT=dir bash benchmarks/variants_gpu.sh   (about 7 minutes on an H200)
+# STEPS picks parts (comma list of tests, bench; default both). Each part has a time cap
+# (200 and 260 s). Files in $OUT: env.txt, gpu_tests.txt, variants.txt, variants.json.
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+STEPS=",${STEPS:-tests,bench},"
+step() { [[ $STEPS == *",$1,"* ]]; }
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+packages=(-e . -e backends/reference -e backends/torch_sdpa -e backends/triton -e tests/plugins)
+tests=(backends/triton/tests/test_triton_gluon.py backends/triton/tests/test_triton_gpu.py
+       backends/torch_sdpa/tests/test_sdpa_gpu.py)
+select="gluon or band or win or cap"
+if $PY -c "import flash_attn.cute" 2>/dev/null; then
+  packages+=(-e backends/flash_attn_cute)
+  tests+=(backends/flash_attn_cute/tests/test_flash_attn_cute_gpu.py)
+  select="$select or multi_tile"
+fi
+$PY -m pip install -q --no-index --no-deps --no-build-isolation "${packages[@]}" 2>&1 \
+  | grep -v WARN | tail -3
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"
+  $PY -m pip list 2>/dev/null | grep -i -E "^(flash-attn-4|nvidia-cutlass-dsl) "
+  git log -1 --format="commit %H" 2>/dev/null
+} 2>&1 | tee "$OUT/env.txt"
+
+if step tests; then
+  echo "== GPU tests: $select"
+  workers=()
+  if $PY -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-12}"); fi
+  # SIGINT at the cap: pytest still prints its summary of what ran.
+  timeout -s INT -k 15 200 $PY -m pytest -q -p no:cacheprovider "${workers[@]}" "${tests[@]}" \
+    -k "$select" --tb=short -rfE > "$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests rc=$?"
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -30
+  tail -2 "$OUT/gpu_tests.txt"
+fi
+
+if step bench; then
+  echo "== bench_variants"
+  timeout 260 $PY benchmarks/triton/bench_variants.py --out "$OUT" > "$OUT/variants.txt" 2>&1
+  echo "bench rc=$?"
+  grep -E "FAIL|Error" "$OUT/variants.txt" | head -10
+  sed -n '/^bf16 B=1/,$p' "$OUT/variants.txt"
+fi
+echo "variants_gpu done in ${SECONDS} s"
