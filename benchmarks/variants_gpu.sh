@@ -31,7 +31,6 @@ $PY -m pip install -q --no-index --no-deps --no-build-isolation "${packages[@]}"
   $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"
   $PY -m pip list 2>/dev/null | grep -i -E "^(flash-attn-4|nvidia-cutlass-dsl) "
-  git log -1 --format="commit %H" 2>/dev/null
 } 2>&1 | tee "$OUT/env.txt"
 
 if step tests; then

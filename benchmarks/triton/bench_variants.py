@@ -88,6 +88,9 @@ def tl_only_config(q, k, causal: bool) -> dict:
     return {name: {x: y for x, y in c.items() if x != "GLUON"} for name, c in table.items()}
 
 
+FORCED_COLUMNS = True  # --triton-only turns the forced implementations' columns off
+
+
 def columns(q, k, lse, flags: dict) -> dict:
     """Backward column name -> (kind, argument): triton designs (``(atomic_dq, config or
     None)``) and the forced implementations that accept the call (their name)."""
@@ -96,10 +99,12 @@ def columns(q, k, lse, flags: dict) -> dict:
     for design, atomic in TRITON.items():
         cols[design] = ("triton", (atomic, None))
         cols[f"{design} (tl)"] = ("triton", (atomic, tl_only_config(q, k, limited)))
+    if not FORCED_COLUMNS:
+        return cols
     report = ad.explain(q, k, k, q, lse, q, **forced_flags(flags))
     verdict = {c.name: c for c in report.candidates}
-    for name in FORCED:
-        if name in verdict and not verdict[name].reasons:
+    for name in FORCED:  # (forcing runs an opt-in implementation too)
+        if name in verdict and verdict[name].status in ("supported", "selected", "opt-in"):
             cols[name] = ("forced", name)
     return cols
 
@@ -291,7 +296,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT"))
     parser.add_argument("--no-check", action="store_true", help="time only (skip the checks)")
+    parser.add_argument("--triton-only", action="store_true", help="no forced implementations")
     args = parser.parse_args()
+    global FORCED_COLUMNS
+    FORCED_COLUMNS = not args.triton_only
     device = torch.device("cuda")
     log(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     t0 = time.time()
@@ -302,7 +310,8 @@ def main() -> int:
     log(f"total {time.time() - t0:.0f} s")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "variants.json"), "w") as f:
+        name = "variants_triton.json" if args.triton_only else "variants.json"
+        with open(os.path.join(args.out, name), "w") as f:
             json.dump(dict(checks=checks, timings=rows), f, indent=1)
     return 0 if all(r["ok"] for r in checks) else 1
 

@@ -248,6 +248,11 @@ def _consumer(
     # offsets are made only where the diagonal crosses a tile and ``delta`` is read from shared
     # memory once dP^T is there. Without a mask the late read is slower, so that form stays.
     LATE_DELTA: gl.constexpr = ATOMIC_DQ and (LIMIT_RIGHT or LIMIT_LEFT)
+    # With a soft cap, tanh waits for dP^T to form the cap's derivative. Kept in fp32 it spills
+    # least, except in the windowed fused-atomic kernel, where fp16 ``1 - tanh^2`` (half the
+    # registers; dS^T is rounded to 16 bits for its products anyway) measured faster
+    # (docs/experiments.md).
+    HALF_DERIVATIVE: gl.constexpr = SOFTCAP and ATOMIC_DQ and LIMIT_LEFT
     if not LATE_DELTA:
         offs_m0 = gl.arange(0, BLOCK_M, layout=row_layout)
     # (the two forms compile the same math to differently allocated registers: each kernel keeps
@@ -279,6 +284,8 @@ def _consumer(
         if SOFTCAP:
             tT = tanh_approx(sT * cap_in)
             pT = gl.exp2(tT * cap_out - gl.expand_dims(lse2, 0))
+            if HALF_DERIVATIVE:
+                gT = (1.0 - tT * tT).to(gl.float16)
         else:
             pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if LIMIT_RIGHT or LIMIT_LEFT:
@@ -308,8 +315,11 @@ def _consumer(
                 pT = gl.where(gl.expand_dims(offs_n < k_len, 1), pT, 0.0)
         pT_op = gl.convert_layout(pT.to(dtype), op_layout)
         dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
-        if SOFTCAP:  # dS^T = P^T tanh' (dP^T - delta); tanh' folded in now, so t dies here
-            pT = pT * (1.0 - tT * tT)
+        if SOFTCAP:  # dS^T = P^T tanh' (dP^T - delta)
+            if HALF_DERIVATIVE:
+                pT = pT * gT.to(gl.float32)
+            else:
+                pT = pT * (1.0 - tT * tT)
         dpT = warpgroup_mma_wait(1, deps=(dp_tok,))
         if LATE_DELTA:
             delta = delta_bufs.index(slot).load(row_layout)
