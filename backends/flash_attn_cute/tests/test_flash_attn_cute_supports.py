@@ -522,3 +522,19 @@ def test_measured_slower_only_for_backward_inputs():
     )
     assert not plugin.measured_slower_sm90(fwd)
     assert plugin.measured_slower_sm90(bwd)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_softcap_ranks_below_triton(backward):
+    """With a soft cap FA4 measured slower than triton both ways (docs/benchmarks.md section 7),
+    whatever the shape; without one the shape rules apply (GQA 16K: FA4's priority)."""
+    q, k, v, out, lse, do = dense(16384)
+    grads = (out, lse, do) if backward else ()
+    flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
+    capped = build_inputs(q, k, v, *grads, **flags, softcap=30.0)
+    plain = build_inputs(q, k, v, *grads, **flags)
+    arch = ad.Arch.parse("sm_90")
+    assert plugin.measured_slower_sm90(capped)
+    assert not plugin.measured_slower_sm90(plain)
+    assert plugin.Sm90().priority_for_inputs(capped, arch) == plugin.SLOWER_PRIORITY
+    assert plugin.Sm90().priority_for_inputs(plain, arch) == plugin.PRIORITY

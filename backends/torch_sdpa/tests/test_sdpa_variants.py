@@ -4,9 +4,9 @@ What PyTorch's ops offer: ``aten::_flash_attention_forward``/``_backward`` take
 ``window_size_left``/``window_size_right`` (bottom-right aligned); the cuDNN ops take no window
 and the memory-efficient ops only a one-sided ``window_size``; none takes a soft cap. So
 ``torch_sdpa:flash`` declares ``window`` and the others nothing. Inputs that carry the options
-are built here from the core's validated inputs with the two attributes attached, as the core
-will pass them; tensors live on ``meta``. Through ``ad.explain``: test_sdpa_supports.py.
-Numerics on a GPU: benchmarks/torch_sdpa/window_check.py.
+are built here from the core's validated inputs with the two attributes attached; tensors live on
+``meta``. Through ``ad.explain``: test_sdpa_supports.py. Numerics on a GPU: the conformance
+kit's window cases in test_sdpa_gpu.py.
 """
 
 from __future__ import annotations
