@@ -27,6 +27,19 @@ STRATEGIES = ("ring", "ulysses")
 __all__ = ["context_parallel_attention", "explain", "shard_sequence", "unshard_sequence"]
 
 
+def _variants(strategy: str, window, softcap) -> tuple:
+    """``(window, softcap)`` validated as ``attn_dispatch.forward`` does; a window only with
+    Ulysses."""
+    window, softcap = ad.check_window(window), ad.check_softcap(softcap)
+    if window is not None and strategy != "ulysses":
+        raise ValueError(
+            f"argument 'window': window={window} needs strategy='ulysses' (each rank then holds "
+            f"the whole sequence for its heads); a ring step's block is a shard against another "
+            f"shard, whose band a single call's window cannot express"
+        )
+    return window, softcap
+
+
 def _check(q, k, v, causal, strategy, load_balance, backend, world) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
@@ -61,15 +74,17 @@ def _check(q, k, v, causal, strategy, load_balance, backend, world) -> None:
             )
 
 
-def _ulysses_attention(q, k, v, group, rank, world, causal, scale, load_balance, backend) -> Tensor:
+def _ulysses_attention(q, k, v, group, world, load_balance, flags: dict) -> Tensor:
+    """``flags``: the keyword arguments of the local ``ad.forward`` / ``ad.backward``."""
     order = inverse = None
-    if causal and load_balance == "zigzag":
+    banded = flags["causal"] or flags["window"] is not None
+    if banded and load_balance == "zigzag":
         chunk = q.shape[1] // 2
         positions = _layout.shard_order(load_balance, world, chunk).to(q.device)
         order = torch.argsort(positions)  # order[p]: where global position p sits in shard order
         inverse = positions  # positions[i]: the global position of shard-order index i
     heads = [_ulysses.SeqToHeads.apply(t, group, world, order, inverse) for t in (q, k, v)]
-    out = _ulysses.LocalAttention.apply(*heads, causal, scale, backend)
+    out = _ulysses.LocalAttention.apply(*heads, flags)
     return _ulysses.HeadsToSeq.apply(out, group, world, order, inverse)
 
 
@@ -84,6 +99,8 @@ def context_parallel_attention(
     strategy: str = "ring",
     load_balance: str = "zigzag",
     backend: str | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """This rank's shard of the attention output over the whole (sharded) sequence.
 
@@ -94,15 +111,19 @@ def context_parallel_attention(
 
     ``strategy="ring"`` passes K/V shards around the ring (any H, Hkv); ``"ulysses"`` re-shards by
     heads with two all-to-alls (needs H and Hkv divisible by W). ``backend`` forces the backend
-    of every per-block call, as ``backend=`` of ``attn_dispatch.forward``.
+    of every per-block call, as ``backend=`` of ``attn_dispatch.forward``. ``softcap`` as for
+    ``attn_dispatch.forward``, both strategies; ``window`` (global positions, ``Sq == Sk``)
+    with ``strategy="ulysses"`` only.
     """
     rank, world = group_info(group)
     _check(q, k, v, causal, strategy, load_balance, backend, world)
+    window, softcap = _variants(strategy, window, softcap)
     if scale is not None:
         scale = float(scale)
     if strategy == "ulysses":
-        return _ulysses_attention(q, k, v, group, rank, world, causal, scale, load_balance, backend)
-    ring = Ring(group, rank, world, load_balance, causal, scale, backend)
+        flags = dict(causal=causal, scale=scale, backend=backend, window=window, softcap=softcap)
+        return _ulysses_attention(q, k, v, group, world, load_balance, flags)
+    ring = Ring(group, rank, world, load_balance, causal, scale, backend, softcap)
     return RingAttention.apply(q, k, v, ring)
 
 
@@ -117,6 +138,8 @@ def explain(
     strategy: str = "ring",
     load_balance: str = "zigzag",
     backend: str | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None,
 ) -> list[tuple[str, ad.Report]]:
     """``(label, report)`` of ``attn_dispatch.explain`` for each distinct call this rank would make.
 
@@ -126,6 +149,7 @@ def explain(
     """
     rank, world = group_info(group)
     _check(q, k, v, causal, strategy, load_balance, backend, world)
+    window, softcap = _variants(strategy, window, softcap)
     # (label, q, k, v, causal) of each distinct call
     calls: dict[tuple, tuple[str, Tensor, Tensor, Tensor, bool]] = {}
     if strategy == "ulysses":
@@ -148,7 +172,9 @@ def explain(
         label = f"{where}: Sq={bq.shape[1]} Sk={bk.shape[1]} causal={blk_causal}"
         out = bq.new_empty((*bq.shape[:3], bv.shape[3]))
         lse = bq.new_empty((bq.shape[0], bq.shape[2], bq.shape[1]), dtype=ad.lse_dtype(bq.dtype))
-        flags = {"causal": blk_causal, "scale": scale, "backend": backend}
+        flags = dict(
+            causal=blk_causal, scale=scale, backend=backend, window=window, softcap=softcap
+        )
         reports.append((f"{label} forward", ad.explain(bq, bk, bv, **flags)))
         reports.append((f"{label} backward", ad.explain(bq, bk, bv, out, lse, out, **flags)))
     return reports

@@ -77,6 +77,7 @@ class Ring:
     causal: bool
     scale: float | None
     backend: str | None
+    softcap: float | None = None  # per score: each block's capped softmax merges exactly
 
     def peer(self, offset: int) -> int:
         """The global rank of the group member ``offset`` places after this one."""
@@ -148,6 +149,7 @@ def ring_forward(ring: Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, T
                     causal=blk.causal,
                     scale=ring.scale,
                     backend=ring.backend,
+                    softcap=ring.softcap,
                 )
                 merge_into(out_acc[:, blk.q_rows], lse_acc[:, :, blk.q_rows], out, lse)
         finally:
@@ -185,6 +187,7 @@ def ring_backward(
                     causal=blk.causal,
                     scale=ring.scale,
                     backend=ring.backend,
+                    softcap=ring.softcap,
                 )
                 dq[:, r] += g[0]
                 dk_blk[:, c] += g[1]

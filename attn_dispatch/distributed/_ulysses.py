@@ -10,7 +10,8 @@ ranks.
 
 The gathered sequence comes in shard order (rank 0's shard first). A non-causal attention is
 indifferent to the order of keys and keeps the order of queries, so it runs on that order
-directly; a causal one is reordered to global positions first (identity for ``contiguous``).
+directly; a causal or windowed one (the band reads positions) is reordered to global positions
+first (identity for ``contiguous``).
 """
 
 from __future__ import annotations
@@ -74,14 +75,14 @@ class LocalAttention(torch.autograd.Function):
     """Attention of the head-sharded full sequence: ``ad.forward``, then ``ad.backward``."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale, backend) -> Tensor:
-        out, lse = ad.forward(q, k, v, causal=causal, scale=scale, backend=backend)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, flags: dict) -> Tensor:
+        out, lse = ad.forward(q, k, v, **flags)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.flags = {"causal": causal, "scale": scale, "backend": backend}
+        ctx.flags = flags
         return out
 
     @staticmethod
     def backward(ctx, dout: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ad.backward(q, k, v, out, lse, dout.contiguous(), **ctx.flags)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None

@@ -43,6 +43,8 @@ class Case:
     scoped: str | None = None  # ... or by use_backend()
     repeat_kv: int = 1  # Ulysses with few kv heads: the caller repeats k/v to W heads
     packed_kv: bool = False  # k and v are strided views of one [.., 2·Hkv, D] tensor
+    window: tuple[int | None, int | None] | None = None  # (Ulysses only)
+    softcap: float | None = None
 
     @property
     def name(self) -> str:
@@ -50,7 +52,16 @@ class Case:
 
 
 DEFAULTS = {"chunk": 3, "head_dim_v": 8, "scale": None, "backend": None, "scoped": None}
-DEFAULTS |= {"repeat_kv": 1, "packed_kv": False}
+DEFAULTS |= {"repeat_kv": 1, "packed_kv": False, "window": None, "softcap": None}
+# The variants in the default suite at every W: a soft cap around the ring, and Ulysses with a
+# window on the zigzag layout (reordered to global positions), causal or two-sided, capped too.
+VARIANT_CASES = [
+    dict(strategy="ring", load_balance="zigzag", causal=True, softcap=1.5),
+    dict(strategy="ring", load_balance="contiguous", causal=False, softcap=0.7),
+    dict(strategy="ulysses", load_balance="zigzag", causal=True, window=(4, None)),
+    dict(strategy="ulysses", load_balance="zigzag", causal=False, window=(3, 2), softcap=2.0),
+    dict(strategy="ulysses", load_balance="contiguous", causal=False, window=(None, 1)),
+]
 
 
 def cases(world: int, full: bool) -> list[Case]:
@@ -62,9 +73,14 @@ def cases(world: int, full: bool) -> list[Case]:
         for causal in (False, True)
         for dtype in ("float64", "float32")
     ]
+    out += [Case(**v, dtype="float64", heads=2 * world, kv_heads=world) for v in VARIANT_CASES]
     if not full:
         return [
-            c for c in out if (c.dtype == "float64") == (c.causal == (c.load_balance == "zigzag"))
+            c
+            for c in out
+            if (c.dtype == "float64") == (c.causal == (c.load_balance == "zigzag"))
+            or c.window is not None
+            or c.softcap is not None
         ]
     out += [
         Case("ring", "zigzag", True, "float64", heads=3, kv_heads=1),  # MQA, odd H
@@ -100,7 +116,8 @@ def run_case(case: Case, seed: int) -> dict[str, float]:
     k = rand(b, seqlen, case.kv_heads, d)
     v = rand(b, seqlen, case.kv_heads, case.head_dim_v)
     dout = rand(b, seqlen, case.heads, case.head_dim_v)
-    flags = {"causal": case.causal, "scale": case.scale}
+    flags = {"causal": case.causal, "scale": case.scale, "softcap": case.softcap}
+    flags["window"] = case.window
 
     # The single-process computation on the full sequence: what ad.attention runs, called
     # directly (ad.attention's custom operator would import torch._dynamo in every rank).
@@ -166,6 +183,17 @@ def error_cases(world: int) -> dict[str, str]:
             )
         ),
         "bad_strategy": _message(lambda: cp.context_parallel_attention(x, x, x, strategy="tree")),
+        "ring_window": _message(
+            lambda: cp.context_parallel_attention(shard, shard, shard, window=(2, 0))
+        ),
+        "bad_softcap": _message(
+            lambda: cp.context_parallel_attention(shard, shard, shard, softcap=-1.0)
+        ),
+        "bad_window": _message(
+            lambda: cp.context_parallel_attention(
+                shard, shard, shard, strategy="ulysses", window=(-1, 0)
+            )
+        ),
         "forced_backend_ring": _message(
             lambda: cp.context_parallel_attention(shard, shard, shard, backend="torch_sdpa")
         ),
@@ -279,6 +307,10 @@ def test_misuse_raises_named_errors(world, tmp_path_factory):
         assert "H=" in errors["ulysses_heads"] and f"W={world}" in errors["ulysses_heads"]
         assert "Hkv=1" in errors["ulysses_kv_heads"] and "ring" in errors["ulysses_kv_heads"]
         assert errors["bad_strategy"].startswith("ValueError: argument 'strategy'")
+        assert errors["ring_window"].startswith("ValueError: argument 'window'")
+        assert "strategy='ulysses'" in errors["ring_window"]
+        assert errors["bad_softcap"].startswith("ValueError") and "softcap" in errors["bad_softcap"]
+        assert errors["bad_window"].startswith("ValueError") and "window" in errors["bad_window"]
         for key in ("forced_backend_ring", "forced_backend_ulysses"):
             assert errors[key].startswith("NoBackendError") and "torch_sdpa" in errors[key]
         assert all(e <= TOL["float64"] for e in res["after_errors"].values()), res["after_errors"]
