@@ -408,8 +408,7 @@ def _attn_bwd_dkdv_sm90(
     scale,
     win_left,
     win_right,
-    cap_in,
-    cap_out,
+    softcap,
     D: gl.constexpr,
     LIMIT_RIGHT: gl.constexpr,
     LIMIT_LEFT: gl.constexpr,
@@ -547,6 +546,8 @@ def _attn_bwd_dkdv_sm90(
         else:
             ds_smem = q_bufs  # unused
             dq_smem = q_bufs
+        # the soft cap as tanh(s * scale / c) * c log2(e) (the scale is a per-call value)
+        cap = (scale / softcap, softcap * 1.4426950408889634)
         gl.warp_specialize(
             [
                 (
@@ -588,7 +589,7 @@ def _attn_bwd_dkdv_sm90(
                         dqa_desc,
                         qk_scale,
                         scale,
-                        (cap_in, cap_out),
+                        cap,
                         0,
                         LIMIT_RIGHT,
                         LIMIT_LEFT,
@@ -619,7 +620,7 @@ def _attn_bwd_dkdv_sm90(
                         dqa_desc,
                         qk_scale,
                         scale,
-                        (cap_in, cap_out),
+                        cap,
                         1,
                         LIMIT_RIGHT,
                         LIMIT_LEFT,

@@ -168,8 +168,7 @@ def _attn_bwd_dq_sm90(
     scale,
     win_left,
     win_right,
-    cap_in,
-    cap_out,
+    softcap,
     D: gl.constexpr,
     LIMIT_RIGHT: gl.constexpr,
     LIMIT_LEFT: gl.constexpr,
@@ -227,6 +226,8 @@ def _attn_bwd_dq_sm90(
         dq_base = DQ + b.to(gl.int64) * stride_dqb + h * stride_dqh
         rows_info = (q_len, k_len, off_hi, off_lo, t_base, stride_ts, dq_base, stride_dqs, q_start)
         half: gl.constexpr = BLOCK_M // 2
+        # the soft cap as tanh(s * scale / c) * c log2(e) (the scale is a per-call value)
+        cap = (scale / softcap, softcap * 1.4426950408889634)
         gl.warp_specialize(
             [
                 (
@@ -261,7 +262,7 @@ def _attn_bwd_dq_sm90(
                         rows_info,
                         qk_scale,
                         scale,
-                        (cap_in, cap_out),
+                        cap,
                         0,
                         LIMIT_RIGHT,
                         LIMIT_LEFT,
@@ -286,7 +287,7 @@ def _attn_bwd_dq_sm90(
                         rows_info,
                         qk_scale,
                         scale,
-                        (cap_in, cap_out),
+                        cap,
                         1,
                         LIMIT_RIGHT,
                         LIMIT_LEFT,

@@ -113,7 +113,10 @@ class BackwardLaunch:
         self.atomic_dq = atomic_dq
         self.flags = dict(**self.band.constexprs(), SOFTCAP=softcap_mode(self.softcap, q.device))
         self.flags["IS_VARLEN"] = varlen
+        # (win_left, win_right, softcap) of every kernel: fixed per plan signature
         self.band_args = (*self.band.sides(), self.softcap or 1.0)
+        if recorder is not None:
+            recorder.constant(self.band_args[2])
         self.gluon_flags = dict(
             LIMIT_RIGHT=self.band.right is not None,
             LIMIT_LEFT=self.band.left is not None,
@@ -121,10 +124,6 @@ class BackwardLaunch:
             BOTTOM_RIGHT=self.band.bottom_right,
             IS_VARLEN=varlen,
         )
-        # the Gluon kernels' runtime band and cap: (win_left, win_right, cap_in, cap_out), the
-        # cap as tanh(s * scale / c) * c log2(e)
-        cap = (scale / self.softcap, self.softcap * LOG2E) if self.softcap else (1.0, 1.0)
-        self.gluon_band_args = (*self.band.sides(), *cap)
         self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
         self.s_q, self.s_k, self.s_v = (token_strides(t, varlen) for t in (q, k, v))
         self.s_do = token_strides(grad_out, varlen)
@@ -383,7 +382,7 @@ class BackwardLaunch:
                     plan.key_blocks,
                     self.qk_scale,
                     self.scale,
-                    *self.gluon_band_args,
+                    *self.band_args,
                 ),
                 self.dkdv_sm90_constants(c, launch, atomic_dq),
             )
@@ -476,7 +475,7 @@ class BackwardLaunch:
                     self.group,
                     self.qk_scale,
                     self.scale,
-                    *self.gluon_band_args,
+                    *self.band_args,
                 ),
                 dict(self.sm90_constants(c), HEAVY_FIRST=launch.heavy_first),
             )

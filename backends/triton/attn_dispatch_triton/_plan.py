@@ -94,6 +94,7 @@ class Recorder:
         self.slots: dict[int, tuple[int, int | None]] = {}  # id(arg) -> (value index, offset)
         self.descriptors: dict[int, int] = {}  # id(descriptor) -> value index of its tensor
         self.launches: list[tuple[Any, tuple, list, bool]] = []
+        self.constants: set[int] = set()  # id() of floats fixed by the plan's signature
         self.ok = True
 
     def name(self, obj: Any, index: int, offset: int | None = 0) -> None:
@@ -101,6 +102,11 @@ class Recorder:
         if id(obj) in self.slots and self.slots[id(obj)][0] != index:
             self.ok = False  # two roles share one object: do not learn from this call
         self.slots.setdefault(id(obj), (index, offset))
+
+    def constant(self, value: float) -> None:
+        """``value`` (a float argument) is the same on every call of the signature (the key
+        holds what it is derived from): the plan keeps it as recorded."""
+        self.constants.add(id(value))
 
     def name_descriptor(self, desc: Any, index: int) -> None:
         """``desc`` is a tensor descriptor over per-call tensor ``index`` (same shape and
@@ -150,6 +156,8 @@ class Recorder:
                     make = functools.partial(_Descriptor, shape=shape, strides=strides)
                     descs.append((pos, self.descriptors[id(arg)], make))
                     template.append(None)
+                elif isinstance(arg, float) and id(arg) in self.constants:
+                    template.append(arg)
                 elif isinstance(arg, (torch.Tensor, float)) or hasattr(arg, "base"):
                     role = self.slots.get(id(arg))
                     if role is None:

@@ -103,7 +103,7 @@ def compile_sm90(
             signature[name] = DESC.format(dtype=dtype, rows=q_rows)
         elif name in ("k_desc", "v_desc"):
             signature[name] = DESC.format(dtype=dtype, rows=k_rows)
-        elif name in ("qk_scale", "scale", "cap_in", "cap_out"):
+        elif name in ("qk_scale", "scale", "softcap"):
             signature[name] = "fp32"
         elif name.startswith(("stride_", "seqlen_")) or name in (
             "heads",

@@ -201,3 +201,32 @@ def test_a_descriptor_with_no_known_tensor_makes_no_plan() -> None:
     recorder.name(q, _plan.Q)
     recorder.launches.append((kernel, (1,), [q, stray, 5, stray, 0.5], False))
     assert recorder.plan(dict(tmp_shape=(2,), part_numel=None, acc=None)) is None
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap"),
+    [(None, None), ((8, 0), None), (None, 3.0), ((5, 2), 1.5)],
+    ids=["plain", "window", "softcap", "window-softcap"],
+)
+def test_every_launch_argument_of_the_launcher_has_a_plan_role(window, softcap, monkeypatch):
+    """The backward's real argument lists (the portable kernels' launches, recorded instead of
+    run): every tensor and float is a per-call value or a constant of the signature, so a plan
+    is made. A float with neither role (a soft cap, a window's) made every call plan-less."""
+    from attn_dispatch_triton._launcher import BackwardLaunch
+    from attn_dispatch_triton.tuning import get_backward_config
+
+    def record(self, kernel, grid, args, kwargs, side=None):
+        full = list(args) + [kwargs[n] for n in kernel.arg_names[len(args) :]]
+        self.launches.append((_StandInKernel(0), tuple(grid), full, side is not None))
+
+    monkeypatch.setattr(_plan.Recorder, "launch", record)
+    q, k, v, do = (torch.randn(1, 40, h, 32, dtype=torch.float16) for h in (4, 2, 2, 4))
+    out, lse = torch.randn_like(q), torch.randn(1, 4, 40)
+    recorder = _plan.Recorder()
+    flags = dict(causal=True, bottom_right=False, scale=0.2, window=window, softcap=softcap)
+    for atomic in (False, True):
+        launch = BackwardLaunch(q, k, v, out, lse, do, **flags, atomic_dq=atomic, recorder=recorder)
+        launch.run(get_backward_config(q.device, 32, True, 2, 40))
+        assert recorder.launches, "no launch recorded"
+        assert recorder.plan(launch.plan_extra) is not None
+        recorder = _plan.Recorder()
