@@ -478,6 +478,11 @@ def _assert_close(got, ref, name) -> None:
     assert err < 1e-2, f"{name}: relative error {err:.2e} (bound 1e-2 for 16-bit inputs)"
 
 
+def _assert_grads_close(grads, ref) -> None:
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (ref.dq, ref.dk, ref.dv)):
+        _assert_close(got, want, name)
+
+
 def _gluon_backward(q, k, v, do, ref, cfg, *, atomic_dq, **call):
     """``attention_backward`` with ``cfg`` into NaN-poisoned ``(dq, dk, dv)``, the oracle's out
     and lse as inputs; returns them with the :class:`BackwardLaunch` the call builds (``call``:
@@ -519,8 +524,7 @@ def test_gluon_kernels_match_the_oracle(case, atomic_dq) -> None:
     )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
     assert launch.sm90_descriptors(cfg["dq"], (128, 64)) is not None
-    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
-        _assert_close(got, want, name)
+    _assert_grads_close((dq, dk, dv), ref)
 
 
 BAND_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, align, window,
@@ -567,8 +571,7 @@ def test_gluon_band_and_softcap_match_the_oracle(case, atomic_dq) -> None:
         softcap=softcap,
     )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
-    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
-        _assert_close(got, want, name)
+    _assert_grads_close((dq, dk, dv), ref)
 
 
 @pytest.mark.gpu
@@ -606,8 +609,7 @@ def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
     )
     assert _launch_policy.tail_slices(launch.problem, cfg["dkdv"], 1, sms) == (batch * 24 - 4, 2)
     assert grids == [(batch * 24 - 4, 1, 1), (4, 1, 2)]
-    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
-        _assert_close(got, want, name)
+    _assert_grads_close((dq, dk, dv), ref)
 
 
 @pytest.mark.gpu
@@ -658,7 +660,6 @@ def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq, order) -> None:
     )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
     assert launch.sm90_descriptors(cfg["dq"], (128, 64)) is not None
-    for name, got, want in (("dq", dq, ref.dq), ("dk", dk, ref.dk), ("dv", dv, ref.dv)):
-        _assert_close(got, want, name)
+    _assert_grads_close((dq, dk, dv), ref)
     keys_of_empty = slice(lens_k[0], lens_k[0] + lens_k[1])
     assert dk[keys_of_empty].abs().max() == 0 and dv[keys_of_empty].abs().max() == 0
