@@ -13,7 +13,14 @@ from ._autograd import attention
 from ._errors import NoBackendError, UnknownBackendError
 from ._hookspecs import hookimpl
 from ._implementation import Gradients, Implementation
-from ._inputs import BackwardInputs, ForwardInputs, check_softcap, check_window, lse_dtype
+from ._inputs import (
+    BackwardInputs,
+    ForwardInputs,
+    band_sides,
+    check_softcap,
+    check_window,
+    lse_dtype,
+)
 from ._report import Candidate, Report
 from ._requirements import missing_requirement
 from ._settings import enable, reload, use_backend
@@ -38,6 +45,7 @@ __all__ = [
     "UnknownBackendError",
     "Varlen",
     "attention",
+    "band_sides",
     "check_softcap",
     "check_window",
     "backends",

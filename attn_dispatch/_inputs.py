@@ -339,6 +339,15 @@ def check_window(window, ints: tuple[type, ...] = (numbers.Integral,)) -> Window
     return None if sides == [None, None] else (sides[0], sides[1])
 
 
+def band_sides(window: Window | None, causal: bool) -> tuple[int | None, int | None]:
+    """``(left, right)`` of the band a call computes: the (validated) ``window``'s sides with
+    ``causal`` folded in (``right`` capped at 0); ``(None, None)`` when every key is visible."""
+    left, right = (None, None) if window is None else window
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
 def check_softcap(softcap) -> float | None:
     """``None``, or ``softcap`` as a float checked finite and > 0."""
     if softcap is None:

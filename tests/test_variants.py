@@ -624,3 +624,11 @@ def test_inputs_repr_and_describe_carry_the_variants():
     assert "window=(3, None), softcap=7.0" in repr(inp)
     assert "window=(3, None) softcap=7.0" in inp.describe()
     assert math.isclose(inp.scale, 8**-0.5)
+
+
+def test_band_sides_folds_causal_into_the_window():
+    assert ad.band_sides(None, False) == (None, None)
+    assert ad.band_sides(None, True) == (None, 0)
+    assert ad.band_sides((4, 7), True) == (4, 0)
+    assert ad.band_sides((None, 3), False) == (None, 3)
+    assert ad.band_sides((2, None), True) == (2, 0)

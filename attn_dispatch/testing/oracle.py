@@ -14,6 +14,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .._inputs import band_sides
+
 
 class OracleResult(NamedTuple):
     """Float64 results of :func:`oracle`; grads are None when no grad_out was given."""
@@ -42,9 +44,7 @@ def visible_mask(
     ``window=(left, right)`` key j is visible iff ``d_i - left <= j <= d_i + right`` (a side
     ``None`` is unbounded); ``causal`` caps ``right`` at 0.
     """
-    left, right = (None, None) if window is None else window
-    if causal:
-        right = 0 if right is None else min(right, 0)
+    left, right = band_sides(window, causal)
     diagonal = torch.arange(sq, device=device)[:, None] + (
         0 if causal_align == "top_left" else sk - sq
     )

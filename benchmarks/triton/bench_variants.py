@@ -190,9 +190,7 @@ def timed(fn) -> float:
 
 
 def visible_pairs(s: int, causal: bool, window) -> int:
-    left, right = window if window is not None else (None, None)
-    if causal:
-        right = 0 if right is None else min(right, 0)
+    left, right = ad.band_sides(window, causal)
     total = 0
     for i in range(s):
         lo = 0 if left is None else max(0, i - left)

@@ -121,7 +121,7 @@ def variant_of(inp: ad.ForwardInputs, kind: str) -> str:
         mask,
         "varlen" if inp.is_varlen else "dense",
     ]
-    if getattr(inp, "softcap", None) is not None:
+    if inp.softcap is not None:
         parts.append(f"softcap={inp.softcap:g}")  # FA4 compiles one kernel per cap value
     if kind == "backward" and inp.deterministic:
         parts.append("deterministic")
@@ -200,7 +200,7 @@ def forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
                 causal=m.causal,
                 window_size_left=m.window_left,
                 window_size_right=m.window_right,
-                softcap=getattr(inp, "softcap", None),
+                softcap=inp.softcap,
                 return_lse=True,
                 **_varlen_args(inp),
             )
@@ -231,7 +231,7 @@ def backward(inp: ad.BackwardInputs) -> ad.Gradients:
                 causal=m.causal,
                 window_size_left=m.window_left,
                 window_size_right=m.window_right,
-                softcap=getattr(inp, "softcap", None) or 0.0,
+                softcap=inp.softcap or 0.0,
                 deterministic=inp.deterministic,
                 **_varlen_args(inp),
             )

@@ -87,19 +87,10 @@ class MaskArgs(NamedTuple):
     window_right: int | None
 
 
-def band_sides(inp: ad.ForwardInputs) -> tuple[int | None, int | None]:
-    """The call's band as ``(left, right)`` around its diagonal, causal folded in (right capped
-    at 0); ``(None, None)``: every key visible."""
-    left, right = getattr(inp, "window", None) or (None, None)
-    if inp.causal:
-        right = 0 if right is None else min(right, 0)
-    return left, right
-
-
 def top_left_shift(inp: ad.ForwardInputs) -> bool:
     """A band on the top-left diagonal that differs from FA4's bottom-right one (dense Sq !=
     Sk, or varlen with distinct cu_seqlens tensors)."""
-    if band_sides(inp) == (None, None) or inp.causal_align != "top_left":
+    if ad.band_sides(inp.window, inp.causal) == (None, None) or inp.causal_align != "top_left":
         return False
     if inp.is_varlen:
         return inp.cu_seqlens_q is not inp.cu_seqlens_k
@@ -126,7 +117,7 @@ def mask_problem(inp: ad.ForwardInputs) -> str | None:
 
 def mask_args(inp: ad.ForwardInputs) -> MaskArgs:
     """The FA4 arguments that compute exactly ``inp``'s band (see :func:`mask_problem`)."""
-    left, right = band_sides(inp)
+    left, right = ad.band_sides(inp.window, inp.causal)
     if top_left_shift(inp):
         if inp.is_varlen:
             raise ValueError(mask_problem(inp))
@@ -144,6 +135,6 @@ def mask_args(inp: ad.ForwardInputs) -> MaskArgs:
 def softcap_problem(inp: ad.ForwardInputs, head_dim_pair: tuple[int, int]) -> str | None:
     """FA4's Blackwell backward for ``(256, 256)`` head dims has no soft cap."""
     backward = isinstance(inp, ad.BackwardInputs)
-    if backward and getattr(inp, "softcap", None) is not None and head_dim_pair == (256, 256):
+    if backward and inp.softcap is not None and head_dim_pair == (256, 256):
         return "softcap with (head_dim, head_dim_v)=(256, 256): FA4's Blackwell backward has none"
     return None

@@ -66,7 +66,7 @@ def measured_slower_sm90(inp: ad.ForwardInputs) -> bool:
     and backward: a soft cap (GQA 64/8 16K, softcap 30: FA4's backward 27.5 ms against
     triton:fused_atomic's 24.0 causal, 13.6 against 11.9 with window (4095, 0); its forward
     1.33x triton's)."""
-    if getattr(inp, "softcap", None) is not None:
+    if inp.softcap is not None:
         return True
     if not isinstance(inp, ad.BackwardInputs) or inp.is_varlen:
         return False

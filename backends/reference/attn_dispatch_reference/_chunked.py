@@ -91,9 +91,7 @@ def make_band(
     causal: bool, causal_align: str, window: Window | None, seqlen_q: int, seqlen_k: int
 ) -> Band | None:
     """The band of one sequence, with ``causal`` folded in; ``None`` when nothing is masked."""
-    left, right = (None, None) if window is None else window
-    if causal:
-        right = 0 if right is None else min(right, 0)
+    left, right = ad.band_sides(window, causal)
     if left is None and right is None:
         return None
     shift = 0 if causal_align == "top_left" else seqlen_k - seqlen_q

@@ -44,12 +44,7 @@ ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
 def _effective_window(inp: ad.ForwardInputs) -> tuple[int | None, int | None] | None:
     """The window with the causal mask folded in (``right = min(right, 0)``), or ``None``."""
     window = c.window_of(inp)
-    if window is None:
-        return None
-    left, right = window
-    if inp.causal:
-        right = 0 if right is None else min(right, 0)
-    return left, right
+    return None if window is None else ad.band_sides(window, inp.causal)
 
 
 def _window_kwargs(inp: ad.ForwardInputs) -> dict[str, int]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import attn_dispatch as ad
+
 Window = tuple[int | None, int | None]
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 
@@ -56,9 +58,7 @@ def effective_band(
     """
     if causal_align not in CAUSAL_ALIGNS:
         raise ValueError(f"causal_align={causal_align!r}: must be one of {CAUSAL_ALIGNS}")
-    left, right = (None, None) if window is None else _checked_window(window)
-    if causal:
-        right = 0 if right is None else min(right, 0)
+    left, right = ad.band_sides(None if window is None else _checked_window(window), causal)
     bottom_right = causal_align == "bottom_right"
     left_reach, right_reach = (seqlen_k, seqlen_q) if bottom_right else (seqlen_q, seqlen_k)
     if left is not None and left >= left_reach:
