@@ -172,24 +172,12 @@ def query_block_ranges(
 ):
     """Query rows that see keys ``[n0, n0 + BLOCK_N)``: ``(lo, full_lo, full_hi, hi)`` as in
     :func:`key_block_ranges` with the roles swapped (row ``i`` sees key ``j`` iff
-    ``j - hi_off <= i <= j - lo_off``); ``[full_lo, full_hi)`` holds whole query blocks that
-    see every key of the block. Keys past ``k_len`` widen no range."""
-    if LIMIT_LEFT:
-        n_end = tl.minimum(n0 + BLOCK_N, k_len)
-        hi = tl.minimum(tl.maximum(n_end - lo_off, 0), q_len)
-        full_hi = tl.minimum(tl.maximum(n0 - lo_off + 1, 0), q_len) // BLOCK_M * BLOCK_M
-    else:
-        hi = q_len
-        full_hi = q_len // BLOCK_M * BLOCK_M
-    if LIMIT_RIGHT:
-        start = tl.maximum(n0 - hi_off, 0)  # the first row that sees key n0
-        lo = tl.where(start < hi, start // BLOCK_M * BLOCK_M, hi)
-        first_full = tl.maximum(n0 + BLOCK_N - 1 - hi_off, 0) + BLOCK_M - 1
-        full_lo = tl.minimum(tl.maximum(first_full // BLOCK_M * BLOCK_M, lo), hi)
-    else:
-        lo = q_len * 0
-        full_lo = lo
-    return lo, full_lo, tl.maximum(full_hi, full_lo), hi
+    ``j - hi_off <= i <= j - lo_off``, so the keys' band has the sides negated and exchanged);
+    ``[full_lo, full_hi)`` holds whole query blocks that see every key of the block. Keys past
+    ``k_len`` widen no range."""
+    return key_block_ranges(
+        n0, k_len, q_len, -hi_off, -lo_off, LIMIT_RIGHT, LIMIT_LEFT, BLOCK_N, BLOCK_M
+    )
 
 
 # ``SOFTCAP`` constexpr of the kernels: how (and whether) scores are capped. NVIDIA GPUs take
