@@ -187,34 +187,37 @@ def _producer(
 
 @gluon.jit
 def _consumer(
-    k_smem,
-    v_smem,
-    q_bufs,
-    do_bufs,
-    lse_bufs,
-    delta_bufs,
-    ds_smem,
-    dq_smem,
-    bars,
-    work,
-    out,
-    dqa_desc,
-    qk_scale,
-    scale,
-    cap,
+    shared,
     WG: gl.constexpr,
     LIMIT_RIGHT: gl.constexpr,
     LIMIT_LEFT: gl.constexpr,
     SOFTCAP: gl.constexpr,
     ATOMIC_DQ: gl.constexpr,
     ADD_DKDV: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    HALF_N: gl.constexpr,
-    D: gl.constexpr,
-    STAGES: gl.constexpr,
     WIDE_STORE: gl.constexpr,
 ):
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
+    (
+        k_smem,
+        v_smem,
+        q_bufs,
+        do_bufs,
+        lse_bufs,
+        delta_bufs,
+        ds_smem,
+        dq_smem,
+        bars,
+        work,
+        out,
+        dqa_desc,
+        qk_scale,
+        scale,
+        cap,
+    ) = shared
+    STAGES: gl.constexpr = q_bufs.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.shape[1]
+    D: gl.constexpr = q_bufs.shape[2]
+    HALF_N: gl.constexpr = k_smem.shape[0] // 2
     (
         first_step,
         total,
@@ -535,7 +538,6 @@ def _attn_bwd_dkdv_sm90(
             + hk * stride_dvh
         )
         out = (k_start, k_len, off_hi, off_lo, dk_base, dv_base, stride_dks, stride_dvs)
-        half: gl.constexpr = BLOCK_N // 2
         if ATOMIC_DQ:  # per ring slot, dS^T of the program's keys (both warp groups)
             ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
                 [BLOCK_N, BLOCK_M], dtype
@@ -548,6 +550,24 @@ def _attn_bwd_dkdv_sm90(
             dq_smem = q_bufs
         # the soft cap as tanh(s * scale / c) * c log2(e) (the scale is a per-call value)
         cap = (scale / softcap, softcap * 1.4426950408889634)
+        # what both consumer warp groups read (their tile sizes come with the buffers' shapes)
+        shared = (
+            k_smem,
+            v_smem,
+            q_bufs,
+            do_bufs,
+            lse_bufs,
+            delta_bufs,
+            ds_smem,
+            dq_smem,
+            bars,
+            work,
+            out,
+            dqa_desc,
+            qk_scale,
+            scale,
+            cap,
+        )
         gl.warp_specialize(
             [
                 (
@@ -574,65 +594,11 @@ def _attn_bwd_dkdv_sm90(
                 ),
                 (
                     _consumer,
-                    (
-                        k_smem,
-                        v_smem,
-                        q_bufs,
-                        do_bufs,
-                        lse_bufs,
-                        delta_bufs,
-                        ds_smem,
-                        dq_smem,
-                        bars,
-                        work,
-                        out,
-                        dqa_desc,
-                        qk_scale,
-                        scale,
-                        cap,
-                        0,
-                        LIMIT_RIGHT,
-                        LIMIT_LEFT,
-                        SOFTCAP,
-                        ATOMIC_DQ,
-                        ADD_DKDV,
-                        BLOCK_M,
-                        half,
-                        D,
-                        STAGES,
-                        WIDE_STORE,
-                    ),
+                    (shared, 0, LIMIT_RIGHT, LIMIT_LEFT, SOFTCAP, ATOMIC_DQ, ADD_DKDV, WIDE_STORE),
                 ),
                 (
                     _consumer,
-                    (
-                        k_smem,
-                        v_smem,
-                        q_bufs,
-                        do_bufs,
-                        lse_bufs,
-                        delta_bufs,
-                        ds_smem,
-                        dq_smem,
-                        bars,
-                        work,
-                        out,
-                        dqa_desc,
-                        qk_scale,
-                        scale,
-                        cap,
-                        1,
-                        LIMIT_RIGHT,
-                        LIMIT_LEFT,
-                        SOFTCAP,
-                        ATOMIC_DQ,
-                        ADD_DKDV,
-                        BLOCK_M,
-                        half,
-                        D,
-                        STAGES,
-                        WIDE_STORE,
-                    ),
+                    (shared, 1, LIMIT_RIGHT, LIMIT_LEFT, SOFTCAP, ATOMIC_DQ, ADD_DKDV, WIDE_STORE),
                 ),
             ],
             [4, 4],

@@ -72,28 +72,20 @@ def _producer(
 
 @gluon.jit
 def _consumer(
-    q_smem,
-    do_smem,
-    k_bufs,
-    v_bufs,
-    bars,
-    Lse2,
-    Delta,
-    work,
-    rows_info,
-    qk_scale,
-    scale,
-    cap,
+    shared,
     WG: gl.constexpr,
     LIMIT_RIGHT: gl.constexpr,
     LIMIT_LEFT: gl.constexpr,
     SOFTCAP: gl.constexpr,
-    HALF_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    D: gl.constexpr,
-    STAGES: gl.constexpr,
 ):
     """One warp group: dQ of query rows [m0 + WG * HALF_M, + HALF_M) over every key block."""
+    q_smem, do_smem, k_bufs, v_bufs, bars, Lse2, Delta, work, rows_info, qk_scale, scale, cap = (
+        shared
+    )
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.shape[1]
+    D: gl.constexpr = k_bufs.shape[2]
+    HALF_M: gl.constexpr = q_smem.shape[0] // 2
     total, lo_n, qrow, krow, m0, h, hk = work
     q_len, k_len, off_hi, off_lo, t_base, stride_ts, dq_base, stride_dqs, q_start = rows_info
     cap_in, cap_out = cap
@@ -225,9 +217,23 @@ def _attn_bwd_dq_sm90(
         t_base = b.to(gl.int64) * stride_tb + h * stride_th + q_start * stride_ts
         dq_base = DQ + b.to(gl.int64) * stride_dqb + h * stride_dqh
         rows_info = (q_len, k_len, off_hi, off_lo, t_base, stride_ts, dq_base, stride_dqs, q_start)
-        half: gl.constexpr = BLOCK_M // 2
         # the soft cap as tanh(s * scale / c) * c log2(e) (the scale is a per-call value)
         cap = (scale / softcap, softcap * 1.4426950408889634)
+        # what both consumer warp groups read (their tile sizes come with the buffers' shapes)
+        shared = (
+            q_smem,
+            do_smem,
+            k_bufs,
+            v_bufs,
+            bars,
+            Lse2,
+            Delta,
+            work,
+            rows_info,
+            qk_scale,
+            scale,
+            cap,
+        )
         gl.warp_specialize(
             [
                 (
@@ -248,56 +254,8 @@ def _attn_bwd_dq_sm90(
                         STAGES,
                     ),
                 ),
-                (
-                    _consumer,
-                    (
-                        q_smem,
-                        do_smem,
-                        k_bufs,
-                        v_bufs,
-                        bars,
-                        Lse2,
-                        Delta,
-                        work,
-                        rows_info,
-                        qk_scale,
-                        scale,
-                        cap,
-                        0,
-                        LIMIT_RIGHT,
-                        LIMIT_LEFT,
-                        SOFTCAP,
-                        half,
-                        BLOCK_N,
-                        D,
-                        STAGES,
-                    ),
-                ),
-                (
-                    _consumer,
-                    (
-                        q_smem,
-                        do_smem,
-                        k_bufs,
-                        v_bufs,
-                        bars,
-                        Lse2,
-                        Delta,
-                        work,
-                        rows_info,
-                        qk_scale,
-                        scale,
-                        cap,
-                        1,
-                        LIMIT_RIGHT,
-                        LIMIT_LEFT,
-                        SOFTCAP,
-                        half,
-                        BLOCK_N,
-                        D,
-                        STAGES,
-                    ),
-                ),
+                (_consumer, (shared, 0, LIMIT_RIGHT, LIMIT_LEFT, SOFTCAP)),
+                (_consumer, (shared, 1, LIMIT_RIGHT, LIMIT_LEFT, SOFTCAP)),
             ],
             [4, 4],
             [CONSUMER_REGS, CONSUMER_REGS],
