@@ -111,19 +111,14 @@ class BackwardLaunch:
         if recorder is not None:
             self._name_arguments(recorder, tmp)
         self.atomic_dq = atomic_dq
+        # every kernel's band and cap constexprs (the Gluon ones too: they run on NVIDIA only,
+        # where the cap's mode is the hardware tanh they use)
         self.flags = dict(**self.band.constexprs(), SOFTCAP=softcap_mode(self.softcap, q.device))
         self.flags["IS_VARLEN"] = varlen
         # (win_left, win_right, softcap) of every kernel: fixed per plan signature
         self.band_args = (*self.band.sides(), self.softcap or 1.0)
         if recorder is not None:
             recorder.constant(self.band_args[2])
-        self.gluon_flags = dict(
-            LIMIT_RIGHT=self.band.right is not None,
-            LIMIT_LEFT=self.band.left is not None,
-            SOFTCAP=self.softcap is not None,
-            BOTTOM_RIGHT=self.band.bottom_right,
-            IS_VARLEN=varlen,
-        )
         self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
         self.s_q, self.s_k, self.s_v = (token_strides(t, varlen) for t in (q, k, v))
         self.s_do = token_strides(grad_out, varlen)
@@ -606,7 +601,7 @@ class BackwardLaunch:
 
         return dict(
             D=self.d,
-            **self.gluon_flags,
+            **self.flags,
             BLOCK_M=c["BLOCK_M"],
             BLOCK_N=c["BLOCK_N"],
             STAGES=GLUON_STAGES,

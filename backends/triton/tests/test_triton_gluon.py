@@ -19,6 +19,7 @@ if importlib.util.find_spec("triton.experimental.gluon") is None:
 from attn_dispatch_triton import _sm90  # noqa: E402
 from attn_dispatch_triton._bwd_dkdv_sm90 import _attn_bwd_dkdv_sm90  # noqa: E402
 from attn_dispatch_triton._bwd_dq_sm90 import _attn_bwd_dq_sm90  # noqa: E402
+from attn_dispatch_triton._common import SOFTCAP_NONE, SOFTCAP_TANH_APPROX  # noqa: E402
 from attn_dispatch_triton._kernel_support import gluon_sm90  # noqa: E402
 from attn_dispatch_triton._launch_policy import GridLayout  # noqa: E402
 from attn_dispatch_triton._launcher import GLUON_STAGES  # noqa: E402
@@ -76,7 +77,7 @@ def compile_sm90(
         D=128,
         LIMIT_RIGHT=causal,
         LIMIT_LEFT=window_left,
-        SOFTCAP=softcap,
+        SOFTCAP=SOFTCAP_TANH_APPROX if softcap else SOFTCAP_NONE,  # the launcher's value
         BOTTOM_RIGHT=causal,
         IS_VARLEN=varlen,
         HEAVY_FIRST=heavy_first,
