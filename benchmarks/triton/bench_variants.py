@@ -101,21 +101,12 @@ def columns(q, k, lse, flags: dict) -> dict:
         cols[f"{design} (tl)"] = ("triton", (atomic, tl_only_config(q, k, limited)))
     if not FORCED_COLUMNS:
         return cols
-    report = ad.explain(q, k, k, q, lse, q, **forced_flags(flags))
+    report = ad.explain(q, k, k, q, lse, q, **flags)
     verdict = {c.name: c for c in report.candidates}
     for name in FORCED:  # (forcing runs an opt-in implementation too)
         if name in verdict and verdict[name].status in ("supported", "selected", "opt-in"):
             cols[name] = ("forced", name)
     return cols
-
-
-def forced_flags(flags: dict) -> dict:
-    return dict(
-        causal=flags["causal"],
-        window=flags["window"],
-        softcap=flags["softcap"],
-        scale=flags["scale"],
-    )
 
 
 def triton_call(q, k, v, do, flags, atomic, config, out=None, lse=None):
@@ -138,8 +129,8 @@ def triton_call(q, k, v, do, flags, atomic, config, out=None, lse=None):
 
 
 def forced_call(q, k, v, do, flags, name):
-    out, lse = ad.forward(q, k, v, **forced_flags(flags), backend=name)
-    grads = ad.backward(q, k, v, out, lse, do, **forced_flags(flags), backend=name)
+    out, lse = ad.forward(q, k, v, **flags, backend=name)
+    grads = ad.backward(q, k, v, out, lse, do, **flags, backend=name)
     return out, lse, list(grads)
 
 
@@ -209,10 +200,9 @@ def time_triton_backward(q, k, v, out, lse, do, tflags: dict, atomic: bool, conf
 
 def time_forced(q, k, v, do, flags: dict, name: str) -> tuple[float, float]:
     """Forward and backward medians (ms) of implementation ``name``, forced."""
-    f = forced_flags(flags)
-    fwd = timed(lambda: ad.forward(q, k, v, **f, backend=name))
-    out, lse = ad.forward(q, k, v, **f, backend=name)
-    return fwd, timed(lambda: ad.backward(q, k, v, out, lse, do, **f, backend=name))
+    fwd = timed(lambda: ad.forward(q, k, v, **flags, backend=name))
+    out, lse = ad.forward(q, k, v, **flags, backend=name)
+    return fwd, timed(lambda: ad.backward(q, k, v, out, lse, do, **flags, backend=name))
 
 
 def time_variant(q, k, v, do, flags: dict) -> dict:
@@ -228,7 +218,7 @@ def time_variant(q, k, v, do, flags: dict) -> dict:
             bwd[col] = time_triton_backward(q, k, v, out, lse, do, tflags, *arg)
         else:
             fwd[arg], bwd[arg] = time_forced(q, k, v, do, flags, arg)
-    auto = ad.explain(q, k, v, out, lse, do, **forced_flags(flags)).selected
+    auto = ad.explain(q, k, v, out, lse, do, **flags).selected
     return dict(fwd_ms=fwd, bwd_ms=bwd, auto=auto)
 
 
