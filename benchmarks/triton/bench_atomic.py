@@ -46,6 +46,7 @@ from bench_kernels import (  # noqa: E402
     cfg,
     check_against_oracle,
     checked_problem,
+    gpu_environment,
     log,
     make_problem,
     rel,
@@ -127,7 +128,6 @@ def main() -> None:
     dev = "cpu" if smoke else "cuda"
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    import triton
     from attn_dispatch_triton.backward import BackwardLaunch, attention_backward
     from attn_dispatch_triton.forward import attention_forward
     from attn_dispatch_triton.tuning import get_backward_config, shape_class
@@ -140,21 +140,7 @@ def main() -> None:
         extra, cands, d = EXTRA[:1], [cfg(16, 16, 4, 1), cfg(32, 16, 4, 1)], 64
         res["matmul_tflops"] = float("nan")
     else:
-        props = torch.cuda.get_device_properties(0)
-        res["env"] = dict(
-            gpu=props.name,
-            sms=props.multi_processor_count,
-            torch=torch.__version__,
-            triton=triton.__version__,
-            cuda=torch.version.cuda,
-            cudnn=torch.backends.cudnn.version(),
-        )
-        log("env", res["env"])
-        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        res["matmul_tflops"] = 2 * 8192**3 / bench(lambda: a @ b, False) / 1e9
-        log(f"bf16 matmul 8192^3: {res['matmul_tflops']:.0f} TFLOP/s")
-        del a, b
+        res["env"], res["matmul_tflops"] = gpu_environment()
         t = time.time()
         precompile(args.workers)
         log(f"precompile {time.time() - t:.0f}s")

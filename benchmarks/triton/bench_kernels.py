@@ -240,6 +240,18 @@ def check_against_oracle(q, k, v, do, out, lse, grads, causal, bottom_right, sca
 # ----------------------------------------------------------------------------------- timing
 
 
+def gpu_environment() -> tuple[dict, float]:
+    """The environment and the bf16 matmul ceiling (8192^3, TFLOP/s), as ``attn-dispatch
+    bench`` measures them, logged."""
+    from attn_dispatch.bench import environment, matmul_ceiling
+
+    device = torch.device("cuda")
+    env, tflops = environment(device), matmul_ceiling(device)
+    log("env", env)
+    log(f"bf16 matmul 8192^3: {tflops:.0f} TFLOP/s")
+    return env, tflops
+
+
 def bench(fn, smoke: bool, est_ms: float | None = None) -> float:
     """Median milliseconds (events, L2 flushed by do_bench); smoke mode: one wall-clock run."""
     if smoke:
@@ -353,22 +365,7 @@ def main() -> None:
         fwd_cfg, pre_cfg = cfg(16, 16, 4, 1), cfg(16, 0, 4, 1)
     else:
         fwd_cfg, pre_cfg = FWD, PRE
-        props = torch.cuda.get_device_properties(0)
-        results["env"] = dict(
-            gpu=props.name,
-            sms=props.multi_processor_count,
-            torch=torch.__version__,
-            triton=triton.__version__,
-            cuda=torch.version.cuda,
-            cudnn=torch.backends.cudnn.version(),
-        )
-        log("env", results["env"])
-        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        bm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        ms = bench(lambda: a @ bm, smoke)
-        results["matmul_tflops"] = 2 * 8192**3 / ms / 1e9
-        log(f"bf16 matmul 8192^3: {ms * 1e3:.0f} us, {results['matmul_tflops']:.0f} TFLOP/s")
-        del a, bm
+        results["env"], results["matmul_tflops"] = gpu_environment()
         t = time.time()
         precompile(args.workers, dkdv_cands, dq_cands)
         log(f"precompile: {time.time() - t:.0f}s")
