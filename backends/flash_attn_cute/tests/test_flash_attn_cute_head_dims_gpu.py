@@ -50,14 +50,17 @@ def _poison_allocator(nbytes: int) -> None:
 
 
 def _admitted(h: int, hkv: int, d: int) -> bool:
-    """Whether automatic choice may pick ``flash_attn_cute:sm90`` for these head dims."""
+    """Whether ``flash_attn_cute:sm90`` accepts these head dims (forced, so that an opt-in or a
+    priority rule does not hide the verdict of its capabilities and ``supports``)."""
     shapes = [(BATCH, SEQLEN, h, d), (BATCH, SEQLEN, hkv, d), (BATCH, SEQLEN, hkv, d)]
     q, k, v = (torch.empty(s, dtype=torch.bfloat16, device="meta") for s in shapes)
     out = torch.empty(BATCH, SEQLEN, h, d, dtype=torch.bfloat16, device="meta")
     lse = torch.empty(BATCH, h, SEQLEN, device="meta")
-    report = ad.explain(q, k, v, out, lse, out, causal=True, arch="sm_90")
+    report = ad.explain(
+        q, k, v, out, lse, out, causal=True, arch="sm_90", backend="flash_attn_cute"
+    )
     (cand,) = [c for c in report.candidates if c.name == "flash_attn_cute:sm90"]
-    return not cand.reasons
+    return cand.status != "rejected"
 
 
 def _fa4_errors(h: int, hkv: int, d: int, seed: int) -> dict[str, float]:
