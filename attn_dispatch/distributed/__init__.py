@@ -17,8 +17,9 @@ import torch
 from torch import Tensor
 
 import attn_dispatch as ad
+from attn_dispatch._inputs import resolve_scale
 
-from . import _layout, _ulysses
+from . import _agreement, _layout, _ulysses
 from ._layout import group_info, shard_sequence, unshard_sequence
 from ._ring import Ring, RingAttention
 
@@ -40,10 +41,20 @@ def _variants(strategy: str, window, softcap) -> tuple:
     return window, softcap
 
 
+def _scale(scale) -> float | None:
+    """``scale`` validated as ``attn_dispatch.attention`` does; ``None`` stays the default."""
+    return None if scale is None else resolve_scale(scale, 1)
+
+
 def _check(q, k, v, causal, strategy, load_balance, backend, world) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested or t.layout != torch.strided:
+            raise TypeError(
+                f"argument '{name}': expected a dense (strided) tensor, got "
+                f"{'a nested tensor' if t.is_nested else f'layout {t.layout}'}"
+            )
         if t.dim() != 4:
             raise ValueError(
                 f"argument '{name}': expected a dense [B, S/W, heads, D] shard (4 dims), "
@@ -116,10 +127,15 @@ def context_parallel_attention(
     with ``strategy="ulysses"`` only.
     """
     rank, world = group_info(group)
+    flags = dict(causal=causal, scale=scale, strategy=strategy, load_balance=load_balance)
+    flags |= dict(window=window, softcap=softcap)
+    accept = _agreement.check_same_on_every_rank(
+        "context_parallel_attention", group, dict(q=q, k=k, v=v), flags
+    )
     _check(q, k, v, causal, strategy, load_balance, backend, world)
     window, softcap = _variants(strategy, window, softcap)
-    if scale is not None:
-        scale = float(scale)
+    scale = _scale(scale)
+    accept()
     if strategy == "ulysses":
         flags = dict(causal=causal, scale=scale, backend=backend, window=window, softcap=softcap)
         return _ulysses_attention(q, k, v, group, world, load_balance, flags)
@@ -150,6 +166,7 @@ def explain(
     rank, world = group_info(group)
     _check(q, k, v, causal, strategy, load_balance, backend, world)
     window, softcap = _variants(strategy, window, softcap)
+    scale = _scale(scale)
     # (label, q, k, v, causal) of each distinct call
     calls: dict[tuple, tuple[str, Tensor, Tensor, Tensor, bool]] = {}
     if strategy == "ulysses":
