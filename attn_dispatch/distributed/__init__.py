@@ -128,7 +128,9 @@ def context_parallel_attention(
     """
     rank, world = group_info(group)
     flags = dict(causal=causal, scale=scale, strategy=strategy, load_balance=load_balance)
-    flags |= dict(window=window, softcap=softcap)
+    # backend too: a forced backend that refuses the blocks on one rank only would leave the
+    # others waiting in the ring's next transfer
+    flags |= dict(window=window, softcap=softcap, backend=backend)
     accept = _agreement.check_same_on_every_rank(
         "context_parallel_attention", group, dict(q=q, k=k, v=v), flags
     )

@@ -35,7 +35,7 @@ _AGREED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def describe(value: object) -> str:
     """A short, deterministic description of one argument (equal on ranks iff the values are)."""
     if isinstance(value, Tensor):
-        return f"tensor {tuple(value.shape)} {value.dtype}"
+        return f"tensor {tuple(value.shape)} {value.dtype} on {value.device.type}"
     if value is None or isinstance(value, (bool, str, numbers.Number)):
         return f"{type(value).__name__} {value!r}"
     if isinstance(value, (tuple, list)):

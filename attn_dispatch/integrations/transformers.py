@@ -15,11 +15,13 @@ How transformers' inputs are mapped:
 * The mask function returns ``None`` (no padding) or the 2-D key-padding mask itself. The
   attention function turns that mask, or ``position_ids`` that restart (packed documents), into
   varlen metadata once per forward: every layer receives the same tensor object, and the
-  metadata is cached on it (one host sync per forward and mask type, none per layer).
+  metadata is cached for that forward only (one host sync per forward and mask type, none per
+  layer); see ``_MASKS`` for why a version counter is not trusted to tell when data changed.
 * ``scaling``, ``sliding_window`` (as ``window=(W - 1, 0)``) and ``softcap`` are passed through.
 * What cannot be computed exactly raises ``ValueError`` naming it: attention dropout, attention
   sinks, 4-D masks, custom mask patterns (chunked attention, image-token blocks, or/and mask
-  functions) and bidirectional sliding windows.
+  functions), bidirectional sliding windows, and a sliding window over padding inside a row
+  wherever transformers (counting positions) and the varlen form (counting real tokens) differ.
 """
 
 from __future__ import annotations
