@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import resolve_scale
+from attn_dispatch._inputs import _require_tensor, resolve_scale
 
 from . import _agreement, _layout, _ulysses
 from ._layout import group_info, shard_sequence, unshard_sequence
@@ -48,13 +48,7 @@ def _scale(scale) -> float | None:
 
 def _check(q, k, v, causal, strategy, load_balance, backend, world) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
-        if t.is_nested or t.layout != torch.strided:
-            raise TypeError(
-                f"argument '{name}': expected a dense (strided) tensor, got "
-                f"{'a nested tensor' if t.is_nested else f'layout {t.layout}'}"
-            )
+        _require_tensor(name, t)
         if t.dim() != 4:
             raise ValueError(
                 f"argument '{name}': expected a dense [B, S/W, heads, D] shard (4 dims), "

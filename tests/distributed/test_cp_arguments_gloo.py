@@ -49,6 +49,8 @@ BAD_ARGUMENTS = {
     "causal_str": dict(causal="yes"),
     "softcap_str": dict(softcap="1.0"),
     "window_bool_side": dict(strategy="ulysses", window=(True, 0)),
+    "q_list": dict(q=[[0.0]]),
+    "q_sparse": dict(q=torch.zeros(*SHAPE, dtype=torch.float64).to_sparse()),
 }
 
 # Calls where rank 1 differs from rank 0: (rank 0's arguments, rank 1's arguments).
@@ -70,8 +72,9 @@ DIFFERENT = {
 }
 
 
-def _call(rank: int, length: int = SHAPE[1], dtype=torch.float64, grad=False, **flags):
-    q, k, v = (t.clone().requires_grad_(grad) for t in _shards(rank, dtype, length))
+def _call(rank: int, length: int = SHAPE[1], dtype=torch.float64, grad=False, q=None, **flags):
+    q_, k, v = (t.clone().requires_grad_(grad) for t in _shards(rank, dtype, length))
+    q = q_ if q is None else q
     out = cp.context_parallel_attention(q, k, v, **flags)
     if grad:
         out.sum().backward()
@@ -155,8 +158,12 @@ def ranks(tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("name", list(BAD_ARGUMENTS))
 def test_arguments_are_refused_as_attention_refuses_them(ranks, name):
     kw = {k: v for k, v in BAD_ARGUMENTS[name].items() if k != "strategy"}
-    q = torch.randn(*SHAPE, dtype=torch.float64)
-    want = _message(lambda: ad.attention(q, q, q, **kw))
+    k = torch.randn(*SHAPE, dtype=torch.float64)
+    q = kw.pop("q", k)
+    # a q that is no tensor never reaches ad.attention's own checks (the operator's schema
+    # casts it first); ad.forward's check is the core's message for it
+    core = ad.attention if q is k else ad.forward
+    want = _message(lambda: core(q, k, k, **kw))
     assert want.startswith(("TypeError", "ValueError")), want
     for res in ranks:
         assert res["bad"][name] == want
