@@ -26,6 +26,7 @@ How transformers' inputs are mapped:
 
 from __future__ import annotations
 
+import numbers
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -345,12 +346,31 @@ def _window(sliding_window: int | None, causal: bool, longest_k: int) -> dict:
             "attn_dispatch does not compute bidirectional sliding-window attention "
             f"(sliding_window={sliding_window} with is_causal=False)"
         )
-    width = int(sliding_window)
-    if width < 1:
-        raise ValueError(f"argument 'sliding_window': expected an int >= 1, got {sliding_window}")
-    if longest_k <= width:
+    if longest_k <= sliding_window:
         return {}
-    return {"window": (width - 1, 0)}
+    return {"window": (sliding_window - 1, 0)}
+
+
+def _check_sliding_window(sliding_window: object) -> int | None:
+    """``None`` or an int >= 1 (never a bool, a float or a str, which ``int()`` would accept)."""
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral):
+        raise TypeError(
+            f"argument 'sliding_window': expected an int >= 1 or None, got "
+            f"{type(sliding_window).__name__}"
+        )
+    if sliding_window < 1:
+        raise ValueError(f"argument 'sliding_window': expected an int >= 1, got {sliding_window}")
+    return int(sliding_window)
+
+
+def _check_is_causal(is_causal: object, module: torch.nn.Module) -> bool:
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if not isinstance(causal, bool):
+        where = "argument 'is_causal'" if is_causal is not None else "the module's is_causal"
+        raise TypeError(f"{where}: expected a bool, got {type(causal).__name__}")
+    return causal
 
 
 def _refuse(dropout: float, attention_mask: Tensor | None, kwargs: dict) -> None:
@@ -461,10 +481,12 @@ def attention_forward(
     q = _bshd("query", query, heads, head_dim)
     k = _bshd("key", key, kv_heads, None)
     v = _bshd("value", value, kv_heads, None)
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = _check_is_causal(is_causal, module)
+    sliding_window = _check_sliding_window(sliding_window)
+    # scaling and softcap go to attention as given: its checks refuse what is not a number
     opts: dict[str, Any] = {"causal": causal, "causal_align": "bottom_right", "scale": scaling}
     if softcap is not None:
-        opts["softcap"] = float(softcap)
+        opts["softcap"] = softcap
     batch, seqlen_q = q.shape[0], q.shape[1]
 
     if attention_mask is not None:
@@ -479,7 +501,7 @@ def attention_forward(
             vq, vk = _padded_metadata(attention_mask, seqlen_q)
             opts |= _window(sliding_window, causal, vk.max_seqlen)
             if sliding_window is not None:
-                _check_window_over_padding(attention_mask, int(sliding_window))
+                _check_window_over_padding(attention_mask, sliding_window)
             return vq.pad(_varlen_attention(q, k, v, vq, vk, opts)), None
 
     elif cu_seq_lens_q is not None or cu_seq_lens_k is not None:

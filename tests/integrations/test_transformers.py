@@ -537,3 +537,36 @@ def test_window_over_contiguous_padding_matches_sdpa(holes):
     a = run(theirs, ids, mask, labels, position_ids=pos)
     b = run(ours, ids, mask, labels, position_ids=pos)
     assert_match(a, b, TOL[torch.float64], where=mask.bool())
+
+
+@pytest.mark.parametrize(
+    ("kw", "core"),
+    [
+        (dict(softcap="2.0"), dict(softcap="2.0")),
+        (dict(softcap=True), dict(softcap=True)),
+        (dict(scaling="0.5"), dict(scale="0.5")),
+    ],
+)
+def test_options_are_refused_as_attention_refuses_them(kw, core):
+    module, q, k, v = layer_inputs()
+    with pytest.raises(TypeError) as want:
+        ad.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **core)
+    with pytest.raises(TypeError) as got:
+        adt.attention_forward(module, q, k, v, None, **kw)
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "match"),
+    [
+        (dict(sliding_window="4"), TypeError, "argument 'sliding_window': expected an int"),
+        (dict(sliding_window=True), TypeError, "argument 'sliding_window': expected an int"),
+        (dict(sliding_window=2.5), TypeError, "argument 'sliding_window': expected an int"),
+        (dict(sliding_window=0), ValueError, "argument 'sliding_window': expected an int >= 1"),
+        (dict(is_causal="no"), TypeError, "argument 'is_causal': expected a bool"),
+    ],
+)
+def test_transformers_arguments_of_the_wrong_type_are_refused(kw, error, match):
+    module, q, k, v = layer_inputs()
+    with pytest.raises(error, match=match):
+        adt.attention_forward(module, q, k, v, None, **kw)
