@@ -63,7 +63,7 @@ _EXACT_PATTERNS = {
 }
 
 #: Wrappers that feed a pattern each token's position inside its packed document instead of its
-#: index in the row (transformers >= 5.24 wraps the causal and sliding patterns of packed rows).
+#: index in the row (transformers >= 5.23 wraps the causal and sliding patterns of packed rows).
 #: Within a document positions step by one, exactly as indices do, so a pattern that depends only
 #: on the difference of the two (causal, sliding window, bidirectional) is unchanged by it: the
 #: wrapped pattern is what is checked.
@@ -366,11 +366,13 @@ def _check_sliding_window(sliding_window: object) -> int | None:
 
 
 def _check_is_causal(is_causal: object, module: torch.nn.Module) -> bool:
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    if not isinstance(causal, bool):
-        where = "argument 'is_causal'" if is_causal is not None else "the module's is_causal"
-        raise TypeError(f"{where}: expected a bool, got {type(causal).__name__}")
-    return causal
+    """The caller's ``is_causal`` (a bool, or None for the module's own flag, read as
+    transformers' attention functions read it)."""
+    if is_causal is None:
+        return bool(getattr(module, "is_causal", True))
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"argument 'is_causal': expected a bool, got {type(is_causal).__name__}")
+    return is_causal
 
 
 def _refuse(dropout: float, attention_mask: Tensor | None, kwargs: dict) -> None:
