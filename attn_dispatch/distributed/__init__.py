@@ -112,7 +112,10 @@ def context_parallel_attention(
     ``q`` [B, S/W, H, D], ``k``/``v`` [B, S/W, Hkv, D]: this rank's shards of the global sequence
     in the ``load_balance`` layout (see :func:`shard_sequence`), W the size of ``group`` (default:
     the default group). Returns [B, S/W, H, D] in the same layout; gradients flow to this rank's
-    q, k and v. Collective: every rank of ``group`` calls it with the same shapes and flags.
+    q, k and v. Collective: every rank of ``group`` calls it with the same shapes and flags; the
+    first time a rank makes a call, the group compares the calls (one all-gather of a digest)
+    and a mismatch raises the same ``ValueError`` on every rank. Arguments are validated as
+    ``attn_dispatch.attention`` validates them, with the same messages.
 
     ``strategy="ring"`` passes K/V shards around the ring (any H, Hkv); ``"ulysses"`` re-shards by
     heads with two all-to-alls (needs H and Hkv divisible by W). ``backend`` forces the backend
