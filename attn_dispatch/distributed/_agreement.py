@@ -103,8 +103,9 @@ def _nothing() -> None:
 def _device(group, q: object) -> torch.device:
     """Where the digest must live for the group's backend (NCCL: the current CUDA device)."""
     backend = str(dist.get_backend(group)).lower()
-    if backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
+    on_cuda = isinstance(q, Tensor) and q.device.type == "cuda"
+    if backend == "nccl":  # q's GPU, as the transfers of the call itself use
+        return q.device if on_cuda else torch.device("cuda", torch.cuda.current_device())
     if backend == "gloo" or not isinstance(q, Tensor):
         return torch.device("cpu")
     return q.device
