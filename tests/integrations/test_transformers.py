@@ -483,6 +483,38 @@ def test_refilled_mask_passed_straight_to_attention_forward_is_read_again(route)
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("route", REFILLS)
+def test_refilled_position_ids_passed_straight_to_attention_forward_are_read_again(route):
+    """No mask function runs between direct calls: a layer asking again starts a new entry."""
+    module, q, k, v = layer_inputs()
+    first = torch.tensor([[0, 1, 2, 3, 4, 5]])
+    second = torch.tensor([[0, 1, 0, 1, 2, 3]])
+    with torch.no_grad():
+        want = adt.attention_forward(module, q, k, v, None, position_ids=second.clone())[0]
+    refill = Refill(route, first)
+    with refill.context():
+        adt.attention_forward(module, q, k, v, None, position_ids=refill.buf)
+        refill.fill(second)
+        got = adt.attention_forward(module, q, k, v, None, position_ids=refill.buf)[0]
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("route", REFILLS)
+def test_refilled_attention_mask_between_forwards_is_read_again(route):
+    _, ours = make_pair("llama", torch.float64)
+    ids = tokens(3)
+    first, second = padding("left"), padding("right")
+    with torch.no_grad():
+        want = ours(ids, attention_mask=second.clone(), use_cache=False).logits
+    refill = Refill(route, first)
+    with refill.context():
+        ours(ids, attention_mask=refill.buf, use_cache=False)
+        refill.fill(second)
+        got = ours(ids, attention_mask=refill.buf, use_cache=False).logits
+    real = second.bool()
+    torch.testing.assert_close(got[real], want[real], **TOL[torch.float64])
+
+
 def test_packed_metadata_is_built_once_per_forward(monkeypatch):
     builds = []
     real = adt.varlen_from_position_ids
