@@ -15,4 +15,5 @@ shopt -s nullglob
 "$PY" -m pytest tests backends/*/tests benchmarks --durations=15 "$@"
 if [ "${CI:-}" = true ]; then
   bash backends/flydsl_rocm/ci_oldest.sh
+  bash tests/integrations/ci_transformers_newest.sh
 fi

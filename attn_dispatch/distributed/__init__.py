@@ -17,8 +17,9 @@ import torch
 from torch import Tensor
 
 import attn_dispatch as ad
+from attn_dispatch._inputs import _require_tensor, resolve_scale
 
-from . import _layout, _ulysses
+from . import _agreement, _layout, _ulysses
 from ._layout import group_info, shard_sequence, unshard_sequence
 from ._ring import Ring, RingAttention
 
@@ -40,10 +41,14 @@ def _variants(strategy: str, window, softcap) -> tuple:
     return window, softcap
 
 
+def _scale(scale) -> float | None:
+    """``scale`` validated as ``attn_dispatch.attention`` does; ``None`` stays the default."""
+    return None if scale is None else resolve_scale(scale, 1)
+
+
 def _check(q, k, v, causal, strategy, load_balance, backend, world) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
+        _require_tensor(name, t)
         if t.dim() != 4:
             raise ValueError(
                 f"argument '{name}': expected a dense [B, S/W, heads, D] shard (4 dims), "
@@ -107,7 +112,10 @@ def context_parallel_attention(
     ``q`` [B, S/W, H, D], ``k``/``v`` [B, S/W, Hkv, D]: this rank's shards of the global sequence
     in the ``load_balance`` layout (see :func:`shard_sequence`), W the size of ``group`` (default:
     the default group). Returns [B, S/W, H, D] in the same layout; gradients flow to this rank's
-    q, k and v. Collective: every rank of ``group`` calls it with the same shapes and flags.
+    q, k and v. Collective: every rank of ``group`` calls it with the same shapes and flags; the
+    first time a rank makes a call, the group compares the calls (one all-gather of a digest)
+    and a mismatch raises the same ``ValueError`` on every rank. Arguments are validated as
+    ``attn_dispatch.attention`` validates them, with the same messages.
 
     ``strategy="ring"`` passes K/V shards around the ring (any H, Hkv); ``"ulysses"`` re-shards by
     heads with two all-to-alls (needs H and Hkv divisible by W). ``backend`` forces the backend
@@ -116,10 +124,17 @@ def context_parallel_attention(
     with ``strategy="ulysses"`` only.
     """
     rank, world = group_info(group)
+    flags = dict(causal=causal, scale=scale, strategy=strategy, load_balance=load_balance)
+    # backend too: a forced backend that refuses the blocks on one rank only would leave the
+    # others waiting in the ring's next transfer
+    flags |= dict(window=window, softcap=softcap, backend=backend)
+    accept = _agreement.check_same_on_every_rank(
+        "context_parallel_attention", group, dict(q=q, k=k, v=v), flags
+    )
     _check(q, k, v, causal, strategy, load_balance, backend, world)
     window, softcap = _variants(strategy, window, softcap)
-    if scale is not None:
-        scale = float(scale)
+    scale = _scale(scale)
+    accept()
     if strategy == "ulysses":
         flags = dict(causal=causal, scale=scale, backend=backend, window=window, softcap=softcap)
         return _ulysses_attention(q, k, v, group, world, load_balance, flags)
@@ -150,6 +165,7 @@ def explain(
     rank, world = group_info(group)
     _check(q, k, v, causal, strategy, load_balance, backend, world)
     window, softcap = _variants(strategy, window, softcap)
+    scale = _scale(scale)
     # (label, q, k, v, causal) of each distinct call
     calls: dict[tuple, tuple[str, Tensor, Tensor, Tensor, bool]] = {}
     if strategy == "ulysses":

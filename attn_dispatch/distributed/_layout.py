@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import _agreement
+
 LOAD_BALANCES = ("zigzag", "contiguous")
 
 
@@ -74,6 +76,16 @@ def group_info(group) -> tuple[int, int]:
             "torch.distributed is not initialised: call torch.distributed.init_process_group "
             "first (e.g. under torchrun)"
         )
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            raise ValueError(
+                "argument 'group': this process is not a member of the group (new_group returns "
+                "a placeholder on the ranks it leaves out); call only on the group's ranks"
+            )
+        raise TypeError(
+            f"argument 'group': expected None or a torch.distributed ProcessGroup, got "
+            f"{type(group).__name__}"
+        )
     return dist.get_rank(group), dist.get_world_size(group)
 
 
@@ -131,6 +143,10 @@ def unshard_sequence(
     Collective: every rank of ``group`` must call it. Differentiable: a shard's gradient is the
     sum over ranks of the gradient of its positions (an all-reduce of the full gradient).
     """
+    group_info(group)
+    flags = dict(load_balance=load_balance, dim=dim)
+    accept = _agreement.check_same_on_every_rank("unshard_sequence", group, dict(x=x), flags)
     check_load_balance(load_balance)
     dim = _check_dim(x, dim)
+    accept()
     return _Unshard.apply(x, group, load_balance, dim)

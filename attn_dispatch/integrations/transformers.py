@@ -15,16 +15,21 @@ How transformers' inputs are mapped:
 * The mask function returns ``None`` (no padding) or the 2-D key-padding mask itself. The
   attention function turns that mask, or ``position_ids`` that restart (packed documents), into
   varlen metadata once per forward: every layer receives the same tensor object, and the
-  metadata is cached on it (one host sync per forward and mask type, none per layer).
+  metadata is cached for that forward only (one host sync per forward and mask type, none per
+  layer); see ``_MASKS`` for why a version counter is not trusted to tell when data changed.
 * ``scaling``, ``sliding_window`` (as ``window=(W - 1, 0)``) and ``softcap`` are passed through.
 * What cannot be computed exactly raises ``ValueError`` naming it: attention dropout, attention
   sinks, 4-D masks, custom mask patterns (chunked attention, image-token blocks, or/and mask
-  functions) and bidirectional sliding windows.
+  functions), bidirectional sliding windows, and a sliding window over padding inside a row
+  wherever transformers (counting positions) and the varlen form (counting real tokens) differ.
 """
 
 from __future__ import annotations
 
+import numbers
+import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,6 +62,13 @@ _EXACT_PATTERNS = {
     "packed_sequence_mask_function",
 }
 
+#: Wrappers that feed a pattern each token's position inside its packed document instead of its
+#: index in the row (transformers >= 5.23 wraps the causal and sliding patterns of packed rows).
+#: Within a document positions step by one, exactly as indices do, so a pattern that depends only
+#: on the difference of the two (causal, sliding window, bidirectional) is unchanged by it: the
+#: wrapped pattern is what is checked.
+_POSITION_REMAPS = {"remap_positions_for_packed_sequence"}
+
 #: Patterns known to need masking that causal + window cannot express.
 _REFUSED_PATTERNS = {
     "chunked_overlay": "chunked attention (attention_chunk_size)",
@@ -72,13 +84,33 @@ _REFUSED_KWARGS = {
     "head_mask": "head masks",
 }
 
-# Varlen metadata per mask / position_ids tensor. Every layer of one forward receives the same
-# tensor object, so the metadata is built (one host sync) by the first layer only. Entries die
-# with their tensor; the version counter catches a tensor changed in place between forwards.
-_METADATA: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# Varlen metadata is built (one host sync) by the first layer of a forward and reused by the
+# others, which receive the same mask / position_ids object. A reused value must never describe
+# data other than what it was built from, and a version counter cannot tell: inference tensors
+# have none, and writes through ``.data``, a numpy view (``torch.from_numpy``) or DLPack leave it
+# unchanged. Hence:
+# * masks: cached only on the private copy ``mask_function`` makes for each forward, which no
+#   caller holds; a mask that reaches ``attention_forward`` any other way is read at every call.
+# * position_ids (the caller's tensor): cached for one forward only. A forward starts with the
+#   mask function (transformers calls it before the first layer), which ends every entry; a layer
+#   that asks again (the next forward, or a recomputation) starts a new entry too.
+_MASKS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # mask -> {key: value}
+_POSITIONS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # position_ids -> _Entry
+_forwards = [0]  # forwards begun (mask function calls); entries of an earlier one are stale
 
-#: Cached value for a mask whose keys are all real: it only trims a static cache's buffer.
+#: Key marking a mask whose keys are all real: it only trims a static cache's buffer.
 _TRIM_ONLY = "trim-only"
+
+
+@dataclass
+class _Entry:
+    """Metadata built from ``position_ids`` in forward ``forward``, and the layers that used it."""
+
+    forward: int
+    version: int | None
+    key: object
+    value: object
+    users: weakref.WeakSet = field(default_factory=weakref.WeakSet)
 
 
 def register(name: str = "attn_dispatch") -> str:
@@ -117,6 +149,13 @@ def register(name: str = "attn_dispatch") -> str:
 def _pattern_parts(fn: Callable) -> Iterator[str]:
     """Qualified names of the building blocks of a transformers mask function (and/or nested)."""
     qualname = getattr(fn, "__qualname__", type(fn).__name__)
+    if qualname.split(".<locals>")[0] in _POSITION_REMAPS:
+        wrapped = [c.cell_contents for c in fn.__closure__ or () if callable(c.cell_contents)]
+        if len(wrapped) != 1:  # not the wrapper we know: judged as a pattern of its own
+            yield qualname
+            return
+        yield from _pattern_parts(wrapped[0])
+        return
     if qualname.startswith(("and_masks.", "or_masks.")):
         yield qualname.split(".")[0]
         for cell in fn.__closure__ or ():
@@ -178,6 +217,7 @@ def mask_function(
     is a plain tensor, right-sliced, because ``generate`` may feed it back in.
     """
     _check_pattern(mask_function, use_vmap)
+    _begin_forward()
     if attention_mask is None:
         end = q_offset + q_length  # the keys after this position are unwritten cache slots
         if isinstance(end, Tensor):
@@ -190,18 +230,21 @@ def mask_function(
         if end >= kv_offset + kv_length:
             return None
         mask = torch.ones(batch_size, end - kv_offset, dtype=torch.bool, device=device)
-        _remember(mask, None, _TRIM_ONLY)
+        _own(mask, trim_only=True)
         return mask
     if attention_mask.dim() != 2:
         raise ValueError(
             f"argument 'attention_mask': expected a 2-D key-padding mask, got shape "
             f"{tuple(attention_mask.shape)}"
         )
-    mask = attention_mask[:, -kv_length:].to(torch.bool)
+    # a copy of our own: the caller may refill its tensor, a copy nobody else holds stays as read
+    mask = attention_mask[:, -kv_length:].to(torch.bool, copy=True)
+    trim_only = False
     if not _is_compiling() and bool(mask.all()):
         if mask.shape[1] == kv_length:
             return None
-        _remember(mask, None, _TRIM_ONLY)
+        trim_only = True
+    _own(mask, trim_only=trim_only)
     return mask
 
 
@@ -216,24 +259,55 @@ def _version(t: Tensor) -> int | None:
         return None
 
 
-def _remember(t: Tensor, key: object, value: object) -> None:
+def _begin_forward() -> None:
+    """A forward starts: no position_ids metadata of an earlier one is reused."""
     if not _is_compiling():
-        _METADATA[t] = (_version(t), key, value)
+        _forwards[0] += 1
 
 
-def _cached(t: Tensor, key: object, build: Callable[[], Any]) -> Any:
-    """``build()``, computed once per tensor (and ``key``) and reused by every later layer.
+def _own(mask: Tensor, trim_only: bool) -> None:
+    """Record ``mask`` as made by the mask function, so its metadata may be cached."""
+    if not _is_compiling():
+        _MASKS[mask] = {_TRIM_ONLY: True} if trim_only else {}
+
+
+def _is_trim_only(mask: Tensor) -> bool:
+    return not _is_compiling() and _MASKS.get(mask, {}).get(_TRIM_ONLY, False)
+
+
+def _mask_cached(mask: Tensor, key: object, build: Callable[[], Any]) -> Any:
+    """``build()``, once per mask the mask function made (and ``key``); every call otherwise.
 
     Under ``torch.compile`` the weak dictionary cannot be traced, so the metadata is rebuilt.
     """
+    store = None if _is_compiling() else _MASKS.get(mask)
+    if store is None:
+        return build()
+    if key not in store:
+        store[key] = build()
+    return store[key]
+
+
+def _positions_cached(
+    position_ids: Tensor, module: torch.nn.Module, key: object, build: Callable[[], Any]
+) -> Any:
+    """``build()``, reused by the other layers of the forward that built it."""
     if _is_compiling():
         return build()
-    hit = _METADATA.get(t)
-    if hit is not None and hit[0] == _version(t) and (hit[1] is None or hit[1] == key):
-        return hit[2]
-    value = build()
-    _METADATA[t] = (_version(t), key, value)
-    return value
+    entry = _POSITIONS.get(position_ids)
+    if (
+        entry is not None
+        and entry.forward == _forwards[0]
+        and entry.version == _version(position_ids)
+        and entry.key == key
+        and module not in entry.users
+    ):
+        entry.users.add(module)
+        return entry.value
+    entry = _Entry(_forwards[0], _version(position_ids), key, build())
+    entry.users.add(module)
+    _POSITIONS[position_ids] = entry
+    return entry.value
 
 
 def _expected_heads(module: torch.nn.Module) -> tuple[int | None, int | None, int | None]:
@@ -272,12 +346,33 @@ def _window(sliding_window: int | None, causal: bool, longest_k: int) -> dict:
             "attn_dispatch does not compute bidirectional sliding-window attention "
             f"(sliding_window={sliding_window} with is_causal=False)"
         )
-    width = int(sliding_window)
-    if width < 1:
-        raise ValueError(f"argument 'sliding_window': expected an int >= 1, got {sliding_window}")
-    if longest_k <= width:
+    if longest_k <= sliding_window:
         return {}
-    return {"window": (width - 1, 0)}
+    return {"window": (sliding_window - 1, 0)}
+
+
+def _check_sliding_window(sliding_window: object) -> int | None:
+    """``None`` or an int >= 1 (never a bool, a float or a str, which ``int()`` would accept)."""
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral):
+        raise TypeError(
+            f"argument 'sliding_window': expected an int >= 1 or None, got "
+            f"{type(sliding_window).__name__}"
+        )
+    if sliding_window < 1:
+        raise ValueError(f"argument 'sliding_window': expected an int >= 1, got {sliding_window}")
+    return int(sliding_window)
+
+
+def _check_is_causal(is_causal: object, module: torch.nn.Module) -> bool:
+    """The caller's ``is_causal`` (a bool, or None for the module's own flag, read as
+    transformers' attention functions read it)."""
+    if is_causal is None:
+        return bool(getattr(module, "is_causal", True))
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"argument 'is_causal': expected a bool, got {type(is_causal).__name__}")
+    return is_causal
 
 
 def _refuse(dropout: float, attention_mask: Tensor | None, kwargs: dict) -> None:
@@ -304,15 +399,45 @@ def _refuse(dropout: float, attention_mask: Tensor | None, kwargs: dict) -> None
         )
 
 
-def _padded_metadata(mask: Tensor, seqlen_q: int) -> tuple[Varlen, Varlen] | str:
-    return _cached(mask, seqlen_q, lambda: varlen_from_key_mask(mask, seqlen_q))
+def _padded_metadata(mask: Tensor, seqlen_q: int) -> tuple[Varlen, Varlen]:
+    return _mask_cached(mask, seqlen_q, lambda: varlen_from_key_mask(mask, seqlen_q))
 
 
-def _packed_metadata(position_ids: Tensor, batch: int) -> Varlen:
+def _packed_metadata(position_ids: Tensor, batch: int, module: torch.nn.Module) -> Varlen:
     def build() -> Varlen:
         return varlen_from_position_ids(position_ids.expand(batch, -1))
 
-    return _cached(position_ids, batch, build)
+    return _positions_cached(position_ids, module, batch, build)
+
+
+def _gapped_span(mask: Tensor) -> int:
+    """The longest first-to-last real key span of a row with padding inside it; 0 if none."""
+    if mask.numel() == 0:
+        return 0
+    length = mask.shape[1]
+    idx = torch.arange(length, device=mask.device)
+    first = torch.where(mask, idx, length).amin(1)
+    last = torch.where(mask, idx, -1).amax(1)
+    span = (last - first + 1).clamp(min=0)
+    return int(torch.where(mask.sum(1) < span, span, 0).amax())
+
+
+def _check_window_over_padding(mask: Tensor, sliding_window: int) -> None:
+    """Refuse a window that padding inside a row would make inexact.
+
+    transformers counts the window in positions, the varlen form in real tokens: the two agree
+    where a row's real keys are contiguous (left or right padding), or where a row with holes
+    spans no more than the window (the window then hides nothing in either).
+    """
+    span = _mask_cached(mask, "gapped_span", lambda: _gapped_span(mask))
+    if span > sliding_window:
+        raise ValueError(
+            f"attn_dispatch cannot compute a sliding window (sliding_window={sliding_window}) "
+            f"over an attention_mask with padding between real tokens (a row's real tokens span "
+            f"{span} positions): transformers counts the window in positions, padding included, "
+            "and the varlen form it would run in counts real tokens only; pad on the left or "
+            "the right only, or use attn_implementation='sdpa'"
+        )
 
 
 def _varlen_attention(q: Tensor, k: Tensor, v: Tensor, vq: Varlen, vk: Varlen, opts: dict):
@@ -358,10 +483,12 @@ def attention_forward(
     q = _bshd("query", query, heads, head_dim)
     k = _bshd("key", key, kv_heads, None)
     v = _bshd("value", value, kv_heads, None)
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = _check_is_causal(is_causal, module)
+    sliding_window = _check_sliding_window(sliding_window)
+    # scaling and softcap go to attention as given: its checks refuse what is not a number
     opts: dict[str, Any] = {"causal": causal, "causal_align": "bottom_right", "scale": scaling}
     if softcap is not None:
-        opts["softcap"] = float(softcap)
+        opts["softcap"] = softcap
     batch, seqlen_q = q.shape[0], q.shape[1]
 
     if attention_mask is not None:
@@ -372,10 +499,11 @@ def attention_forward(
                 f"{k.shape[1]} (queries, keys), got {tuple(attention_mask.shape)}"
             )
         k, v = k[:, :length], v[:, :length]  # a static cache's unwritten slots are dropped
-        meta = _padded_metadata(attention_mask, seqlen_q)
-        if meta is not _TRIM_ONLY:
-            vq, vk = meta
+        if not _is_trim_only(attention_mask):
+            vq, vk = _padded_metadata(attention_mask, seqlen_q)
             opts |= _window(sliding_window, causal, vk.max_seqlen)
+            if sliding_window is not None:
+                _check_window_over_padding(attention_mask, sliding_window)
             return vq.pad(_varlen_attention(q, k, v, vq, vk, opts)), None
 
     elif cu_seq_lens_q is not None or cu_seq_lens_k is not None:
@@ -387,7 +515,7 @@ def attention_forward(
         return out.view(batch, seqlen_q, *out.shape[1:]), None
 
     elif position_ids is not None and position_ids.dim() == 2 and 1 < seqlen_q == k.shape[1]:
-        packed = _packed_metadata(position_ids, batch)
+        packed = _packed_metadata(position_ids, batch, module)
         if packed.num_sequences > batch:
             opts |= _window(sliding_window, causal, packed.max_seqlen)
             out = _varlen_attention(q, k, v, packed, packed, opts)

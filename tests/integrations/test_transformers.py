@@ -363,3 +363,242 @@ def test_mask_function_keeps_padding_and_drops_all_real_masks():
 def test_register_refuses_names_transformers_interprets(name):
     with pytest.raises(ValueError, match="argument 'name'"):
         adt.register(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Packed documents in training (no cache), on every admitted transformers
+
+
+DOCS = (7, 4, 1)
+
+
+def packed_inputs(lens=DOCS) -> dict:
+    """Restarting position_ids of documents ``lens`` in one row, and the same as cu_seq_lens_*."""
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    position_ids = torch.cat([torch.arange(n) for n in lens])[None]
+    flat = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lens), max_length_k=max(lens))
+    return {"position_ids": position_ids, "flattening": flat}
+
+
+@pytest.mark.parametrize("route", ["position_ids", "flattening"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_packed_training_without_cache_matches_reference(name, route):
+    """Forward and backward of a packed row with use_cache=False (the training call): logits,
+    loss and every gradient as transformers' own attention computes them. With no cache,
+    transformers' sdpa/eager separate the documents from the position_ids themselves; the
+    DataCollatorWithFlattening route passes cu_seq_lens_* along with the position_ids."""
+    dtype = torch.float64
+    theirs, ours = make_pair(name, dtype)
+    ids = tokens(1)
+    inputs = packed_inputs()
+    extra = {"position_ids": inputs["position_ids"]}
+    if route == "flattening":
+        extra |= inputs["flattening"]
+    theirs.train(), ours.train()
+    a = run(theirs, ids, labels=ids, position_ids=inputs["position_ids"])
+    b = run(ours, ids, labels=ids, **extra)
+    assert_match(a, b, reference(name, dtype)[1])
+    # the documents are separated: not what one unpacked row gives
+    dense = run(ours, ids, labels=ids)
+    assert not torch.allclose(dense[0], b[0])
+
+
+def test_remapped_packed_patterns_are_judged_by_what_they_wrap():
+    """Newer transformers wrap a packed row's pattern so it reads positions within documents;
+    that is exact for causal and sliding patterns, and a refused pattern stays refused."""
+    from transformers import masking_utils as mu
+
+    remap = getattr(mu, "remap_positions_for_packed_sequence", None)
+    if remap is None:
+        pytest.skip(f"transformers {transformers.__version__} does not remap packed positions")
+    pos = packed_inputs()["position_ids"][:, :4]
+    for ok in (mu.causal_mask_function, mu.sliding_window_causal_mask_function(3)):
+        assert mask_call(remap(ok, pos)) is None
+    chunked = mu.chunked_causal_mask_function(2, torch.zeros(1, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunked attention"):
+        mask_call(remap(chunked, pos))
+
+
+# ----------------------------------------------------------------------------------------------
+# Cached metadata never outlives the data it was built from
+
+
+class Refill:
+    """A buffer refilled in place in a way torch's version counter does not see."""
+
+    def __init__(self, route: str, first: torch.Tensor):
+        self.route = route
+        if route == "inference_mode":  # inference tensors have no version counter
+            with torch.inference_mode():
+                self.buf = first.clone()
+        elif route == "numpy":  # written through a numpy view
+            self.array = first.numpy().copy()
+            self.buf = torch.from_numpy(self.array)
+        else:  # written through .data, which has a version counter of its own
+            self.buf = first.clone()
+
+    def context(self):
+        return torch.inference_mode() if self.route == "inference_mode" else torch.no_grad()
+
+    def fill(self, new: torch.Tensor) -> None:
+        if self.route == "inference_mode":
+            with torch.inference_mode():
+                self.buf.copy_(new)
+        elif self.route == "numpy":
+            self.array[...] = new.numpy()
+        else:
+            self.buf.data.copy_(new)
+
+
+REFILLS = ["inference_mode", "numpy", "data"]
+
+
+@pytest.mark.parametrize("route", REFILLS)
+def test_refilled_position_ids_are_read_again(route):
+    _, ours = make_pair("llama", torch.float64)
+    ids = tokens(1)
+    first, second = (packed_inputs(lens)["position_ids"] for lens in (DOCS, (3, 9)))
+    with torch.no_grad():
+        want = ours(ids, position_ids=second.clone(), use_cache=False).logits
+    refill = Refill(route, first)
+    with refill.context():
+        ours(ids, position_ids=refill.buf, use_cache=False)
+        refill.fill(second)
+        got = ours(ids, position_ids=refill.buf, use_cache=False).logits
+    torch.testing.assert_close(got, want, **TOL[torch.float64])
+
+
+@pytest.mark.parametrize("route", REFILLS)
+def test_refilled_mask_passed_straight_to_attention_forward_is_read_again(route):
+    module, q, k, v = layer_inputs()
+    first = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1]], dtype=torch.bool)
+    second = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    with torch.no_grad():
+        want = adt.attention_forward(module, q, k, v, second.clone())[0]
+    refill = Refill(route, first)
+    with refill.context():
+        adt.attention_forward(module, q, k, v, refill.buf)
+        refill.fill(second)
+        got = adt.attention_forward(module, q, k, v, refill.buf)[0]
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("route", REFILLS)
+def test_refilled_position_ids_passed_straight_to_attention_forward_are_read_again(route):
+    """No mask function runs between direct calls: a layer asking again starts a new entry."""
+    module, q, k, v = layer_inputs()
+    first = torch.tensor([[0, 1, 2, 3, 4, 5]])
+    second = torch.tensor([[0, 1, 0, 1, 2, 3]])
+    with torch.no_grad():
+        want = adt.attention_forward(module, q, k, v, None, position_ids=second.clone())[0]
+    refill = Refill(route, first)
+    with refill.context():
+        adt.attention_forward(module, q, k, v, None, position_ids=refill.buf)
+        refill.fill(second)
+        got = adt.attention_forward(module, q, k, v, None, position_ids=refill.buf)[0]
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("route", REFILLS)
+def test_refilled_attention_mask_between_forwards_is_read_again(route):
+    _, ours = make_pair("llama", torch.float64)
+    ids = tokens(3)
+    first, second = padding("left"), padding("right")
+    with torch.no_grad():
+        want = ours(ids, attention_mask=second.clone(), use_cache=False).logits
+    refill = Refill(route, first)
+    with refill.context():
+        ours(ids, attention_mask=refill.buf, use_cache=False)
+        refill.fill(second)
+        got = ours(ids, attention_mask=refill.buf, use_cache=False).logits
+    real = second.bool()
+    torch.testing.assert_close(got[real], want[real], **TOL[torch.float64])
+
+
+def test_packed_metadata_is_built_once_per_forward(monkeypatch):
+    builds = []
+    real = adt.varlen_from_position_ids
+
+    def counting(position_ids):
+        builds.append(position_ids.shape)
+        return real(position_ids)
+
+    monkeypatch.setattr(adt, "varlen_from_position_ids", counting)
+    _, ours = make_pair("llama", torch.float64)
+    position_ids = packed_inputs()["position_ids"]
+    for _ in range(2):  # two layers per forward, one build per forward
+        ours(tokens(1), position_ids=position_ids, use_cache=False)
+    assert len(builds) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# Sliding windows over padding
+
+
+def mistral_window_4():
+    torch.manual_seed(0)
+    theirs = MistralForCausalLM(MistralConfig(**COMMON, num_key_value_heads=2, sliding_window=4))
+    theirs = theirs.double()
+    ours = copy.deepcopy(theirs)
+    theirs.set_attn_implementation("sdpa")
+    ours.set_attn_implementation(NAME)
+    return theirs, ours
+
+
+def test_window_over_padding_inside_a_row_is_refused():
+    _, ours = mistral_window_4()
+    mask = torch.ones(2, S, dtype=torch.long)
+    mask[0, 3:5] = 0
+    with pytest.raises(ValueError, match=r"sliding window \(sliding_window=4\).*padding between"):
+        ours(tokens(2), attention_mask=mask, use_cache=False)
+
+
+@pytest.mark.parametrize("holes", ["left", "right", "inside_short_row"])
+def test_window_over_contiguous_padding_matches_sdpa(holes):
+    """Left/right padding keeps each row's real tokens contiguous; a row with a hole that spans
+    no more than the window is exact too (the window hides nothing in it)."""
+    theirs, ours = mistral_window_4()
+    mask = padding(holes) if holes != "inside_short_row" else torch.zeros(3, S, dtype=torch.long)
+    if holes == "inside_short_row":
+        mask[0] = 1
+        mask[1, [0, 1, 3]] = 1  # span 4 == window
+        mask[2, 5:] = 1
+    ids = tokens(3)
+    labels = real_labels(ids, mask)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    a = run(theirs, ids, mask, labels, position_ids=pos)
+    b = run(ours, ids, mask, labels, position_ids=pos)
+    assert_match(a, b, TOL[torch.float64], where=mask.bool())
+
+
+@pytest.mark.parametrize(
+    ("kw", "core"),
+    [
+        (dict(softcap="2.0"), dict(softcap="2.0")),
+        (dict(softcap=True), dict(softcap=True)),
+        (dict(scaling="0.5"), dict(scale="0.5")),
+    ],
+)
+def test_options_are_refused_as_attention_refuses_them(kw, core):
+    module, q, k, v = layer_inputs()
+    with pytest.raises(TypeError) as want:
+        ad.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **core)
+    with pytest.raises(TypeError) as got:
+        adt.attention_forward(module, q, k, v, None, **kw)
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "match"),
+    [
+        (dict(sliding_window="4"), TypeError, "argument 'sliding_window': expected an int"),
+        (dict(sliding_window=True), TypeError, "argument 'sliding_window': expected an int"),
+        (dict(sliding_window=2.5), TypeError, "argument 'sliding_window': expected an int"),
+        (dict(sliding_window=0), ValueError, "argument 'sliding_window': expected an int >= 1"),
+        (dict(is_causal="no"), TypeError, "argument 'is_causal': expected a bool"),
+    ],
+)
+def test_transformers_arguments_of_the_wrong_type_are_refused(kw, error, match):
+    module, q, k, v = layer_inputs()
+    with pytest.raises(error, match=match):
+        adt.attention_forward(module, q, k, v, None, **kw)
