@@ -664,16 +664,27 @@ def format_table(rows: list[Row]) -> str:
 
 
 def summary(rows: list[Row]) -> str:
-    """Per shape: the automatic choice vs the fastest and vs the direct call."""
+    """Per shape: the automatic choice vs the fastest and vs the direct call.
+
+    "Fastest" is over the forced rows timed in the same run, and is only reported when the
+    automatic choice is one of them (else a filtered row set could make it slower than auto)."""
     out = []
     by_shape: dict[Shape, list[Row]] = {}
     for r in rows:
         by_shape.setdefault(r.shape, []).append(r)
     for shape, rs in by_shape.items():
         forced = [r for r in rs if r.kind == "forced" and r.us is not None]
-        auto = next((r for r in rs if r.kind == AUTO), None)
-        direct = next((r for r in rs if r.kind == DIRECT), None)
+        auto = next((r for r in rs if r.kind == AUTO and r.us is not None), None)
+        direct = next((r for r in rs if r.kind == DIRECT and r.us is not None), None)
         if not forced or auto is None:
+            continue
+        if not any(r.impl == auto.impl for r in forced):
+            # The automatic choice was not timed forced (outside --impls, or its forced row
+            # failed): the fastest of the others is no like-for-like bound on it.
+            out.append(
+                f"{shape.label:<34} auto {auto.impl} {auto.us:.1f} us (not compared: "
+                f"{auto.impl} has no forced timing in this run)"
+            )
             continue
         best = min(forced, key=lambda r: r.us)
         line = (
