@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("explain", help="why each implementation would or would not run a shape")
     p.add_argument("--arch", type=_arch, default=None, help="e.g. sm_90, gfx942, gfx950, cpu")
-    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--batch", type=nonnegative_int, default=1)
     p.add_argument("--seqlen", type=nonnegative_int, required=True)
     p.add_argument("--seqlen-k", type=nonnegative_int, default=None, help="default: --seqlen")
     p.add_argument("--heads", type=positive_int, required=True)

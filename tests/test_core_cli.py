@@ -77,7 +77,7 @@ def test_demo_runs_verifies_and_reports(env):
 
 
 def test_explain_accepts_zero_length_sequences(env, capsys):
-    """Zero-length inputs are valid in the API, so the command explains them too."""
+    """Zero-length and zero-batch inputs are valid in the API, so the command explains them."""
     base = ["explain", "--arch", "cpu", "--heads", "2", "--head-dim", "16", "--json"]
     for lengths, shapes in (
         (["--seqlen", "0"], ("q: shape=(1, 0, 2, 16)", "k: shape=(1, 0, 2, 16)")),
@@ -85,6 +85,7 @@ def test_explain_accepts_zero_length_sequences(env, capsys):
             ["--seqlen", "4", "--seqlen-k", "0"],
             ("q: shape=(1, 4, 2, 16)", "k: shape=(1, 0, 2, 16)"),
         ),
+        (["--seqlen", "4", "--batch", "0"], ("q: shape=(0, 4, 2, 16)", "k: shape=(0, 4, 2, 16)")),
     ):
         assert cli.main(base + lengths) == 0
         data = json.loads(capsys.readouterr().out)
