@@ -24,7 +24,9 @@ from torch import Tensor
 from ._api import backward as _dispatch_backward
 from ._api import forward as _dispatch_forward
 from ._inputs import (
+    INT64_MAX,
     _require_tensor,
+    build_inputs,
     check_flags,
     check_softcap,
     check_window,
@@ -237,6 +239,22 @@ def attention(
     if cu_seqlens_q is not None and cu_seqlens_k is not None:
         max_seqlen_q = _capped_max_seqlen(max_seqlen_q, q)
         max_seqlen_k = _capped_max_seqlen(max_seqlen_k, k)
+    if any(isinstance(m, int) and m > INT64_MAX for m in (max_seqlen_q, max_seqlen_k)):
+        # Dense or malformed varlen inputs: the schema cannot carry the value, so the
+        # dispatcher's validation names what is wrong before the operator would.
+        build_inputs(
+            q,
+            k,
+            v,
+            causal=causal,
+            causal_align=causal_align,
+            scale=scale,
+            deterministic=deterministic,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+        )
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"argument 'backend': expected a str or None, got {type(backend).__name__}")
     if torch.compiler.is_compiling():

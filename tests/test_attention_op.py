@@ -491,3 +491,14 @@ def test_compile_fullgraph_takes_changing_scale_and_softcap() -> None:
         with pytest.raises(ValueError, match=f"argument '{name}'"):
             compiled(q, cap, scale)
     torch.compiler.reset()
+
+
+def test_max_seqlen_beyond_int64_is_the_dispatchers_error() -> None:
+    """The operator schema is int64: a larger value on dense inputs gets the dispatcher's
+    ValueError naming it, not the schema's RuntimeError."""
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError) as want:
+        ad.forward(q, q, q, max_seqlen_q=2**64)
+    with pytest.raises(ValueError) as got:
+        ad.attention(q, q, q, max_seqlen_q=2**64)
+    assert str(got.value) == str(want.value) and "'max_seqlen_q'" in str(got.value)
