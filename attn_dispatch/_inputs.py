@@ -400,6 +400,21 @@ def check_softcap(softcap) -> float | None:
     return _float_arg("softcap", softcap)
 
 
+def check_cap_ratio(scale: float, softcap: float | None) -> None:
+    """Kernels multiply raw scores by ``scale / softcap`` in float32 (then take the tanh): the
+    ratio must stay in ``FLOAT_ARG_RANGE`` too, or a zero score times an infinite ratio is NaN
+    (each value alone may be in range: scale=1e30 with softcap=1e-30)."""
+    if softcap is None:
+        return
+    low, high = FLOAT_ARG_RANGE
+    ratio = scale / softcap
+    if not (low <= ratio <= high):
+        raise ValueError(
+            f"argument 'softcap': expected scale / softcap within [{low:g}, {high:g}] (kernels "
+            f"scale the scores by it in float32), got {scale:g} / {softcap:g} = {ratio:g}"
+        )
+
+
 def validate(
     q,
     k,
@@ -484,6 +499,8 @@ def validate(
         )
     if d == 0 or dv == 0:
         raise ValueError(f"argument 'q'/'v': expected non-empty head dims, got D={d}, Dv={dv}")
+    scale = resolve_scale(scale, d)
+    check_cap_ratio(scale, softcap)
     return Facts(
         batch,
         sq,
@@ -495,7 +512,7 @@ def validate(
         q.dtype,
         q.device,
         varlen,
-        resolve_scale(scale, d),
+        scale,
         msq,
         msk,
         effective_window(window, causal_align, msq, msk),

@@ -275,3 +275,14 @@ def test_varlen_max_seqlen_beyond_the_tokens_means_the_token_count(env, max_seql
     assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
     assert torch.equal(ad.attention(q, k, v, **flags), want[0])
     assert "max_seqlen_q=7 max_seqlen_k=9" in ad.explain(q, k, v, **flags).inputs
+
+
+@pytest.mark.parametrize(("scale", "softcap"), [(1e30, 1e-30), (1e-30, 1e30), (1e20, 1e-20)])
+def test_scale_over_softcap_outside_float32_range_is_refused(env, scale, softcap):
+    """Each value is in range, but kernels scale raw scores by scale / softcap in float32:
+    an infinite ratio times a zero score is NaN."""
+    q, k, v, *_ = make_inputs(d=8)
+    for call in (ad.forward, ad.attention, ad.explain):
+        with pytest.raises(ValueError, match="argument 'softcap': expected scale / softcap"):
+            call(q, k, v, scale=scale, softcap=softcap)
+    ad.forward(q, k, v, scale=1e20, softcap=1e-9)  # a ratio of 1e29 is in range
