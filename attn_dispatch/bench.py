@@ -590,10 +590,9 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
         row.us, row.host_us, row.calls, row.spread = us, host_us, calls, spread
         log(f"  {row.impl} ({row.kind}): {us:.1f} us")
     timed = [r for r in rows if r.us is not None]
-    fastest = min((r.us for r in timed if r.kind == "forced"), default=None)
+    set_ratios(timed)
     for r in timed:
         r.tflops = shape.flops / (r.us * 1e-6) / 1e12
-        r.ratio = r.us / fastest if fastest else None
     for name, why in rejected.items():
         if not patterns or any(_matches(name, p) for p in patterns):
             rows.append(Row(shape, name, "forced", status="rejected", note=why))
@@ -638,6 +637,17 @@ def environment(device: torch.device) -> dict:
         except (OSError, subprocess.SubprocessError):
             env["driver"] = None
     return env
+
+
+def set_ratios(timed: list[Row]) -> None:
+    """Each timed row's time over the fastest forced row's, for rows whose implementation was
+    timed forced (an auto or direct row of an implementation outside --impls has no like-for-like
+    fastest: its ratio stays None, as in the summary)."""
+    forced = [r for r in timed if r.kind == "forced"]
+    fastest = min((r.us for r in forced), default=None)
+    compared = {r.impl for r in forced}
+    for r in timed:
+        r.ratio = r.us / fastest if fastest and r.impl in compared else None
 
 
 def format_table(rows: list[Row]) -> str:

@@ -225,3 +225,12 @@ def test_summary_compares_auto_only_with_a_row_set_that_contains_it():
 
 def test_summary_skips_an_auto_row_without_a_time():
     assert bench.summary(_summary_rows("x:mid", None)) == ""
+
+
+def test_ratio_column_only_for_implementations_timed_forced():
+    rows = [r for r in _summary_rows("x:fast", 10.0) if r.us is not None]
+    bench.set_ratios(rows)
+    assert [r.ratio for r in rows] == [2.0, 1.0, None, None]
+    rows = [r for r in _summary_rows("x:mid", 60.0) if r.us is not None]
+    bench.set_ratios(rows)
+    assert [r.ratio for r in rows] == [2.0, 1.0, 1.2, 59 / 50]
