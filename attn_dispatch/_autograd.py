@@ -161,7 +161,8 @@ def _bwd_fake(grad_out, q, k, v, *rest):  # shapes only: out, lse and the flags 
     )
 
 
-_INTS = (int, torch.SymInt)
+# ints as ``ad.forward`` takes them (numpy ints too), or traced ones
+_INTS = (numbers.Integral, torch.SymInt)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -234,6 +235,9 @@ def attention(
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, _INTS)):
             raise TypeError(f"argument '{name}': expected a Python int, got {type(value).__name__}")
+    max_seqlen_q, max_seqlen_k = (
+        int(m) if isinstance(m, numbers.Integral) else m for m in (max_seqlen_q, max_seqlen_k)
+    )
     # No sequence is longer than its packed tensor: a larger max_seqlen (up to beyond int64,
     # which the schema cannot carry) means the same as the token count.
     if cu_seqlens_q is not None and cu_seqlens_k is not None:

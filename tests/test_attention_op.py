@@ -502,3 +502,17 @@ def test_max_seqlen_beyond_int64_is_the_dispatchers_error() -> None:
     with pytest.raises(ValueError) as got:
         ad.attention(q, q, q, max_seqlen_q=2**64)
     assert str(got.value) == str(want.value) and "'max_seqlen_q'" in str(got.value)
+
+
+def test_numpy_ints_are_taken_as_in_forward() -> None:
+    """``ad.forward`` takes any integral max_seqlen (a numpy int from a collator's arrays);
+    ``ad.attention`` takes the same, not only the schema's Python int."""
+    np = pytest.importorskip("numpy")
+    t = torch.randn(5, 2, 8)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    flags = dict(
+        cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=np.int64(3), max_seqlen_k=np.int32(3)
+    )
+    torch.testing.assert_close(ad.attention(t, t, t, **flags), ad.forward(t, t, t, **flags)[0])
+    with pytest.raises(TypeError, match="argument 'max_seqlen_q'"):
+        ad.attention(t, t, t, **dict(flags, max_seqlen_q=np.bool_(True)))
