@@ -316,16 +316,23 @@ def resolve_scale(scale, head_dim: int) -> float:
     return _float_arg("scale", scale)
 
 
+def _type_name(value) -> str:
+    """The type's name, module-qualified outside the builtins (``numpy.bool``, not a bare
+    ``bool`` that reads like the type that was expected)."""
+    cls = type(value)
+    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__name__}"
+
+
 def check_flags(causal, causal_align, deterministic) -> None:
     if not isinstance(causal, bool):
-        raise TypeError(f"argument 'causal': expected a bool, got {type(causal).__name__}")
+        raise TypeError(f"argument 'causal': expected a bool, got {_type_name(causal)}")
     if causal_align not in CAUSAL_ALIGNS:
         raise ValueError(
             f"argument 'causal_align': expected one of {CAUSAL_ALIGNS}, got {causal_align!r}"
         )
     if not isinstance(deterministic, bool):
         raise TypeError(
-            f"argument 'deterministic': expected a bool or None, got {type(deterministic).__name__}"
+            f"argument 'deterministic': expected a bool or None, got {_type_name(deterministic)}"
         )
 
 

@@ -286,3 +286,12 @@ def test_scale_over_softcap_outside_float32_range_is_refused(env, scale, softcap
         with pytest.raises(ValueError, match="argument 'softcap': expected scale / softcap"):
             call(q, k, v, scale=scale, softcap=softcap)
     ad.forward(q, k, v, scale=1e20, softcap=1e-9)  # a ratio of 1e29 is in range
+
+
+def test_numpy_bool_flag_is_refused_with_its_qualified_type(env):
+    """A numpy bool is not a bool: the message must not read "expected a bool, got bool"."""
+    np = pytest.importorskip("numpy")
+    q, k, v, *_ = make_inputs(d=8)
+    for name in ("causal", "deterministic"):
+        with pytest.raises(TypeError, match=f"argument '{name}': expected a bool.*got numpy.bool"):
+            ad.forward(q, k, v, **{name: np.bool_(True)})
