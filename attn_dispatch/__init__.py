@@ -19,6 +19,7 @@ from ._inputs import (
     band_sides,
     check_softcap,
     check_window,
+    effective_window,
     lse_dtype,
 )
 from ._report import Candidate, Report
@@ -51,6 +52,7 @@ __all__ = [
     "backends",
     "backward",
     "detect_arch",
+    "effective_window",
     "enable",
     "explain",
     "forward",

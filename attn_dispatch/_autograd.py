@@ -23,7 +23,16 @@ from torch import Tensor
 
 from ._api import backward as _dispatch_backward
 from ._api import forward as _dispatch_forward
-from ._inputs import check_flags, check_softcap, check_window, lse_dtype, resolve_scale
+from ._inputs import (
+    INT64_MAX,
+    _require_tensor,
+    build_inputs,
+    check_flags,
+    check_softcap,
+    check_window,
+    lse_dtype,
+    resolve_scale,
+)
 
 _FLAGS = (
     "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt? max_seqlen_q, SymInt? max_seqlen_k, "
@@ -152,7 +161,8 @@ def _bwd_fake(grad_out, q, k, v, *rest):  # shapes only: out, lse and the flags 
     )
 
 
-_INTS = (int, torch.SymInt)
+# ints as ``ad.forward`` takes them (numpy ints too), or traced ones
+_INTS = (numbers.Integral, torch.SymInt)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -207,6 +217,13 @@ def attention(
     output as [B, H, Sq, Dv]: the tensors are used through transposed views, never copied. The
     layout is declared, never guessed from the shapes.
     """
+    # The operator schema would reject a non-tensor (a numpy array, a list) with a RuntimeError
+    # that prints its value: the dispatcher's TypeError instead.
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _require_tensor(name, t)
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t is not None:
+            _require_tensor(name, t)
     heads_first = _heads_first(layout, cu_seqlens_q, cu_seqlens_k, (q, k, v))
     if heads_first:
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -218,13 +235,39 @@ def attention(
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, _INTS)):
             raise TypeError(f"argument '{name}': expected a Python int, got {type(value).__name__}")
+    max_seqlen_q, max_seqlen_k = (
+        int(m) if isinstance(m, numbers.Integral) else m for m in (max_seqlen_q, max_seqlen_k)
+    )
+    # No sequence is longer than its packed tensor: a larger max_seqlen (up to beyond int64,
+    # which the schema cannot carry) means the same as the token count.
+    if cu_seqlens_q is not None and cu_seqlens_k is not None:
+        max_seqlen_q = _capped_max_seqlen(max_seqlen_q, q)
+        max_seqlen_k = _capped_max_seqlen(max_seqlen_k, k)
+    if any(isinstance(m, int) and m > INT64_MAX for m in (max_seqlen_q, max_seqlen_k)):
+        # Dense or malformed varlen inputs: the schema cannot carry the value, so the
+        # dispatcher's validation names what is wrong before the operator would.
+        build_inputs(
+            q,
+            k,
+            v,
+            causal=causal,
+            causal_align=causal_align,
+            scale=scale,
+            deterministic=deterministic,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+        )
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"argument 'backend': expected a str or None, got {type(backend).__name__}")
-    if scale is not None:
-        scale = resolve_scale(scale, 1)
+    if torch.compiler.is_compiling():
+        scale, softcap = _traced_float("scale", scale), _traced_float("softcap", softcap)
+    else:
+        scale = None if scale is None else resolve_scale(scale, 1)
+        softcap = check_softcap(softcap)
     window = check_window(window, (numbers.Integral, torch.SymInt))
     window_left, window_right = (None, None) if window is None else window
-    softcap = check_softcap(softcap)
     # A meta tensor among real ones would send the operator to its fake implementation, which
     # returns uninitialised memory: refuse mixed devices here, as the dispatcher does.
     for name, t in (
@@ -255,6 +298,27 @@ def attention(
         softcap,
     )
     return out.transpose(1, 2) if heads_first else out
+
+
+def _traced_float(name: str, value):
+    """``value`` checked for its type only, as a float (or the ``SymFloat`` it is traced as).
+
+    While ``torch.compile`` traces, a changing float is symbolic (no value to check) and an
+    error raised in the trace is no ``ValueError`` under ``fullgraph``: the dispatcher inside
+    the operator checks the value where it runs, with the same errors as in eager mode."""
+    if value is None or isinstance(value, torch.SymFloat):
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"argument '{name}': expected a float, got {type(value).__name__}")
+    return float(value)
+
+
+def _capped_max_seqlen(value, t: Tensor):
+    """A concrete varlen ``max_seqlen`` larger than the tokens of ``t`` as that token count
+    (what the dispatcher does too); anything else unchanged, for the dispatcher to check."""
+    if isinstance(value, int) and isinstance(t, Tensor) and t.dim() == 3 and value > t.shape[0]:
+        return t.shape[0]
+    return value
 
 
 _LAYOUTS = ("bshd", "bhsd")

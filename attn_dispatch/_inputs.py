@@ -16,6 +16,12 @@ CAUSAL_ALIGNS = ("top_left", "bottom_right")
 # A sliding window (left, right): keys d_i - left .. d_i + right of row i; None: unbounded side.
 Window = tuple[int | None, int | None]
 QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# A window side beyond int64 cannot be a tensor extent: it bounds nothing and means unbounded.
+INT64_MAX = 2**63 - 1
+# ``scale`` and ``softcap`` stay in this range so that they, their reciprocals and their products
+# with log2(e) are normal float32 numbers in every kernel (1e39 is inf in float32, 1e-39 is
+# subnormal and flushes to zero on GPUs: either turns scores into inf or NaN).
+FLOAT_ARG_RANGE = (1e-30, 1e30)
 
 
 class Facts(NamedTuple):
@@ -34,7 +40,8 @@ class Facts(NamedTuple):
     scale: float
     max_seqlen_q: int
     max_seqlen_k: int
-    # the call's sliding window and soft cap (validated; part of the signature like the flags)
+    # the call's sliding window (validated, sides that bound nothing set to None: see
+    # effective_window) and soft cap (validated); part of the signature like the flags
     window: Window | None = None
     softcap: float | None = None
 
@@ -45,8 +52,9 @@ class ForwardInputs:
     Tensors: ``q``, ``k``, ``v``, ``cu_seqlens_q``, ``cu_seqlens_k`` (``None`` when dense).
     Flags: ``causal``, ``causal_align``, ``scale`` (resolved), ``deterministic`` (resolved),
     ``max_seqlen_q`` / ``max_seqlen_k`` (the sequence lengths when dense), ``window`` (``None``
-    or ``(left, right)``, each side an int >= 0 or ``None`` for unbounded, as the caller gave
-    it: the causal mask is not folded in) and ``softcap`` (``None`` or a float > 0).
+    or ``(left, right)``, each side an int >= 0 or ``None`` for unbounded; the causal mask is
+    not folded in, but a side that excludes no key at these lengths is already ``None``, see
+    ``effective_window``) and ``softcap`` (``None`` or a float in ``FLOAT_ARG_RANGE``).
     Derived: ``batch``, ``seqlen_q``, ``seqlen_k`` (max lengths when varlen), ``heads``,
     ``kv_heads``, ``head_dim``, ``head_dim_v``, ``dtype``, ``device``, ``is_varlen``,
     ``group_size``.
@@ -286,28 +294,45 @@ def _int_arg(name: str, value) -> int:
     return int(value)
 
 
+def _float_arg(name: str, value) -> float:
+    """``value`` as a float in ``FLOAT_ARG_RANGE``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"argument '{name}': expected a float, got {type(value).__name__}")
+    value = float(value)
+    low, high = FLOAT_ARG_RANGE
+    if not (low <= value <= high):  # also False for NaN
+        raise ValueError(
+            f"argument '{name}': expected a finite float > 0 within [{low:g}, {high:g}] "
+            f"(beyond it float32 kernels overflow or flush to zero), got {value}"
+        )
+    return value
+
+
 def resolve_scale(scale, head_dim: int) -> float:
-    """``1/sqrt(head_dim)`` when ``scale`` is None; else ``scale`` checked finite and positive."""
+    """``1/sqrt(head_dim)`` when ``scale`` is None; else ``scale`` checked positive and in
+    ``FLOAT_ARG_RANGE``."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"argument 'scale': expected a float, got {type(scale).__name__}")
-    scale = float(scale)
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"argument 'scale': expected a finite positive float, got {scale}")
-    return scale
+    return _float_arg("scale", scale)
+
+
+def _type_name(value) -> str:
+    """The type's name, module-qualified outside the builtins (``numpy.bool``, not a bare
+    ``bool`` that reads like the type that was expected)."""
+    cls = type(value)
+    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__name__}"
 
 
 def check_flags(causal, causal_align, deterministic) -> None:
     if not isinstance(causal, bool):
-        raise TypeError(f"argument 'causal': expected a bool, got {type(causal).__name__}")
+        raise TypeError(f"argument 'causal': expected a bool, got {_type_name(causal)}")
     if causal_align not in CAUSAL_ALIGNS:
         raise ValueError(
             f"argument 'causal_align': expected one of {CAUSAL_ALIGNS}, got {causal_align!r}"
         )
     if not isinstance(deterministic, bool):
         raise TypeError(
-            f"argument 'deterministic': expected a bool or None, got {type(deterministic).__name__}"
+            f"argument 'deterministic': expected a bool or None, got {_type_name(deterministic)}"
         )
 
 
@@ -335,8 +360,31 @@ def check_window(window, ints: tuple[type, ...] = (numbers.Integral,)) -> Window
             raise ValueError(
                 f"argument 'window': expected each side an int >= 0 or None, got {name}={side}"
             )
-        sides.append(side if isinstance(side, torch.SymInt) else int(side))
+        if isinstance(side, torch.SymInt):
+            sides.append(side)
+        else:
+            side = int(side)
+            sides.append(None if side > INT64_MAX else side)
     return None if sides == [None, None] else (sides[0], sides[1])
+
+
+def effective_window(
+    window: Window | None, causal_align: str, seqlen_q: int, seqlen_k: int
+) -> Window | None:
+    """``window`` (validated) with every side that excludes no key at these lengths set to
+    ``None`` (unbounded); ``None`` when neither side bounds anything.
+
+    Row ``i``'s diagonal is ``i`` (top-left) or ``i + Sk - Sq`` (bottom-right), so ``left``
+    reaches every key once ``left >= Sq`` (top-left) or ``>= Sk`` (bottom-right), and ``right``
+    once ``right >= Sk`` (top-left) or ``>= Sq`` (bottom-right). With varlen inputs the lengths
+    are the longest sequences, which bound every sequence's reach. Kernels thus never see a side
+    larger than a sequence length (no int32/int64 overflow in their band arithmetic).
+    """
+    if window is None:
+        return None
+    reach = (seqlen_k, seqlen_q) if causal_align == "bottom_right" else (seqlen_q, seqlen_k)
+    left, right = (None if s is None or s >= r else s for s, r in zip(window, reach))
+    return None if left is None and right is None else (left, right)
 
 
 def band_sides(window: Window | None, causal: bool) -> tuple[int | None, int | None]:
@@ -349,17 +397,29 @@ def band_sides(window: Window | None, causal: bool) -> tuple[int | None, int | N
 
 
 def check_softcap(softcap) -> float | None:
-    """``None``, or ``softcap`` as a float checked finite and > 0."""
+    """``None``, or ``softcap`` as a float checked in ``FLOAT_ARG_RANGE``."""
     if softcap is None:
         return None
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(
             f"argument 'softcap': expected None or a float, got {type(softcap).__name__}"
         )
-    softcap = float(softcap)
-    if not math.isfinite(softcap) or softcap <= 0:
-        raise ValueError(f"argument 'softcap': expected a finite float > 0, got {softcap}")
-    return softcap
+    return _float_arg("softcap", softcap)
+
+
+def check_cap_ratio(scale: float, softcap: float | None) -> None:
+    """Kernels multiply raw scores by ``scale / softcap`` in float32 (then take the tanh): the
+    ratio must stay in ``FLOAT_ARG_RANGE`` too, or a zero score times an infinite ratio is NaN
+    (each value alone may be in range: scale=1e30 with softcap=1e-30)."""
+    if softcap is None:
+        return
+    low, high = FLOAT_ARG_RANGE
+    ratio = scale / softcap
+    if not (low <= ratio <= high):
+        raise ValueError(
+            f"argument 'softcap': expected scale / softcap within [{low:g}, {high:g}] (kernels "
+            f"scale the scores by it in float32), got {scale:g} / {softcap:g} = {ratio:g}"
+        )
 
 
 def validate(
@@ -446,6 +506,8 @@ def validate(
         )
     if d == 0 or dv == 0:
         raise ValueError(f"argument 'q'/'v': expected non-empty head dims, got D={d}, Dv={dv}")
+    scale = resolve_scale(scale, d)
+    check_cap_ratio(scale, softcap)
     return Facts(
         batch,
         sq,
@@ -457,10 +519,10 @@ def validate(
         q.dtype,
         q.device,
         varlen,
-        resolve_scale(scale, d),
+        scale,
         msq,
         msk,
-        window,
+        effective_window(window, causal_align, msq, msk),
         softcap,
     )
 
@@ -542,6 +604,9 @@ def _validate_varlen(q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_
         _require_rank(name, t, 3, layout)
     tq, h, d = q.shape
     tk, hkv, dk = k.shape
+    # No sequence is longer than its packed tensor: a larger max_seqlen means the token count,
+    # so kernels never take a grid size or int32 argument beyond the data.
+    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, tq), min(max_seqlen_k, tk)
     if dk != d:
         raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
     if v.shape[:2] != k.shape[:2]:

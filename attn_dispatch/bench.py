@@ -590,10 +590,9 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
         row.us, row.host_us, row.calls, row.spread = us, host_us, calls, spread
         log(f"  {row.impl} ({row.kind}): {us:.1f} us")
     timed = [r for r in rows if r.us is not None]
-    fastest = min((r.us for r in timed if r.kind == "forced"), default=None)
+    set_ratios(timed)
     for r in timed:
         r.tflops = shape.flops / (r.us * 1e-6) / 1e12
-        r.ratio = r.us / fastest if fastest else None
     for name, why in rejected.items():
         if not patterns or any(_matches(name, p) for p in patterns):
             rows.append(Row(shape, name, "forced", status="rejected", note=why))
@@ -640,6 +639,17 @@ def environment(device: torch.device) -> dict:
     return env
 
 
+def set_ratios(timed: list[Row]) -> None:
+    """Each timed row's time over the fastest forced row's, for rows whose implementation was
+    timed forced (an auto or direct row of an implementation outside --impls has no like-for-like
+    fastest: its ratio stays None, as in the summary)."""
+    forced = [r for r in timed if r.kind == "forced"]
+    fastest = min((r.us for r in forced), default=None)
+    compared = {r.impl for r in forced}
+    for r in timed:
+        r.ratio = r.us / fastest if fastest and r.impl in compared else None
+
+
 def format_table(rows: list[Row]) -> str:
     head = (
         f"{'shape':<34} {'implementation':<24} {'kind':<7} {'us':>10} {'TFLOP/s':>8} "
@@ -664,16 +674,27 @@ def format_table(rows: list[Row]) -> str:
 
 
 def summary(rows: list[Row]) -> str:
-    """Per shape: the automatic choice vs the fastest and vs the direct call."""
+    """Per shape: the automatic choice vs the fastest and vs the direct call.
+
+    "Fastest" is over the forced rows timed in the same run, and is only reported when the
+    automatic choice is one of them (else a filtered row set could make it slower than auto)."""
     out = []
     by_shape: dict[Shape, list[Row]] = {}
     for r in rows:
         by_shape.setdefault(r.shape, []).append(r)
     for shape, rs in by_shape.items():
         forced = [r for r in rs if r.kind == "forced" and r.us is not None]
-        auto = next((r for r in rs if r.kind == AUTO), None)
-        direct = next((r for r in rs if r.kind == DIRECT), None)
+        auto = next((r for r in rs if r.kind == AUTO and r.us is not None), None)
+        direct = next((r for r in rs if r.kind == DIRECT and r.us is not None), None)
         if not forced or auto is None:
+            continue
+        if not any(r.impl == auto.impl for r in forced):
+            # The automatic choice was not timed forced (outside --impls, or its forced row
+            # failed): the fastest of the others is no like-for-like bound on it.
+            out.append(
+                f"{shape.label:<34} auto {auto.impl} {auto.us:.1f} us (not compared: "
+                f"{auto.impl} has no forced timing in this run)"
+            )
             continue
         best = min(forced, key=lambda r: r.us)
         line = (

@@ -456,3 +456,63 @@ def test_cuda_graph_replay_matches_eager() -> None:
     torch.testing.assert_close(static_out, want_out, atol=2e-2, rtol=2e-2)
     for got, exp in zip(static_grads, want):
         torch.testing.assert_close(got, exp, atol=2e-2, rtol=2e-2)
+
+
+def test_non_tensor_inputs_raise_the_dispatchers_type_error() -> None:
+    """A numpy array is the same TypeError as in ``ad.forward``, not the operator schema's
+    RuntimeError that prints the array."""
+    np = pytest.importorskip("numpy")
+    a = np.zeros((1, 4, 2, 8), dtype=np.float32)
+    with pytest.raises(TypeError) as want:
+        ad.forward(a, a, a)
+    with pytest.raises(TypeError) as got:
+        ad.attention(a, a, a)
+    assert str(got.value) == str(want.value) == "argument 'q': expected a torch.Tensor, got ndarray"
+    t = torch.zeros(4, 2, 8)
+    cu = np.array([0, 4], dtype=np.int32)
+    with pytest.raises(TypeError, match="argument 'cu_seqlens_q': expected a torch.Tensor"):
+        ad.attention(t, t, t, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4, max_seqlen_k=4)
+
+
+def test_compile_fullgraph_takes_changing_scale_and_softcap() -> None:
+    """From the second value on, torch traces a float symbolically: the checks must not need
+    its value there (the operator checks it where it runs, with the same errors)."""
+    torch.compiler.reset()
+    torch.manual_seed(0)
+    q = torch.randn(1, 6, 2, 8)
+
+    def fn(q, cap, scale):
+        return ad.attention(q, q, q, softcap=cap, scale=scale)
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for cap, scale in ((1.0, 0.5), (2.0, 0.25), (3.5, 0.125)):
+        torch.testing.assert_close(compiled(q, cap, scale), fn(q, cap, scale))
+    for name, cap, scale in (("softcap", -1.0, 0.5), ("scale", 1.0, 1e39)):
+        with pytest.raises(ValueError, match=f"argument '{name}'"):
+            compiled(q, cap, scale)
+    torch.compiler.reset()
+
+
+def test_max_seqlen_beyond_int64_is_the_dispatchers_error() -> None:
+    """The operator schema is int64: a larger value on dense inputs gets the dispatcher's
+    ValueError naming it, not the schema's RuntimeError."""
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(ValueError) as want:
+        ad.forward(q, q, q, max_seqlen_q=2**64)
+    with pytest.raises(ValueError) as got:
+        ad.attention(q, q, q, max_seqlen_q=2**64)
+    assert str(got.value) == str(want.value) and "'max_seqlen_q'" in str(got.value)
+
+
+def test_numpy_ints_are_taken_as_in_forward() -> None:
+    """``ad.forward`` takes any integral max_seqlen (a numpy int from a collator's arrays);
+    ``ad.attention`` takes the same, not only the schema's Python int."""
+    np = pytest.importorskip("numpy")
+    t = torch.randn(5, 2, 8)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    flags = dict(
+        cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=np.int64(3), max_seqlen_k=np.int32(3)
+    )
+    torch.testing.assert_close(ad.attention(t, t, t, **flags), ad.forward(t, t, t, **flags)[0])
+    with pytest.raises(TypeError, match="argument 'max_seqlen_q'"):
+        ad.attention(t, t, t, **dict(flags, max_seqlen_q=np.bool_(True)))

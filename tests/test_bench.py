@@ -201,3 +201,36 @@ def test_cuda_graphs_a_failed_capture_costs_only_its_row(tmp_path, capsys, toys)
     assert rows["toy:host_sync"]["note"].startswith("CUDA graph capture failed")
     for name in ("toy:fast", "torch_sdpa:flash"):
         assert rows[name]["status"] == "ok" and rows[name]["us"] > 0, rows[name]
+
+
+def _summary_rows(auto_impl: str, auto_us: float | None) -> list:
+    shape = bench.Shape(1, 64, 2, 2, 16, True, "fp32")
+    return [
+        bench.Row(shape, "x:slow", "forced", us=100.0),
+        bench.Row(shape, "x:mid", "forced", us=50.0),
+        bench.Row(shape, auto_impl, bench.AUTO, us=auto_us),
+        bench.Row(shape, auto_impl, bench.DIRECT, us=None if auto_us is None else auto_us - 1),
+    ]
+
+
+def test_summary_compares_auto_only_with_a_row_set_that_contains_it():
+    """With --impls leaving the automatic choice out of the forced rows, the fastest of the
+    others is no bound on auto: the summary must not print a "fastest" slower than auto."""
+    line = bench.summary(_summary_rows("x:fast", 10.0))
+    assert "fastest" not in line and "x:slow" not in line and "x:mid" not in line
+    assert "auto x:fast 10.0 us" in line and "no forced timing" in line
+    line = bench.summary(_summary_rows("x:mid", 52.0))
+    assert "fastest x:mid 50.0 us; auto x:mid 52.0 us (+4.0% vs fastest" in line
+
+
+def test_summary_skips_an_auto_row_without_a_time():
+    assert bench.summary(_summary_rows("x:mid", None)) == ""
+
+
+def test_ratio_column_only_for_implementations_timed_forced():
+    rows = [r for r in _summary_rows("x:fast", 10.0) if r.us is not None]
+    bench.set_ratios(rows)
+    assert [r.ratio for r in rows] == [2.0, 1.0, None, None]
+    rows = [r for r in _summary_rows("x:mid", 60.0) if r.us is not None]
+    bench.set_ratios(rows)
+    assert [r.ratio for r in rows] == [2.0, 1.0, 1.2, 59 / 50]

@@ -30,10 +30,13 @@ def _error_line(capsys) -> str:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (EXPLAIN + ["--seqlen", "-1"], "argument --seqlen: expected an integer >= 1, got -1"),
-        (EXPLAIN + ["--batch", "-2"], "argument --batch: expected an integer >= 1, got -2"),
+        (EXPLAIN + ["--seqlen", "-1"], "argument --seqlen: expected an integer >= 0, got -1"),
+        (EXPLAIN + ["--batch", "-2"], "argument --batch: expected an integer >= 0, got -2"),
         (EXPLAIN + ["--kv-heads", "0"], "argument --kv-heads: expected an integer >= 1, got 0"),
-        (EXPLAIN + ["--seqlen-k", "0"], "argument --seqlen-k: expected an integer >= 1, got 0"),
+        (EXPLAIN + ["--seqlen-k", "-3"], "argument --seqlen-k: expected an integer >= 0, got -3"),
+        (EXPLAIN + ["--softcap", "1e39"], "argument 'softcap': expected a finite float > 0"),
+        (EXPLAIN + ["--scale", "1e39"], "argument 'scale': expected a finite float > 0"),
+        (EXPLAIN + ["--scale", "nan"], "argument 'scale': expected a finite float > 0"),
         (
             EXPLAIN + ["--head-dim-v", "0"],
             "argument --head-dim-v: expected an integer >= 1, got 0",

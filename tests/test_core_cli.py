@@ -74,3 +74,27 @@ def test_demo_runs_verifies_and_reports(env):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "selected: reference:chunked" in done.stdout
     assert "PASS" in done.stdout and "median" in done.stdout
+
+
+def test_explain_accepts_zero_length_sequences(env, capsys):
+    """Zero-length and zero-batch inputs are valid in the API, so the command explains them."""
+    base = ["explain", "--arch", "cpu", "--heads", "2", "--head-dim", "16", "--json"]
+    for lengths, shapes in (
+        (["--seqlen", "0"], ("q: shape=(1, 0, 2, 16)", "k: shape=(1, 0, 2, 16)")),
+        (
+            ["--seqlen", "4", "--seqlen-k", "0"],
+            ("q: shape=(1, 4, 2, 16)", "k: shape=(1, 0, 2, 16)"),
+        ),
+        (["--seqlen", "4", "--batch", "0"], ("q: shape=(0, 4, 2, 16)", "k: shape=(0, 4, 2, 16)")),
+    ):
+        assert cli.main(base + lengths) == 0
+        data = json.loads(capsys.readouterr().out)
+        inputs = "\n".join(data["inputs"])
+        assert all(s in inputs for s in shapes), inputs
+        assert data["selected"] == "reference:chunked"
+
+
+def test_explain_window_side_beyond_int64_is_unbounded(env, capsys):
+    argv = ["explain", "--arch", "cpu", "--seqlen", "8", "--heads", "2", "--head-dim", "16"]
+    assert cli.main(argv + ["--window", f"0,{2**64}", "--json"]) == 0
+    assert "window=(0, None)" in "\n".join(json.loads(capsys.readouterr().out)["inputs"])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
 from conftest import make_inputs
 
 import attn_dispatch as ad
+from attn_dispatch._inputs import build_inputs
 
 
 def _dense_call(**changes):
@@ -64,6 +66,11 @@ DENSE_CASES = [
     (dict(scale=math.inf), ValueError, "scale"),
     (dict(scale=math.nan), ValueError, "scale"),
     (dict(scale="0.1"), TypeError, "scale"),
+    # beyond float32's range (inf there) or flushed to zero: inf/NaN scores in every kernel
+    (dict(scale=1e39), ValueError, "scale"),
+    (dict(scale=1e-39), ValueError, "scale"),
+    (dict(softcap=1e39), ValueError, "softcap"),
+    (dict(softcap=1e-39), ValueError, "softcap"),
     (dict(deterministic="yes"), TypeError, "deterministic"),
     (dict(max_seqlen_q=SQ + 1), ValueError, "max_seqlen_q"),
     (dict(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32)), ValueError, "cu_seqlens_k"),
@@ -176,3 +183,115 @@ def test_deterministic_none_follows_torch(env, toys):
         assert ad.backward(q, k, v, out, lse, do).dq.flatten()[0] == 1.0  # toy:fast
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize(
+    ("sq", "sk", "align", "window", "expected"),
+    [
+        # top-left: left reaches every key from Sq on, right from Sk on
+        (6, 5, "top_left", (6, 5), None),
+        (6, 5, "top_left", (5, 4), (5, 4)),
+        (6, 5, "top_left", (0, sys.maxsize), (0, None)),
+        # bottom-right: left from Sk on, right from Sq on
+        (6, 5, "bottom_right", (5, 6), None),
+        (6, 5, "bottom_right", (4, 5), (4, 5)),
+        (6, 3, "bottom_right", (sys.maxsize, 4), (None, 4)),
+        (6, 5, "top_left", (2**64, 0), (None, 0)),
+    ],
+)
+def test_window_side_that_reaches_every_key_is_unbounded(env, sq, sk, align, window, expected):
+    """Backends see such a side as None, so none does band arithmetic near the int64 limit."""
+    q, k, v, *_ = make_inputs(sq=sq, sk=sk)
+    inp = build_inputs(
+        q, k, v, causal=False, causal_align=align, scale=None, deterministic=False, window=window
+    )
+    assert inp.window == expected
+
+
+def test_varlen_window_reach_is_taken_from_the_longest_sequences(env):
+    args, flags = _varlen_call()  # max_seqlen_q=4, max_seqlen_k=5
+    inp = build_inputs(
+        args["q"],
+        args["k"],
+        args["v"],
+        causal=False,
+        causal_align="top_left",
+        scale=None,
+        deterministic=False,
+        window=(4, 4),
+        **flags,
+    )
+    assert inp.window == (None, 4)
+
+
+@pytest.mark.parametrize(
+    ("sq", "sk", "align", "huge", "bounded"),
+    [
+        (6, 6, "top_left", (0, sys.maxsize), (0, None)),
+        (7, 4, "bottom_right", (sys.maxsize, 4), (None, 4)),
+        (6, 6, "top_left", (2**64, 0), (None, 0)),
+        (6, 6, "top_left", (2**63, 2**63 - 1), None),
+    ],
+)
+def test_window_sides_near_and_beyond_int64_are_unbounded_in_every_call(
+    env, sq, sk, align, huge, bounded
+):
+    """Any side at least the sequence length, up to beyond int64, computes exactly what an
+    unbounded side does: forward, backward, attention (its operator schema is int64) and
+    explain."""
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    torch.manual_seed(0)
+    q, k, v, _, _, do = make_inputs(sq=sq, sk=sk, d=8)
+    flags = dict(causal_align=align, backend="reference")
+    out, lse = ad.forward(q, k, v, window=huge, **flags)
+    want_out, want_lse = ad.forward(q, k, v, window=bounded, **flags)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    grads = ad.backward(q, k, v, out, lse, do, window=huge, **flags)
+    want = ad.backward(q, k, v, out, lse, do, window=bounded, **flags)
+    assert all(torch.equal(a, b) for a, b in zip(grads, want))
+    assert torch.equal(ad.attention(q, k, v, window=huge, **flags), want_out)
+    assert f"window={bounded}" in ad.explain(q, k, v, window=huge, **flags).inputs
+
+
+@pytest.mark.parametrize("name", ["scale", "softcap"])
+@pytest.mark.parametrize("value", [1e39, 1e-39, math.inf, math.nan])
+def test_scale_and_softcap_outside_float32_range_are_refused_in_every_call(env, name, value):
+    q, k, v, *_ = make_inputs(d=8)
+    for call in (ad.forward, ad.attention, ad.explain):
+        with pytest.raises(ValueError, match=f"'{name}'"):
+            call(q, k, v, **{name: value})
+
+
+@pytest.mark.parametrize("max_seqlen", [10, 2**31, 2**63, 2**64])
+def test_varlen_max_seqlen_beyond_the_tokens_means_the_token_count(env, max_seqlen):
+    """No sequence is longer than its packed tensor; backends never see a larger max_seqlen
+    (grid sizes, int32 kernel arguments), and the operator schema never one beyond int64."""
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    args, flags = _varlen_call()  # Tq=7, Tk=9
+    q, k, v = args["q"], args["k"], args["v"]
+    want = ad.forward(q, k, v, **flags)
+    flags.update(max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
+    out, lse = ad.forward(q, k, v, **flags)
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    assert torch.equal(ad.attention(q, k, v, **flags), want[0])
+    assert "max_seqlen_q=7 max_seqlen_k=9" in ad.explain(q, k, v, **flags).inputs
+
+
+@pytest.mark.parametrize(("scale", "softcap"), [(1e30, 1e-30), (1e-30, 1e30), (1e20, 1e-20)])
+def test_scale_over_softcap_outside_float32_range_is_refused(env, scale, softcap):
+    """Each value is in range, but kernels scale raw scores by scale / softcap in float32:
+    an infinite ratio times a zero score is NaN."""
+    q, k, v, *_ = make_inputs(d=8)
+    for call in (ad.forward, ad.attention, ad.explain):
+        with pytest.raises(ValueError, match="argument 'softcap': expected scale / softcap"):
+            call(q, k, v, scale=scale, softcap=softcap)
+    ad.forward(q, k, v, scale=1e20, softcap=1e-9)  # a ratio of 1e29 is in range
+
+
+def test_numpy_bool_flag_is_refused_with_its_qualified_type(env):
+    """A numpy bool is not a bool: the message must not read "expected a bool, got bool"."""
+    np = pytest.importorskip("numpy")
+    q, k, v, *_ = make_inputs(d=8)
+    for name in ("causal", "deterministic"):
+        with pytest.raises(TypeError, match=f"argument '{name}': expected a bool.*got numpy.bool"):
+            ad.forward(q, k, v, **{name: np.bool_(True)})

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import sys
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from attn_dispatch.testing import (
     tolerance_for,
     variant_cases,
 )
+from attn_dispatch.testing.oracle import visible_mask
 
 # ---------------------------------------------------------------------------------------------
 # the oracle
@@ -68,6 +70,29 @@ def test_oracle_bottom_right_gqa_and_dv_match_an_explicit_mask():
     for got, want in zip((res.dq, res.dk, res.dv), grads, strict=True):
         torch.testing.assert_close(got, want)
     assert res.dk.shape == k.shape and res.dv.shape == v.shape
+
+
+@pytest.mark.parametrize(
+    ("sq", "sk", "align", "huge", "bounded"),
+    [
+        (6, 6, "top_left", (0, sys.maxsize), (0, None)),
+        (7, 4, "bottom_right", (sys.maxsize, 4), (None, 4)),
+        (5, 8, "bottom_right", (2**64, 2**63), None),
+    ],
+)
+def test_oracle_window_sides_near_int64_are_unbounded(sq, sk, align, huge, bounded):
+    """The oracle does its own band arithmetic, so it catches a backend that wraps around."""
+    assert torch.equal(
+        visible_mask(sq, sk, False, align, window=huge),
+        visible_mask(sq, sk, False, align, window=bounded),
+    )
+    g = torch.Generator().manual_seed(3)
+    q, do = torch.randn(1, sq, 2, 4, generator=g), torch.randn(1, sq, 2, 4, generator=g)
+    k, v = torch.randn(1, sk, 2, 4, generator=g), torch.randn(1, sk, 2, 4, generator=g)
+    got = oracle(q, k, v, do, causal_align=align, window=huge)
+    want = oracle(q, k, v, do, causal_align=align, window=bounded)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_oracle_masked_rows_and_varlen():

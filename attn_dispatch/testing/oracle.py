@@ -44,7 +44,9 @@ def visible_mask(
     ``window=(left, right)`` key j is visible iff ``d_i - left <= j <= d_i + right`` (a side
     ``None`` is unbounded); ``causal`` caps ``right`` at 0.
     """
-    left, right = band_sides(window, causal)
+    # Sides clamped in Python to sq + sk (which already reaches every key): the mask arithmetic
+    # below is on int64 tensors, where a side near the int64 limit would wrap around.
+    left, right = (None if s is None else min(s, sq + sk) for s in band_sides(window, causal))
     diagonal = torch.arange(sq, device=device)[:, None] + (
         0 if causal_align == "top_left" else sk - sq
     )

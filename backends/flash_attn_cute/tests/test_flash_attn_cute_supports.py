@@ -538,3 +538,18 @@ def test_softcap_ranks_below_triton(backward):
     assert not plugin.measured_slower_sm90(plain)
     assert plugin.Sm90().priority_for_inputs(capped, arch) == plugin.SLOWER_PRIORITY
     assert plugin.Sm90().priority_for_inputs(plain, arch) == plugin.PRIORITY
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize(("sq", "sk"), [(7, 7), (5, 13), (13, 5)])
+@pytest.mark.parametrize(
+    ("huge", "bounded"),
+    [((0, 2**63 - 1), (0, None)), ((2**63 - 1, 3), (None, 3)), ((2**64, 2**70), None)],
+)
+def test_mask_args_take_sides_near_int64_as_unbounded(align, sq, sk, huge, bounded):
+    """FA4's window arguments are 32-bit in its kernels: a side near or beyond the int64 limit
+    reaches every key and must arrive as the unbounded side, never as a wrapped number."""
+    args = mask_args(forward_inputs(sq, sk, False, align, huge))
+    assert args == mask_args(forward_inputs(sq, sk, False, align, bounded))
+    assert all(side is None or abs(side) < 2**31 for side in args[1:])
+    assert torch.equal(fa4_visible(args, sq, sk), visible_mask(sq, sk, False, align, window=huge))

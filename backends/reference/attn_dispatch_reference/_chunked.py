@@ -90,7 +90,11 @@ def chunk_rows(batch: int, heads: int, seqlen_k: int, elem_bytes: int, budget_by
 def make_band(
     causal: bool, causal_align: str, window: Window | None, seqlen_q: int, seqlen_k: int
 ) -> Band | None:
-    """The band of one sequence, with ``causal`` folded in; ``None`` when nothing is masked."""
+    """The band of one sequence, with ``causal`` folded in; ``None`` when nothing is masked.
+
+    Sides that reach past every key become unbounded first, so the mask arithmetic on int64
+    tensors never meets a side near the int64 limit (the functions here take raw windows)."""
+    window = ad.effective_window(window, causal_align, seqlen_q, seqlen_k)
     left, right = ad.band_sides(window, causal)
     if left is None and right is None:
         return None
@@ -349,7 +353,7 @@ def attention_forward(
     ``window=(left, right)``: each side an int >= 0 or None (unbounded); for varlen the band is
     per sequence. ``softcap``: scores become ``softcap · tanh(s / softcap)`` before the softmax.
     """
-    ad.check_window(window)
+    window = ad.check_window(window)
     ad.check_softcap(softcap)
     lse_dtype = ad.lse_dtype(q.dtype)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
@@ -391,7 +395,7 @@ def attention_backward(
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) with the shapes and dtype of (q, k, v); arguments as in the forward."""
-    ad.check_window(window)
+    window = ad.check_window(window)
     ad.check_softcap(softcap)
     # Varlen: tokens of sequences without queries are not visited, so start from zeros.
     alloc = torch.empty if cu_seqlens_q is None else torch.zeros

@@ -442,3 +442,43 @@ def test_dense_forward_writes_every_row_of_a_tile_without_keys():
     dense_forward(q, k, k, out, lse, scale=1.0, band=Band(0, 0, 0), budget_bytes=1)
     assert (out[:, 4:] == 0).all() and torch.isneginf(lse[:, :, 4:]).all()
     assert not out.isnan().any() and not lse.isnan().any()
+
+
+@pytest.mark.parametrize(
+    ("sq", "sk", "align", "huge"),
+    [
+        (9, 9, "top_left", (0, 2**63 - 1)),
+        (11, 5, "bottom_right", (2**63 - 1, 4)),
+        (9, 9, "top_left", (2**64, 0)),
+        (6, 10, "bottom_right", (3, 2**63 - 1)),
+    ],
+)
+def test_window_sides_near_int64_match_the_oracle(sq, sk, align, huge):
+    """A side near or beyond the int64 limit reaches every key: both the dispatched call and
+    the module's own functions (which take raw windows) compute the unbounded side."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, sq, 2, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, sk, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    do = torch.randn(1, sq, 2, 8, generator=g, dtype=torch.float64)
+    scale = 8**-0.5
+    mask = torch.ones(sq, sk, dtype=torch.bool)
+    shift = 0 if align == "top_left" else sk - sq
+    for i in range(sq):  # the band written out in Python ints, which do not overflow
+        for j in range(sk):
+            mask[i, j] = i + shift - huge[0] <= j <= i + shift + huge[1]
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    want_out, want_lse = _dense_oracle(*leaves, scale, mask, None)
+    want_grads = torch.autograd.grad(want_out, leaves, do)
+    flags = dict(scale=scale, causal=False, causal_align=align, window=huge)
+    for out, lse in (
+        attention_forward(q, k, v, **flags),
+        ad.forward(q, k, v, **flags, backend="reference"),
+    ):
+        torch.testing.assert_close(out, want_out.detach())
+        torch.testing.assert_close(lse, want_lse.detach())
+    for grads in (
+        attention_backward(q, k, v, out, lse, do, **flags),
+        ad.backward(q, k, v, out, lse, do, **flags, backend="reference"),
+    ):
+        for got, want in zip(grads, want_grads, strict=True):
+            torch.testing.assert_close(got, want)

@@ -258,3 +258,34 @@ def test_explain_softcap():
         status, reasons = st[name]
         assert status == "rejected" and any("softcap" in r for r in reasons), reasons
     assert st["reference:chunked"][0] == "selected"
+
+
+@pytest.mark.parametrize(
+    ("huge", "bounded"),
+    [((0, 2**63 - 1), (0, None)), ((2**63 - 1, 0), (None, 0)), ((2**64, 5), (None, 5))],
+)
+def test_flash_window_sides_near_int64_are_passed_as_unbounded(huge, bounded):
+    """The flash ops' window sizes are -1 for unbounded; a side that reaches every key (up to
+    beyond int64) must arrive as -1, never as a number the kernel holds in 32 bits."""
+    from attn_dispatch_torch_sdpa.flash import _window_kwargs
+
+    from attn_dispatch._inputs import build_inputs
+
+    q = torch.empty(1, 9, 2, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 12, 2, 64, dtype=torch.bfloat16, device="meta")
+
+    def kwargs(window):
+        inp = build_inputs(
+            q,
+            k,
+            k,
+            causal=False,
+            causal_align="bottom_right",
+            scale=None,
+            deterministic=False,
+            window=window,
+        )
+        return _window_kwargs(inp)
+
+    assert kwargs(huge) == kwargs(bounded)
+    assert all(-1 <= side < 2**31 for side in kwargs(huge).values())

@@ -295,6 +295,17 @@ WIN_TILES = {
 CAPPED_SCALE = 2.5 / math.sqrt(64)  # scores of std ~2.5: a cap of 2 bends most of them
 
 VARIANT_CASES = [
+    # sides near and beyond the int64 limit are unbounded (no wrap-around in band arithmetic)
+    case("win-int64-right-tl", sq=24, sk=24, window=[0, 2**63 - 1], config=WIN_TILES),
+    case(
+        "win-int64-left-br-sq>sk",
+        sq=40,
+        sk=24,
+        align="bottom_right",
+        window=[2**63 - 1, 4],
+        config=WIN_TILES,
+    ),
+    case("win-beyond-int64-left-tl", sq=24, sk=24, window=[2**64, 0], config=WIN_TILES),
     case("win-left-only-tl-bf16", sq=70, sk=70, window=[9, None], config=WIN_TILES),
     case(
         "win-one-sided-causal-br-f16",

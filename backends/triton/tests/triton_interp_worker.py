@@ -79,6 +79,8 @@ def visible(sq, sk, causal, bottom_right, window=None):
     left, right = window if window is not None else (None, None)
     if causal:
         right = 0 if right is None else min(right, 0)
+    # sq + sk already reaches every key; a larger side would wrap around in int64 below
+    left, right = (None if x is None else min(x, sq + sk) for x in (left, right))
     i = torch.arange(sq)[:, None]
     j = torch.arange(sk)[None, :]
     d = i + (sk - sq if bottom_right else 0)
