@@ -61,8 +61,9 @@ class Report:
         }
 
     def __str__(self) -> str:
-        head = f"attn_dispatch {self.mode} on arch {self.arch.full}, {self.execution} execution"
+        head = f"attn_dispatch {self.mode} on arch {self.arch.full}"
         head += f" (forced: {self.forced})" if self.forced else ""
+        head += f", {self.execution} execution"
         lines = [head]
         if self.inputs:
             lines += ["inputs:"] + [f"  {line}" for line in self.inputs.splitlines()]
