@@ -15,6 +15,10 @@ never initialised (then nothing can be capturing).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 
 EAGER, GRAPH = "eager", "graph"
@@ -23,10 +27,17 @@ EXECUTIONS = (EAGER, GRAPH)
 _cuda_initialized = torch.cuda.is_initialized
 _cuda_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 _compiling = torch.compiler.is_compiling
+_declared: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "attn_dispatch_execution", default=None
+)
 
 
 def current_execution() -> str:
-    """``"graph"`` when the call is being captured or compiled, else ``"eager"``."""
+    """The mode declared by :func:`execution_mode`, else ``"graph"`` when the call is being
+    captured or compiled, else ``"eager"``."""
+    declared = _declared.get()
+    if declared is not None:
+        return declared
     if _compiling():
         return GRAPH
     if _cuda_capturing is not None and _cuda_initialized() and _cuda_capturing():
@@ -39,3 +50,22 @@ def check_execution(execution: object, name: str = "execution") -> str:
     if execution not in EXECUTIONS:
         raise ValueError(f"{name} must be one of {EXECUTIONS}, got {execution!r}")
     return execution  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def execution_mode(execution: str) -> Iterator[None]:
+    """Decide the calls inside as ``execution`` (``"eager"`` or ``"graph"``).
+
+    For the warm-up before a CUDA-graph capture: it runs eagerly, yet should compile and
+    check what the captured calls will run (their decision may differ from an eager call's)::
+
+        with ad.execution_mode("graph"):
+            step()                      # warm-up: graph decisions, kernels compiled
+        with torch.cuda.graph(g):
+            step()                      # same decisions, nothing compiled during capture
+    """
+    token = _declared.set(check_execution(execution))
+    try:
+        yield
+    finally:
+        _declared.reset(token)

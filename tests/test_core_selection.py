@@ -183,6 +183,19 @@ def test_priority_can_depend_on_the_execution_mode(toys, monkeypatch):
     assert tag_of(ad.backward(*varlen, **flags)) == GRAPH_ONLY
 
 
+def test_execution_mode_declares_the_graph_decision_for_a_warm_up(toys):
+    """Inside execution_mode("graph") an eager call gets (and caches) the graph decision, which
+    a captured call of the same signature then reuses; outside, eager again."""
+    inputs = make_inputs()
+    with ad.execution_mode("graph"):
+        assert tag_of(ad.backward(*inputs)) == GRAPH_ONLY
+        assert ad.explain(*inputs).execution == "graph"
+    assert tag_of(ad.backward(*inputs)) == NONDET
+    with pytest.raises(ValueError, match="execution"):
+        with ad.execution_mode("cuda_graph"):
+            pass
+
+
 def test_explain_takes_an_execution_mode(toys):
     inputs = make_inputs()
     eager = ad.explain(*inputs)
