@@ -11,6 +11,7 @@ from ._api import BackendInfo, ImplementationInfo, backends, backward, explain, 
 from ._arch import Arch, detect_arch
 from ._autograd import attention
 from ._errors import NoBackendError, UnknownBackendError
+from ._execution import execution_mode
 from ._hookspecs import hookimpl
 from ._implementation import Gradients, Implementation
 from ._inputs import (
@@ -61,6 +62,7 @@ __all__ = [
     "missing_requirement",
     "reload",
     "use_backend",
+    "execution_mode",
     "varlen_from_key_mask",
     "varlen_from_mask",
     "varlen_from_position_ids",

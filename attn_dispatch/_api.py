@@ -13,6 +13,7 @@ import torch
 from . import _settings
 from ._arch import Arch
 from ._dispatch import BACKWARD, FORWARD, arch_for, dispatch
+from ._execution import check_execution, current_execution
 from ._implementation import Gradients, lookup_priority
 from ._inputs import BackwardInputs, build_inputs
 from ._registry import BackendRecord, _declaration_problems
@@ -122,12 +123,16 @@ def explain(
     window=None,
     softcap=None,
     arch=None,
+    execution=None,
 ) -> Report:
     """Why each implementation would or would not run these inputs; ``str()`` is a table.
 
     ``arch`` (``"gfx950"``, ``"sm_90"`` or an ``Arch``) evaluates a hypothetical target; the
     tensors may then live on the ``meta`` device. Without ``out``/``lse``/``grad_out`` the
-    forward is explained. Never raises for a rejection; malformed input still raises.
+    forward is explained. ``execution`` (``"eager"`` or ``"graph"``: captured into a CUDA
+    graph or traced by ``torch.compile``) asks for the decision of that execution mode, whose
+    priorities may differ; default: the mode of the calling context. Never raises for a
+    rejection; malformed input still raises.
     """
     settings = _settings.current()
     if deterministic is None:
@@ -154,7 +159,12 @@ def explain(
     )
     mode = "backward" if isinstance(inp, BackwardInputs) else "forward"
     forced = _settings.resolve_forced(backend, settings)
-    report, _, _ = evaluate(settings, inp, arch or arch_for(settings, inp.device), mode, forced)
+    if execution is None:
+        execution = current_execution()
+    else:
+        execution = check_execution(execution)
+    target = arch or arch_for(settings, inp.device)
+    report, _, _ = evaluate(settings, inp, target, mode, forced, execution)
     return report
 
 
@@ -170,6 +180,7 @@ class ImplementationInfo:
     has_forward: bool
     window: bool = False
     softcap: bool = False
+    opt_in_reason: str | None = None
 
     def priority_for(self, arch: Arch | str) -> int | None:
         """The priority on ``arch`` (``None``: not chosen automatically there)."""
@@ -184,6 +195,7 @@ class ImplementationInfo:
             "has_forward": self.has_forward,
             "window": self.window,
             "softcap": self.softcap,
+            "opt_in_reason": self.opt_in_reason,
         }
 
 
@@ -219,6 +231,7 @@ def _info(record: BackendRecord) -> BackendInfo:
             i.has_forward,
             i.window,
             i.softcap,
+            getattr(i, "opt_in_reason", None),
         )
         for i in record.implementations
     )

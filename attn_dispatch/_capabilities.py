@@ -72,6 +72,9 @@ def declaration_problems(impl: object) -> list[str]:
         optional = name != "causal_aligns"
         if not (optional and value is None) and not _collection_of(value, accept):
             problems.append(f"{name}={value!r} must be {'None or ' if optional else ''}{wanted}")
+    reason = getattr(impl, "opt_in_reason", None)
+    if reason is not None and not (isinstance(reason, str) and reason):
+        problems.append(f"opt_in_reason={reason!r} must be None or a non-empty str")
     for name in ("min_sm", "alignment"):
         value = getattr(impl, name)
         if value is not None and not (_is_int(value) and value > 0):

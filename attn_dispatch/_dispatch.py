@@ -4,7 +4,9 @@ A call's decision depends only on tensor metadata and flags. The hot path looks 
 calls through a C-level guard first, see ``_guards``; then a dictionary keyed on exactly that
 metadata), rebuilds the light inputs object around the cached ``Facts`` and calls the chosen
 implementation. Validation, selection, logging and the check of the implementation's outputs
-happen on the first call of a signature only.
+happen on the first call of a signature only. The execution mode (``_execution``: eager, or
+captured into a CUDA graph / traced by ``torch.compile``) is one of the flags both lookups key
+on, so a captured call and an eager call of the same signature never share a decision.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import _guards, _settings
+from . import _execution, _guards, _settings
 from ._arch import CPU, Arch, _gpu_arch
 from ._implementation import Gradients, Implementation
 from ._inputs import (
@@ -213,7 +215,18 @@ def dispatch(
     backend_arg = backend
     if backend is None:
         backend = _settings._forced.get() or settings.forced_env
-    flags = (mode.name, causal, causal_align, scale, deterministic, backend, window, softcap)
+    execution = _execution.current_execution()
+    flags = (
+        mode.name,
+        causal,
+        causal_align,
+        scale,
+        deterministic,
+        backend,
+        window,
+        softcap,
+        execution,
+    )
     if cu_q is None and cu_k is None and max_q is None and max_k is None:
         entries = settings.guarded.get(flags)
         if entries and (decision := _guards.match(entries, tensors)) is not None:
@@ -340,7 +353,7 @@ def _first_call(
     backend_arg,
 ):
     """Validate, select, run, check the outputs, then cache the decision."""
-    _, causal, causal_align, scale, deterministic, _, window, softcap = flags
+    _, causal, causal_align, scale, deterministic, _, window, softcap, execution = flags
     inp = build_inputs(
         *tensors,
         causal=causal,
@@ -356,15 +369,16 @@ def _first_call(
     )
     forced = _settings.resolve_forced(backend_arg, settings)
     arch = arch_for(settings, inp.device)
-    report, impl, read_pointers = evaluate(settings, inp, arch, mode.name, forced)
+    report, impl, read_pointers = evaluate(settings, inp, arch, mode.name, forced, execution)
     if impl is None:
         raise no_backend_error(report)
     log.info(
-        "attn_dispatch: %s %r -> %s on %s (%s)",
+        "attn_dispatch: %s %r -> %s on %s, %s (%s)",
         mode.name,
         inp,
         impl.full_name,
         report.arch.full,
+        execution,
         f"forced {forced!r}" if forced else "automatic",
     )
     run = mode.meta if inp.device.type == "meta" else getattr(impl, mode.name)

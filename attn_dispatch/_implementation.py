@@ -36,7 +36,8 @@ class Implementation:
 
     Subclasses set ``backend`` (the entry-point name), ``name``, ``priority`` (fnmatch pattern on
     ``arch.name`` -> int; an exact name beats patterns, else the first matching pattern in order;
-    no match: never chosen automatically there) and ``opt_in``, declare what they can run with
+    no match: never chosen automatically there) and ``opt_in`` (with ``opt_in_reason``, a
+    sentence saying why, shown by ``explain`` and ``list``), declare what they can run with
     the capability attributes below, and implement ``backward`` (and optionally ``forward``)
     and, for what the declarations cannot say, ``supports``.
 
@@ -71,6 +72,8 @@ class Implementation:
     name: ClassVar[str] = ""
     priority: ClassVar[dict[str, int]] = {}
     opt_in: ClassVar[bool] = False
+    # why it is opt-in (shown by explain and list), e.g. "not yet run on this hardware"
+    opt_in_reason: ClassVar[str | None] = None
     deterministic: ClassVar[bool] = True
     dtypes: ClassVar[Collection[torch.dtype] | None] = None
     head_dims: ClassVar[Collection[int] | None] = None
@@ -108,6 +111,17 @@ class Implementation:
         signature, must be cheap and return an ``int`` or ``None``.
         """
         return self.priority_for(arch)
+
+    def priority_for_execution(self, inp: ForwardInputs, arch: Arch, execution: str) -> int | None:
+        """The priority for ``inp`` on ``arch`` when the call runs as ``execution``
+        (``"eager"``: every call pays its host cost; ``"graph"``: captured into a CUDA graph or
+        traced by ``torch.compile``, see ``attn_dispatch._execution``) (optional hook).
+
+        Default: :meth:`priority_for_inputs`, the same in both modes. Override it where a
+        kernel's host cost makes it slower end to end in eager mode than under graphs. Runs once
+        per input signature and mode; the decision is cached per mode.
+        """
+        return self.priority_for_inputs(inp, arch)
 
     def supports(self, inp: ForwardInputs, arch: Arch) -> list[str]:
         """Reasons this implementation cannot run ``inp`` on ``arch``; ``[]`` means it can.

@@ -43,6 +43,9 @@ class Report:
     inputs: str = ""
     forced: str | None = None
     mode: str = "backward"
+    # "eager" or "graph" (captured into a CUDA graph or traced by torch.compile): priorities
+    # may differ between them (see attn_dispatch._execution)
+    execution: str = "eager"
 
     def to_dict(self) -> dict:
         """``arch``, ``selected``, ``candidates``, and what the text form heads them with:
@@ -52,6 +55,7 @@ class Report:
             "selected": self.selected,
             "candidates": [c.to_dict() for c in self.candidates],
             "mode": self.mode,
+            "execution": self.execution,
             "forced": self.forced,
             "inputs": self.inputs.splitlines(),
         }
@@ -59,6 +63,7 @@ class Report:
     def __str__(self) -> str:
         head = f"attn_dispatch {self.mode} on arch {self.arch.full}"
         head += f" (forced: {self.forced})" if self.forced else ""
+        head += f", {self.execution} execution"
         lines = [head]
         if self.inputs:
             lines += ["inputs:"] + [f"  {line}" for line in self.inputs.splitlines()]

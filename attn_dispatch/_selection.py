@@ -26,6 +26,7 @@ import torch
 from ._arch import Arch
 from ._capabilities import input_reasons, where_reasons
 from ._errors import NoBackendError
+from ._execution import EAGER
 from ._implementation import Implementation
 from ._inputs import BackwardInputs, ForwardInputs
 from ._registry import describe_error
@@ -166,6 +167,7 @@ def _verdict(
     mode: str,
     settings: Settings,
     forced: str | None,
+    execution: str,
 ) -> Candidate:
     name = impl.full_name
     try:
@@ -181,16 +183,16 @@ def _verdict(
             name, priority, impl.opt_in, FAILED, (f"supports() raised {describe_error(exc)}",)
         )
     try:
-        what = f"{name} priority_for_inputs()"
-        priority_in = _watchdog.call(what, impl.priority_for_inputs, probe, arch)
-        priority = _checked_priority("priority_for_inputs()", priority_in)
+        what = f"{name} priority_for_execution()"
+        priority_in = _watchdog.call(what, impl.priority_for_execution, probe, arch, execution)
+        priority = _checked_priority("priority_for_execution()", priority_in)
     except Exception as exc:
         return Candidate(
             name,
             priority,
             impl.opt_in,
             FAILED,
-            (f"priority_for_inputs() raised {describe_error(exc)}",),
+            (f"priority_for_execution() raised {describe_error(exc)}",),
         )
     if settings.matches(settings.disabled, name):
         return Candidate(
@@ -204,7 +206,8 @@ def _verdict(
             f"opt-in: enable with ATTN_DISPATCH_ENABLE={impl.backend} or "
             f"attn_dispatch.enable({impl.backend!r}), or force it"
         )
-        return Candidate(name, priority, True, OPT_IN, (hint,))
+        why = (f"opt-in because {impl.opt_in_reason}",) if impl.opt_in_reason else ()
+        return Candidate(name, priority, True, OPT_IN, why + (hint,))
     note = (
         ()
         if priority is not None
@@ -218,15 +221,22 @@ def _rank(candidate: Candidate) -> tuple:
 
 
 def evaluate(
-    settings: Settings, inp: ForwardInputs, arch: Arch, mode: str, forced: str | None
+    settings: Settings,
+    inp: ForwardInputs,
+    arch: Arch,
+    mode: str,
+    forced: str | None,
+    execution: str = EAGER,
 ) -> tuple[Report, Implementation | None, bool]:
     """Every implementation's verdict, the winner (``None`` when nothing can run), and whether
-    a verdict read data pointers (then the decision holds only for the same residues)."""
+    a verdict read data pointers (then the decision holds only for the same residues).
+    ``execution`` (``"eager"`` or ``"graph"``, see ``_execution``) is passed to the
+    implementations' ``priority_for_execution``."""
     registry = settings.registry
     probe = probed(inp)
     _reads.pointers = False
     verdicts = [
-        _verdict(impl, inp, probe, arch, mode, settings, forced)
+        _verdict(impl, inp, probe, arch, mode, settings, forced, execution)
         for impl in registry.implementations.values()
     ]
     read_pointers = _reads.pointers
@@ -254,6 +264,7 @@ def evaluate(
         inputs=inp.describe(),
         forced=forced,
         mode=mode,
+        execution=execution,
     )
     return report, registry.implementations[winner.name] if winner else None, read_pointers
 
@@ -278,5 +289,9 @@ def no_backend_error(report: Report) -> NoBackendError:
             "\nno backend plugin is installed (pip install attn-dispatch-reference, or check "
             "ATTN_DISPATCH_PLUGINS)"
         )
-    body = str(Report(report.arch, None, shown, report.inputs, report.forced, report.mode))
+    body = str(
+        Report(
+            report.arch, None, shown, report.inputs, report.forced, report.mode, report.execution
+        )
+    )
     return NoBackendError(f"{head}\n{body}")

@@ -341,11 +341,12 @@ def graph_replays(calls: Sequence[Callable[[], object]]) -> list[Callable[[], ob
     """The replays of one CUDA graph per call (each call bound to its input set).
 
     The calls run once more on a side stream first, as ``torch.cuda.graph`` asks (lazy
-    initialisation must not happen during a capture); the graphs keep their own memory, and
-    their outputs are never read."""
+    initialisation must not happen during a capture), declared as graph execution so that the
+    automatic choice they warm up is the one the capture reuses; the graphs keep their own
+    memory, and their outputs are never read."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(side), ad.execution_mode("graph"):
         for call in calls:
             call()
     torch.cuda.current_stream().wait_stream(side)

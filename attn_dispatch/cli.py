@@ -95,7 +95,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
             flags = ", ".join(
                 f
                 for f, on in (
-                    ("opt-in", impl.opt_in),
+                    (
+                        f"opt-in ({impl.opt_in_reason})" if impl.opt_in_reason else "opt-in",
+                        impl.opt_in,
+                    ),
                     ("non-deterministic", not impl.deterministic),
                     ("forward", impl.has_forward),
                     ("window", impl.window),
@@ -154,6 +157,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         arch=args.arch,
         window=args.window,
         softcap=args.softcap,
+        execution="graph" if args.cuda_graphs else "eager",
     )
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0
@@ -247,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--softcap", type=float, default=None, metavar="C", help="logit soft cap")
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--backend", default=None, help="explain a forced choice")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="explain the choice for a call captured into a CUDA graph (or traced by "
+        "torch.compile), whose priorities may differ from eager calls",
+    )
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("demo", help="pick, run and verify a GQA causal backward on this machine")
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even if a GPU is present")

@@ -124,6 +124,8 @@ def test_cpu_tensors_with_a_gpu_arch_are_rejected():
     [
         ("deterministic", "False"),
         ("opt_in", 1),
+        ("opt_in_reason", ""),
+        ("opt_in_reason", ["not run"]),
         ("dtypes", "bfloat16"),
         ("head_dims", [64, "128"]),
         ("vendors", "cuda"),

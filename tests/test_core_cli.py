@@ -58,6 +58,17 @@ def test_explain_json_contract_on_any_arch(toys, capsys):
     }
 
 
+def test_explain_cuda_graphs_asks_for_the_graph_decision(toys, capsys):
+    argv = ["explain", "--arch", "sm_90", "--seqlen", "64", "--heads", "4", "--kv-heads", "2"]
+    argv += ["--head-dim", "16", "--json"]
+    assert cli.main(argv) == 0
+    eager = json.loads(capsys.readouterr().out)
+    assert eager["execution"] == "eager" and eager["selected"] == "toy:gpu_only"
+    assert cli.main(argv + ["--cuda-graphs"]) == 0
+    graph = json.loads(capsys.readouterr().out)
+    assert graph["execution"] == "graph" and graph["selected"] == "toy:graph_only"
+
+
 def test_explain_bad_arguments_are_clear_errors(env, capsys):
     argv = ["explain", "--seqlen", "16", "--heads", "6", "--kv-heads", "4", "--head-dim", "64"]
     assert cli.main(argv) == 2

@@ -12,7 +12,7 @@ from conftest import make_inputs, tag_of
 
 import attn_dispatch as ad
 
-FAST, SLOW, NONDET, EXPERIMENTAL, GPU_ONLY = 1.0, 2.0, 3.0, 4.0, 5.0
+FAST, SLOW, NONDET, EXPERIMENTAL, GPU_ONLY, GRAPH_ONLY = 1.0, 2.0, 3.0, 4.0, 5.0, 7.0
 
 
 def run(**flags):
@@ -161,11 +161,69 @@ def test_priority_can_depend_on_the_inputs(toys):
     assert report.selected == "toy:slow"
 
 
+def test_priority_can_depend_on_the_execution_mode(toys, monkeypatch):
+    """toy:graph_only ranks first only for captured (or compiled) calls; the same signature
+    gets its own decision per mode, through the guard and the dictionary alike."""
+    inputs = make_inputs()
+    assert tag_of(ad.backward(*inputs)) == NONDET
+    assert tag_of(ad.backward(*inputs)) == NONDET  # now served by the guard
+    monkeypatch.setattr(ad._execution, "_compiling", lambda: True)
+    assert ad._execution.current_execution() == "graph"
+    assert tag_of(ad.backward(*inputs)) == GRAPH_ONLY
+    assert tag_of(ad.backward(*inputs)) == GRAPH_ONLY
+    monkeypatch.setattr(ad._execution, "_compiling", lambda: False)
+    assert tag_of(ad.backward(*inputs)) == NONDET
+    assert len(ad._settings.current().decisions) == 2
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    varlen = [t[0] for t in inputs[:3]] + [inputs[3][0], inputs[4][0]]
+    varlen.append(inputs[5][0])
+    flags = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=5, max_seqlen_k=5)
+    assert tag_of(ad.backward(*varlen, **flags)) == NONDET
+    monkeypatch.setattr(ad._execution, "_compiling", lambda: True)
+    assert tag_of(ad.backward(*varlen, **flags)) == GRAPH_ONLY
+
+
+def test_execution_mode_declares_the_graph_decision_for_a_warm_up(toys):
+    """Inside execution_mode("graph") an eager call gets (and caches) the graph decision, which
+    a captured call of the same signature then reuses; outside, eager again."""
+    inputs = make_inputs()
+    with ad.execution_mode("graph"):
+        assert tag_of(ad.backward(*inputs)) == GRAPH_ONLY
+        assert ad.explain(*inputs).execution == "graph"
+    assert tag_of(ad.backward(*inputs)) == NONDET
+    with pytest.raises(ValueError, match="execution"):
+        with ad.execution_mode("cuda_graph"):
+            pass
+
+
+def test_explain_takes_an_execution_mode(toys):
+    inputs = make_inputs()
+    eager = ad.explain(*inputs)
+    assert eager.execution == "eager" and eager.selected == "toy:nondet"
+    graph = ad.explain(*inputs, execution="graph")
+    assert graph.execution == "graph" and graph.selected == "toy:graph_only"
+    assert "graph execution" in str(graph).splitlines()[0]
+    assert {c.name: c.priority for c in eager.candidates}["toy:graph_only"] is None
+    with pytest.raises(ValueError, match="execution"):
+        ad.explain(*inputs, execution="captured")
+
+
+def test_opt_in_reason_is_shown(toys):
+    report = ad.explain(*make_inputs())
+    reasons = {c.name: c.reasons for c in report.candidates}["toy:experimental"]
+    assert reasons[0] == "opt-in because it is a toy that only the opt-in tests enable"
+    toy = next(b for b in ad.backends() if b.name == "toy")
+    info = {i.name: i for i in toy.implementations}
+    declared = info["toy:experimental"].to_dict()["opt_in_reason"]
+    assert declared == "it is a toy that only the opt-in tests enable"
+    assert info["toy:fast"].opt_in_reason is None
+
+
 def test_broken_priority_hook_costs_only_itself(toys):
     report = ad.explain(*make_inputs())
     candidate = next(c for c in report.candidates if c.name == "broken_priority:explodes")
     assert candidate.status == "failed" and candidate.priority == 1000
-    assert "priority_for_inputs() raised KeyError" in candidate.reasons[0]
+    assert "priority_for_execution() raised KeyError" in candidate.reasons[0]
     assert report.selected == "toy:nondet"
     assert run() == NONDET
 
@@ -186,7 +244,15 @@ def test_explain_report_statuses_and_text(toys):
     assert text.splitlines()[0].startswith("attn_dispatch backward on arch cpu")
     assert "selected: toy:nondet" in text
     data = report.to_dict()
-    assert set(data) == {"arch", "selected", "candidates", "mode", "forced", "inputs"}
+    assert set(data) == {
+        "arch",
+        "selected",
+        "candidates",
+        "mode",
+        "execution",
+        "forced",
+        "inputs",
+    }
     assert set(data["candidates"][0]) == {"name", "priority", "opt_in", "status", "reasons"}
     json.dumps(data)
 

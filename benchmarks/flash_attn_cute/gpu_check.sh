@@ -8,8 +8,8 @@
 #   3. the backend's GPU tests (conformance kit, torch.compile fullgraph, CUDA-graph capture,
 #      compile-once-per-variant), in parallel workers when pytest-xdist is there;
 #   4. `attn-dispatch bench --repeats 41 --no-matmul` eager, then under CUDA graphs, with the
-#      opt-in backend enabled (ATTN_DISPATCH_ENABLE=flash_attn_cute), each
-#      followed by its summary lines and FA4's standing (fa4_table.py).
+#      defaults (sm_90: on; the Blackwell implementation opt-in), each followed by its summary
+#      lines and FA4's standing (fa4_table.py).
 # STEPS picks parts (comma list of compile, tests, bench, graphs; default all). Each step has a
 # time cap (100 + 25, 150, 120, 120 s) so that the whole stays under 10 minutes.
 # Files in $OUT (8): env.txt, compile_times.json, compile_times_cached.json, gpu_tests.txt,
@@ -72,7 +72,7 @@ fi
 bench() {  # $1: file stem, then extra arguments for attn-dispatch bench
   local stem=$1; shift
   # the backend is opt-in: enabled here so that the automatic rows rank it by its priorities
-  ATTN_DISPATCH_ENABLE=flash_attn_cute timeout "${BENCH_TIMEOUT:-160}" $PY -m attn_dispatch bench --repeats 41 --no-matmul --json "$OUT/$stem.json" "$@" \
+  timeout "${BENCH_TIMEOUT:-160}" $PY -m attn_dispatch bench --repeats 41 --no-matmul --json "$OUT/$stem.json" "$@" \
     > "$OUT/$stem.txt" 2>&1
   echo "bench rc=$?"
   grep -E "fastest .* auto " "$OUT/$stem.txt"

@@ -17,16 +17,24 @@ without FA4.
 
 JIT compilation: FA4 compiles a kernel the first time it sees a compile key (dtype, head dims,
 GQA ratio, mask kind, varlen, deterministic, tile configuration, ...; sequence lengths, batch,
-heads and the scale are runtime values) and keeps it for the process. Each call that added
-kernels to FA4's caches is recorded here with its wall time (:func:`compile_log`) and logged
-once at INFO on the ``attn_dispatch.flash_attn_cute`` logger.
+heads and the scale are runtime values) and keeps it for the process. Only the first call of a
+signature can compile (everything in FA4's compile key is part of our signature), so only that
+call takes snapshots of FA4's caches: each first call that added kernels is recorded with its
+wall time (:func:`compile_log`) and logged once at INFO on the ``attn_dispatch.flash_attn_cute``
+logger, and the first call of a variant new to the process prints one line on stderr before
+and one after (compiling takes seconds). Host-side only: CUDA-graph capture and torch.compile
+(which calls the dispatcher's custom op, never this code, while tracing) are unaffected.
+
+Per call, the rest is cached per signature (:class:`Plan`): the keyword arguments (scale, mask,
+soft cap, determinism), the variant; the device is switched only when it is not current. What
+remains per call is FA4's own host code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -128,24 +136,86 @@ def variant_of(inp: ad.ForwardInputs, kind: str) -> str:
     return " ".join(parts)
 
 
-def _recorded(kind: str, inp: ad.ForwardInputs, call: Callable[[], Any]) -> Any:
-    """Run ``call``; when it added kernels to FA4's caches, record its time."""
+@dataclasses.dataclass
+class Plan:
+    """What every call of one signature passes to FA4, worked out on its first call: the
+    keyword arguments fixed by the signature (scale, mask, soft cap, determinism) and whether
+    the first call, the only one that can compile kernels, has run."""
+
+    kind: str
+    variant: str
+    kwargs: dict
+    first_done: bool = False
+
+
+# Plans per (kind, facts, flags the facts do not hold); the dispatcher's cached decision
+# already fixed everything they depend on, so a signature pays for its plan once.
+_plans: dict[tuple, Plan] = {}
+MAX_PLANS = 4096
+# Variants whose kernels this process already has: their first calls compile nothing.
+_variants_ready: set[str] = set()
+
+
+def plan_for(kind: str, inp: ad.ForwardInputs) -> Plan:
+    """The cached :class:`Plan` of ``inp``'s signature (made on its first call)."""
+    key = (
+        kind,
+        inp.facts,
+        inp.causal,
+        inp.causal_align,
+        inp.deterministic,
+        inp.cu_seqlens_q is inp.cu_seqlens_k,
+    )
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        plan = _plans[key] = Plan(kind, variant_of(inp, kind), _fixed_kwargs(kind, inp))
+    return plan
+
+
+def _fixed_kwargs(kind: str, inp: ad.ForwardInputs) -> dict:
+    m = mask_args(inp)
+    kwargs = dict(
+        softmax_scale=inp.scale,
+        causal=m.causal,
+        window_size_left=m.window_left,
+        window_size_right=m.window_right,
+    )
+    if kind == "forward":
+        return kwargs | dict(softcap=inp.softcap, return_lse=True)
+    return kwargs | dict(softcap=inp.softcap or 0.0, deterministic=inp.deterministic)
+
+
+def progress(message: str) -> None:
+    """One line on stderr: compiling a variant takes seconds, and a silent pause looks hung."""
+    sys.stderr.write(f"attn_dispatch: {message}\n")
+    sys.stderr.flush()
+
+
+def first_call(plan: Plan, call: Callable[[], Any]) -> Any:
+    """Run the first call of a signature; when it adds kernels to FA4's caches, record its time
+    (and, for a variant new to this process, announce the compilation before and after)."""
+    announce = plan.variant not in _variants_ready
+    if announce:
+        progress(f"compiling FlashAttention-4 {plan.variant} kernels (once per variant) ...")
     before = kernel_count()
     start = time.perf_counter()
     result = call()
+    seconds = time.perf_counter() - start
     added = kernel_count() - before
+    plan.first_done = True
+    _variants_ready.add(plan.variant)
     if added > 0:
-        record = CompileRecord(kind, variant_of(inp, kind), time.perf_counter() - start, added)
+        record = CompileRecord(plan.kind, plan.variant, seconds, added)
         _records.append(record)
-        log.info(
-            "FA4 compiled %d kernel(s) for %s in %.1f s", added, record.variant, record.seconds
-        )
+        log.info("FA4 compiled %d kernel(s) for %s in %.1f s", added, plan.variant, seconds)
+    if announce:
+        progress(f"FlashAttention-4 {plan.variant} ready in {seconds:.1f} s")
     return result
 
 
 def _varlen_args(inp: ad.ForwardInputs) -> dict:
-    if not inp.is_varlen:
-        return {}
     return dict(
         cu_seqlens_q=inp.cu_seqlens_q.contiguous(),
         cu_seqlens_k=inp.cu_seqlens_k.contiguous(),
@@ -154,15 +224,24 @@ def _varlen_args(inp: ad.ForwardInputs) -> dict:
     )
 
 
-def _on_device_of(t: torch.Tensor) -> contextlib.AbstractContextManager:
-    """``t``'s CUDA device made current (FA4 launches on the current device and stream).
+def _run(plan: Plan, t: torch.Tensor, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on ``t``'s CUDA device (FA4 launches on the current device and
+    stream), through :func:`first_call` on the plan's first call.
 
-    Fake tensors (``FakeTensorMode``: FA4 then compiles without launching, e.g. to fill its
-    disk cache on a machine without a GPU) need no device and may run where CUDA is absent.
+    The device is switched only when it is not already current (the usual case costs one
+    query). Fake tensors (``FakeTensorMode``: FA4 then compiles without launching, e.g. to fill
+    its disk cache on a machine without a GPU) need no device and may run where CUDA is absent.
     """
-    if is_fake(t):
-        return contextlib.nullcontext()
-    return torch.cuda.device(t.device)
+
+    def call():
+        if is_fake(t) or t.device.index == torch.cuda.current_device():
+            return fn(*args, **kwargs)
+        with torch.cuda.device(t.device):
+            return fn(*args, **kwargs)
+
+    if plan.first_done:
+        return call()
+    return first_call(plan, call)
 
 
 def is_fake(t: torch.Tensor) -> bool:
@@ -187,25 +266,10 @@ def forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` in our layout from FA4's forward."""
     if has_no_work(inp):
         return empty_forward(inp)
-    fa = interface()
-    m = mask_args(inp)
-
-    def call():
-        with _on_device_of(inp.q):
-            return fa._flash_attn_fwd(
-                inp.q,
-                inp.k,
-                inp.v,
-                softmax_scale=inp.scale,
-                causal=m.causal,
-                window_size_left=m.window_left,
-                window_size_right=m.window_right,
-                softcap=inp.softcap,
-                return_lse=True,
-                **_varlen_args(inp),
-            )
-
-    out, lse, *_ = _recorded("forward", inp, call)
+    fa = _interface or interface()
+    plan = plan_for("forward", inp)
+    kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
+    out, lse, *_ = _run(plan, inp.q, fa._flash_attn_fwd, inp.q, inp.k, inp.v, **kwargs)
     return out, lse
 
 
@@ -215,26 +279,9 @@ def backward(inp: ad.BackwardInputs) -> ad.Gradients:
         return ad.Gradients(
             torch.zeros_like(inp.q), torch.zeros_like(inp.k), torch.zeros_like(inp.v)
         )
-    fa = interface()
-    m = mask_args(inp)
-
-    def call():
-        with _on_device_of(inp.q):
-            return fa._flash_attn_bwd(
-                inp.q,
-                inp.k,
-                inp.v,
-                inp.out,
-                inp.grad_out,
-                inp.lse,
-                softmax_scale=inp.scale,
-                causal=m.causal,
-                window_size_left=m.window_left,
-                window_size_right=m.window_right,
-                softcap=inp.softcap or 0.0,
-                deterministic=inp.deterministic,
-                **_varlen_args(inp),
-            )
-
-    dq, dk, dv = _recorded("backward", inp, call)
+    fa = _interface or interface()
+    plan = plan_for("backward", inp)
+    kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
+    tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
+    dq, dk, dv = _run(plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs)
     return ad.Gradients(dq, dk, dv)

@@ -19,9 +19,25 @@ import attn_dispatch as ad
 FA4_DISTRIBUTION = "flash-attn-4"
 # The releases this backend was tested with. It calls FA4's private entry points
 # (_flash_attn_fwd returns a 5-tuple, _flash_attn_bwd takes out, dout, lse in that order), which
-# change between betas: widen the range only after the GPU suite has passed on the new release.
+# change between betas, and which head dims FA4 computes correctly changes with them
+# (SM90_CORRECT_HEAD_DIMS): widen the range only after the GPU suite and the head-dim test
+# (tests/test_flash_attn_cute_head_dims_gpu.py) have passed on the new release.
 FA4_SPECIFIER = ">=4.0.0b36,<4.0.0b37"
 FA4_REQUIREMENT = FA4_DISTRIBUTION + FA4_SPECIFIER
+FA4_TESTED = "4.0.0b36"
+
+# The (D, Dv, gqa) combinations for which FA4 4.0.0b36 on sm_90 computes the output and every
+# gradient correctly against the float64 oracle, as proven on an H200 by
+# backends/flash_attn_cute/tests/test_flash_attn_cute_head_dims_gpu.py (which runs every
+# D in 8..256 it covers, MHA and GQA). This table is the one place that admits head dims on
+# sm_90: change it only with that test's result on the installed FA4.
+SM90_CORRECT_HEAD_DIMS = frozenset(
+    (d, d, gqa) for d in (24, 32, 64, 96, 128, 160, 192, 256) for gqa in (False, True)
+)
+# Head dims at which that test found FA4 4.0.0b36's sm_90 backward wrong: dQ off by a relative
+# 0.87-0.99 and, with GQA, dK/dV by 0.5-0.75 (D = Dv, B=2, S=512, causal). The pattern fits its
+# dQ accumulator rounded to a multiple of 32 while the kernel rounds the head dim to 16.
+SM90_WRONG_BACKWARD_HEAD_DIMS = frozenset({8, 16, 40, 48, 72, 80, 104})
 # The module whose functions the backend calls; FlashAttention-2 ('flash-attn') ships an older
 # flash_attn/cute package of its own, and whichever distribution installs last owns the files.
 FA4_INTERFACE_FILE = "flash_attn/cute/interface.py"
@@ -36,7 +52,12 @@ def fa4_problem() -> str | None:
     another distribution), or ``None``. Reads metadata only; cached."""
     missing = ad.missing_requirement(FA4_REQUIREMENT)
     if missing is not None:
-        return missing
+        if "is not installed" in missing:
+            return missing
+        return (
+            f"{missing}: the backend stays off on another FA4 release until the head-dim GPU "
+            "test (tests/test_flash_attn_cute_head_dims_gpu.py) and the GPU suite pass on it"
+        )
     return _interface_replaced(FA4_DISTRIBUTION)
 
 
@@ -65,6 +86,42 @@ def _interface_replaced(distribution: str) -> str | None:
             f"replaced it): reinstall {distribution}"
         )
     return None
+
+
+def sm90_head_dim_problem(head_dim: int, head_dim_v: int, gqa: bool) -> str | None:
+    """Why FA4 on sm_90 is not trusted with ``(head_dim, head_dim_v)`` (with GQA or not), naming
+    the FA4 defect where one is known, or ``None`` when :data:`SM90_CORRECT_HEAD_DIMS` admits
+    it."""
+    if (head_dim, head_dim_v, gqa) in SM90_CORRECT_HEAD_DIMS:
+        return None
+    kind = "GQA" if gqa else "MHA"
+    admitted = ", ".join(
+        f"{d}" if d == dv else f"({d}, {dv})"
+        for d, dv in sorted({(d, dv) for d, dv, g in SM90_CORRECT_HEAD_DIMS if g == gqa})
+    )
+    tail = f"; admitted for {kind} (D = Dv): {admitted}"
+    wrong = sorted({head_dim, head_dim_v} & SM90_WRONG_BACKWARD_HEAD_DIMS)
+    if wrong:
+        grads = "dQ (and dK/dV with GQA)"
+        return (
+            f"FA4 {FA4_TESTED}'s sm_90 backward returns wrong {grads} at head_dim="
+            f"{wrong[0]}: its dQ accumulator is rounded to 32 while the kernel rounds the head "
+            f"dim to 16{tail}"
+        )
+    if gqa and head_dim != head_dim_v:
+        return (
+            f"head_dim={head_dim} != head_dim_v={head_dim_v} with GQA: FA4 {FA4_TESTED}'s sm_90 "
+            f"backward asserts equal head dims{tail}"
+        )
+    if head_dim == 8 and head_dim_v > head_dim:
+        return (
+            f"head_dim=8 < head_dim_v={head_dim_v}: FA4 {FA4_TESTED}'s sm_90 forward makes an "
+            f"illegal memory access{tail}"
+        )
+    return (
+        f"(head_dim, head_dim_v)=({head_dim}, {head_dim_v}) with {kind}: not proven correct on "
+        f"sm_90 by the head-dim GPU test{tail}"
+    )
 
 
 def sm100_head_dim_problem(head_dim: int, head_dim_v: int) -> str | None:

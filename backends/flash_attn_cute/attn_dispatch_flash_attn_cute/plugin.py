@@ -6,34 +6,35 @@ kernels JIT-compiled per variant, forward and backward, for Hopper (sm_90) and B
 import: FA4 and CUTLASS are imported on the first kernel call (``_fa4``); ``supports`` reads
 package metadata alone (``_support``).
 
-Opt-in (``ad.enable("flash_attn_cute")`` or ``ATTN_DISPATCH_ENABLE``, or force it): its first
-GPU run (an H200, FA4 4.0.0b36) failed part of the GPU test file, so ``supports`` declines
-every configuration class that failed there or that did not run to completion; a later run of
-the whole file passed. It stays opt-in until the automatic choice with it enabled is measured
-again on the seed sweep (docs/backends/flash_attn_cute.md).
+On by default on Hopper; opt-in on Blackwell (``ad.enable("flash_attn_cute")`` or
+``ATTN_DISPATCH_ENABLE``, or force it), with that reason: it has not run on Blackwell hardware.
 
 Capabilities (class attributes; the core writes the reasons): CUDA only, bf16/f16, dense and
 varlen, GQA/MQA native (K/V read with Hkv heads, dK/dV returned with Hkv heads), both causal
 alignments: FA4's causal mask is bottom-right aligned, and a top-left mask with Sq != Sk is
 passed as FA4's window ``(None, Sq - Sk)``, which is exactly the top-left mask; sliding windows
-(the top-left diagonal shifted onto FA4's the same way) and soft caps. On sm_90 only D
-= Dv in {24, 32, 64, 128}, the head dims that passed on the GPU: FA4's sm_90 backward asserts D
-== Dv for GQA, returned zero gradient rows at D = 8 and 16 (likely because its main kernel
-rounds the head dim of the fp32 dQ/dK/dV accumulator tiles to a multiple of 16 while the buffers
-and the conversion kernels use 32), and the forward with D = 8 < Dv made an illegal memory
-access. ``supports`` adds what the attributes cannot say: the installed FA4 within the tested
-range, top-left varlen with distinct cu_seqlens (rejected: the window is one value per call),
-and Blackwell's (D, Dv) pairs. Deterministic: FA4's backward has a deterministic mode (dQ/dK/dV
-reductions ordered by semaphores), used when the call asks for determinism; otherwise the faster
-atomic one runs.
+(the top-left diagonal shifted onto FA4's the same way) and soft caps. On sm_90 only the
+(D, Dv, GQA or not) combinations of ``_support.SM90_CORRECT_HEAD_DIMS``, the ones the head-dim
+GPU test (tests/test_flash_attn_cute_head_dims_gpu.py) proved correct for the output and every
+gradient: FA4 4.0.0b36's sm_90 backward returns wrong dQ (and dK/dV with GQA) at D = 8, 16,
+40, 48, 72, 80 and 104, asserts D == Dv with GQA, and its forward with D = 8 < Dv makes an
+illegal memory access; each refusal names its defect. ``supports`` adds what the attributes
+cannot say: the installed FA4 within the tested range (a newer FA4 keeps the backend off until
+that test passes on it), the sm_90 head-dim table, top-left varlen with distinct cu_seqlens
+(rejected: the window is one value per call), and Blackwell's (D, Dv) pairs. Deterministic:
+FA4's backward has a deterministic mode (dQ/dK/dV reductions ordered by semaphores), used when
+the call asks for determinism; otherwise the faster atomic one runs.
 
-Priorities, used once enabled (design and measurements: docs/backends/flash_attn_cute.md,
-docs/benchmarks.md): 60 on sm_90, above cuDNN (50) and triton's raised entries (55/56): FA4
-measured fastest under CUDA graphs at 17 of the 20 seed shapes on an H200. Where its backward
-measured slower it ranks 49, below those: GQA, dense D = 128, Sk <= 1024 with B*H <= 64
-(triton:fused_atomic leads), and causal MHA with B*H <= 8 at 2048 < Sk <= 4096 (triton's Gluon
-kernel leads). 60 on sm_100/sm_103: FA4 is written for Blackwell; not measured by this
-project (no Blackwell GPU).
+Priorities (design and measurements: docs/backends/flash_attn_cute.md, docs/benchmarks.md):
+60 on sm_90, above cuDNN (50) and triton's raised entries (55/56): with these rules, automatic
+choice measured within 2% of the fastest implementation at all 20 seed shapes under CUDA graphs
+on an H200. Where its backward measured slower it ranks 49, below those, in every execution
+mode: GQA, dense D = 128, Sk <= 1024 with B*H <= 64 (triton:fused_atomic leads), causal MHA
+with B*H <= 8 at 2048 < Sk <= 4096 (triton's Gluon kernel leads), and any soft cap (triton
+leads; window-only calls stay with FA4, 7% faster). In eager execution FA4's host cost decides
+short problems: a backward with B*H <= 8 and Sk <= 2048 ranks 42, below every other GPU
+implementation (MHA 8 1K: FA4 142 us against triton:fused_atomic's 84). 60 on sm_100/sm_103,
+opt-in: FA4 is written for Blackwell; not run or measured by this project there.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ import torch
 
 import attn_dispatch as ad
 
-from ._support import fa4_problem, mask_problem, sm100_head_dim_problem, softcap_problem
+from ._support import (
+    fa4_problem,
+    mask_problem,
+    sm90_head_dim_problem,
+    sm100_head_dim_problem,
+    softcap_problem,
+)
 
 PRIORITY = 60
 # For the backward on sm_90 where an H200 measured FA4 slower than the implementation the
@@ -50,10 +57,25 @@ PRIORITY = 60
 SLOWER_PRIORITY = 49
 SMALL_SK = 1024  # dense D=128 GQA backward: FA4 behind triton:fused_atomic at 1K ...
 SMALL_SK_HEADS = 64  # ... measured with B*H = 64 (GQA 64/8)
-# The head dims (D = Dv) that passed the GPU test file on sm_90 (see the module docstring).
-SM90_VERIFIED_HEAD_DIMS = frozenset({24, 32, 64, 128})
 MHA_CAUSAL_SK = (2049, 4096)  # causal MHA, B*H <= 8: behind triton:fused_atomic's Gluon kernel
 MHA_CAUSAL_HEADS = 8
+# Eager execution on sm_90: where FA4's host cost (its Python launch path, a few tens of us per
+# call) dominates, a backward ranks below every other GPU implementation (cuDNN 50, triton 43-56),
+# so the one with the lowest measured end-to-end latency runs. Measured on an H200, eager, bf16,
+# D=128, B=1: MHA 8 1K FA4 142 us against triton:fused_atomic's 84 (1.70x), MHA 8 1K causal
+# 1.75x, MHA 8 2K 1.27x. Under CUDA graphs the host cost is gone and this rule does not apply.
+EAGER_HOST_BOUND_PRIORITY = 42
+EAGER_HOST_BOUND_HEADS = 8  # B*H at most this ...
+EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
+
+
+def host_bound_sm90(inp: ad.ForwardInputs) -> bool:
+    """Whether ``inp`` is a backward small enough that FA4's host cost decides its eager
+    end-to-end latency (B*H <= 8 and Sk <= 2048; see ``EAGER_HOST_BOUND_PRIORITY``)."""
+    if not isinstance(inp, ad.BackwardInputs):
+        return False
+    small_heads = inp.batch * inp.heads <= EAGER_HOST_BOUND_HEADS
+    return small_heads and inp.max_seqlen_k <= EAGER_HOST_BOUND_SK
 
 
 def measured_slower_sm90(inp: ad.ForwardInputs) -> bool:
@@ -83,8 +105,6 @@ class FlashAttnCute(ad.Implementation):
     """FA4 forward and backward; subclasses fix the arch family and its head dims."""
 
     backend = "flash_attn_cute"
-    # Until a GPU run passes the whole GPU test file (the first one failed part of it).
-    opt_in = True
     deterministic = True  # FA4's deterministic backward runs when the call asks for it
     vendors = ("cuda",)
     dtypes = (torch.float16, torch.bfloat16)  # fp8 is forward-only in FA4: not offered
@@ -111,20 +131,36 @@ class FlashAttnCute(ad.Implementation):
 
 
 class Sm90(FlashAttnCute):
-    """FA4 on Hopper: D = Dv in {24, 32, 64, 128}, the head dims that passed on the GPU (FA4
-    itself takes each of D and Dv a multiple of 8 in 8..256)."""
+    """FA4 on Hopper, on by default: FA4's own head dims (each of D and Dv a multiple of 8 in
+    8..256), of which ``supports`` admits only the combinations of ``SM90_CORRECT_HEAD_DIMS``."""
 
     name = "sm90"
     priority = {"sm_90": PRIORITY}
     archs = ("sm_90",)
-    head_dims = SM90_VERIFIED_HEAD_DIMS
-    same_head_dims = True
+    head_dims = range(8, 257, 8)
+
+    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+        """The base reasons and the sm_90 head-dim table (the combinations proven correct)."""
+        reasons = super().supports(inp, arch)
+        gqa = inp.heads != inp.kv_heads
+        problem = sm90_head_dim_problem(inp.head_dim, inp.head_dim_v, gqa)
+        return reasons + ([problem] if problem else [])
 
     def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
         """``SLOWER_PRIORITY`` where :func:`measured_slower_sm90`, else the arch's."""
         if arch.name == "sm_90" and measured_slower_sm90(inp):
             return SLOWER_PRIORITY
         return self.priority_for(arch)
+
+    def priority_for_execution(
+        self, inp: ad.ForwardInputs, arch: ad.Arch, execution: str
+    ) -> int | None:
+        """In eager execution, ``EAGER_HOST_BOUND_PRIORITY`` where :func:`host_bound_sm90`;
+        else :meth:`priority_for_inputs` (under CUDA graphs and torch.compile alike)."""
+        priority = self.priority_for_inputs(inp, arch)
+        if execution == "eager" and arch.name == "sm_90" and host_bound_sm90(inp):
+            return min(EAGER_HOST_BOUND_PRIORITY, priority) if priority is not None else None
+        return priority
 
 
 class Sm100(FlashAttnCute):
@@ -133,6 +169,8 @@ class Sm100(FlashAttnCute):
 
     name = "sm100"
     priority = {"sm_100": PRIORITY, "sm_103": PRIORITY}
+    opt_in = True
+    opt_in_reason = "this backend has not run on Blackwell hardware yet"
     archs = ("sm_100", "sm_103")
     head_dims = frozenset(range(8, 129, 8)) | {192, 256}
 

@@ -42,6 +42,9 @@ CODE = textwrap.dedent(
         out, lse = _fa4.forward(build_inputs(q, k, k, **capped))
         dq, dk, dv = _fa4.backward(build_inputs(q, k, k, out, lse, out, **capped))
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
+        # a second call of a signature: no snapshot, no progress line, same results
+        dq, dk, dv = _fa4.backward(build_inputs(q, k, k, out, lse, out, **capped))
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
     log = _fa4.compile_log()
     assert [(r.kind, r.variant) for r in log] == [
         ("forward", "forward bfloat16 D=64 Dv=64 group=4 window dense"),
@@ -61,3 +64,16 @@ def test_forward_and_backward_compile_through_installed_fa4():
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     assert "compiled:" in result.stdout
+    # one line before and one after each variant's first compilation, none per call
+    starts = [line for line in result.stderr.splitlines() if "compiling FlashAttention-4" in line]
+    assert starts == [
+        "attn_dispatch: compiling FlashAttention-4 forward bfloat16 D=64 Dv=64 group=4 window "
+        "dense kernels (once per variant) ...",
+        "attn_dispatch: compiling FlashAttention-4 backward bfloat16 D=64 Dv=64 group=4 window "
+        "dense kernels (once per variant) ...",
+        "attn_dispatch: compiling FlashAttention-4 forward bfloat16 D=64 Dv=64 group=4 window "
+        "dense softcap=30 kernels (once per variant) ...",
+        "attn_dispatch: compiling FlashAttention-4 backward bfloat16 D=64 Dv=64 group=4 window "
+        "dense softcap=30 kernels (once per variant) ...",
+    ], result.stderr[-3000:]
+    assert result.stderr.count(" ready in ") == 4

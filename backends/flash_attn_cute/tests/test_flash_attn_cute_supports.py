@@ -27,8 +27,8 @@ FA4_MODULES = ("flash_attn", "cutlass", "tvm_ffi", "quack")
 
 @pytest.fixture(autouse=True)
 def selection_env(monkeypatch):
-    """This backend (enabled: it is opt-in), torch_sdpa (cuDNN at 50 on sm_90) and the
-    reference only."""
+    """This backend (enabled: its Blackwell implementation is opt-in), torch_sdpa (cuDNN at 50
+    on sm_90) and the reference only."""
     monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "flash_attn_cute,torch_sdpa,reference")
     monkeypatch.setenv("ATTN_DISPATCH_ENABLE", "flash_attn_cute")
     for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
@@ -76,35 +76,42 @@ def explain(args, arch, **flags) -> ad.Report:
 # Registration and imports
 
 
-def test_registered_opt_in_and_deterministic_capable():
+def test_registered_on_by_default_on_hopper_and_deterministic_capable():
     (info,) = [b for b in ad.backends() if b.name == "flash_attn_cute"]
     assert info.distribution == "attn-dispatch-flash-attn-cute"
     assert info.error is None
     assert [i.name for i in info.implementations] == list(NAMES)
     for impl in info.implementations:
-        assert impl.opt_in and impl.deterministic and impl.has_forward
+        assert impl.deterministic and impl.has_forward
     sm90, sm100 = info.implementations
+    assert not sm90.opt_in and sm90.opt_in_reason is None
+    assert sm100.opt_in and "not run on Blackwell hardware" in sm100.opt_in_reason
     assert sm90.priority == {"sm_90": 60}
     assert sm100.priority == {"sm_100": 60, "sm_103": 60}
 
 
-@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
-def test_not_chosen_automatically_unless_enabled(monkeypatch, arch):
-    """Opt-in until a GPU run passes the whole GPU test file: without an opt-in the seed shape
-    goes to another implementation; forcing still works."""
+def test_hopper_chosen_without_enabling():
+    os_env_free = explain(dense(4096), "sm_90", causal=True)
+    assert os_env_free.selected == "flash_attn_cute:sm90"
+
+
+def test_blackwell_opt_in_says_why_and_forcing_works(monkeypatch):
+    """Blackwell stays opt-in (this backend has not run there): without an opt-in the seed shape
+    goes to another implementation, and the reason says why; forcing still works."""
     monkeypatch.delenv("ATTN_DISPATCH_ENABLE")
     ad.reload(reset_enabled=True)
     args = dense(4096)
-    report = explain(args, arch, causal=True)
-    name = "flash_attn_cute:sm90" if arch == "sm_90" else "flash_attn_cute:sm100"
-    cand = verdicts(report)[name]
+    assert explain(args, "sm_90", causal=True).selected == "flash_attn_cute:sm90"
+    report = explain(args, "sm_100", causal=True)
+    cand = verdicts(report)["flash_attn_cute:sm100"]
     assert cand.status == "opt-in"
-    assert cand.reasons[0].startswith("opt-in: enable with ATTN_DISPATCH_ENABLE=flash_attn_cute")
+    assert cand.reasons[0] == "opt-in because this backend has not run on Blackwell hardware yet"
+    assert cand.reasons[1].startswith("opt-in: enable with ATTN_DISPATCH_ENABLE=flash_attn_cute")
     assert report.selected is not None and not report.selected.startswith("flash_attn_cute")
-    forced = explain(args, arch, causal=True, backend="flash_attn_cute")
-    assert forced.selected == name
+    forced = explain(args, "sm_100", causal=True, backend="flash_attn_cute")
+    assert forced.selected == "flash_attn_cute:sm100"
     ad.enable("flash_attn_cute")
-    assert explain(args, arch, causal=True).selected == name
+    assert explain(args, "sm_100", causal=True).selected == "flash_attn_cute:sm100"
 
 
 def test_discovery_and_explain_import_no_fa4_code():
@@ -115,7 +122,6 @@ def test_discovery_and_explain_import_no_fa4_code():
         import sys, torch
         import attn_dispatch as ad
         ad.backends()
-        ad.enable("flash_attn_cute")
         for arch in ("sm_90", "sm_100", "sm_103", "sm_80", "gfx942"):
             for causal in (False, True):
                 q = torch.empty(1, 256, 8, 128, dtype=torch.bfloat16, device="meta")
@@ -125,7 +131,7 @@ def test_discovery_and_explain_import_no_fa4_code():
                 ad.explain(q, k, k, causal=causal, arch=arch)
         q = torch.empty(1, 2048, 8, 128, dtype=torch.bfloat16, device="meta")
         lse = torch.empty(1, 8, 2048, device="meta")
-        report = ad.explain(q, q, q, q, lse, q, arch="sm_90")
+        report = ad.explain(q, q, q, q, lse, q, arch="sm_90", execution="graph")
         assert report.selected == "flash_attn_cute:sm90", str(report)
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in {FA4_MODULES!r})
         assert not loaded, loaded
@@ -158,6 +164,40 @@ def test_sm90_seed_shape_selects_fa4():
     c = verdicts(report)
     assert c["flash_attn_cute:sm90"].priority == 60
     assert c["flash_attn_cute:sm100"].reasons == ("arch=sm_90: runs on sm_100, sm_103 only",)
+
+
+@pytest.mark.parametrize("execution", ["eager", "graph"])
+@pytest.mark.parametrize(
+    ("shape", "causal", "expected"),
+    [
+        # GQA 64/8 1K: triton:fused_atomic (56) measured faster than FA4 (49) in both modes
+        (dict(sq=1024), True, "triton:fused_atomic"),
+        (dict(sq=4096), True, "flash_attn_cute:sm90"),
+        (dict(sq=16384, h=8, hkv=8), False, "flash_attn_cute:sm90"),
+    ],
+)
+def test_sm90_default_choice_with_every_gpu_backend(
+    monkeypatch, execution, shape, causal, expected
+):
+    """No enabling: with triton and torch_sdpa installed too, sm_90 goes to FA4 or to the
+    implementation measured faster."""
+    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "flash_attn_cute,torch_sdpa,triton,reference")
+    monkeypatch.delenv("ATTN_DISPATCH_ENABLE")
+    ad.reload(reset_enabled=True)
+    report = explain(dense(**shape), "sm_90", causal=causal, execution=execution)
+    assert report.selected == expected, str(report)
+
+
+def test_sm90_eager_short_mha_goes_to_triton_or_cudnn(monkeypatch):
+    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "flash_attn_cute,torch_sdpa,triton,reference")
+    monkeypatch.delenv("ATTN_DISPATCH_ENABLE")
+    ad.reload(reset_enabled=True)
+    for causal in (False, True):
+        args = dense(1024, h=8, hkv=8)
+        eager = explain(args, "sm_90", causal=causal, execution="eager")
+        assert eager.selected in ("triton:fused", "triton:fused_atomic", "torch_sdpa:cudnn")
+        graph = explain(args, "sm_90", causal=causal, execution="graph")
+        assert graph.selected == "flash_attn_cute:sm90"
 
 
 @pytest.mark.parametrize("arch", ["sm_100", "sm_103"])
@@ -203,46 +243,103 @@ def test_float32_rejected(arch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("d", [24, 32, 64, 128])
-def test_sm90_verified_head_dims_accepted(dtype, d):
-    cand = verdicts(explain(dense(256, d=d, dtype=dtype), "sm_90"))["flash_attn_cute:sm90"]
-    assert cand.reasons == ()
+@pytest.mark.parametrize("d", [24, 32, 64, 96, 128, 160, 192, 256])
+@pytest.mark.parametrize("hkv", [8, 64])
+def test_sm90_proven_head_dims_accepted(dtype, d, hkv):
+    """Every D = Dv of the table, MHA and GQA, forward and backward, without enabling."""
+    args = dense(256, d=d, hkv=hkv, dtype=dtype)
+    backward = verdicts(explain(args, "sm_90"))["flash_attn_cute:sm90"]
+    assert backward.reasons == () and backward.status in ("selected", "supported")
+    forward = verdicts(explain(args[:3], "sm_90"))["flash_attn_cute:sm90"]
+    assert forward.reasons == ()
 
 
-VERIFIED = "needs one of 24, 32, 64, 128"
+def test_sm90_head_dim_table_is_the_one_admission():
+    """Exactly the table's (D, Dv, gqa) combinations pass supports() among FA4's own head dims:
+    adding an entry admits it, removing one refuses it."""
+    table = _support.SM90_CORRECT_HEAD_DIMS
+    for d in range(8, 257, 8):
+        for hkv in (8, 64):
+            cand = verdicts(explain(dense(128, d=d, hkv=hkv), "sm_90"))["flash_attn_cute:sm90"]
+            assert (cand.reasons == ()) == ((d, d, hkv != 64) in table), (d, hkv, cand.reasons)
+
+
+def test_sm90_head_dim_table_change_is_followed(monkeypatch):
+    monkeypatch.setattr(_support, "SM90_CORRECT_HEAD_DIMS", frozenset({(40, 40, True)}))
+    gqa40 = verdicts(explain(dense(128, d=40), "sm_90"))["flash_attn_cute:sm90"]
+    assert gqa40.reasons == ()
+    gqa128 = verdicts(explain(dense(128, d=128), "sm_90"))["flash_attn_cute:sm90"]
+    assert gqa128.status == "rejected"
+
+
+DEFECT = (
+    "FA4 4.0.0b36's sm_90 backward returns wrong dQ (and dK/dV with GQA) at head_dim={d}: its dQ "
+    "accumulator is rounded to 32 while the kernel rounds the head dim to 16; admitted for {kind} "
+    "(D = Dv): 24, 32, 64, 96, 128, 160, 192, 256"
+)
+ADMITTED = "admitted for {kind} (D = Dv): 24, 32, 64, 96, 128, 160, 192, 256"
+
+
+@pytest.mark.parametrize("d", [8, 16, 40, 48, 72, 80, 104])
+@pytest.mark.parametrize("hkv", [8, 64])
+def test_sm90_wrong_backward_head_dims_rejected_naming_the_defect(d, hkv):
+    kind = "GQA" if hkv != 64 else "MHA"
+    for args in (dense(256, d=d, hkv=hkv), dense(256, d=d, hkv=hkv)[:3]):
+        cand = verdicts(explain(args, "sm_90"))["flash_attn_cute:sm90"]
+        assert cand.status == "rejected"
+        assert cand.reasons == (DEFECT.format(d=d, kind=kind),)
 
 
 @pytest.mark.parametrize(
-    ("d", "dv", "reasons"),
+    ("d", "dv", "hkv", "reason"),
     [
-        # backward: zero gradient rows on the GPU (dQ at D = 8, dK/dV at D = 16, GQA 6/3)
-        (8, 8, (f"head_dim=8: {VERIFIED}", f"head_dim_v=8: {VERIFIED}")),
-        (16, 16, (f"head_dim=16: {VERIFIED}", f"head_dim_v=16: {VERIFIED}")),
-        # forward: illegal memory access with D = 8 < Dv
+        (
+            32,
+            128,
+            8,
+            "head_dim=32 != head_dim_v=128 with GQA: FA4 4.0.0b36's sm_90 backward asserts "
+            "equal head dims; " + ADMITTED.format(kind="GQA"),
+        ),
         (
             8,
             64,
-            (f"head_dim=8: {VERIFIED}", "head_dim_v=64 != head_dim=8: needs equal head dims"),
+            64,
+            DEFECT.format(d=8, kind="MHA"),
         ),
-        # GQA backward: FA4 asserts head_dim == head_dim_v; MHA with D != Dv not verified
-        (32, 128, ("head_dim_v=128 != head_dim=32: needs equal head dims",)),
-        # FA4 runs these, but no GPU run has shown them correct
-        (96, 96, (f"head_dim=96: {VERIFIED}", f"head_dim_v=96: {VERIFIED}")),
-        (256, 256, (f"head_dim=256: {VERIFIED}", f"head_dim_v=256: {VERIFIED}")),
-        (40, 40, (f"head_dim=40: {VERIFIED}", f"head_dim_v=40: {VERIFIED}")),
-        (264, 264, (f"head_dim=264: {VERIFIED}", f"head_dim_v=264: {VERIFIED}")),
+        (
+            24,
+            64,
+            64,
+            "(head_dim, head_dim_v)=(24, 64) with MHA: not proven correct on sm_90 by the "
+            "head-dim GPU test; " + ADMITTED.format(kind="MHA"),
+        ),
+        (
+            56,
+            56,
+            8,
+            "(head_dim, head_dim_v)=(56, 56) with GQA: not proven correct on sm_90 by "
+            "the head-dim GPU test; " + ADMITTED.format(kind="GQA"),
+        ),
     ],
 )
-def test_sm90_unverified_head_dims_rejected(d, dv, reasons):
-    cand = verdicts(explain(dense(256, d=d, dv=dv), "sm_90"))["flash_attn_cute:sm90"]
+def test_sm90_unproven_head_dims_rejected(d, dv, hkv, reason):
+    cand = verdicts(explain(dense(256, d=d, dv=dv, hkv=hkv), "sm_90"))["flash_attn_cute:sm90"]
     assert cand.status == "rejected"
-    assert cand.reasons == reasons
+    assert cand.reasons == (reason,)
 
 
-def test_sm90_gqa_with_unequal_head_dims_rejected_for_the_forward_too():
-    q, k, v, *_ = dense(256, d=64, dv=128)
-    cand = verdicts(ad.explain(q, k, v, arch="sm_90"))["flash_attn_cute:sm90"]
-    assert cand.reasons == ("head_dim_v=128 != head_dim=64: needs equal head dims",)
+def test_sm90_head_dims_outside_fa4_are_the_cores_reasons():
+    cand = verdicts(explain(dense(256, d=264), "sm_90"))["flash_attn_cute:sm90"]
+    assert cand.reasons[0] == "head_dim=264: needs a multiple of 8 in 8..256"
+
+
+def test_sm90_d8_below_dv_names_the_forward_crash(monkeypatch):
+    """D = 8 < Dv is refused for its forward crash even if D = 8's backward were fixed."""
+    monkeypatch.setattr(_support, "SM90_WRONG_BACKWARD_HEAD_DIMS", frozenset())
+    assert _support.sm90_head_dim_problem(8, 64, False) == (
+        "head_dim=8 < head_dim_v=64: FA4 4.0.0b36's sm_90 forward makes an illegal memory "
+        "access; " + ADMITTED.format(kind="MHA")
+    )
 
 
 @pytest.mark.parametrize(("d", "dv"), [(8, 8), (64, 128), (128, 40), (192, 128), (256, 256)])
@@ -274,7 +371,7 @@ def test_sm100_head_dims_outside_the_declared_set(d, dv):
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
 @pytest.mark.parametrize(("h", "hkv"), [(64, 8), (8, 1), (8, 8)])
 def test_gqa_mqa_mha_native(arch, h, hkv):
-    report = explain(dense(2048, h=h, hkv=hkv), arch, causal=True)
+    report = explain(dense(2048, h=h, hkv=hkv), arch, causal=True, execution="graph")
     assert report.selected is not None and report.selected.startswith("flash_attn_cute:")
 
 
@@ -349,12 +446,39 @@ def test_deterministic_request_accepted(arch):
     ],
 )
 def test_sm90_backward_priority_by_measurement(shape, causal, expected):
-    report = explain(dense(**shape), "sm_90", causal=causal)
+    """Under CUDA graphs (and torch.compile): the kernels' own times decide."""
+    report = explain(dense(**shape), "sm_90", causal=causal, execution="graph")
     assert verdicts(report)["flash_attn_cute:sm90"].priority == expected
     if expected < 50:  # cuDNN (50) accepts these inputs and now leads
         assert report.selected == "torch_sdpa:cudnn"
     else:
         assert report.selected == "flash_attn_cute:sm90"
+
+
+@pytest.mark.parametrize(
+    ("shape", "causal", "expected"),
+    [
+        (dict(sq=1024, h=8, hkv=8), False, 42),  # MHA 8 1K eager: FA4 142 us, triton 84
+        (dict(sq=1024, h=8, hkv=8), True, 42),  # 1.75x slower eager
+        (dict(sq=2048, h=8, hkv=8), False, 42),  # 1.27x slower eager
+        (dict(sq=2048, h=8, hkv=1), True, 42),  # MQA 8/1: B*H = 8 as well
+        (dict(sq=1024, h=4, hkv=4, b=2), False, 42),
+        (dict(sq=4096, h=8, hkv=8), False, 60),  # Sk > 2048: kernel time dominates
+        (dict(sq=2048, h=8, hkv=8, b=2), False, 60),  # B*H = 16
+        (dict(sq=1024), False, 49),  # GQA 64/8 1K: the graph rule holds eager too
+        (dict(sq=4096, h=8, hkv=8), True, 49),
+        (dict(sq=16384), True, 60),
+    ],
+)
+def test_sm90_backward_priority_in_eager_execution(shape, causal, expected):
+    """Eager: FA4's host cost puts short problems with B*H <= 8 below every other GPU
+    implementation; the graph decision of the same signature is unaffected."""
+    args = dense(**shape)
+    report = explain(args, "sm_90", causal=causal, execution="eager")
+    assert verdicts(report)["flash_attn_cute:sm90"].priority == expected
+    assert (report.selected == "flash_attn_cute:sm90") == (expected == 60)
+    graph = explain(args, "sm_90", causal=causal, execution="graph")
+    assert verdicts(graph)["flash_attn_cute:sm90"].priority == (49 if expected == 49 else 60)
 
 
 def test_sm90_forward_keeps_the_arch_priority_at_small_shapes():
@@ -379,7 +503,11 @@ def test_installed_version_outside_the_tested_range_is_a_reason(monkeypatch):
     monkeypatch.setattr(_support, "FA4_REQUIREMENT", "flash-attn-4>=99")
     cand = verdicts(explain(dense(), "sm_90"))["flash_attn_cute:sm90"]
     assert cand.status == "rejected"
-    assert cand.reasons == (f"flash-attn-4 {installed} is installed; needs flash-attn-4>=99",)
+    assert cand.reasons == (
+        f"flash-attn-4 {installed} is installed; needs flash-attn-4>=99: the backend stays off "
+        "on another FA4 release until the head-dim GPU test "
+        "(tests/test_flash_attn_cute_head_dims_gpu.py) and the GPU suite pass on it",
+    )
 
 
 def test_absent_distribution_is_a_reason(monkeypatch):

@@ -52,6 +52,7 @@ class Experimental(_Tagged):
     name, tag = "experimental", 4.0
     priority = {"*": 100}
     opt_in = True
+    opt_in_reason = "it is a toy that only the opt-in tests enable"
 
 
 class GpuOnly(_Tagged):
@@ -74,6 +75,17 @@ class HostSync(_Tagged):
         return grads
 
 
+class GraphOnly(_Tagged):
+    """Ranked first for calls captured into a CUDA graph (or traced by torch.compile), and not
+    ranked at all in eager calls (there it runs only when forced): a kernel whose host cost
+    only a graph replay hides."""
+
+    name, tag = "graph_only", 7.0
+
+    def priority_for_execution(self, inp, arch, execution):
+        return 200 if execution == "graph" else None
+
+
 class Trivial(ad.Implementation):
     """Returns its inputs untouched: used to measure the dispatcher's own overhead."""
 
@@ -84,7 +96,8 @@ class Trivial(ad.Implementation):
 
 
 TAGS = {
-    cls.name: cls.tag for cls in (Fast, Slow, NonDeterministic, Experimental, GpuOnly, HostSync)
+    cls.name: cls.tag
+    for cls in (Fast, Slow, NonDeterministic, Experimental, GpuOnly, HostSync, GraphOnly)
 }
 
 
@@ -92,4 +105,13 @@ TAGS = {
 def attn_dispatch_implementations():
     if not active():
         return []
-    return [Fast(), Slow(), NonDeterministic(), Experimental(), GpuOnly(), HostSync(), Trivial()]
+    return [
+        Fast(),
+        Slow(),
+        NonDeterministic(),
+        Experimental(),
+        GpuOnly(),
+        HostSync(),
+        GraphOnly(),
+        Trivial(),
+    ]
