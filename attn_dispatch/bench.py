@@ -825,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.csv:
             write_csv(args.csv, rows)
         if args.plot and not plot(args.plot, rows, matmul):
-            log("--plot: matplotlib is not installed (pip install 'attn-dispatch[plot]'); skipped")
+            log("--plot: matplotlib is not installed (pip install matplotlib); skipped")
     except OSError as exc:  # checked before the sweep, but the disk can still fill up
         parser.error(f"writing the results: {exc}")
     return 1 if any(r.status in ("WRONG", "ERROR") for r in rows) else 0

@@ -39,7 +39,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "attn_dispatch.integrations.transformers needs transformers: "
-        'pip install "attn-dispatch[transformers]"'
+        'pip install -e ".[transformers]" in a clone of attn_dispatch'
     ) from exc
 
 __all__ = ["attention_forward", "mask_function", "register"]
