@@ -556,6 +556,10 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             first, _ = timer.samples(calls, args.warmup, 1)  # compile / first calls stay out
             estimate = min(estimate, first[0])
             variants[row] = calls
+            # One line per implementation as it goes: its check and warm-up (a first compile)
+            # can take seconds, and the timed rounds come only after all are ready.
+            checked = "" if ref is None else f"checked (rel_l2={row.rel_l2:.1e}), "
+            log(f"  {name}: {checked}warmed up, first call {first[0]:.1f} us")
         except Exception as exc:  # one broken implementation must not end the sweep
             row.status, row.note = "ERROR", f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             log(f"  {name}: {row.note}")
@@ -579,6 +583,7 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
                     0
                 ][:200]
                 log(f"  {row.impl} ({row.kind}): {row.note}")
+    log(f"  timing {len(variants)} variants, interleaved")
     try:
         measured = timer.interleaved(
             variants, args.warmup, _repeats(args.repeats, estimate), seed=args.seed
