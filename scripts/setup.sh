@@ -43,6 +43,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   if [ "$system_site" = 1 ]; then venv_args+=(--system-site-packages); fi
   echo "setup: creating $VENV from $("$BASE" -c 'import sys; print(sys.executable)')"
   "$BASE" -m venv "${venv_args[@]}" "$VENV"
+elif [ "$system_site" = 1 ] && ! grep -qi "^include-system-site-packages *= *true" "$VENV/pyvenv.cfg"; then
+  echo "setup: $VENV exists without --system-site-packages; remove it to create it with them" >&2
+  exit 2
 fi
 PY="$PWD/$VENV/bin/python"
 # Scripts called from here (backends/flydsl_rocm/ci_setup.sh) install into the same environment.
