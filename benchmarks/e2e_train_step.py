@@ -12,9 +12,10 @@ and ``"kernels-community/flash-attn"`` where they load (else a printed reason). 
 
 Each route's first-step loss is checked against sdpa's on the same weights before it is timed.
 Time: median over 3 rounds of the mean of 3 steps, after warm-up steps. Then a breakdown for
-the dense cases: attention alone (forward + backward of one layer's shapes) through
-``ad.attention`` and through ``F.scaled_dot_product_attention``, times the layer count, against
-the step time, to show how much of the step the attention kernel is.
+the dense cases: one layer's attention alone through ``ad.attention`` and through
+``F.scaled_dot_product_attention`` (forward, forward + backward, times the layer count against the
+step time), and forward + backward at S=128, where the time is the host's work per call: what
+limits a dense step, the kernels or the per-layer overhead.
 
 GPU run (prints a markdown table and the versions; progress on stderr):
     python benchmarks/e2e_train_step.py --json e2e.json
@@ -39,6 +40,7 @@ import attn_dispatch as ad
 
 ROUTES = ("sdpa", "attn_dispatch", "flash_attention_2", "kernels-community/flash-attn")
 # First-step loss of each route against sdpa's, relative: bf16 (GPU) and float32 (smoke run).
+TINY_SEQLEN = 128  # attention this short is host-bound: its time is the per-call overhead
 LOSS_TOLERANCE = {torch.bfloat16: 5e-3, torch.float32: 1e-5}
 
 
@@ -213,13 +215,29 @@ def run_case(case: Case, args, shape: Shape, device: torch.device, dtype: torch.
     return result
 
 
-def attention_alone(case: Case, shape: Shape, device: torch.device, dtype, args) -> dict:
-    """Forward + backward of one layer's attention, alone, through each path (ms per layer)."""
+def _median_ms(fn, device: torch.device, args) -> float:
+    """Median over ``args.rounds`` of the mean time of ``args.steps`` calls, after warm-up."""
+    for _ in range(args.warmup):
+        fn()
+    sync(device)
+    rounds = []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            fn()
+        sync(device)
+        rounds.append((time.perf_counter() - start) / args.steps * 1e3)
+    return statistics.median(rounds)
+
+
+def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, args) -> dict:
+    """ms per call of one layer's attention through sdpa and attn_dispatch: forward alone (with
+    autograd recording, as in training) and forward + backward."""
     d = shape.hidden // shape.heads
     gen = torch.Generator(device="cpu").manual_seed(2)
 
     def rand(heads: int) -> torch.Tensor:
-        t = torch.randn(case.batch, heads, case.seqlen, d, generator=gen, dtype=dtype)
+        t = torch.randn(batch, heads, seqlen, d, generator=gen, dtype=dtype)
         return t.to(device).requires_grad_()
 
     q, k, v = rand(shape.heads), rand(shape.kv_heads), rand(shape.kv_heads)
@@ -228,26 +246,31 @@ def attention_alone(case: Case, shape: Shape, device: torch.device, dtype, args)
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
         "attn_dispatch": lambda: ad.attention(q, k, v, causal=True, layout="bhsd"),
     }
-    out = {}
+    out: dict[str, dict[str, float]] = {"forward": {}, "fwd_bwd": {}}
     for name, fn in paths.items():
 
         def step(fn=fn):
             q.grad = k.grad = v.grad = None
             fn().backward(grad)
 
-        for _ in range(args.warmup):
-            step()
-        sync(device)
-        rounds = []
-        for _ in range(args.rounds):
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                step()
-            sync(device)
-            rounds.append((time.perf_counter() - start) / args.steps * 1e3)
-        out[name] = statistics.median(rounds)
-        log(f"case {case.name}: attention alone via {name} {out[name]:.2f} ms/layer")
+        out["forward"][name] = _median_ms(fn, device, args)
+        out["fwd_bwd"][name] = _median_ms(step, device, args)
     return out
+
+
+def attention_alone(case: Case, shape: Shape, device: torch.device, dtype, args) -> dict:
+    """One layer's attention alone, through each path (ms per layer): forward, forward +
+    backward, and forward + backward at a tiny sequence length, where the time is the host's
+    work per call (dispatch, checks, launches) rather than the kernels'."""
+    full = _attention_timings(case.batch, case.seqlen, shape, device, dtype, args)
+    tiny = _attention_timings(1, TINY_SEQLEN, shape, device, dtype, args)["fwd_bwd"]
+    for name in full["fwd_bwd"]:
+        log(
+            f"case {case.name}: attention alone via {name}: forward {full['forward'][name]:.2f}"
+            f" ms, forward+backward {full['fwd_bwd'][name]:.2f} ms, at S={TINY_SEQLEN}"
+            f" {tiny[name]:.3f} ms (per layer)"
+        )
+    return {**full, "tiny_fwd_bwd": tiny, "tiny_seqlen": TINY_SEQLEN}
 
 
 def versions(device: torch.device) -> dict:
@@ -285,22 +308,26 @@ def markdown(results: list[dict], shape: Shape) -> str:
         lines.append(
             f"| {r['case']} | {base:.1f} ms | {ours:.1f} ms | {base / ours:.2f}x | {others} |"
         )
+    layers = shape.layers
     lines += [
         "",
-        f"Attention alone (forward + backward of one layer's shapes) x {shape.layers} layers:",
+        f"One layer's attention alone (ms per layer; x {layers} layers is the model's share):",
         "",
-        "| case | sdpa attention | attn_dispatch attention | sdpa step | attention share of step |",
-        "|---|---|---|---|---|",
+        "| case | path | forward | forward+backward | x layers | share of sdpa step | "
+        f"forward+backward at S={TINY_SEQLEN} (host) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "attention_alone" not in r:
             continue
         a, step = r["attention_alone"], r["routes"]["sdpa"]["ms"]
-        lines.append(
-            f"| {r['case']} | {a['sdpa'] * shape.layers:.1f} ms | "
-            f"{a['attn_dispatch'] * shape.layers:.1f} ms | {step:.1f} ms | "
-            f"{a['sdpa'] * shape.layers / step:.0%} |"
-        )
+        for path in ("sdpa", "attn_dispatch"):
+            both = a["fwd_bwd"][path]
+            lines.append(
+                f"| {r['case']} | {path} | {a['forward'][path]:.2f} | {both:.2f} | "
+                f"{both * layers:.1f} ms | {both * layers / step:.0%} | "
+                f"{a['tiny_fwd_bwd'][path]:.3f} |"
+            )
     return "\n".join(lines)
 
 

@@ -31,4 +31,4 @@ def test_smoke_run_times_every_case_after_checking_losses(tmp_path, capsys):
             assert "ms" in result["routes"][route] or result["routes"][route]["skipped"]
     captured = capsys.readouterr()
     assert "| case | sdpa | attn_dispatch | speedup |" in captured.out
-    assert "attention alone via attn_dispatch" in captured.err  # progress goes to stderr
+    assert "attention alone via attn_dispatch: forward" in captured.err  # progress goes to stderr
