@@ -89,9 +89,9 @@ def test_test_plugins_cannot_be_pip_installed():
 
 def test_environment_outside_the_tests_lists_no_test_plugin():
     """Without the test session's path entry, `attn-dispatch list` shows only real backends."""
-    dist = importlib.metadata.distribution("attn-dispatch-test-plugins")
-    where = Path(str(dist.locate_file(""))).resolve()
-    if where != PLUGINS.resolve():
+    dists = importlib.metadata.distributions(name="attn-dispatch-test-plugins")
+    where = {Path(str(d.locate_file(""))).resolve() for d in dists} - {PLUGINS.resolve()}
+    if where:
         pytest.skip(f"attn-dispatch-test-plugins is installed in this environment ({where})")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_DISPATCH_")}
     env["PYTHONPATH"] = os.pathsep.join(
