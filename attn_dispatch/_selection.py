@@ -286,8 +286,8 @@ def no_backend_error(report: Report) -> NoBackendError:
         shown = report.candidates
     if not report.candidates:
         head += (
-            "\nno backend plugin is installed (pip install attn-dispatch-reference, or check "
-            "ATTN_DISPATCH_PLUGINS)"
+            "\nno backend plugin is installed (from a clone of attn_dispatch: "
+            "pip install -e backends/reference; or check ATTN_DISPATCH_PLUGINS)"
         )
     body = str(
         Report(

@@ -182,6 +182,11 @@ def reload(*, reset_enabled: bool = False) -> None:
         _install(_load())
 
 
+# The backends this project ships under backends/<name>: a name among them that no plugin provides
+# is one the user has not installed, not a typo, and the error says how to install it.
+PROJECT_BACKENDS = ("reference", "torch_sdpa", "triton", "flash_attn_cute", "flydsl_rocm")
+
+
 def check_name(name: object, argument: str) -> str:
     """Validate a backend or ``backend:impl`` name; raise listing the known names."""
     if not isinstance(name, str):
@@ -190,6 +195,12 @@ def check_name(name: object, argument: str) -> str:
         )
     registry = current().registry
     if name not in registry.backends and name not in registry.implementations:
+        backend = name.split(":", 1)[0]
+        if backend in PROJECT_BACKENDS and backend not in registry.entry_point_names:
+            raise UnknownBackendError(
+                f"argument '{argument}': backend {backend!r} is not installed: install it with "
+                f"pip install -e backends/{backend} (from a clone of attn_dispatch)"
+            )
         raise UnknownBackendError(
             f"argument '{argument}': unknown backend {name!r}; known: "
             f"{', '.join(registry.known_names()) or 'none (no backend plugin is installed)'}"

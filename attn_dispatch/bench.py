@@ -557,6 +557,10 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             first, _ = timer.samples(calls, args.warmup, 1)  # compile / first calls stay out
             estimate = min(estimate, first[0])
             variants[row] = calls
+            # One line per implementation as it goes: its check and warm-up (a first compile)
+            # can take seconds, and the timed rounds come only after all are ready.
+            checked = "" if ref is None else f"checked (rel_l2={row.rel_l2:.1e}), "
+            log(f"  {name}: {checked}warmed up, first call {first[0]:.1f} us")
         except Exception as exc:  # one broken implementation must not end the sweep
             row.status, row.note = "ERROR", f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             log(f"  {name}: {row.note}")
@@ -580,6 +584,7 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
                     0
                 ][:200]
                 log(f"  {row.impl} ({row.kind}): {row.note}")
+    log(f"  timing {len(variants)} variants, interleaved")
     try:
         measured = timer.interleaved(
             variants, args.warmup, _repeats(args.repeats, estimate), seed=args.seed
@@ -847,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.csv:
             write_csv(args.csv, rows)
         if args.plot and not plot(args.plot, rows, matmul):
-            log("--plot: matplotlib is not installed (pip install 'attn-dispatch[plot]'); skipped")
+            log("--plot: matplotlib is not installed (pip install matplotlib); skipped")
     except OSError as exc:  # checked before the sweep, but the disk can still fill up
         parser.error(f"writing the results: {exc}")
     return 1 if any(r.status in ("WRONG", "ERROR") for r in rows) else 0

@@ -76,6 +76,45 @@ def _window(text: str) -> tuple[int | None, int | None]:
     return parsed[0], parsed[1]
 
 
+# The archs of the priority table (README and `attn-dispatch list`): one per supported chip family.
+TABLE_ARCHS = ("cpu", "sm_80", "sm_90", "sm_100", "gfx942", "gfx950")
+
+
+def priority_rows(infos: list[_api.BackendInfo]) -> list[list[str]]:
+    """Header and one row per loaded implementation: opt-in, deterministic, and its priority on
+    each of TABLE_ARCHS ('-': never chosen automatically there)."""
+    rows = [["implementation", "opt-in", "deterministic", *TABLE_ARCHS]]
+    for info in sorted(infos, key=lambda b: b.name):
+        for impl in info.implementations:
+            values = [impl.priority_for(arch) for arch in TABLE_ARCHS]
+            rows.append(
+                [
+                    impl.name,
+                    "yes" if impl.opt_in else "no",
+                    "yes" if impl.deterministic else "no",
+                    *("-" if value is None else str(value) for value in values),
+                ]
+            )
+    return rows
+
+
+def priority_table_markdown(infos: list[_api.BackendInfo]) -> str:
+    """The priority table as Markdown (the README's generated section)."""
+    header, *rows = priority_rows(infos)
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---|" + "---|" * len(TABLE_ARCHS)]
+    lines += [f"| `{row[0]}` | " + " | ".join(row[1:]) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def priority_table_text(infos: list[_api.BackendInfo]) -> str:
+    """The priority table in aligned columns, for the terminal."""
+    rows = priority_rows(infos)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
+    )
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     infos = _api.backends()
     if args.json:
@@ -108,6 +147,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
             )
             prio = ", ".join(f"{k}={v}" for k, v in impl.priority.items()) or "none"
             print(f"  {impl.name:<28} priority: {prio}" + (f"  [{flags}]" if flags else ""))
+    loaded = [i for i in infos if i.error is None]
+    if any(info.implementations for info in loaded):
+        print(
+            "\npriority per arch ('-': never chosen automatically there; still runs when forced):"
+        )
+        print(priority_table_text(loaded))
     return 0
 
 

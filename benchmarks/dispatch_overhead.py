@@ -1,9 +1,10 @@
 """Dispatch overhead: median ``ad.backward(...)`` time minus a direct call of the chosen
 implementation, on tiny CPU tensors, after the decision is cached.
 
-Run: ``ATTN_DISPATCH_TEST_PLUGINS=1 python benchmarks/dispatch_overhead.py [--device cuda]``
-(needs ``pip install -e tests/plugins``: its ``toy:trivial`` implementation returns its inputs,
-so the difference is the dispatcher's own cost).
+Run: ``PYTHONPATH=tests/plugins ATTN_DISPATCH_TEST_PLUGINS=1 python benchmarks/dispatch_overhead.py
+[--device cuda]`` (tests/plugins holds the test plugins and their entry points, never installed:
+its ``toy:trivial`` implementation returns its inputs, so the difference is the dispatcher's own
+cost).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def median_us(fn) -> float:
 
 def main() -> int:
     if os.environ.get("ATTN_DISPATCH_TEST_PLUGINS") != "1":
-        sys.exit("set ATTN_DISPATCH_TEST_PLUGINS=1 (and pip install -e tests/plugins)")
+        sys.exit("set ATTN_DISPATCH_TEST_PLUGINS=1 and PYTHONPATH=tests/plugins")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="where the tiny tensors live")
     device = torch.device(parser.parse_args().device)

@@ -15,7 +15,7 @@ PY=${PY:-python3}
 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
 $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends/reference \
-  -e backends/torch_sdpa -e backends/triton -e tests/plugins 2>&1 | grep -v WARN | tail -3
+  -e backends/torch_sdpa -e backends/triton 2>&1 | grep -v WARN | tail -3
 $PY -m attn_dispatch list | tee -a "$OUT/env.txt"
 
 if step tests; then
@@ -37,7 +37,7 @@ fi
 if step overhead; then
 echo "== dispatch overhead"
 for dev in cpu cuda; do
-  ATTN_DISPATCH_TEST_PLUGINS=1 timeout 120 $PY benchmarks/dispatch_overhead.py --device $dev
+  PYTHONPATH=tests/plugins ATTN_DISPATCH_TEST_PLUGINS=1 timeout 120 $PY benchmarks/dispatch_overhead.py --device $dev
 done 2>&1 | tee "$OUT/dispatch_overhead.txt"
 fi
 

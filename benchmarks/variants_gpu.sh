@@ -16,7 +16,7 @@ step() { [[ $STEPS == *",$1,"* ]]; }
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 PY=${PY:-python3}
-packages=(-e . -e backends/reference -e backends/torch_sdpa -e backends/triton -e tests/plugins)
+packages=(-e . -e backends/reference -e backends/torch_sdpa -e backends/triton)
 tests=(backends/triton/tests/test_triton_gluon.py backends/triton/tests/test_triton_gpu.py
        backends/torch_sdpa/tests/test_sdpa_gpu.py)
 select="gluon or band or win or cap"

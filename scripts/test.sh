@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole default test suite: the core, every backend, lint.
-# Extra arguments go to pytest (e.g. -m slow for the exhaustive matrices).
+# Set up .venv (scripts/setup.sh) and run the whole default test suite: the core, every backend,
+# lint. Extra arguments go to pytest (e.g. -m slow for the exhaustive matrices, or a test file).
+# Set-up options (PYTHON, ATTN_DISPATCH_SYSTEM_SITE=1, TORCH_INDEX_URL): see scripts/setup.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PY="${PYTHON:-python3}"
 # CI installs FlyDSL (setup.sh): there its compile tests must run, so a missing one fails them.
 if [ "${CI:-}" = true ]; then export ATTN_DISPATCH_REQUIRE_FLYDSL=1; fi
 bash scripts/setup.sh
+PY="$PWD/.venv/bin/python"
+export PYTHON="$PY"
 echo "test: ruff (lint and format)"
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 echo "test: pytest"
 shopt -s nullglob
-"$PY" -m pytest tests backends/*/tests benchmarks --durations=15 "$@"
+# Arguments naming a test path replace the default paths; options alone add to them.
+paths=(tests backends/*/tests benchmarks)
+for arg in "$@"; do
+  if [ -e "${arg%%::*}" ]; then paths=(); break; fi
+done
+"$PY" -m pytest "${paths[@]}" --durations=15 "$@"
 if [ "${CI:-}" = true ]; then
   bash backends/flydsl_rocm/ci_oldest.sh
   bash tests/integrations/ci_transformers_newest.sh

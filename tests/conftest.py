@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-import attn_dispatch as ad
+# The test plugins are never installed (a user's environment must list only real backends): this
+# directory holds their package and a dist-info with their entry points, put first on the path of
+# this session and of the subprocesses it starts, before attn_dispatch discovers plugins.
+TEST_PLUGINS_PATH = str(Path(__file__).resolve().parent / "plugins")
+if TEST_PLUGINS_PATH not in sys.path:
+    sys.path.insert(0, TEST_PLUGINS_PATH)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [TEST_PLUGINS_PATH, *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+
+import attn_dispatch as ad  # noqa: E402
 
 ENV_VARS = (
     "ATTN_DISPATCH_BACKEND",

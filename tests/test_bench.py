@@ -69,6 +69,11 @@ def test_tiny_cpu_run_writes_json_and_csv(tmp_path, capsys):
     out = capsys.readouterr()
     assert "GQA 4/2 B=1 S=32 D=16 causal" in out.out
     assert "[1/1]" in out.err  # progress on stderr
+    # one line per implementation as soon as it is checked and warmed up, before the timing
+    err = out.err.splitlines()
+    ready = [i for i, line in enumerate(err) if "reference:chunked: checked" in line]
+    timing = [i for i, line in enumerate(err) if "timing" in line and "variants" in line]
+    assert ready and timing and ready[0] < timing[0], out.err
     data = json.loads(js.read_text())
     kinds = {r["kind"] for r in data["rows"]}
     assert {"forced", "auto", "direct"} <= kinds

@@ -27,6 +27,19 @@ def test_list_text(env, capsys):
     assert "reference:chunked" in capsys.readouterr().out
 
 
+def test_list_prints_the_per_arch_priority_table(toys, capsys):
+    """Patterns resolve to one value per arch: 'sm_*' gives sm_80/sm_90/sm_100 the same value."""
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("priority per arch") :].splitlines()
+    header = table[1].split()
+    assert header == ["implementation", "opt-in", "deterministic", *cli.TABLE_ARCHS]
+    rows = {line.split()[0]: line.split()[1:] for line in table[2:]}
+    assert rows["toy:slow"] == ["no", "yes", "10", "10", "10", "10", "-", "-"]
+    assert rows["toy:gpu_only"][2:] == ["-", "-", "80", "-", "-", "-"]
+    assert rows["toy:experimental"][2:] == ["100"] * 6
+
+
 def test_explain_json_contract_on_any_arch(toys, capsys):
     argv = [
         "explain",

@@ -324,3 +324,28 @@ def test_no_warnings_without_test_plugins(env):
         warnings.simplefilter("error")
         ad.reload()
         assert "toy" not in {i.name.split(":")[0] for b in ad.backends() for i in b.implementations}
+
+
+def test_forced_project_backend_not_installed_says_how_to_install(env, monkeypatch):
+    """A project backend missing from the environment is 'not installed', with the clone's
+    install line; a name that is no project backend stays 'unknown'."""
+    from attn_dispatch import _settings
+
+    registry = _settings.current().registry
+    # The environment as it is without the triton plugin: no entry point, no loaded backend.
+    monkeypatch.setattr(
+        registry,
+        "entry_point_names",
+        tuple(n for n in registry.entry_point_names if n != "triton"),
+    )
+    monkeypatch.delitem(registry.backends, "triton", raising=False)
+    for name in ("triton", "triton:some_impl"):
+        with pytest.raises(ad.UnknownBackendError) as info:
+            with ad.use_backend(name):
+                pass
+        message = str(info.value)
+        assert "'triton' is not installed" in message, message
+        assert "pip install -e backends/triton" in message
+    with pytest.raises(ad.UnknownBackendError, match="unknown backend 'tritonn'"):
+        with ad.use_backend("tritonn"):
+            pass

@@ -43,8 +43,8 @@ try:
     from transformers import AttentionInterface, AttentionMaskInterface
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "attn_dispatch.integrations.transformers needs transformers: "
-        'pip install "attn-dispatch[transformers]"'
+        "attn_dispatch.integrations.transformers needs transformers: in a clone of "
+        'attn_dispatch, pip install -e ".[transformers]"'
     ) from exc
 
 __all__ = ["attention_forward", "mask_function", "register"]

@@ -1,7 +1,9 @@
-"""Backend plugins used by attn_dispatch's tests, installed like any third-party package.
+"""Backend plugins used by attn_dispatch's tests, found through entry points like any third party.
 
-They do nothing unless ``ATTN_DISPATCH_TEST_PLUGINS=1``: installed in a developer environment,
-they must not change what real users of that environment get.
+They are never installed: tests/conftest.py puts tests/plugins (this package and its
+``attn_dispatch_test_plugins-0.0.1.dist-info`` with the entry points) on the test session's path.
+They still do nothing unless ``ATTN_DISPATCH_TEST_PLUGINS=1``, so a test that does not ask for
+them sees only the real backends.
 """
 
 import os

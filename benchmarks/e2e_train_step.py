@@ -1,0 +1,367 @@
+"""End-to-end training step through transformers: attn_dispatch against sdpa (and FA2 routes).
+
+Times a full training step (forward + backward, loss from the LM head, no optimizer) of a
+transformers model built from a config (random weights, bf16, no downloads) with
+``attn_implementation="attn_dispatch"`` against ``"sdpa"``, and against ``"flash_attention_2"``
+and ``"kernels-community/flash-attn"`` where they load (else a printed reason). Cases:
+
+* dense causal, S=16K and S=4K (4 Llama-3-8B-shaped layers)
+* packed 8x2K documents in one row (``position_ids`` restart per document)
+* padded batch B=4x4K, 37% padding (right-padded ``attention_mask``)
+* Mistral-shaped, sliding window 4096, S=16K
+
+Each route's first-step loss is checked against sdpa's on the same weights before it is timed.
+Time: median over 3 rounds of the mean of 3 steps, after warm-up steps. Then a breakdown for
+the dense cases: one layer's attention alone through ``ad.attention`` and through
+``F.scaled_dot_product_attention`` (forward, forward + backward, times the layer count against the
+step time), and forward + backward at S=128, where the time is the host's work per call: what
+limits a dense step, the kernels or the per-layer overhead.
+
+GPU run (prints a markdown table and the versions; progress on stderr):
+    python benchmarks/e2e_train_step.py --json e2e.json
+CPU smoke run (tiny config, seconds): python benchmarks/e2e_train_step.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import attn_dispatch as ad
+
+ROUTES = ("sdpa", "attn_dispatch", "flash_attention_2", "kernels-community/flash-attn")
+# First-step loss of each route against sdpa's, relative: bf16 (GPU) and float32 (smoke run).
+TINY_SEQLEN = 128  # attention this short is host-bound: its time is the per-call overhead
+LOSS_TOLERANCE = {torch.bfloat16: 5e-3, torch.float32: 1e-5}
+
+
+@dataclass
+class Shape:
+    """Model and case sizes: the Llama-3-8B-shaped layers, or a tiny set for the smoke run."""
+
+    hidden: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    intermediate: int = 14336
+    layers: int = 4
+    vocab: int = 32000
+    long: int = 16384
+    short: int = 4096
+    docs: int = 8
+    window: int = 4096
+    padded_rows: int = 4
+    padded_lengths: tuple[int, ...] = (4096, 2880, 2304, 1040)  # 37.0% of 4x4096 is padding
+
+
+SMOKE = Shape(64, 4, 2, 128, 2, 128, 64, 32, 8, 16, 4, (32, 24, 16, 8))
+
+
+@dataclass
+class Case:
+    name: str
+    family: str  # llama or mistral
+    batch: int
+    seqlen: int
+    position_ids: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    breakdown: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cases(shape: Shape, device: torch.device) -> list[Case]:
+    doc = shape.long // shape.docs
+    positions = torch.arange(doc, device=device).repeat(shape.docs)[None]
+    mask = torch.zeros(shape.padded_rows, shape.short, dtype=torch.long, device=device)
+    for row, length in enumerate(shape.padded_lengths):
+        mask[row, :length] = 1
+    padding = 1 - mask.float().mean().item()
+    return [
+        Case(f"dense, S={shape.long}", "llama", 1, shape.long, breakdown=True),
+        Case(f"dense, S={shape.short}", "llama", 1, shape.short, breakdown=True),
+        Case(
+            f"packed {shape.docs}x{doc} documents", "llama", 1, shape.long, position_ids=positions
+        ),
+        Case(
+            f"Mistral-shaped, sliding window {shape.window}, S={shape.long}",
+            "mistral",
+            1,
+            shape.long,
+        ),
+        Case(
+            f"padded B={shape.padded_rows}x{shape.short}, {padding:.0%} padding",
+            "llama",
+            shape.padded_rows,
+            shape.short,
+            attention_mask=mask,
+        ),
+    ]
+
+
+def build_model(family: str, shape: Shape, device: torch.device, dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    common = dict(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=max(shape.long, 2 * shape.window),
+        rope_theta=500000.0,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        if family == "mistral":
+            model = MistralForCausalLM(MistralConfig(**common, sliding_window=shape.window))
+        else:
+            model = LlamaForCausalLM(LlamaConfig(**common))
+    return model.to(dtype).train()
+
+
+def batch_for(case: Case, shape: Shape, device: torch.device) -> dict:
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(3, shape.vocab, (case.batch, case.seqlen), generator=gen).to(device)
+    labels = ids.clone()
+    # use_cache=False as in training: with a cache transformers does not look for packed documents
+    # in position_ids, and its sdpa/eager routes would attend across them.
+    inputs = {"input_ids": ids, "labels": labels, "use_cache": False}
+    if case.attention_mask is not None:
+        inputs["attention_mask"] = case.attention_mask
+        labels[case.attention_mask == 0] = -100
+    if case.position_ids is not None:
+        inputs["position_ids"] = case.position_ids
+    return inputs
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_step(model, inputs: dict) -> float:
+    model.zero_grad(set_to_none=True)
+    loss = model(**inputs).loss
+    loss.backward()
+    return loss.detach()
+
+
+def time_steps(model, inputs: dict, device: torch.device, warmup: int, rounds: int, steps: int):
+    for _ in range(warmup):
+        train_step(model, inputs)
+    sync(device)
+    per_round = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(steps):
+            train_step(model, inputs)
+        sync(device)
+        per_round.append((time.perf_counter() - start) / steps * 1e3)
+    return statistics.median(per_round)
+
+
+def set_route(model, route: str) -> None:
+    model.set_attn_implementation(route)
+
+
+def run_case(case: Case, args, shape: Shape, device: torch.device, dtype: torch.dtype) -> dict:
+    log(f"case {case.name}: building the model")
+    model = build_model(case.family, shape, device, dtype)
+    inputs = batch_for(case, shape, device)
+    result = {"case": case.name, "routes": {}}
+    reference_loss = None
+    for route in ROUTES:
+        entry: dict = {}
+        result["routes"][route] = entry
+        try:
+            set_route(model, route)
+            loss = float(train_step(model, inputs))
+        except Exception as exc:  # a route that does not load or run here is reported, not fatal
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if route in ("sdpa", "attn_dispatch"):
+                raise
+            entry["skipped"] = reason[:300]
+            log(f"case {case.name}: {route} skipped ({entry['skipped']})")
+            continue
+        entry["first_loss"] = loss
+        if reference_loss is None:
+            reference_loss = loss
+        elif abs(loss - reference_loss) > LOSS_TOLERANCE[dtype] * max(1.0, abs(reference_loss)):
+            raise SystemExit(
+                f"case {case.name}: {route} first-step loss {loss:.6f} differs from sdpa's "
+                f"{reference_loss:.6f} (relative tolerance {LOSS_TOLERANCE[dtype]:g}): not timed"
+            )
+        log(f"case {case.name}: {route} loss {loss:.4f} ok; timing")
+        entry["ms"] = time_steps(model, inputs, device, args.warmup, args.rounds, args.steps)
+        log(f"case {case.name}: {route} {entry['ms']:.1f} ms/step")
+    if case.breakdown:
+        result["attention_alone"] = attention_alone(case, shape, device, dtype, args)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def _median_ms(fn, device: torch.device, args) -> float:
+    """Median over ``args.rounds`` of the mean time of ``args.steps`` calls, after warm-up."""
+    for _ in range(args.warmup):
+        fn()
+    sync(device)
+    rounds = []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            fn()
+        sync(device)
+        rounds.append((time.perf_counter() - start) / args.steps * 1e3)
+    return statistics.median(rounds)
+
+
+def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, args) -> dict:
+    """ms per call of one layer's attention through sdpa and attn_dispatch: forward alone (with
+    autograd recording, as in training) and forward + backward."""
+    d = shape.hidden // shape.heads
+    gen = torch.Generator(device="cpu").manual_seed(2)
+
+    def rand(heads: int) -> torch.Tensor:
+        t = torch.randn(batch, heads, seqlen, d, generator=gen, dtype=dtype)
+        return t.to(device).requires_grad_()
+
+    q, k, v = rand(shape.heads), rand(shape.kv_heads), rand(shape.kv_heads)
+    grad = torch.randn_like(q)
+    paths = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        "attn_dispatch": lambda: ad.attention(q, k, v, causal=True, layout="bhsd"),
+    }
+    out: dict[str, dict[str, float]] = {"forward": {}, "fwd_bwd": {}}
+    for name, fn in paths.items():
+
+        def step(fn=fn):
+            q.grad = k.grad = v.grad = None
+            fn().backward(grad)
+
+        out["forward"][name] = _median_ms(fn, device, args)
+        out["fwd_bwd"][name] = _median_ms(step, device, args)
+    return out
+
+
+def attention_alone(case: Case, shape: Shape, device: torch.device, dtype, args) -> dict:
+    """One layer's attention alone, through each path (ms per layer): forward, forward +
+    backward, and forward + backward at a tiny sequence length, where the time is the host's
+    work per call (dispatch, checks, launches) rather than the kernels'."""
+    full = _attention_timings(case.batch, case.seqlen, shape, device, dtype, args)
+    tiny = _attention_timings(1, TINY_SEQLEN, shape, device, dtype, args)["fwd_bwd"]
+    for name in full["fwd_bwd"]:
+        log(
+            f"case {case.name}: attention alone via {name}: forward {full['forward'][name]:.2f}"
+            f" ms, forward+backward {full['fwd_bwd'][name]:.2f} ms, at S={TINY_SEQLEN}"
+            f" {tiny[name]:.3f} ms (per layer)"
+        )
+    return {**full, "tiny_fwd_bwd": tiny, "tiny_seqlen": TINY_SEQLEN}
+
+
+def versions(device: torch.device) -> dict:
+    import transformers
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            timeout=10,
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "attn_dispatch": ad.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "commit": commit or "unknown",
+    }
+
+
+def markdown(results: list[dict], shape: Shape) -> str:
+    lines = ["| case | sdpa | attn_dispatch | speedup | other routes |", "|---|---|---|---|---|"]
+    for r in results:
+        routes = r["routes"]
+        base, ours = routes["sdpa"]["ms"], routes["attn_dispatch"]["ms"]
+        others = "; ".join(
+            f"{name}: {e['ms']:.1f} ms" if "ms" in e else f"{name}: skipped"
+            for name, e in routes.items()
+            if name not in ("sdpa", "attn_dispatch")
+        )
+        lines.append(
+            f"| {r['case']} | {base:.1f} ms | {ours:.1f} ms | {base / ours:.2f}x | {others} |"
+        )
+    layers = shape.layers
+    lines += [
+        "",
+        f"One layer's attention alone (ms per layer; x {layers} layers is the model's share):",
+        "",
+        "| case | path | forward | forward+backward | x layers | share of sdpa step | "
+        f"forward+backward at S={TINY_SEQLEN} (host) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if "attention_alone" not in r:
+            continue
+        a, step = r["attention_alone"], r["routes"]["sdpa"]["ms"]
+        for path in ("sdpa", "attn_dispatch"):
+            both = a["fwd_bwd"][path]
+            lines.append(
+                f"| {r['case']} | {path} | {a['forward'][path]:.2f} | {both:.2f} | "
+                f"{both * layers:.1f} ms | {both * layers / step:.0%} | "
+                f"{a['tiny_fwd_bwd'][path]:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny config on the CPU (seconds)")
+    parser.add_argument("--json", type=Path, help="write the results and versions here")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 2)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="steps per timed round")
+    parser.add_argument("--cases", default=None, help="comma-separated case indices (0-4)")
+    args = parser.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = 1 if args.smoke else 2
+    from attn_dispatch.integrations import transformers as adt
+
+    adt.register()
+    if args.smoke:
+        shape, device, dtype = SMOKE, torch.device("cpu"), torch.float32
+    else:
+        if not torch.cuda.is_available():
+            parser.error("no GPU: the full run needs one (use --smoke for the CPU check)")
+        shape, device, dtype = Shape(), torch.device("cuda"), torch.bfloat16
+    selected = cases(shape, device)
+    if args.cases:
+        selected = [selected[int(i)] for i in args.cases.split(",")]
+    results = [run_case(case, args, shape, device, dtype) for case in selected]
+    env = versions(device)
+    print(markdown(results, shape))
+    print("\n" + ", ".join(f"{k} {v}" for k, v in env.items()))
+    if args.json:
+        args.json.write_text(json.dumps({"versions": env, "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
