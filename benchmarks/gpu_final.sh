@@ -1,58 +1,99 @@
 #!/usr/bin/env bash
-# The project's GPU check and benchmark in one go (an NVIDIA GPU with torch + triton installed,
-# no network needed): install every package editable, run the GPU tests, the demo, the dispatch
-# overhead benchmark, then the default `attn-dispatch bench` sweep, eager and under CUDA graphs.
-# Results go to $OUT. STEPS picks a part (a comma list of tests, demo, overhead, bench, graphs;
-# default all of them), e.g. `STEPS=bench bash benchmarks/gpu_final.sh` for the eager sweep alone.
+# The project's GPU check and benchmarks in one go, on an NVIDIA GPU whose Python has torch,
+# triton, transformers and flash-attn-4 (with its CUTLASS DSL) installed; no network needed.
+# Installs every package editable (--no-deps), then runs the steps named in STEPS (a comma list;
+# default all of them, in this order):
+#   tests     the whole test suite with the GPU tests, in parallel workers (pytest -n $WORKERS)
+#   bench     `attn-dispatch bench --repeats 41` eager, the 20 seed shapes, every implementation
+#   graphs    the same under CUDA graphs (the GPU's time alone)
+#   overhead  the dispatcher's cost (CPU and CUDA) and flash_attn_cute's cost over FA4 called
+#             directly (benchmarks/flash_attn_cute/overhead.py)
+#   e2e       a full training step through transformers, attn_dispatch against sdpa
+#             (benchmarks/e2e_train_step.py)
+# Results go to $OUT (at most 8 files); each step has a time cap.
 set -u
-STEPS=",${STEPS:-tests,demo,overhead,bench,graphs},"
+STEPS=",${STEPS:-tests,bench,graphs,overhead,e2e},"
 step() { [[ $STEPS == *",$1,"* ]]; }
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 PY=${PY:-python3}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"
-} 2>&1 | tee "$OUT/env.txt"
+# One FA4 disk cache for every process below: kernels compiled once are loaded after that.
+export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
+export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FA4_CACHE_DIR:-/tmp/fa4_cache}
+
 $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends/reference \
-  -e backends/torch_sdpa -e backends/triton 2>&1 | grep -v WARN | tail -3
-$PY -m attn_dispatch list | tee -a "$OUT/env.txt"
+  -e backends/torch_sdpa -e backends/triton -e backends/flash_attn_cute 2>&1 \
+  | grep -v WARN | tail -3
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  git log -1 --format='commit %H' 2>/dev/null
+  $PY - <<'EOF'
+import importlib.metadata as md
+import platform
+import torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "cudnn", torch.backends.cudnn.version())
+for dist in ("triton", "transformers", "flash-attn-4", "nvidia-cutlass-dsl"):
+    try:
+        print(dist, md.version(dist))
+    except md.PackageNotFoundError:
+        print(dist, "NOT INSTALLED")
+EOF
+  $PY -m attn_dispatch list
+} > "$OUT/env.txt" 2>&1
+head -8 "$OUT/env.txt"
 
 if step tests; then
-echo "== GPU tests"
-timeout 600 $PY -m pytest -q -p no:cacheprovider tests/test_attention_op.py \
-  tests/test_core_guards.py backends/triton/tests/test_triton_gpu.py \
-  backends/triton/tests/test_triton_plans_gpu.py backends/triton/tests/test_triton_gluon.py \
-  backends/triton/tests/test_triton_wide_store.py tests/test_bench.py \
-  --tb=short -rfE \
-  > "$OUT/gpu_tests.txt" 2>&1
-echo "gpu tests rc=$?"; tail -4 "$OUT/gpu_tests.txt"
+  echo "== tests (GPU included)"
+  workers=()
+  if $PY -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-14}"); fi
+  # SIGINT at the cap: pytest still prints its summary of what ran.
+  timeout -s INT -k 15 "${TESTS_TIMEOUT:-420}" $PY -m pytest -q -p no:cacheprovider \
+    "${workers[@]}" tests backends/*/tests benchmarks --tb=short -rfE \
+    > "$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc=$?"
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20
+  tail -1 "$OUT/gpu_tests.txt"
 fi
 
-if step demo; then
-echo "== demo"
-timeout 120 $PY -m attn_dispatch demo 2>&1 | tee "$OUT/demo.txt" | tail -8
-fi
-
-if step overhead; then
-echo "== dispatch overhead"
-for dev in cpu cuda; do
-  PYTHONPATH=tests/plugins ATTN_DISPATCH_TEST_PLUGINS=1 timeout 120 $PY benchmarks/dispatch_overhead.py --device $dev
-done 2>&1 | tee "$OUT/dispatch_overhead.txt"
-fi
+bench() {  # $1: file stem, then extra arguments for attn-dispatch bench
+  local stem=$1; shift
+  timeout "${BENCH_TIMEOUT:-280}" $PY -m attn_dispatch bench --repeats 41 \
+    --json "$OUT/$stem.json" "$@" > "$OUT/$stem.txt" 2> "$OUT/$stem.progress"
+  echo "bench rc=$?"
+  grep -E "fastest|auto" "$OUT/$stem.txt" | tail -25
+}
 
 if step bench; then
-echo "== bench"
-timeout "${BENCH_TIMEOUT:-330}" $PY -m attn_dispatch bench --json "$OUT/bench.json" \
-  --csv "$OUT/bench.csv" --plot "$OUT/bench.png" "$@" 2> "$OUT/progress.txt" \
-  | tee "$OUT/table.txt"
-echo "bench rc=${PIPESTATUS[0]}"; tail -3 "$OUT/progress.txt"
+  echo "== attn-dispatch bench (eager)"
+  bench bench
 fi
 
 if step graphs; then
-echo "== bench under CUDA graphs (the GPU's time alone)"
-timeout "${BENCH_TIMEOUT:-330}" $PY -m attn_dispatch bench --cuda-graphs \
-  --json "$OUT/bench_graphs.json" --csv "$OUT/bench_graphs.csv" "$@" \
-  2> "$OUT/progress_graphs.txt" | tee "$OUT/table_graphs.txt"
-echo "bench rc=${PIPESTATUS[0]}"; tail -3 "$OUT/progress_graphs.txt"
+  echo "== attn-dispatch bench --cuda-graphs"
+  bench bench_graphs --cuda-graphs
+fi
+
+if step overhead; then
+  echo "== dispatch overhead, flash_attn_cute over FA4 direct"
+  {
+    for dev in cpu cuda; do
+      PYTHONPATH=tests/plugins ATTN_DISPATCH_TEST_PLUGINS=1 timeout 120 \
+        $PY benchmarks/dispatch_overhead.py --device $dev
+    done
+    timeout 200 $PY benchmarks/flash_attn_cute/overhead.py --rounds 41 --calls 50 \
+      --json "$OUT/fa4_overhead.json"
+    echo "fa4 overhead rc=$?"
+    for cg in "" --cuda-graphs; do
+      $PY -m attn_dispatch explain --arch sm_90 --batch 1 --seqlen 1024 --heads 64 \
+        --kv-heads 8 --head-dim 128 --dtype bf16 --causal $cg
+    done
+  } > "$OUT/overhead.txt" 2>&1
+  tail -40 "$OUT/overhead.txt"
+fi
+
+if step e2e; then
+  echo "== end-to-end training step through transformers"
+  timeout "${E2E_TIMEOUT:-420}" $PY benchmarks/e2e_train_step.py --json "$OUT/e2e.json" \
+    2> "$OUT/e2e.progress" | tee "$OUT/e2e.txt"
+  echo "e2e rc=${PIPESTATUS[0]}"; tail -3 "$OUT/e2e.progress"
 fi
