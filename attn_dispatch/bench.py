@@ -418,10 +418,16 @@ def installed_implementations() -> list[str]:
 
 
 def candidates(
-    shape: Shape, tensors: dict, patterns: list[str] | None, include_reference: bool
+    shape: Shape,
+    tensors: dict,
+    patterns: list[str] | None,
+    include_reference: bool,
+    execution: str = "eager",
 ) -> tuple[list[str], str | None, dict[str, str]]:
-    """(implementations to time, the automatic choice, rejected name -> reasons)."""
-    report = ad.explain(*_args(tensors), causal=shape.causal)
+    """(implementations to time, the automatic choice in ``execution`` mode, rejected name ->
+    reasons). Under CUDA graphs the automatic rows are captured, so the choice they run (and
+    the direct row that is compared with them) is the graph-mode one."""
+    report = ad.explain(*_args(tensors), causal=shape.causal, execution=execution)
     names, rejected = [], {}
     for c in report.candidates:
         if c.status in ("selected", "supported"):
@@ -530,7 +536,8 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
     sets = make_sets(shape, device, gen)
     include_ref = args.include_reference or device.type == "cpu"
     patterns = _patterns(args.impls)
-    names, chosen, rejected = candidates(shape, sets[0], patterns, include_ref)
+    execution = "graph" if args.cuda_graphs else "eager"
+    names, chosen, rejected = candidates(shape, sets[0], patterns, include_ref, execution)
     timer = Timer(device)
     rows: list[Row] = []
     ref = None if args.no_check else reference_grads(shape, sets[0])

@@ -22,7 +22,7 @@ export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
 export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FA4_CACHE_DIR:-/tmp/fa4_cache}
 
 $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends/reference \
-  -e backends/torch_sdpa -e backends/triton -e backends/flash_attn_cute 2>&1 \
+  -e backends/torch_sdpa -e backends/triton -e backends/flash_attn_cute -e backends/flydsl_rocm 2>&1 \
   | grep -v WARN | tail -3
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   git log -1 --format='commit %H' 2>/dev/null

@@ -239,3 +239,14 @@ def test_ratio_column_only_for_implementations_timed_forced():
     rows = [r for r in _summary_rows("x:mid", 60.0) if r.us is not None]
     bench.set_ratios(rows)
     assert [r.ratio for r in rows] == [2.0, 1.0, 1.2, 59 / 50]
+
+
+def test_automatic_choice_is_named_for_the_timed_execution_mode(toys):
+    """Under --cuda-graphs the automatic rows are captured: the implementation they are named
+    after (and compared with) is the graph-mode choice, not the eager one."""
+    shape = bench.Shape(1, 16, 2, 2, 16, False, "fp32")
+    (tensors,) = bench.make_sets(shape, torch.device("cpu"), torch.Generator().manual_seed(0))[:1]
+    _, eager, _ = bench.candidates(shape, tensors, None, True, "eager")
+    _, graph, _ = bench.candidates(shape, tensors, None, True, "graph")
+    assert graph == "toy:graph_only"
+    assert eager != "toy:graph_only"

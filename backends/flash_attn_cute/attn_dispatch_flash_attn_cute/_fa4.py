@@ -233,8 +233,12 @@ def _run(plan: Plan, t: torch.Tensor, fn: Callable, *args: Any, **kwargs: Any) -
     its disk cache on a machine without a GPU) need no device and may run where CUDA is absent.
     """
 
+    current = is_fake(t) or t.device.index == torch.cuda.current_device()
+    if plan.first_done and current:
+        return fn(*args, **kwargs)  # the hot path: no closure, no context manager
+
     def call():
-        if is_fake(t) or t.device.index == torch.cuda.current_device():
+        if current:
             return fn(*args, **kwargs)
         with torch.cuda.device(t.device):
             return fn(*args, **kwargs)

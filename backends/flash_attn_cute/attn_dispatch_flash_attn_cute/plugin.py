@@ -43,6 +43,7 @@ import torch
 
 import attn_dispatch as ad
 
+from . import _fa4
 from ._support import (
     fa4_problem,
     mask_problem,
@@ -119,15 +120,11 @@ class FlashAttnCute(ad.Implementation):
 
     def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, lse)`` in our layout."""
-        from ._fa4 import forward
-
-        return forward(inp)
+        return _fa4.forward(inp)
 
     def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse."""
-        from ._fa4 import backward
-
-        return backward(inp)
+        return _fa4.backward(inp)
 
 
 class Sm90(FlashAttnCute):
