@@ -231,7 +231,7 @@ def _info(record: BackendRecord) -> BackendInfo:
             i.has_forward,
             i.window,
             i.softcap,
-            getattr(i, "opt_in_reason", None),
+            i.opt_in_reason,
         )
         for i in record.implementations
     )

@@ -30,6 +30,7 @@ from ._inputs import (
     check_flags,
     check_softcap,
     check_window,
+    float_type_arg,
     lse_dtype,
     resolve_scale,
 )
@@ -308,9 +309,7 @@ def _traced_float(name: str, value):
     the operator checks the value where it runs, with the same errors as in eager mode."""
     if value is None or isinstance(value, torch.SymFloat):
         return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"argument '{name}': expected a float, got {type(value).__name__}")
-    return float(value)
+    return float_type_arg(name, value)
 
 
 def _capped_max_seqlen(value, t: Tensor):

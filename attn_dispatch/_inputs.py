@@ -294,11 +294,16 @@ def _int_arg(name: str, value) -> int:
     return int(value)
 
 
-def _float_arg(name: str, value) -> float:
-    """``value`` as a float in ``FLOAT_ARG_RANGE``."""
+def float_type_arg(name: str, value) -> float:
+    """``value`` as a float, checked for its type only (a real number, not a bool)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"argument '{name}': expected a float, got {type(value).__name__}")
-    value = float(value)
+    return float(value)
+
+
+def _float_arg(name: str, value) -> float:
+    """``value`` as a float in ``FLOAT_ARG_RANGE``."""
+    value = float_type_arg(name, value)
     low, high = FLOAT_ARG_RANGE
     if not (low <= value <= high):  # also False for NaN
         raise ValueError(

@@ -63,8 +63,10 @@ MHA_CAUSAL_HEADS = 8
 # Eager execution on sm_90: where FA4's host cost (its Python launch path, a few tens of us per
 # call) dominates, a backward ranks below every other GPU implementation (cuDNN 50, triton 43-56),
 # so the one with the lowest measured end-to-end latency runs. Measured on an H200, eager, bf16,
-# D=128, B=1: MHA 8 1K FA4 142 us against triton:fused_atomic's 84 (1.70x), MHA 8 1K causal
-# 1.75x, MHA 8 2K 1.27x. Under CUDA graphs the host cost is gone and this rule does not apply.
+# D=128, B=1 (docs/benchmarks.md section 6): at MHA 8 1K/2K FA4's kernel is the fastest (46 us
+# at 1K) but its host time per call is 88-92 us against 55-60 us for cuDNN and triton:fused,
+# and a loop of such calls ran FA4 through the backend at 60 us per call against cuDNN's 53.
+# Under CUDA graphs the host cost is gone and this rule does not apply.
 EAGER_HOST_BOUND_PRIORITY = 42
 EAGER_HOST_BOUND_HEADS = 8  # B*H at most this ...
 EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
