@@ -26,8 +26,10 @@ and one after (compiling takes seconds). Host-side only: CUDA-graph capture and 
 (which calls the dispatcher's custom op, never this code, while tracing) are unaffected.
 
 Per call, the rest is cached per signature (:class:`Plan`): the keyword arguments (scale, mask,
-soft cap, determinism), the variant; the device is switched only when it is not current. What
-remains per call is FA4's own host code.
+soft cap, determinism), the variant; the device is switched only when it is not current. A dense
+call whose signature already ran on the current device is found by the identity of its
+``facts`` (the dispatcher's cached decision holds one object per signature) and its flags, and
+calls FA4 at once: what remains per call is FA4's own host code and about 1 us of ours.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ _plans: dict[tuple, Plan] = {}
 MAX_PLANS = 4096
 # Variants whose kernels this process already has: their first calls compile nothing.
 _variants_ready: set[str] = set()
+_current_device = torch.cuda.current_device
 
 
 def plan_for(kind: str, inp: ad.ForwardInputs) -> Plan:
@@ -233,7 +236,7 @@ def _run(plan: Plan, t: torch.Tensor, fn: Callable, *args: Any, **kwargs: Any) -
     its disk cache on a machine without a GPU) need no device and may run where CUDA is absent.
     """
 
-    current = is_fake(t) or t.device.index == torch.cuda.current_device()
+    current = is_fake(t) or t.get_device() == _current_device()
     if plan.first_done and current:
         return fn(*args, **kwargs)  # the hot path: no closure, no context manager
 
@@ -266,19 +269,57 @@ def empty_forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
+# The hot path's front: a dense call whose signature already ran is found by the identity of
+# its ``Facts`` (one object per cached decision of the dispatcher, so no hashing of the facts'
+# fields) and its flags, and goes straight to FA4 with the plan's keyword arguments.
+_ready: dict[tuple, tuple[object, Plan]] = {}
+
+
+def _ready_plan(kind: str, inp: ad.ForwardInputs) -> Plan | None:
+    """The plan of a dense call whose signature's first call ran on the current device."""
+    entry = _ready.get((kind, id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
+    if entry is None or entry[0] is not inp.facts or inp.cu_seqlens_q is not None:
+        return None
+    if inp.q.get_device() != _current_device():
+        return None
+    return entry[1]
+
+
+def _remember(kind: str, inp: ad.ForwardInputs, plan: Plan) -> None:
+    if inp.cu_seqlens_q is not None or is_fake(inp.q) or not plan.first_done:
+        return
+    if len(_ready) >= MAX_PLANS:
+        _ready.clear()
+    _ready[(kind, id(inp.facts), inp.causal, inp.causal_align, inp.deterministic)] = (
+        inp.facts,
+        plan,
+    )
+
+
 def forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` in our layout from FA4's forward."""
+    plan = _ready_plan("forward", inp)
+    if plan is not None:
+        out, lse, *_ = _interface._flash_attn_fwd(inp.q, inp.k, inp.v, **plan.kwargs)
+        return out, lse
     if has_no_work(inp):
         return empty_forward(inp)
     fa = _interface or interface()
     plan = plan_for("forward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
     out, lse, *_ = _run(plan, inp.q, fa._flash_attn_fwd, inp.q, inp.k, inp.v, **kwargs)
+    _remember("forward", inp, plan)
     return out, lse
 
 
 def backward(inp: ad.BackwardInputs) -> ad.Gradients:
     """``(dq, dk, dv)`` from FA4's backward on the caller's out and lse."""
+    plan = _ready_plan("backward", inp)
+    if plan is not None:
+        grads = _interface._flash_attn_bwd(
+            inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse, **plan.kwargs
+        )
+        return _gradients(grads)
     if has_no_work(inp):
         return ad.Gradients(
             torch.zeros_like(inp.q), torch.zeros_like(inp.k), torch.zeros_like(inp.v)
@@ -288,4 +329,9 @@ def backward(inp: ad.BackwardInputs) -> ad.Gradients:
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
     tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
     dq, dk, dv = _run(plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs)
+    _remember("backward", inp, plan)
     return ad.Gradients(dq, dk, dv)
+
+
+def _gradients(grads: tuple) -> ad.Gradients:
+    return tuple.__new__(ad.Gradients, grads)

@@ -7,11 +7,14 @@ and run in test_flash_attn_cute_gpu.py); ``first_call`` is given the call to tim
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from attn_dispatch_flash_attn_cute import _fa4
 from attn_dispatch_flash_attn_cute._support import mask_args
 
+import attn_dispatch as ad
 from attn_dispatch._inputs import build_inputs
 
 
@@ -85,3 +88,81 @@ def test_failed_first_call_stays_first(capsys):
     with pytest.raises(RuntimeError, match="compilation failed"):
         _fa4.first_call(plan, fails)
     assert not plan.first_done
+
+
+class RecordingFA4:
+    """Stands in for ``flash_attn.cute.interface``: records the keyword arguments of each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _flash_attn_bwd(self, q, k, v, out, dout, lse, **kwargs):
+        self.calls.append(kwargs)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    def _flash_attn_fwd(self, q, k, v, **kwargs):
+        self.calls.append(kwargs)
+        out = torch.zeros_like(q)
+        return out, torch.zeros(q.shape[0], q.shape[2], q.shape[1]), None, None, None
+
+
+@pytest.fixture
+def recording_fa4(monkeypatch):
+    fa4 = RecordingFA4()
+    monkeypatch.setattr(_fa4, "_interface", fa4)
+    monkeypatch.setattr(_fa4, "_ready", {})
+    monkeypatch.setattr(_fa4, "_current_device", lambda: -1)  # CPU tensors: get_device() is -1
+    return fa4
+
+
+def cpu_backward_inputs(facts=None, **flags):
+    q = torch.randn(1, 16, 2, 8)
+    lse = torch.zeros(1, 2, 16)
+    flags = dict(
+        dict(causal=False, causal_align="top_left", scale=None, deterministic=False), **flags
+    )
+    inp = build_inputs(q, q, q, q, lse, q, **flags)
+    if facts is None:
+        return inp
+    return type(inp)(q, q, q, q, lse, q, None, None, inp.causal, inp.causal_align, False, facts)
+
+
+def test_repeated_call_goes_straight_to_fa4_with_its_plan(recording_fa4, monkeypatch):
+    inp = cpu_backward_inputs()
+    first = _fa4.backward(inp)
+    planned = []
+    monkeypatch.setattr(_fa4, "plan_for", lambda *a: planned.append(a) or pytest.fail("planned"))
+    again = _fa4.backward(cpu_backward_inputs(facts=inp.facts))
+    assert isinstance(first, ad.Gradients) and isinstance(again, ad.Gradients)
+    assert recording_fa4.calls[0] == recording_fa4.calls[1] and not planned
+
+
+def test_known_facts_with_other_flags_get_their_own_plan(recording_fa4):
+    inp = cpu_backward_inputs()
+    _fa4.backward(inp)
+    _fa4.backward(cpu_backward_inputs(facts=inp.facts))  # the hot path
+    _fa4.backward(cpu_backward_inputs(facts=inp.facts, causal=True))
+    assert [c["causal"] for c in recording_fa4.calls] == [False, False, True]
+
+
+def test_call_on_another_device_than_the_current_takes_the_planned_path(recording_fa4, monkeypatch):
+    inp = cpu_backward_inputs()
+    _fa4.backward(inp)
+    monkeypatch.setattr(_fa4, "_current_device", lambda: 0)
+    switched = []
+    monkeypatch.setattr(
+        torch.cuda, "device", lambda device: switched.append(device) or contextlib.nullcontext()
+    )
+    _fa4.backward(inp)
+    assert switched == [inp.q.device]
+
+
+def test_forward_hot_path_returns_out_and_lse(recording_fa4):
+    q = torch.randn(1, 16, 2, 8)
+    inp = build_inputs(
+        q, q, q, causal=False, causal_align="top_left", scale=None, deterministic=False
+    )
+    first = _fa4.forward(inp)
+    again = _fa4.forward(inp)
+    assert len(first) == len(again) == 2 and len(recording_fa4.calls) == 2
+    assert recording_fa4.calls[0] == recording_fa4.calls[1]
