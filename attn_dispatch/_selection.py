@@ -234,12 +234,12 @@ def evaluate(
     implementations' ``priority_for_execution``."""
     registry = settings.registry
     probe = probed(inp)
-    _reads.pointers = False
-    verdicts = [
-        _verdict(impl, inp, probe, arch, mode, settings, forced, execution)
-        for impl in registry.implementations.values()
-    ]
-    read_pointers = _reads.pointers
+    verdicts, readers = [], set()
+    for impl in registry.implementations.values():
+        _reads.pointers = False
+        verdicts.append(_verdict(impl, inp, probe, arch, mode, settings, forced, execution))
+        if _reads.pointers:
+            readers.add(impl.full_name)
     if forced is None:
         pool = [c for c in verdicts if c.status == SUPPORTED and c.priority is not None]
     else:
@@ -249,6 +249,7 @@ def evaluate(
             if c.status == SUPPORTED and (c.name == forced or c.name.split(":", 1)[0] == forced)
         ]
     winner = min(pool, key=_rank) if pool else None
+    read_pointers = _pointers_decide(verdicts, readers, winner, forced)
     candidates = [
         Candidate(c.name, c.priority, c.opt_in, SELECTED, ()) if c is winner else c
         for c in verdicts
@@ -267,6 +268,25 @@ def evaluate(
         execution=execution,
     )
     return report, registry.implementations[winner.name] if winner else None, read_pointers
+
+
+def _pointers_decide(
+    verdicts: list[Candidate], readers: set[str], winner: Candidate | None, forced: str | None
+) -> bool:
+    """Whether other data pointers could change the decision: a verdict that read them belongs
+    to the winner or to an implementation that would outrank it if it were accepted. A reader
+    ranked below the winner cannot: the decision then holds for any alignment."""
+    for c in verdicts:
+        if c.name not in readers:
+            continue
+        if c is winner:
+            return True
+        if forced is not None:
+            if c.name == forced or c.name.split(":", 1)[0] == forced:
+                return True
+        elif c.priority is not None and (winner is None or _rank(c) < _rank(winner)):
+            return True
+    return False
 
 
 def no_backend_error(report: Report) -> NoBackendError:

@@ -163,6 +163,44 @@ def test_a_decision_that_read_data_pointers_is_remade_for_other_alignments(plugi
         assert tag_of(ad.backward(*bad)) == 9.0
 
 
+TOP = """
+class Top(Tagged):
+    name, tag, priority = "top", 4.0, {"*": 60}
+"""
+
+
+def _cached_pointers() -> list:
+    return [d.pointers for d in ad._settings.current().decisions.values()]
+
+
+def test_a_pointer_reader_ranked_below_the_winner_leaves_the_decision_to_any_alignment(
+    plugins, env
+):
+    plugins.backend("align", ALIGN + TOP, "[Top(), Aligned(), Fallback()]")
+    env.set(ATTN_DISPATCH_PLUGINS="align")
+    inputs = make_inputs()
+    for _ in range(2):
+        assert tag_of(ad.backward(*inputs)) == 4.0
+        assert tag_of(ad.backward(*tuple(_misaligned(t) for t in inputs))) == 4.0
+    assert _cached_pointers() == [None]
+
+
+@pytest.mark.parametrize("forced", [None, "align:aligned"])
+def test_a_pointer_reader_that_could_win_keys_the_decision_on_alignment(plugins, env, forced):
+    plugins.backend("align", ALIGN + TOP, "[Top(), Aligned(), Fallback()]")
+    env.set(ATTN_DISPATCH_PLUGINS="align", ATTN_DISPATCH_DISABLE="align:top")
+    inputs = make_inputs()
+    bad = tuple(_misaligned(t) for t in inputs)
+    if forced is None:
+        assert tag_of(ad.backward(*bad)) == 9.0  # the reader rejected it, and it ranks above
+        assert tag_of(ad.backward(*inputs)) == 1.0
+    else:
+        assert tag_of(ad.backward(*inputs, backend=forced)) == 1.0
+        with pytest.raises(ad.NoBackendError, match="misaligned"):
+            ad.backward(*bad, backend=forced)
+    assert all(p is not None for p in _cached_pointers())
+
+
 def test_supports_sees_only_pointer_residues(plugins, env):
     plugins.backend("align", ALIGN, "[Aligned(), Fallback()]")
     env.set(ATTN_DISPATCH_PLUGINS="align")
