@@ -3,32 +3,25 @@
 The core discovers backends through pluggy entry points (group ``attn_dispatch.backends``), asks
 each implementation ``supports(inputs, arch)``, and runs the best by per-arch priority. It never
 imports a backend or a kernel runtime itself.
+
+This namespace is the user's API. Plugin authors use ``attn_dispatch.backend``; the names of
+theirs that were also exported here still resolve, with a ``DeprecationWarning``, for one release.
 """
 
 import logging as _logging
+import warnings as _warnings
 
 from ._api import BackendInfo, ImplementationInfo, backends, backward, explain, forward
 from ._arch import Arch, detect_arch
 from ._autograd import attention
 from ._errors import NoBackendError, UnknownBackendError
 from ._execution import execution_mode
-from ._hookspecs import hookimpl
-from ._implementation import Gradients, Implementation
-from ._inputs import (
-    BackwardInputs,
-    ForwardInputs,
-    band_sides,
-    check_softcap,
-    check_window,
-    effective_window,
-    lse_dtype,
-)
+from ._implementation import Gradients
 from ._report import Candidate, Report
-from ._requirements import missing_requirement
 from ._settings import enable, reload, use_backend
 from ._varlen import Varlen, varlen_from_key_mask, varlen_from_mask, varlen_from_position_ids
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # A library logs to its own logger and leaves handlers to the application.
 _logging.getLogger("attn_dispatch").addHandler(_logging.NullHandler())
@@ -36,30 +29,20 @@ _logging.getLogger("attn_dispatch").addHandler(_logging.NullHandler())
 __all__ = [
     "Arch",
     "BackendInfo",
-    "BackwardInputs",
     "Candidate",
-    "ForwardInputs",
     "Gradients",
-    "Implementation",
     "ImplementationInfo",
     "NoBackendError",
     "Report",
     "UnknownBackendError",
     "Varlen",
     "attention",
-    "band_sides",
-    "check_softcap",
-    "check_window",
     "backends",
     "backward",
     "detect_arch",
-    "effective_window",
     "enable",
     "explain",
     "forward",
-    "hookimpl",
-    "lse_dtype",
-    "missing_requirement",
     "reload",
     "use_backend",
     "execution_mode",
@@ -67,3 +50,34 @@ __all__ = [
     "varlen_from_mask",
     "varlen_from_position_ids",
 ]
+
+# Plugin-author names that moved to attn_dispatch.backend (or were internal helpers), with the
+# module that defines them: resolved on access with a DeprecationWarning, for one release.
+_MOVED = {
+    "Implementation": ("attn_dispatch.backend", "Implementation"),
+    "ForwardInputs": ("attn_dispatch.backend", "ForwardInputs"),
+    "BackwardInputs": ("attn_dispatch.backend", "BackwardInputs"),
+    "hookimpl": ("attn_dispatch.backend", "hookimpl"),
+    "lse_dtype": ("attn_dispatch.backend", "lse_dtype"),
+    "missing_requirement": ("attn_dispatch.backend", "missing_requirement"),
+    "band_sides": ("attn_dispatch._validation", "band_sides"),
+    "check_softcap": ("attn_dispatch._validation", "check_softcap"),
+    "check_window": ("attn_dispatch._validation", "check_window"),
+    "effective_window": ("attn_dispatch._validation", "effective_window"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _MOVED:
+        raise AttributeError(f"module 'attn_dispatch' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _MOVED[name]
+    where = "attn_dispatch.backend" if module == "attn_dispatch.backend" else "inp.band"
+    _warnings.warn(
+        f"attn_dispatch.{name} is deprecated and will be removed in the next release; "
+        f"use {where}" + (f".{attribute}" if where == "attn_dispatch.backend" else ""),
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), attribute)

@@ -15,10 +15,11 @@ from ._arch import Arch
 from ._dispatch import BACKWARD, FORWARD, arch_for, dispatch
 from ._execution import check_execution, current_execution
 from ._implementation import Gradients, lookup_priority
-from ._inputs import BackwardInputs, build_inputs
+from ._inputs import BackwardInputs
 from ._registry import BackendRecord, _declaration_problems
 from ._report import Report
 from ._selection import evaluate
+from ._validation import build_inputs
 
 
 def backward(

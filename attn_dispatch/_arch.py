@@ -79,18 +79,23 @@ def _gpu_arch(index: int) -> Arch:
     return Arch("cuda", name, name)
 
 
+def resolve_arch(device: torch.device, override: Arch | None = None) -> Arch:
+    """The arch of tensors on ``device``: ``override`` when given, else detected. A ``meta``
+    (or device-less) tensor stands for the current CUDA/ROCm device when there is one."""
+    if override is not None:
+        return override
+    if device.type == "cuda" or device.type == "meta" and torch.cuda.is_available():
+        index = device.index if device.type == "cuda" and device.index is not None else None
+        return _gpu_arch(torch.cuda.current_device() if index is None else index)
+    return CPU
+
+
 def detect_arch(device: torch.device | str | None = None) -> Arch:
     """The arch of ``device`` (default: the current CUDA/ROCm device if any, else CPU).
 
     ``ATTN_DISPATCH_ARCH`` overrides detection; it changes the arch, not where tensors live.
     """
     override = os.environ.get(ARCH_ENV)
-    if override:
-        return Arch.parse(override)
     if device is None:
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return _gpu_arch(index)
-    return CPU
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_arch(torch.device(device), Arch.parse(override) if override else None)

@@ -23,15 +23,14 @@ from torch import Tensor
 
 from ._api import backward as _dispatch_backward
 from ._api import forward as _dispatch_forward
-from ._inputs import (
-    INT64_MAX,
+from ._inputs import INT64_MAX, lse_dtype
+from ._validation import (
     _require_tensor,
     build_inputs,
     check_flags,
     check_softcap,
     check_window,
     float_type_arg,
-    lse_dtype,
     resolve_scale,
 )
 

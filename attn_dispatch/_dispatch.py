@@ -18,23 +18,22 @@ from typing import NamedTuple
 import torch
 
 from . import _execution, _guards, _settings
-from ._arch import CPU, Arch, _gpu_arch
+from ._arch import Arch, resolve_arch
+from ._call import Call
 from ._implementation import Gradients, Implementation
-from ._inputs import (
-    BackwardInputs,
-    Facts,
-    ForwardInputs,
+from ._inputs import BackwardInputs, Facts, ForwardInputs, lse_dtype
+from ._selection import POINTER_RESIDUE, evaluate, no_backend_error
+from ._validation import (
     build_inputs,
     check_cu_seqlens,
     check_flags,
     check_softcap,
     check_window,
-    lse_dtype,
     resolve_scale,
 )
-from ._selection import POINTER_RESIDUE, evaluate, no_backend_error
 
 log = logging.getLogger("attn_dispatch")
+_new_call = tuple.__new__  # builds a Call from a tuple, skipping NamedTuple's Python __new__
 # More signatures than this (shape-varying workloads) restart the cache rather than grow it.
 MAX_CACHED_DECISIONS = 4096
 
@@ -130,14 +129,9 @@ FORWARD = Mode("forward", ForwardInputs, _checked_forward, _meta_forward)
 
 
 def arch_for(settings: _settings.Settings, device: torch.device) -> Arch:
-    """The arch selection assumes for tensors on ``device``: ``ATTN_DISPATCH_ARCH`` as read
-    with the settings, else detected (a meta tensor stands for the default device)."""
-    if settings.arch_override is not None:
-        return settings.arch_override
-    if device.type == "cuda" or device.type == "meta" and torch.cuda.is_available():
-        index = device.index if device.type == "cuda" and device.index is not None else None
-        return _gpu_arch(torch.cuda.current_device() if index is None else index)
-    return CPU
+    """The arch selection assumes for tensors on ``device`` (``ATTN_DISPATCH_ARCH`` as read
+    with the settings, else detected)."""
+    return resolve_arch(device, settings.arch_override)
 
 
 def pointer_residues(tensors: Tensors, cu_q, cu_k) -> tuple:
@@ -148,11 +142,11 @@ def pointer_residues(tensors: Tensors, cu_q, cu_k) -> tuple:
     return residues
 
 
-def _key(flags: tuple, tensors: Tensors, cu_q, cu_k, max_q, max_k):
+def _key(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k):
     """The dictionary key of a call, or ``None`` when the arguments cannot make one (not
     tensors, nested tensors, unhashable flags: validation explains them)."""
     try:
-        key = flags + tuple([(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+        key = call + tuple([(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
         if cu_q is not None or cu_k is not None or max_q is not None or max_k is not None:
             # types too: 8.0 == 8 but only 8 is valid; identity: a supports() may read it
             key += (
@@ -197,7 +191,7 @@ def dispatch(
     softcap=None,
 ):
     """Run ``tensors`` (q, k, v[, out, lse, grad_out]) by the cached or a new decision."""
-    settings = _settings._settings or _settings.current()
+    settings = _settings.current()
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     if (
@@ -213,22 +207,23 @@ def dispatch(
     if softcap is not None:
         softcap = check_softcap(softcap)
     backend_arg = backend
-    if backend is None:
-        backend = _settings._forced.get() or settings.forced_env
-    execution = _execution.current_execution()
-    flags = (
-        mode.name,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        window,
-        softcap,
-        execution,
+    backend = _settings.forced_name(backend, settings)
+    call = _new_call(
+        Call,
+        (
+            mode.name,
+            causal,
+            causal_align,
+            scale,
+            deterministic,
+            backend,
+            window,
+            softcap,
+            _execution.current_execution(),
+        ),
     )
     if cu_q is None and cu_k is None and max_q is None and max_k is None:
-        entries = settings.guarded.get(flags)
+        entries = settings.guarded.get(call)
         if entries and (decision := _guards.match(entries, tensors)) is not None:
             if decision.pointers is None and not decision.grad:
                 # the hottest path, inlined: a guarded signature, no pointer or grad concerns
@@ -243,19 +238,21 @@ def dispatch(
             if decision.pointers is None or decision.pointers == pointer_residues(
                 tensors, None, None
             ):
-                return _run(mode, decision, decision.grad, tensors, None, None, flags)
-        guard_flags = flags
+                return _run(mode, decision, decision.grad, tensors, None, None, call)
+        guard_call = call
     else:
-        guard_flags = None
+        guard_call = None
     return _looked_up(
-        mode, settings, tensors, cu_q, cu_k, max_q, max_k, flags, guard_flags, backend_arg
+        mode, settings, tensors, cu_q, cu_k, max_q, max_k, call, guard_call, backend_arg
     )
 
 
-def _run(mode: Mode, decision: Decision, grad: bool, tensors: Tensors, cu_q, cu_k, flags):
+def _run(mode: Mode, decision: Decision, grad: bool, tensors: Tensors, cu_q, cu_k, call: Call):
     """Call the decision's implementation, with grad recording off (a backend's own ops must
     not build a graph), naming it in any exception it raises."""
-    inp = mode.inputs(*tensors, cu_q, cu_k, flags[1], flags[2], flags[4], decision.facts)
+    inp = mode.inputs(
+        *tensors, cu_q, cu_k, call.causal, call.causal_align, call.deterministic, decision.facts
+    )
     if grad and torch.is_grad_enabled():
         torch._C._set_grad_enabled(False)
         try:
@@ -288,25 +285,25 @@ def _looked_up(
     cu_k,
     max_q,
     max_k,
-    flags: tuple,
-    guard_flags: tuple | None,
+    call: Call,
+    guard_call: Call | None,
     backend_arg,
 ):
     """The dictionary path: a known signature (re-checking what it must), else a first call."""
-    key = _key(flags, tensors, cu_q, cu_k, max_q, max_k)
+    key = _key(call, tensors, cu_q, cu_k, max_q, max_k)
     decision = None if key is None else settings.decisions.get(key)
     if decision is not None and decision.pointers is not None:
         residues = pointer_residues(tensors, cu_q, cu_k)
         if residues != decision.pointers:
             # another alignment than the first call's: its own entry, never a guard
-            key, guard_flags = key + (residues,), None
+            key, guard_call = key + (residues,), None
             decision = settings.decisions.get(key)
     if decision is None:
         return _first_call(
-            mode, settings, tensors, cu_q, cu_k, max_q, max_k, flags, key, guard_flags, backend_arg
+            mode, settings, tensors, cu_q, cu_k, max_q, max_k, call, key, guard_call, backend_arg
         )
-    _revisit(settings, decision, tensors, cu_q, cu_k, guard_flags)
-    return _run(mode, decision, _requires_grad(tensors), tensors, cu_q, cu_k, flags)
+    _revisit(settings, decision, tensors, cu_q, cu_k, guard_call)
+    return _run(mode, decision, _requires_grad(tensors), tensors, cu_q, cu_k, call)
 
 
 def _revisit(
@@ -315,7 +312,7 @@ def _revisit(
     tensors: Tensors,
     cu_q,
     cu_k,
-    guard_flags: tuple | None,
+    guard_call: Call | None,
 ) -> None:
     """A dictionary hit: check CPU cu_seqlens values (they may differ at the same metadata) and
     give a dense signature a guard, so the next call takes the faster path."""
@@ -328,14 +325,15 @@ def _revisit(
             tensors[1].shape[0],
             facts.max_seqlen_q,
             facts.max_seqlen_k,
+            settings.debug,
         )
-    if guard_flags is not None:
-        _remember_guard(settings, guard_flags, tensors, decision)
+    if guard_call is not None:
+        _remember_guard(settings, guard_call, tensors, decision)
 
 
-def _remember_guard(settings, guard_flags: tuple, tensors: Tensors, decision: Decision) -> None:
+def _remember_guard(settings, call: Call, tensors: Tensors, decision: Decision) -> None:
     _guards.remember(
-        settings.guarded, guard_flags, tensors, decision._replace(grad=_requires_grad(tensors))
+        settings.guarded, call, tensors, decision._replace(grad=_requires_grad(tensors))
     )
 
 
@@ -347,29 +345,16 @@ def _first_call(
     cu_k,
     max_q,
     max_k,
-    flags: tuple,
+    call: Call,
     key: tuple | None,
-    guard_flags: tuple | None,
+    guard_call: Call | None,
     backend_arg,
 ):
     """Validate, select, run, check the outputs, then cache the decision."""
-    _, causal, causal_align, scale, deterministic, _, window, softcap, execution = flags
-    inp = build_inputs(
-        *tensors,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        deterministic=deterministic,
-        cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k,
-        max_seqlen_q=max_q,
-        max_seqlen_k=max_k,
-        window=window,
-        softcap=softcap,
-    )
+    inp = inputs_of(call, tensors, cu_q, cu_k, max_q, max_k, settings.debug)
     forced = _settings.resolve_forced(backend_arg, settings)
     arch = arch_for(settings, inp.device)
-    report, impl, read_pointers = evaluate(settings, inp, arch, mode.name, forced, execution)
+    report, impl, read_pointers = evaluate(settings, inp, arch, mode.name, forced, call.execution)
     if impl is None:
         raise no_backend_error(report)
     log.info(
@@ -378,19 +363,37 @@ def _first_call(
         inp,
         impl.full_name,
         report.arch.full,
-        execution,
+        call.execution,
         f"forced {forced!r}" if forced else "automatic",
     )
     run = mode.meta if inp.device.type == "meta" else getattr(impl, mode.name)
     pointers = pointer_residues(tensors, cu_q, cu_k) if read_pointers else None
     decision = Decision(inp.facts, impl, run, pointers)
-    result = _run(mode, decision, _requires_grad(tensors), tensors, cu_q, cu_k, flags)
+    result = _run(mode, decision, _requires_grad(tensors), tensors, cu_q, cu_k, call)
     result = mode.checked(impl, result, tensors, inp.facts)
     if key is not None:
         if len(settings.decisions) >= MAX_CACHED_DECISIONS:
             # the guards stay: their decisions still hold, and they serve the hottest calls
             settings.decisions.clear()
         settings.decisions[key] = decision
-        if guard_flags is not None:
-            _remember_guard(settings, guard_flags, tensors, decision)
+        if guard_call is not None:
+            _remember_guard(settings, guard_call, tensors, decision)
     return result
+
+
+def inputs_of(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k, debug: bool):
+    """The validated inputs of ``call`` on ``tensors`` (q, k, v[, out, lse, grad_out])."""
+    return build_inputs(
+        *tensors,
+        causal=call.causal,
+        causal_align=call.causal_align,
+        scale=call.scale,
+        deterministic=call.deterministic,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max_q,
+        max_seqlen_k=max_k,
+        window=call.window,
+        softcap=call.softcap,
+        debug=debug,
+    )

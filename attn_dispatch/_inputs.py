@@ -1,13 +1,13 @@
-"""The input contract: ``ForwardInputs`` / ``BackwardInputs`` and their one-time validation.
+"""The input contract: what an implementation receives (``ForwardInputs`` / ``BackwardInputs``
+around one signature's ``Facts``), the ``Band`` of visible keys, and the lse layout.
 
-Validation runs once per input *signature* (shapes, strides, dtypes, devices, flags); the
-dispatcher caches the resulting ``Facts`` so repeated calls only rebuild the light inputs object.
+Validation (``_validation``) runs once per input *signature* (shapes, strides, dtypes, devices,
+flags); the dispatcher caches the resulting ``Facts`` so repeated calls only rebuild the light
+inputs object.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import NamedTuple
 
 import torch
@@ -22,6 +22,82 @@ INT64_MAX = 2**63 - 1
 # with log2(e) are normal float32 numbers in every kernel (1e39 is inf in float32, 1e-39 is
 # subnormal and flushes to zero on GPUs: either turns scores into inf or NaN).
 FLOAT_ARG_RANGE = (1e-30, 1e30)
+
+
+class Band(NamedTuple):
+    """The keys each query row sees, from the call's window, causal flag and alignment.
+
+    Row ``i``'s diagonal is ``d_i = i + offset``, with ``offset`` 0 (top-left) or ``Sk - Sq``
+    (bottom-right, per sequence when varlen: :meth:`offset`); key ``j`` is visible iff
+    ``d_i - left <= j <= d_i + right``, a side ``None`` being unbounded. ``causal`` is folded in
+    (``right`` at most 0), and a side that cannot exclude any key at the call's (longest) lengths
+    is already ``None``, so no side is ever larger than a sequence (int64- and int32-safe).
+    Neither side bounded: ``bottom_right`` is False, so a full band has one value.
+    """
+
+    left: int | None
+    right: int | None
+    bottom_right: bool
+
+    @classmethod
+    def of(cls, window: Window | None, causal: bool, causal_align: str) -> Band:
+        """The band of ``window`` (sides as given, ``None`` unbounded) with ``causal`` folded in
+        (``right`` at most 0) and the diagonal aligned by ``causal_align``."""
+        left, right = (None, None) if window is None else window
+        if causal:
+            right = 0 if right is None else min(right, 0)
+        if left is None and right is None:
+            return cls(None, None, False)
+        return cls(left, right, causal_align == "bottom_right")
+
+    @property
+    def limited(self) -> bool:
+        """Whether any key is ever outside the band (a mask exists at all)."""
+        return self.left is not None or self.right is not None
+
+    def offset(self, seqlen_q: int, seqlen_k: int) -> int:
+        """The diagonal's offset ``d_i - i`` for a sequence of these lengths."""
+        return seqlen_k - seqlen_q if self.bottom_right else 0
+
+    def key_range(self, i0: int, i1: int, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+        """The keys rows ``i0 .. i1 - 1`` see together, as ``(k0, k1)`` with ``k0 <= k1``."""
+        shift = self.offset(seqlen_q, seqlen_k)
+        lo = 0 if self.left is None else i0 + shift - self.left
+        hi = seqlen_k if self.right is None else i1 + shift + self.right
+        lo = min(seqlen_k, max(0, lo))
+        return lo, max(lo, min(seqlen_k, hi))
+
+    def mask(
+        self, seqlen_q: int, seqlen_k: int, device: torch.device | str = "cpu"
+    ) -> torch.Tensor | None:
+        """``[seqlen_q, seqlen_k]`` booleans, True where a key is visible; ``None`` when the
+        band limits nothing."""
+        if not self.limited:
+            return None
+        rows = torch.arange(seqlen_q, device=device)[:, None] + self.offset(seqlen_q, seqlen_k)
+        keys = torch.arange(seqlen_k, device=device)[None, :]
+        visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+        if self.left is not None:
+            visible &= keys >= rows - self.left
+        if self.right is not None:
+            visible &= keys <= rows + self.right
+        return visible
+
+
+FULL_BAND = Band(None, None, False)
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of lse for queries of ``dtype``: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def lse_shape(q_shape: tuple[int, ...], varlen: bool) -> tuple[int, int] | tuple[int, int, int]:
+    """The shape of lse for queries of ``q_shape``: ``[B, H, Sq]`` dense (q ``[B, Sq, H, D]``),
+    ``[H, Tq]`` varlen (q ``[Tq, H, D]``)."""
+    if varlen:
+        return (q_shape[1], q_shape[0])
+    return (q_shape[0], q_shape[2], q_shape[1])
 
 
 class Facts(NamedTuple):
@@ -44,6 +120,8 @@ class Facts(NamedTuple):
     # effective_window) and soft cap (validated); part of the signature like the flags
     window: Window | None = None
     softcap: float | None = None
+    # the visible keys of each row: window, causal flag and alignment as one value
+    band: Band = FULL_BAND
 
 
 class ForwardInputs:
@@ -101,6 +179,7 @@ class ForwardInputs:
     device = property(lambda self: self.facts.device)
     is_varlen = property(lambda self: self.facts.is_varlen)
     group_size = property(lambda self: self.facts.heads // self.facts.kv_heads)
+    band = property(lambda self: self.facts.band)
 
     def device_vendor(self, arch) -> str:
         """``cpu``, ``cuda`` or ``rocm`` for where the tensors live (another device type as is).
@@ -185,473 +264,3 @@ def _describe_tensor(name: str, t: torch.Tensor) -> str:
         f"{name}: shape={tuple(t.shape)} dtype={str(t.dtype).replace('torch.', '')} "
         f"stride={tuple(t.stride())} device={t.device}"
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# Validation (runs once per signature)
-
-
-def build_inputs(
-    q,
-    k,
-    v,
-    out=None,
-    lse=None,
-    grad_out=None,
-    *,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    max_seqlen_q=None,
-    max_seqlen_k=None,
-    window=None,
-    softcap=None,
-) -> ForwardInputs:
-    """Validate a call and wrap it: ``BackwardInputs`` when any of out/lse/grad_out is given,
-    else ``ForwardInputs``. Flags are keywords, named as in ``attn_dispatch.backward``."""
-    facts = validate(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        deterministic=deterministic,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        window=window,
-        softcap=softcap,
-    )
-    if out is None and lse is None and grad_out is None:
-        return ForwardInputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
-        )
-    return BackwardInputs(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        causal,
-        causal_align,
-        deterministic,
-        facts,
-    )
-
-
-def lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of lse for queries of ``dtype``: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _shape(t: torch.Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
-
-
-def _require_tensor(name: str, value) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"argument '{name}': expected a torch.Tensor, got {type(value).__name__}")
-    if value.is_nested:
-        raise TypeError(
-            f"argument '{name}': expected a dense tensor, got a nested tensor "
-            "(pass varlen batches as THD tensors with cu_seqlens)"
-        )
-    if value.layout != torch.strided:
-        raise TypeError(
-            f"argument '{name}': expected a dense (strided) tensor, got layout {value.layout}"
-        )
-    return value
-
-
-def _require_rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
-    if t.dim() != rank:
-        raise ValueError(
-            f"argument '{name}': expected a {rank}-D tensor {layout}, got shape {_shape(t)}"
-        )
-
-
-def _require_shape(name: str, t: torch.Tensor, expected: tuple[int, ...], layout: str) -> None:
-    if _shape(t) != expected:
-        raise ValueError(f"argument '{name}': expected shape {expected} {layout}, got {_shape(t)}")
-
-
-def _int_arg(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"argument '{name}': expected a Python int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"argument '{name}': expected a non-negative int, got {value}")
-    return int(value)
-
-
-def float_type_arg(name: str, value) -> float:
-    """``value`` as a float, checked for its type only (a real number, not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"argument '{name}': expected a float, got {type(value).__name__}")
-    return float(value)
-
-
-def _float_arg(name: str, value) -> float:
-    """``value`` as a float in ``FLOAT_ARG_RANGE``."""
-    value = float_type_arg(name, value)
-    low, high = FLOAT_ARG_RANGE
-    if not (low <= value <= high):  # also False for NaN
-        raise ValueError(
-            f"argument '{name}': expected a finite float > 0 within [{low:g}, {high:g}] "
-            f"(beyond it float32 kernels overflow or flush to zero), got {value}"
-        )
-    return value
-
-
-def resolve_scale(scale, head_dim: int) -> float:
-    """``1/sqrt(head_dim)`` when ``scale`` is None; else ``scale`` checked positive and in
-    ``FLOAT_ARG_RANGE``."""
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    return _float_arg("scale", scale)
-
-
-def _type_name(value) -> str:
-    """The type's name, module-qualified outside the builtins (``numpy.bool``, not a bare
-    ``bool`` that reads like the type that was expected)."""
-    cls = type(value)
-    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__name__}"
-
-
-def check_flags(causal, causal_align, deterministic) -> None:
-    if not isinstance(causal, bool):
-        raise TypeError(f"argument 'causal': expected a bool, got {_type_name(causal)}")
-    if causal_align not in CAUSAL_ALIGNS:
-        raise ValueError(
-            f"argument 'causal_align': expected one of {CAUSAL_ALIGNS}, got {causal_align!r}"
-        )
-    if not isinstance(deterministic, bool):
-        raise TypeError(
-            f"argument 'deterministic': expected a bool or None, got {_type_name(deterministic)}"
-        )
-
-
-def check_window(window, ints: tuple[type, ...] = (numbers.Integral,)) -> Window | None:
-    """``window`` as a ``(left, right)`` tuple of Python ints or ``None`` (``(None, None)``
-    bounds nothing and becomes ``None``). Each side: an int >= 0 (one of ``ints``, never a bool)
-    or ``None`` (unbounded). A list of two is accepted like the tuple."""
-    if window is None:
-        return None
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(
-            f"argument 'window': expected None or a (left, right) tuple, got {window!r}"
-        )
-    sides = []
-    for name, side in zip(("left", "right"), window):
-        if side is None:
-            sides.append(None)
-            continue
-        if isinstance(side, bool) or not isinstance(side, ints):
-            raise TypeError(
-                f"argument 'window': expected each side an int >= 0 or None, got {name}={side!r} "
-                f"({type(side).__name__})"
-            )
-        if side < 0:
-            raise ValueError(
-                f"argument 'window': expected each side an int >= 0 or None, got {name}={side}"
-            )
-        if isinstance(side, torch.SymInt):
-            sides.append(side)
-        else:
-            side = int(side)
-            sides.append(None if side > INT64_MAX else side)
-    return None if sides == [None, None] else (sides[0], sides[1])
-
-
-def effective_window(
-    window: Window | None, causal_align: str, seqlen_q: int, seqlen_k: int
-) -> Window | None:
-    """``window`` (validated) with every side that excludes no key at these lengths set to
-    ``None`` (unbounded); ``None`` when neither side bounds anything.
-
-    Row ``i``'s diagonal is ``i`` (top-left) or ``i + Sk - Sq`` (bottom-right), so ``left``
-    reaches every key once ``left >= Sq`` (top-left) or ``>= Sk`` (bottom-right), and ``right``
-    once ``right >= Sk`` (top-left) or ``>= Sq`` (bottom-right). With varlen inputs the lengths
-    are the longest sequences, which bound every sequence's reach. Kernels thus never see a side
-    larger than a sequence length (no int32/int64 overflow in their band arithmetic).
-    """
-    if window is None:
-        return None
-    reach = (seqlen_k, seqlen_q) if causal_align == "bottom_right" else (seqlen_q, seqlen_k)
-    left, right = (None if s is None or s >= r else s for s, r in zip(window, reach))
-    return None if left is None and right is None else (left, right)
-
-
-def band_sides(window: Window | None, causal: bool) -> tuple[int | None, int | None]:
-    """``(left, right)`` of the band a call computes: the (validated) ``window``'s sides with
-    ``causal`` folded in (``right`` capped at 0); ``(None, None)`` when every key is visible."""
-    left, right = (None, None) if window is None else window
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    return left, right
-
-
-def check_softcap(softcap) -> float | None:
-    """``None``, or ``softcap`` as a float checked in ``FLOAT_ARG_RANGE``."""
-    if softcap is None:
-        return None
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(
-            f"argument 'softcap': expected None or a float, got {type(softcap).__name__}"
-        )
-    return _float_arg("softcap", softcap)
-
-
-def check_cap_ratio(scale: float, softcap: float | None) -> None:
-    """Kernels multiply raw scores by ``scale / softcap`` in float32 (then take the tanh): the
-    ratio must stay in ``FLOAT_ARG_RANGE`` too, or a zero score times an infinite ratio is NaN
-    (each value alone may be in range: scale=1e30 with softcap=1e-30)."""
-    if softcap is None:
-        return
-    low, high = FLOAT_ARG_RANGE
-    ratio = scale / softcap
-    if not (low <= ratio <= high):
-        raise ValueError(
-            f"argument 'softcap': expected scale / softcap within [{low:g}, {high:g}] (kernels "
-            f"scale the scores by it in float32), got {scale:g} / {softcap:g} = {ratio:g}"
-        )
-
-
-def validate(
-    q,
-    k,
-    v,
-    out=None,
-    lse=None,
-    grad_out=None,
-    *,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    max_seqlen_q=None,
-    max_seqlen_k=None,
-    window=None,
-    softcap=None,
-) -> Facts:
-    """Check every argument of a forward (``out``/``lse``/``grad_out`` None) or backward call.
-
-    Raises ``TypeError``/``ValueError`` naming the argument, the expectation and what was given.
-    """
-    backward = out is not None or lse is not None or grad_out is not None
-    q = _require_tensor("q", q)
-    k = _require_tensor("k", k)
-    v = _require_tensor("v", v)
-    if backward:
-        out = _require_tensor("out", out)
-        lse = _require_tensor("lse", lse)
-        grad_out = _require_tensor("grad_out", grad_out)
-    check_flags(causal, causal_align, deterministic)
-    window = check_window(window)
-    softcap = check_softcap(softcap)
-
-    if q.dtype not in QUERY_DTYPES:
-        raise TypeError(
-            f"argument 'q': expected dtype float16, bfloat16, float32 or float64, got {q.dtype}"
-        )
-    named = [("k", k), ("v", v)] + ([("out", out), ("grad_out", grad_out)] if backward else [])
-    for name, t in named:
-        if t.dtype != q.dtype:
-            raise TypeError(
-                f"argument '{name}': expected dtype {q.dtype} (same as q), got {t.dtype}"
-            )
-    if backward:
-        want = lse_dtype(q.dtype)
-        if lse.dtype != want:
-            raise TypeError(f"argument 'lse': expected dtype {want}, got {lse.dtype}")
-    for name, t in named + ([("lse", lse)] if backward else []):
-        if t.device != q.device:
-            raise ValueError(
-                f"argument '{name}': expected device {q.device} (same as q), got {t.device}"
-            )
-
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    if varlen:
-        facts = _validate_varlen(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            grad_out,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            backward,
-        )
-    else:
-        facts = _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, backward)
-    batch, sq, sk, heads, kv_heads, d, dv, msq, msk = facts
-    if heads == 0 or kv_heads == 0:
-        raise ValueError(
-            f"argument 'q'/'k': expected at least one head, got H={heads}, Hkv={kv_heads}"
-        )
-    if heads % kv_heads:
-        raise ValueError(
-            f"argument 'k': expected its head count Hkv to divide q's head count H (GQA/MQA), "
-            f"got H={heads}, Hkv={kv_heads}"
-        )
-    if d == 0 or dv == 0:
-        raise ValueError(f"argument 'q'/'v': expected non-empty head dims, got D={d}, Dv={dv}")
-    scale = resolve_scale(scale, d)
-    check_cap_ratio(scale, softcap)
-    return Facts(
-        batch,
-        sq,
-        sk,
-        heads,
-        kv_heads,
-        d,
-        dv,
-        q.dtype,
-        q.device,
-        varlen,
-        scale,
-        msq,
-        msk,
-        effective_window(window, causal_align, msq, msk),
-        softcap,
-    )
-
-
-def _require_backward_shapes(
-    out, grad_out, lse, out_shape: tuple, out_layout: str, lse_shape: tuple, lse_layout: str
-) -> None:
-    _require_shape("out", out, out_shape, out_layout)
-    _require_shape("grad_out", grad_out, out_shape, out_layout)
-    _require_shape("lse", lse, lse_shape, lse_layout)
-
-
-def _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, backward):
-    layout = "[B, S, H, D] (dense BSHD layout; pass cu_seqlens_q/_k for varlen)"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _require_rank(name, t, 4, layout)
-    b, sq, h, d = q.shape
-    if k.shape[0] != b:
-        raise ValueError(f"argument 'k': expected batch {b} (same as q), got shape {_shape(k)}")
-    _, sk, hkv, dk = k.shape
-    if dk != d:
-        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(
-            f"argument 'v': expected shape ({b}, {sk}, {hkv}, Dv) to match k, got {_shape(v)}"
-        )
-    dv = v.shape[3]
-    if backward:
-        _require_backward_shapes(
-            out, grad_out, lse, (b, sq, h, dv), "[B, Sq, H, Dv]", (b, h, sq), "[B, H, Sq]"
-        )
-    for name, given, actual in (
-        ("max_seqlen_q", max_seqlen_q, sq),
-        ("max_seqlen_k", max_seqlen_k, sk),
-    ):
-        if given is not None and _int_arg(name, given) != actual:
-            raise ValueError(
-                f"argument '{name}': dense inputs have sequence length {actual}, got {given} "
-                "(leave it None unless passing cu_seqlens)"
-            )
-    return b, sq, sk, h, hkv, d, dv, sq, sk
-
-
-def _validate_varlen(q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_seqlen_k, backward):
-    if cu_q is None or cu_k is None:
-        missing = "cu_seqlens_k" if cu_q is not None else "cu_seqlens_q"
-        raise ValueError(
-            f"argument '{missing}': varlen needs both cu_seqlens_q and cu_seqlens_k, "
-            f"got {missing}=None"
-        )
-    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
-        _require_tensor(name, cu)
-        if cu.dtype != torch.int32:
-            raise TypeError(f"argument '{name}': expected dtype torch.int32, got {cu.dtype}")
-        if cu.dim() != 1 or cu.shape[0] < 2:
-            raise ValueError(
-                f"argument '{name}': expected a 1-D tensor [B+1] with B >= 1, "
-                f"got shape {_shape(cu)}"
-            )
-        if cu.device != q.device:
-            raise ValueError(
-                f"argument '{name}': expected device {q.device} (same as q), got {cu.device}"
-            )
-    if cu_k.shape[0] != cu_q.shape[0]:
-        raise ValueError(
-            f"argument 'cu_seqlens_k': expected shape {_shape(cu_q)} (same batch as "
-            f"cu_seqlens_q), got {_shape(cu_k)}"
-        )
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if value is None:
-            raise ValueError(
-                f"argument '{name}': varlen inputs need it as a Python int "
-                "(the longest sequence), got None"
-            )
-    max_seqlen_q = _int_arg("max_seqlen_q", max_seqlen_q)
-    max_seqlen_k = _int_arg("max_seqlen_k", max_seqlen_k)
-    layout = "[T, H, D] (varlen layout, since cu_seqlens are given)"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _require_rank(name, t, 3, layout)
-    tq, h, d = q.shape
-    tk, hkv, dk = k.shape
-    # No sequence is longer than its packed tensor: a larger max_seqlen means the token count,
-    # so kernels never take a grid size or int32 argument beyond the data.
-    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, tq), min(max_seqlen_k, tk)
-    if dk != d:
-        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
-    if v.shape[:2] != k.shape[:2]:
-        raise ValueError(
-            f"argument 'v': expected shape ({tk}, {hkv}, Dv) to match k, got {_shape(v)}"
-        )
-    dv = v.shape[2]
-    if backward:
-        _require_backward_shapes(out, grad_out, lse, (tq, h, dv), "[Tq, H, Dv]", (h, tq), "[H, Tq]")
-    check_cu_seqlens(cu_q, cu_k, tq, tk, max_seqlen_q, max_seqlen_k)
-    return cu_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, h, hkv, d, dv, max_seqlen_q, max_seqlen_k
-
-
-def check_cu_seqlens(cu_q, cu_k, tq: int, tk: int, max_seqlen_q: int, max_seqlen_k: int) -> None:
-    """Check cu_seqlens values: on the CPU always; on a GPU only with ``ATTN_DISPATCH_DEBUG=1``
-    (that check waits for the device)."""
-    if cu_q.device.type == "meta":
-        return
-    if cu_q.device.type != "cpu":
-        from . import _settings  # the settings import this module
-
-        if not _settings.current().debug:
-            return
-    for name, cu, total, max_len, max_name in (
-        ("cu_seqlens_q", cu_q, tq, max_seqlen_q, "max_seqlen_q"),
-        ("cu_seqlens_k", cu_k, tk, max_seqlen_k, "max_seqlen_k"),
-    ):
-        values = cu.tolist()
-        if values[0] != 0:
-            raise ValueError(f"argument '{name}': expected to start at 0, got {values[0]}")
-        lengths = [b - a for a, b in zip(values, values[1:])]
-        if min(lengths) < 0:
-            raise ValueError(f"argument '{name}': expected non-decreasing offsets, got {values}")
-        if values[-1] != total:
-            raise ValueError(
-                f"argument '{name}': expected to end at {total} (the token count of "
-                f"the packed tensor), got {values[-1]}"
-            )
-        if max(lengths) > max_len:
-            raise ValueError(
-                f"argument '{max_name}': expected at least the longest sequence "
-                f"({max(lengths)}), got {max_len}"
-            )

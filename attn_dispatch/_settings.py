@@ -211,7 +211,9 @@ def check_name(name: object, argument: str) -> str:
 def forced_name(backend: str | None, settings: Settings) -> str | None:
     """The name forced for a call, unchecked (it goes into the decision key): the ``backend``
     argument, else ``use_backend()``, else ``ATTN_DISPATCH_BACKEND``."""
-    return backend or _forced.get() or settings.forced_env
+    if backend is not None:
+        return backend
+    return _forced.get() or settings.forced_env
 
 
 def resolve_forced(backend: object, settings: Settings) -> str | None:

@@ -19,6 +19,7 @@ import timeit
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 ROUNDS, NUMBER = 31, 20000
 
@@ -42,7 +43,7 @@ def main() -> int:
     impl = ad._settings.current().registry.implementations["toy:trivial"]
     ad.backward(*args, backend="toy:trivial")  # cache the decision
     facts = next(iter(ad._settings.current().decisions.values()))[0]
-    inp = ad.BackwardInputs(q, k, v, out, lse, do, None, None, False, "top_left", False, facts)
+    inp = adb.BackwardInputs(q, k, v, out, lse, do, None, None, False, "top_left", False, facts)
     rows = []
     for label, call in (
         ("forced (backend='toy:trivial')", lambda: ad.backward(*args, backend="toy:trivial")),

@@ -20,6 +20,7 @@ if TEST_PLUGINS_PATH not in sys.path:
     )
 
 import attn_dispatch as ad  # noqa: E402
+from attn_dispatch import backend as adb  # noqa: E402
 
 ENV_VARS = (
     "ATTN_DISPATCH_BACKEND",
@@ -69,7 +70,7 @@ def make_inputs(b=1, sq=8, sk=None, h=4, hkv=2, d=16, dv=None, dtype=torch.float
     """Random backward inputs (q, k, v, out, lse, grad_out) in the dense BSHD layout."""
     sk = sk or sq
     dv = dv or d
-    lse_dtype = ad.lse_dtype(dtype)
+    lse_dtype = adb.lse_dtype(dtype)
 
     def rand(*shape, dt=dtype):
         return torch.randn(shape, dtype=dt, device=device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 
 @pytest.mark.parametrize(
@@ -36,7 +37,7 @@ def test_detect_cpu_and_override(monkeypatch):
 
 
 def test_priority_patterns():
-    class Impl(ad.Implementation):
+    class Impl(adb.Implementation):
         backend, name = "x", "y"
         priority = {"gfx9*": 10, "gfx950": 95, "sm_*": 3}
 
@@ -48,8 +49,8 @@ def test_priority_patterns():
 
 
 def test_missing_requirement():
-    assert ad.missing_requirement("pluggy>=1.0") is None
-    assert "not installed" in ad.missing_requirement("surely-not-installed-xyz")
-    assert "needs" in ad.missing_requirement("pluggy<0.1")
+    assert adb.missing_requirement("pluggy>=1.0") is None
+    assert "not installed" in adb.missing_requirement("surely-not-installed-xyz")
+    assert "needs" in adb.missing_requirement("pluggy<0.1")
     with pytest.raises(ValueError, match="requirement"):
-        ad.missing_requirement("not a ++ requirement")
+        adb.missing_requirement("not a ++ requirement")

@@ -7,7 +7,8 @@ import torch
 
 import attn_dispatch as ad
 from attn_dispatch import _capabilities, _registry
-from attn_dispatch._inputs import build_inputs
+from attn_dispatch import backend as adb
+from attn_dispatch._validation import build_inputs
 
 
 def _inputs(
@@ -22,19 +23,19 @@ def _inputs(
     causal=False,
     align="top_left",
     **tensors,
-) -> ad.ForwardInputs:
+) -> adb.ForwardInputs:
     q = tensors.get("q", torch.empty(1, sq, h, d, dtype=dtype, device=device))
     k = torch.empty(1, sk, hkv, d, dtype=dtype, device=device)
     v = torch.empty(1, sk, hkv, dv or d, dtype=dtype, device=device)
     return build_inputs(q, k, v, causal=causal, causal_align=align, scale=None, deterministic=False)
 
 
-def _reasons(impl: ad.Implementation, inp: ad.ForwardInputs, arch: str) -> list[str]:
+def _reasons(impl: adb.Implementation, inp: adb.ForwardInputs, arch: str) -> list[str]:
     arch = ad.Arch.parse(arch)
     return _capabilities.where_reasons(impl, inp, arch) or _capabilities.input_reasons(impl, inp)
 
 
-class Declares(ad.Implementation):
+class Declares(adb.Implementation):
     backend, name = "caps", "declares"
     vendors = ("cuda",)
     min_sm = 80
@@ -47,7 +48,7 @@ class Declares(ad.Implementation):
     alignment = 16
 
 
-class Silent(ad.Implementation):
+class Silent(adb.Implementation):
     backend, name = "caps", "silent"
 
 
@@ -59,9 +60,9 @@ def test_arch_sm_and_capability():
 
 
 def test_lse_dtype():
-    assert ad.lse_dtype(torch.float64) == torch.float64
+    assert adb.lse_dtype(torch.float64) == torch.float64
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        assert ad.lse_dtype(dtype) == torch.float32
+        assert adb.lse_dtype(dtype) == torch.float32
 
 
 def test_a_plugin_that_declares_nothing_allows_everything():

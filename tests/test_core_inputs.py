@@ -10,7 +10,7 @@ import torch
 from conftest import make_inputs
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import build_inputs
+from attn_dispatch._validation import build_inputs
 
 
 def _dense_call(**changes):

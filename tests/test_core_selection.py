@@ -11,6 +11,7 @@ import torch
 from conftest import make_inputs, tag_of
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 FAST, SLOW, NONDET, EXPERIMENTAL, GPU_ONLY, GRAPH_ONLY = 1.0, 2.0, 3.0, 4.0, 5.0, 7.0
 
@@ -306,7 +307,7 @@ def test_cache_key_includes_strides(toys):
 
 
 def test_implementation_returning_wrong_shapes_is_reported(env, tmp_path):
-    class Wrong(ad.Implementation):
+    class Wrong(adb.Implementation):
         backend, name = "reference", "wrong"
 
         def backward(self, inp):

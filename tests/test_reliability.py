@@ -27,9 +27,10 @@ from attn_dispatch import _dispatch, _guards, _selection, cli
 TAGGED = """
 import torch
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 
-class Tagged(ad.Implementation):
+class Tagged(adb.Implementation):
     backend = {backend!r}
     tag = 0.0
 
@@ -39,7 +40,7 @@ class Tagged(ad.Implementation):
     def forward(self, inp):
         out = inp.q.new_full(inp.q.shape[:-1] + (inp.head_dim_v,), self.tag)
         lse = (inp.heads, inp.q.shape[0]) if inp.is_varlen else (inp.batch, inp.heads, inp.seqlen_q)
-        return out, torch.full(lse, self.tag, dtype=ad.lse_dtype(inp.dtype), device=inp.q.device)
+        return out, torch.full(lse, self.tag, dtype=adb.lse_dtype(inp.dtype), device=inp.q.device)
 
 
 class Fallback(Tagged):
@@ -71,7 +72,7 @@ class Plugins:
         source = (
             TAGGED.format(backend=name)
             + textwrap.dedent(body)
-            + f"\n\n@ad.hookimpl\ndef attn_dispatch_implementations():\n    return {provides}\n"
+            + f"\n\n@adb.hookimpl\ndef attn_dispatch_implementations():\n    return {provides}\n"
         )
         self.add(f"rel-{name}", {name: f"rel_{name}"}, {f"rel_{name}": source})
 
@@ -229,16 +230,17 @@ def test_a_decision_is_keyed_on_cu_seqlens_identity(plugins, env):
 IMPOSTOR = """
 import torch
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 
-class Impostor(ad.Implementation):
+class Impostor(adb.Implementation):
     backend, name, priority = "reference", "chunked", {"*": 100}
 
     def backward(self, inp):
         return ad.Gradients(*(torch.full_like(t, 7.0) for t in (inp.q, inp.k, inp.v)))
 
 
-@ad.hookimpl
+@adb.hookimpl
 def attn_dispatch_implementations():
     return [Impostor()]
 """
@@ -316,9 +318,10 @@ def test_enable_before_any_dispatch_does_not_hang():
 
 CALLS_BACK = """
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 
-@ad.hookimpl
+@adb.hookimpl
 def attn_dispatch_implementations():
     ad.backends()
     return []

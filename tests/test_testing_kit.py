@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 from attn_dispatch.testing import (
     BFLOAT16,
     FLOAT16,
@@ -236,7 +237,7 @@ def _oracle_backward(
 
 def _oracle_forward(q, k, v, *, max_seqlen_q=None, max_seqlen_k=None, **flags):
     r = oracle(q, k, v, **flags)
-    return r.out.to(q.dtype), r.lse.to(ad.lse_dtype(q.dtype))
+    return r.out.to(q.dtype), r.lse.to(adb.lse_dtype(q.dtype))
 
 
 GQA = Case((20,), (24,), heads=8, kv_heads=2, head_dim=16, seed=1)

@@ -16,6 +16,7 @@ import torch
 from conftest import make_inputs
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 from attn_dispatch import cli
 from attn_dispatch.testing import (
     Case,
@@ -49,7 +50,7 @@ def _meta(sq=256, sk=None, h=8, hkv=8, d=128, dtype=torch.bfloat16, backward=Tru
     if backward:
         tensors += [
             torch.empty(1, sq, h, d, dtype=dtype, device="meta"),
-            torch.empty(1, h, sq, dtype=ad.lse_dtype(dtype), device="meta"),
+            torch.empty(1, h, sq, dtype=adb.lse_dtype(dtype), device="meta"),
             torch.empty(1, sq, h, d, dtype=dtype, device="meta"),
         ]
     return tensors
@@ -452,7 +453,7 @@ def test_the_window_diagonal_needs_a_declared_alignment(env):
     """An implementation whose mask is top-left only cannot run a bottom-right window with
     Sq != Sk (its diagonal differs), even without causal; it can where the two agree."""
 
-    class TopLeft(ad.Implementation):
+    class TopLeft(adb.Implementation):
         backend, name = "reference", "top_left_band"
         priority = {"*": 1}
         causal_aligns = ("top_left",)
@@ -488,7 +489,7 @@ def test_declared_capabilities_are_listed():
 # the conformance kit holds a backend that claims support to the oracle
 
 
-class _IgnoresVariants(ad.Implementation):
+class _IgnoresVariants(adb.Implementation):
     """Declares both capabilities but computes plain attention: a wrong claim."""
 
     backend, name = "reference", "liar"
@@ -604,7 +605,7 @@ def test_cli_list_shows_the_capabilities(capsys):
 
 def test_inputs_repr_and_describe_carry_the_variants():
     q, k, v, out, lse, do = make_inputs(sq=6, h=2, hkv=1, d=8)
-    from attn_dispatch._inputs import build_inputs
+    from attn_dispatch._validation import build_inputs
 
     inp = build_inputs(
         q,

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import _require_tensor, resolve_scale
+from attn_dispatch import backend as adb
+from attn_dispatch._validation import _require_tensor, resolve_scale
 
 from . import _agreement, _layout, _ulysses
 from ._layout import group_info, shard_sequence, unshard_sequence
@@ -187,7 +188,7 @@ def explain(
     for where, bq, bk, bv, blk_causal in calls.values():
         label = f"{where}: Sq={bq.shape[1]} Sk={bk.shape[1]} causal={blk_causal}"
         out = bq.new_empty((*bq.shape[:3], bv.shape[3]))
-        lse = bq.new_empty((bq.shape[0], bq.shape[2], bq.shape[1]), dtype=ad.lse_dtype(bq.dtype))
+        lse = bq.new_empty((bq.shape[0], bq.shape[2], bq.shape[1]), dtype=adb.lse_dtype(bq.dtype))
         flags = dict(
             causal=blk_causal, scale=scale, backend=backend, window=window, softcap=softcap
         )

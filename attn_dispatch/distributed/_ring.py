@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def ring_forward(ring: Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, T
     """This rank's (out, lse) of attention over the whole ring's K/V."""
     b, s, h, _ = q.shape
     out_acc = q.new_zeros((b, s, h, v.shape[-1]), dtype=acc_dtype(q.dtype))
-    lse_acc = torch.full((b, h, s), float("-inf"), dtype=ad.lse_dtype(q.dtype), device=q.device)
+    lse_acc = torch.full((b, h, s), float("-inf"), dtype=adb.lse_dtype(q.dtype), device=q.device)
     kv = (k, v)
     for step in range(ring.world):
         nxt, work = pass_on(ring, kv) if step + 1 < ring.world else (None, None)

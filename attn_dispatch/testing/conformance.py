@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from .cases import Case, CaseInputs, place
 from .oracle import OracleResult, oracle
@@ -270,7 +271,7 @@ def check_backward(
     inputs = case.make_inputs(dtype, device)
     ref = _oracle_for(inputs)
     out = place(ref.out, case.layout, dtype, device)
-    lse = place(ref.lse, case.layout, ad.lse_dtype(dtype), device)
+    lse = place(ref.lse, case.layout, adb.lse_dtype(dtype), device)
     args = (inputs.q, inputs.k, inputs.v, out, lse, inputs.grad_out)
     flags = inputs.flags() | {"deterministic": deterministic}
     if isinstance(backend, str):
@@ -332,7 +333,7 @@ def check_forward(
         rows.append(f"  expected a tuple (out, lse), got {type(result).__name__}")
         _fail("forward", backend, case, dtype, device, rows)
     out, lse = result
-    lse_like = torch.empty(ref.lse.shape, dtype=ad.lse_dtype(dtype), device=device)
+    lse_like = torch.empty(ref.lse.shape, dtype=adb.lse_dtype(dtype), device=device)
     ok = _check_like("out", out, inputs.grad_out, rows)
     ok = _check_like("lse", lse, lse_like, rows) and ok
     if ok:
@@ -357,7 +358,7 @@ def check_deterministic(
     inputs = case.make_inputs(dtype, device)
     ref = _oracle_for(inputs)
     out = place(ref.out, case.layout, dtype, device)
-    lse = place(ref.lse, case.layout, ad.lse_dtype(dtype), device)
+    lse = place(ref.lse, case.layout, adb.lse_dtype(dtype), device)
     args = (inputs.q, inputs.k, inputs.v, out, lse, inputs.grad_out)
     flags = inputs.flags() | {"deterministic": True}
     _require_supported(backend, args, flags)

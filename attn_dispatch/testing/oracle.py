@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .._inputs import band_sides
+from .._inputs import Band
 
 
 class OracleResult(NamedTuple):
@@ -44,19 +44,13 @@ def visible_mask(
     ``window=(left, right)`` key j is visible iff ``d_i - left <= j <= d_i + right`` (a side
     ``None`` is unbounded); ``causal`` caps ``right`` at 0.
     """
-    # Sides clamped in Python to sq + sk (which already reaches every key): the mask arithmetic
-    # below is on int64 tensors, where a side near the int64 limit would wrap around.
-    left, right = (None if s is None else min(s, sq + sk) for s in band_sides(window, causal))
-    diagonal = torch.arange(sq, device=device)[:, None] + (
-        0 if causal_align == "top_left" else sk - sq
-    )
-    cols = torch.arange(sk, device=device)[None, :]
-    mask = torch.ones(sq, sk, dtype=torch.bool, device=device)
-    if left is not None:
-        mask &= cols >= diagonal - left
-    if right is not None:
-        mask &= cols <= diagonal + right
-    return mask
+    # Sides clamped here to sq + sk (which already reaches every key), not by the dispatcher's
+    # validation: the mask arithmetic is on int64 tensors, where a side near the int64 limit
+    # would wrap around, and the oracle must stay right for a backend given raw sides.
+    if window is not None:
+        window = tuple(None if s is None else min(s, sq + sk) for s in window)
+    mask = Band.of(window, causal, causal_align).mask(sq, sk, device)
+    return torch.ones(sq, sk, dtype=torch.bool, device=device) if mask is None else mask
 
 
 def _dense(

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 from attn_dispatch.distributed import _layout
 from attn_dispatch.distributed._ring import block_plan, merge_into
 
@@ -89,7 +90,7 @@ def test_merge_matches_attention_over_the_union_and_survives_minus_inf(dtype):
     want_out, want_lse = ad.forward(q, k, v)
     acc_dt = torch.float64 if dtype == torch.float64 else torch.float32
     out_acc = torch.zeros(b, s, h, d, dtype=acc_dt)
-    lse_acc = torch.full((b, h, s), float("-inf"), dtype=ad.lse_dtype(dtype))
+    lse_acc = torch.full((b, h, s), float("-inf"), dtype=adb.lse_dtype(dtype))
     # a block in which no row sees a key: lse -inf, out 0 (the contract for masked rows)
     merge_into(out_acc, lse_acc, torch.zeros_like(q), torch.full_like(lse_acc, float("-inf")))
     assert torch.isneginf(lse_acc).all() and not out_acc.isnan().any()

@@ -46,6 +46,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from ._support import mask_args
 
@@ -117,7 +118,7 @@ def kernel_count() -> int:
     return total
 
 
-def variant_of(inp: ad.ForwardInputs, kind: str) -> str:
+def variant_of(inp: adb.ForwardInputs, kind: str) -> str:
     """A readable description of what selects FA4's kernels for ``inp``."""
     m = mask_args(inp)
     window = m.window_left is not None or m.window_right is not None
@@ -159,7 +160,7 @@ _variants_ready: set[str] = set()
 _current_device = torch.cuda.current_device
 
 
-def plan_for(kind: str, inp: ad.ForwardInputs) -> Plan:
+def plan_for(kind: str, inp: adb.ForwardInputs) -> Plan:
     """The cached :class:`Plan` of ``inp``'s signature (made on its first call)."""
     key = (
         kind,
@@ -177,7 +178,7 @@ def plan_for(kind: str, inp: ad.ForwardInputs) -> Plan:
     return plan
 
 
-def _fixed_kwargs(kind: str, inp: ad.ForwardInputs) -> dict:
+def _fixed_kwargs(kind: str, inp: adb.ForwardInputs) -> dict:
     m = mask_args(inp)
     kwargs = dict(
         softmax_scale=inp.scale,
@@ -218,7 +219,7 @@ def first_call(plan: Plan, call: Callable[[], Any]) -> Any:
     return result
 
 
-def _varlen_args(inp: ad.ForwardInputs) -> dict:
+def _varlen_args(inp: adb.ForwardInputs) -> dict:
     return dict(
         cu_seqlens_q=inp.cu_seqlens_q.contiguous(),
         cu_seqlens_k=inp.cu_seqlens_k.contiguous(),
@@ -256,16 +257,16 @@ def is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def has_no_work(inp: ad.ForwardInputs) -> bool:
+def has_no_work(inp: adb.ForwardInputs) -> bool:
     """Zero queries or zero keys (or heads, or batch): nothing for a kernel to do."""
     return inp.q.numel() == 0 or inp.k.numel() == 0
 
 
-def empty_forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def empty_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` when there is no work: zero rows, ``-inf`` lse."""
     out = inp.q.new_zeros((*inp.q.shape[:-1], inp.head_dim_v))
     shape = (inp.heads, inp.q.shape[0]) if inp.is_varlen else (inp.batch, inp.heads, inp.seqlen_q)
-    lse = torch.full(shape, float("-inf"), dtype=ad.lse_dtype(inp.dtype), device=inp.q.device)
+    lse = torch.full(shape, float("-inf"), dtype=adb.lse_dtype(inp.dtype), device=inp.q.device)
     return out, lse
 
 
@@ -275,7 +276,7 @@ def empty_forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
 _ready: dict[tuple, tuple[object, Plan]] = {}
 
 
-def _ready_plan(kind: str, inp: ad.ForwardInputs) -> Plan | None:
+def _ready_plan(kind: str, inp: adb.ForwardInputs) -> Plan | None:
     """The plan of a dense call whose signature's first call ran on the current device."""
     entry = _ready.get((kind, id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
     if entry is None or entry[0] is not inp.facts or inp.cu_seqlens_q is not None:
@@ -285,7 +286,7 @@ def _ready_plan(kind: str, inp: ad.ForwardInputs) -> Plan | None:
     return entry[1]
 
 
-def _remember(kind: str, inp: ad.ForwardInputs, plan: Plan) -> None:
+def _remember(kind: str, inp: adb.ForwardInputs, plan: Plan) -> None:
     if inp.cu_seqlens_q is not None or is_fake(inp.q) or not plan.first_done:
         return
     if len(_ready) >= MAX_PLANS:
@@ -296,7 +297,7 @@ def _remember(kind: str, inp: ad.ForwardInputs, plan: Plan) -> None:
     )
 
 
-def forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` in our layout from FA4's forward."""
     plan = _ready_plan("forward", inp)
     if plan is not None:
@@ -312,7 +313,7 @@ def forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def backward(inp: ad.BackwardInputs) -> ad.Gradients:
+def backward(inp: adb.BackwardInputs) -> ad.Gradients:
     """``(dq, dk, dv)`` from FA4's backward on the caller's out and lse."""
     plan = _ready_plan("backward", inp)
     if plan is not None:

@@ -15,6 +15,7 @@ from importlib import metadata
 from typing import NamedTuple
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 FA4_DISTRIBUTION = "flash-attn-4"
 # The releases this backend was tested with. It calls FA4's private entry points
@@ -50,7 +51,7 @@ SM100_LARGE_HEAD_DIMS = frozenset({(192, 128), (256, 256)})
 def fa4_problem() -> str | None:
     """Why FA4 cannot be used here (absent, outside the tested range, or its files replaced by
     another distribution), or ``None``. Reads metadata only; cached."""
-    missing = ad.missing_requirement(FA4_REQUIREMENT)
+    missing = adb.missing_requirement(FA4_REQUIREMENT)
     if missing is not None:
         if "is not installed" in missing:
             return missing
@@ -144,7 +145,7 @@ class MaskArgs(NamedTuple):
     window_right: int | None
 
 
-def top_left_shift(inp: ad.ForwardInputs) -> bool:
+def top_left_shift(inp: adb.ForwardInputs) -> bool:
     """A band on the top-left diagonal that differs from FA4's bottom-right one (dense Sq !=
     Sk, or varlen with distinct cu_seqlens tensors)."""
     if ad.band_sides(inp.window, inp.causal) == (None, None) or inp.causal_align != "top_left":
@@ -154,7 +155,7 @@ def top_left_shift(inp: ad.ForwardInputs) -> bool:
     return inp.seqlen_q != inp.seqlen_k
 
 
-def mask_problem(inp: ad.ForwardInputs) -> str | None:
+def mask_problem(inp: adb.ForwardInputs) -> str | None:
     """Why FA4 cannot compute ``inp``'s band (causal mask and window), or ``None``.
 
     FA4's mask lets query row i see key j when ``i + off - left <= j <= i + off + right`` with
@@ -172,7 +173,7 @@ def mask_problem(inp: ad.ForwardInputs) -> str | None:
     return None
 
 
-def mask_args(inp: ad.ForwardInputs) -> MaskArgs:
+def mask_args(inp: adb.ForwardInputs) -> MaskArgs:
     """The FA4 arguments that compute exactly ``inp``'s band (see :func:`mask_problem`)."""
     left, right = ad.band_sides(inp.window, inp.causal)
     if top_left_shift(inp):
@@ -189,9 +190,9 @@ def mask_args(inp: ad.ForwardInputs) -> MaskArgs:
     return MaskArgs(False, left, right)
 
 
-def softcap_problem(inp: ad.ForwardInputs, head_dim_pair: tuple[int, int]) -> str | None:
+def softcap_problem(inp: adb.ForwardInputs, head_dim_pair: tuple[int, int]) -> str | None:
     """FA4's Blackwell backward for ``(256, 256)`` head dims has no soft cap."""
-    backward = isinstance(inp, ad.BackwardInputs)
+    backward = isinstance(inp, adb.BackwardInputs)
     if backward and inp.softcap is not None and head_dim_pair == (256, 256):
         return "softcap with (head_dim, head_dim_v)=(256, 256): FA4's Blackwell backward has none"
     return None

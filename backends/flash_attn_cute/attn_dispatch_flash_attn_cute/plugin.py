@@ -42,6 +42,7 @@ from __future__ import annotations
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from . import _fa4
 from ._support import (
@@ -72,16 +73,16 @@ EAGER_HOST_BOUND_HEADS = 8  # B*H at most this ...
 EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
 
 
-def host_bound_sm90(inp: ad.ForwardInputs) -> bool:
+def host_bound_sm90(inp: adb.ForwardInputs) -> bool:
     """Whether ``inp`` is a backward small enough that FA4's host cost decides its eager
     end-to-end latency (B*H <= 8 and Sk <= 2048; see ``EAGER_HOST_BOUND_PRIORITY``)."""
-    if not isinstance(inp, ad.BackwardInputs):
+    if not isinstance(inp, adb.BackwardInputs):
         return False
     small_heads = inp.batch * inp.heads <= EAGER_HOST_BOUND_HEADS
     return small_heads and inp.max_seqlen_k <= EAGER_HOST_BOUND_SK
 
 
-def measured_slower_sm90(inp: ad.ForwardInputs) -> bool:
+def measured_slower_sm90(inp: adb.ForwardInputs) -> bool:
     """Whether ``inp`` is a backward where an H200 measured FA4 behind another implementation
     (under CUDA graphs and eager alike): dense, D = Dv = 128, and GQA with Sk <= 1024 and
     B*H <= 64 (GQA 64/8 1K: FA4 205 us against triton:fused_atomic's 196 us, causal 159 against
@@ -93,7 +94,7 @@ def measured_slower_sm90(inp: ad.ForwardInputs) -> bool:
     1.33x triton's)."""
     if inp.softcap is not None:
         return True
-    if not isinstance(inp, ad.BackwardInputs) or inp.is_varlen:
+    if not isinstance(inp, adb.BackwardInputs) or inp.is_varlen:
         return False
     if inp.head_dim != 128 or inp.head_dim_v != 128:
         return False
@@ -104,7 +105,7 @@ def measured_slower_sm90(inp: ad.ForwardInputs) -> bool:
     return small_causal_mha and MHA_CAUSAL_SK[0] <= inp.seqlen_k <= MHA_CAUSAL_SK[1]
 
 
-class FlashAttnCute(ad.Implementation):
+class FlashAttnCute(adb.Implementation):
     """FA4 forward and backward; subclasses fix the arch family and its head dims."""
 
     backend = "flash_attn_cute"
@@ -114,17 +115,17 @@ class FlashAttnCute(ad.Implementation):
     window = True  # FA4's window_size_left / right, the alignment mapped exactly (_support)
     softcap = True  # FA4's softcap: c tanh(s / c) on the scaled scores, as the contract
 
-    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: FA4 installed within the tested range, and a causal mask
         FA4 can express."""
         reasons = [r for r in (fa4_problem(), mask_problem(inp)) if r]
         return reasons
 
-    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, lse)`` in our layout."""
         return _fa4.forward(inp)
 
-    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse."""
         return _fa4.backward(inp)
 
@@ -138,21 +139,21 @@ class Sm90(FlashAttnCute):
     archs = ("sm_90",)
     head_dims = range(8, 257, 8)
 
-    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """The base reasons and the sm_90 head-dim table (the combinations proven correct)."""
         reasons = super().supports(inp, arch)
         gqa = inp.heads != inp.kv_heads
         problem = sm90_head_dim_problem(inp.head_dim, inp.head_dim_v, gqa)
         return reasons + ([problem] if problem else [])
 
-    def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
+    def priority_for_inputs(self, inp: adb.ForwardInputs, arch: ad.Arch) -> int | None:
         """``SLOWER_PRIORITY`` where :func:`measured_slower_sm90`, else the arch's."""
         if arch.name == "sm_90" and measured_slower_sm90(inp):
             return SLOWER_PRIORITY
         return self.priority_for(arch)
 
     def priority_for_execution(
-        self, inp: ad.ForwardInputs, arch: ad.Arch, execution: str
+        self, inp: adb.ForwardInputs, arch: ad.Arch, execution: str
     ) -> int | None:
         """In eager execution, ``EAGER_HOST_BOUND_PRIORITY`` where :func:`host_bound_sm90`;
         else :meth:`priority_for_inputs` (under CUDA graphs and torch.compile alike)."""
@@ -173,7 +174,7 @@ class Sm100(FlashAttnCute):
     archs = ("sm_100", "sm_103")
     head_dims = frozenset(range(8, 129, 8)) | {192, 256}
 
-    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """The base reasons, Blackwell's (D, Dv) pairs above 128 and its (256, 256) backward
         without a soft cap."""
         reasons = super().supports(inp, arch)
@@ -182,7 +183,7 @@ class Sm100(FlashAttnCute):
         return reasons + [r for r in extra if r]
 
 
-@ad.hookimpl
-def attn_dispatch_implementations() -> list[ad.Implementation]:
+@adb.hookimpl
+def attn_dispatch_implementations() -> list[adb.Implementation]:
     """The flash_attn_cute backend's implementations."""
     return [Sm90(), Sm100()]

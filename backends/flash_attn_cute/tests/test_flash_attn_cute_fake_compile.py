@@ -25,7 +25,7 @@ CODE = textwrap.dedent(
     os.environ.pop("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", None)
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from attn_dispatch._inputs import build_inputs
+    from attn_dispatch._validation import build_inputs
     from attn_dispatch_flash_attn_cute import _fa4
 
     flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)

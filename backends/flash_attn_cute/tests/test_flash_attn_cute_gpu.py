@@ -35,7 +35,7 @@ from attn_dispatch_flash_attn_cute import _fa4
 from attn_dispatch_flash_attn_cute._support import fa4_problem
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import build_inputs
+from attn_dispatch._validation import build_inputs
 from attn_dispatch.testing import Case, make_conformance_tests, standard_cases
 
 FA4_ARCHS = ("sm_90", "sm_100", "sm_103")
@@ -344,7 +344,7 @@ def test_fa4_forward_with_head_dim_8_below_head_dim_v():
         """
         import torch
         import attn_dispatch as ad
-        from attn_dispatch._inputs import build_inputs
+        from attn_dispatch._validation import build_inputs
         from attn_dispatch_flash_attn_cute import _fa4
         gen = torch.Generator(device="cuda").manual_seed(11)
         q = torch.randn(4, 28, 16, 8, generator=gen, device="cuda", dtype=torch.bfloat16)

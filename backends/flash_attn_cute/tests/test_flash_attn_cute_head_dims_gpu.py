@@ -19,7 +19,7 @@ from attn_dispatch_flash_attn_cute import _fa4
 from attn_dispatch_flash_attn_cute._support import fa4_problem
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import build_inputs
+from attn_dispatch._validation import build_inputs
 from attn_dispatch.testing.oracle import oracle
 from attn_dispatch.testing.tolerances import error_metrics, tolerance_for
 

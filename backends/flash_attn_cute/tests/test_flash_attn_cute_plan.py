@@ -15,7 +15,7 @@ from attn_dispatch_flash_attn_cute import _fa4
 from attn_dispatch_flash_attn_cute._support import mask_args
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import build_inputs
+from attn_dispatch._validation import build_inputs
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,8 @@ from attn_dispatch_flash_attn_cute import _support, plugin
 from attn_dispatch_flash_attn_cute._support import MaskArgs, mask_args
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import build_inputs
+from attn_dispatch import backend as adb
+from attn_dispatch._validation import build_inputs
 from attn_dispatch.testing import visible_mask
 
 NAMES = ("flash_attn_cute:sm90", "flash_attn_cute:sm100")
@@ -570,7 +571,7 @@ def fa4_visible(args: MaskArgs, sq: int, sk: int) -> torch.Tensor:
     return seen
 
 
-def forward_inputs(sq: int, sk: int, causal: bool, align: str, window=None) -> ad.ForwardInputs:
+def forward_inputs(sq: int, sk: int, causal: bool, align: str, window=None) -> adb.ForwardInputs:
     q = torch.empty(1, sq, 2, 16, device="meta")
     k = torch.empty(1, sk, 2, 16, device="meta")
     return build_inputs(

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from ._spec import KernelSpec, specs_for
 from ._support import dtype_tag
@@ -69,7 +70,7 @@ def _rows(t: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     return (s[0], s[1], 0) if varlen else (s[1], s[2], s[0])
 
 
-def backward(variant: str, inp: ad.BackwardInputs, arch: ad.Arch) -> ad.Gradients:
+def backward(variant: str, inp: adb.BackwardInputs, arch: ad.Arch) -> ad.Gradients:
     """dq, dk, dv through the FlyDSL kernels (ROCm GPU only)."""
     q, k, v, o, do = inp.q, inp.k, inp.v, inp.out, inp.grad_out
     varlen = inp.is_varlen

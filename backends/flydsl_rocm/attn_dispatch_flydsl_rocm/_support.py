@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from ._layout import head_dim_problems
 from ._tiles import LDS_BUDGET, main_tiles
@@ -55,7 +56,7 @@ def flydsl_test_gate(
 ) -> tuple[str, str]:
     """What a test that needs FlyDSL does: ``("run", "")``, ``("skip", why)`` on a user's machine
     or ``("fail", why)`` when ``ATTN_DISPATCH_REQUIRE_FLYDSL`` is set. ``problem`` is
-    ``ad.missing_requirement(FLYDSL_REQUIREMENT)``."""
+    ``adb.missing_requirement(FLYDSL_REQUIREMENT)``."""
     if problem is None:
         return "run", ""
     if flydsl_required(environ):
@@ -120,16 +121,16 @@ def _lds_reasons(variant: str, d: int, arch: ad.Arch) -> list[str]:
     ]
 
 
-def reasons(variant: str, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+def reasons(variant: str, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
     """What the declared capabilities (see ``plugin``) cannot say: the flydsl requirement,
     head dims the kernels cannot take, strides and the LDS budget; [] when it can run."""
     out: list[str] = []
-    missing = ad.missing_requirement(FLYDSL_REQUIREMENT)
+    missing = adb.missing_requirement(FLYDSL_REQUIREMENT)
     if missing:
         out.append(missing)
     out += _head_dim_reasons(variant, inp.head_dim)
     tensors = [("q", inp.q), ("k", inp.k), ("v", inp.v)]
-    if isinstance(inp, ad.BackwardInputs):
+    if isinstance(inp, adb.BackwardInputs):
         tensors += [("out", inp.out), ("grad_out", inp.grad_out)]
     for name, t in tensors:
         why = _stride_reason(name, t, inp.is_varlen)

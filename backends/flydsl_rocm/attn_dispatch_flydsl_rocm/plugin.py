@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from ._support import DTYPES, HEAD_DIMS, reasons
 
 
-class _FlyDSL(ad.Implementation):
+class _FlyDSL(adb.Implementation):
     """Backward only; capabilities as declared here, the rest in ``_support.reasons``."""
 
     backend = "flydsl_rocm"
@@ -19,10 +20,10 @@ class _FlyDSL(ad.Implementation):
     same_head_dims = True
     causal_aligns = ("top_left",)
 
-    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         return reasons(self.name, inp, arch)
 
-    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         from ._runtime import backward
 
         arch = ad.detect_arch(inp.device)
@@ -48,6 +49,6 @@ class Gfx942Mfma(_FlyDSL):
     archs = ("gfx942", "gfx950")
 
 
-@ad.hookimpl
-def attn_dispatch_implementations() -> list[ad.Implementation]:
+@adb.hookimpl
+def attn_dispatch_implementations() -> list[adb.Implementation]:
     return [Gfx950Fused(), Gfx942Mfma()]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from attn_dispatch_flydsl_rocm._support import FLYDSL_REQUIREMENT, flydsl_test_gate
 
-import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 
 def require_flydsl() -> None:
     """Skips the calling test without a usable FlyDSL; where FlyDSL is required (CI) the test
     fails instead."""
-    action, why = flydsl_test_gate(ad.missing_requirement(FLYDSL_REQUIREMENT))
+    action, why = flydsl_test_gate(adb.missing_requirement(FLYDSL_REQUIREMENT))
     if action == "fail":
         pytest.fail(why, pytrace=False)
     if action == "skip":

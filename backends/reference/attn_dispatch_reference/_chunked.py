@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 #: Default budget for one score-sized buffer (``batch · heads · chunk · keys`` elements).
 DEFAULT_BUDGET_BYTES = 128 * 1024 * 1024
@@ -355,7 +356,7 @@ def attention_forward(
     """
     window = ad.check_window(window)
     ad.check_softcap(softcap)
-    lse_dtype = ad.lse_dtype(q.dtype)
+    lse_dtype = adb.lse_dtype(q.dtype)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=lse_dtype, device=q.device)

@@ -10,9 +10,10 @@ attention bias.
 from __future__ import annotations
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 
-class Chunked(ad.Implementation):
+class Chunked(adb.Implementation):
     """Exact attention, queries processed in chunks sized by a memory budget."""
 
     backend = "reference"
@@ -27,11 +28,11 @@ class Chunked(ad.Implementation):
     #: with a soft cap).
     budget_bytes: int | None = None
 
-    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Everything the core accepts runs here."""
         return []
 
-    def _flags(self, inp: ad.ForwardInputs) -> dict:
+    def _flags(self, inp: adb.ForwardInputs) -> dict:
         """The keyword arguments of :func:`attention_forward` / :func:`attention_backward`.
 
         ``window`` and ``softcap`` are read with ``getattr``: inputs without them mean neither.
@@ -50,13 +51,13 @@ class Chunked(ad.Implementation):
             budget_bytes=budget,
         )
 
-    def forward(self, inp: ad.ForwardInputs):
+    def forward(self, inp: adb.ForwardInputs):
         """``(out, lse)`` computed exactly."""
         from ._chunked import attention_forward
 
         return attention_forward(inp.q, inp.k, inp.v, **self._flags(inp))
 
-    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the given ``out`` and ``lse``."""
         from ._chunked import attention_backward
 
@@ -66,7 +67,7 @@ class Chunked(ad.Implementation):
         return ad.Gradients(*grads)
 
 
-@ad.hookimpl
-def attn_dispatch_implementations() -> list[ad.Implementation]:
+@adb.hookimpl
+def attn_dispatch_implementations() -> list[adb.Implementation]:
     """The reference backend's implementations."""
     return [Chunked()]

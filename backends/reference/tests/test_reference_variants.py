@@ -21,7 +21,9 @@ from attn_dispatch_reference.plugin import Chunked
 from torch.utils.flop_counter import FlopCounterMode
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import BackwardInputs, build_inputs
+from attn_dispatch import backend as adb
+from attn_dispatch._inputs import BackwardInputs
+from attn_dispatch._validation import build_inputs
 from attn_dispatch.testing import error_metrics, tolerance_for
 
 
@@ -232,7 +234,7 @@ def _check(case: Variant, dtype: torch.dtype, seed: int, budget: int | None = No
     tol = tolerance_for(dtype)
 
     out, lse = attention_forward(q, k, v, **flags)
-    assert out.dtype == dtype and lse.dtype == ad.lse_dtype(dtype)
+    assert out.dtype == dtype and lse.dtype == adb.lse_dtype(dtype)
     _assert_close("out", out, ref.out, tol)
     _assert_lse(lse, ref.lse, tol)
 

@@ -22,12 +22,13 @@ import math
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 INF = math.inf
 
 
-def causal_matches(inp: ad.ForwardInputs, native_align: str, masked: bool | None = None) -> bool:
+def causal_matches(inp: adb.ForwardInputs, native_align: str, masked: bool | None = None) -> bool:
     """Whether a kernel whose mask is aligned ``native_align`` computes ``inp``'s mask.
 
     ``masked``: whether there is a mask to align (default: ``inp.causal``).
@@ -41,7 +42,7 @@ def causal_matches(inp: ad.ForwardInputs, native_align: str, masked: bool | None
     return inp.seqlen_q == inp.seqlen_k
 
 
-def window_of(inp: ad.ForwardInputs) -> tuple[int | None, int | None] | None:
+def window_of(inp: adb.ForwardInputs) -> tuple[int | None, int | None] | None:
     """``inp``'s sliding window ``(left, right)`` as the caller gave it (``None``: none).
 
     Read with ``getattr``: inputs that do not carry the option have no window.
@@ -49,7 +50,7 @@ def window_of(inp: ad.ForwardInputs) -> tuple[int | None, int | None] | None:
     return getattr(inp, "window", None)
 
 
-def may_have_empty_rows(inp: ad.ForwardInputs) -> bool:
+def may_have_empty_rows(inp: adb.ForwardInputs) -> bool:
     """Whether some query row may see no key (its lse is -inf in our convention)."""
     if inp.is_varlen or window_of(inp) is not None:
         return True
@@ -58,12 +59,12 @@ def may_have_empty_rows(inp: ad.ForwardInputs) -> bool:
     return inp.causal and inp.causal_align == "bottom_right" and inp.seqlen_q > inp.seqlen_k
 
 
-def is_empty(inp: ad.ForwardInputs) -> bool:
+def is_empty(inp: adb.ForwardInputs) -> bool:
     """No work at all (zero queries, keys, batch or heads)."""
     return inp.q.numel() == 0 or inp.k.numel() == 0
 
 
-def lse_to_kernel(inp: ad.BackwardInputs) -> torch.Tensor:
+def lse_to_kernel(inp: adb.BackwardInputs) -> torch.Tensor:
     """Our lse as the FlashAttention/efficient kernels read it (contiguous, ``+inf`` rows)."""
     lse = inp.lse
     if may_have_empty_rows(inp):
@@ -71,7 +72,7 @@ def lse_to_kernel(inp: ad.BackwardInputs) -> torch.Tensor:
     return lse.contiguous()
 
 
-def clean_empty_rows(out: torch.Tensor, lse: torch.Tensor, inp: ad.ForwardInputs):
+def clean_empty_rows(out: torch.Tensor, lse: torch.Tensor, inp: adb.ForwardInputs):
     """``(out, lse)`` with rows that see no key set to exactly 0 and ``-inf``.
 
     Kernels disagree on these rows (``+inf`` or ``-inf`` lse, 0 or NaN output); any
@@ -101,16 +102,16 @@ def reduce_group(t: torch.Tensor, group: int) -> torch.Tensor:
     return t.view(*lead, h // group, group, d).sum(dim=-2)
 
 
-def zero_gradients(inp: ad.BackwardInputs) -> ad.Gradients:
+def zero_gradients(inp: adb.BackwardInputs) -> ad.Gradients:
     """Gradients of an empty problem: zeros shaped like q, k, v."""
     return ad.Gradients(torch.zeros_like(inp.q), torch.zeros_like(inp.k), torch.zeros_like(inp.v))
 
 
-def empty_forward(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def empty_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of an empty problem: zeros and ``-inf``."""
     out = inp.q.new_zeros((*inp.q.shape[:-1], inp.head_dim_v))
     if inp.is_varlen:
         lse_shape = (inp.heads, inp.q.shape[0])
     else:
         lse_shape = (inp.batch, inp.heads, inp.seqlen_q)
-    return out, torch.full(lse_shape, -INF, dtype=ad.lse_dtype(inp.dtype), device=inp.q.device)
+    return out, torch.full(lse_shape, -INF, dtype=adb.lse_dtype(inp.dtype), device=inp.q.device)

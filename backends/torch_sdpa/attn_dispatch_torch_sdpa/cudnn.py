@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from . import _common as c
 from ._ops import CUDNN_BWD, CUDNN_FWD, aten, empty_long, ops_problems
@@ -25,7 +26,7 @@ from ._ops import CUDNN_BWD, CUDNN_FWD, aten, empty_long, ops_problems
 _stats_rank: list[int] = [4, 3]  # ranks of lse to try for the backward, working one first
 
 
-def _run_backward(inp: ad.BackwardInputs, lse: torch.Tensor):
+def _run_backward(inp: adb.BackwardInputs, lse: torch.Tensor):
     seed = empty_long(inp.q.device)
     for attempt, rank in enumerate(list(_stats_rank)):
         stats = lse.unsqueeze(-1) if rank == 4 else lse
@@ -55,7 +56,7 @@ def _run_backward(inp: ad.BackwardInputs, lse: torch.Tensor):
     raise AssertionError("unreachable")
 
 
-class Cudnn(ad.Implementation):
+class Cudnn(adb.Implementation):
     """cuDNN SDPA forward/backward (NVIDIA sm80+)."""
 
     backend = "torch_sdpa"
@@ -71,14 +72,14 @@ class Cudnn(ad.Implementation):
     causal_aligns = ("top_left",)  # PyTorch's cuDNN op knows no other
     alignment = 16
 
-    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: at least one key, and the private ops' schemas."""
         reasons = []
         if inp.seqlen_k == 0:
             reasons.append("Sk=0: cuDNN needs at least one key")
         return reasons + ops_problems(CUDNN_FWD, CUDNN_BWD)
 
-    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out [B,Sq,H,Dv], lse [B,H,Sq])``."""
         if c.is_empty(inp):
             return c.empty_forward(inp)
@@ -97,7 +98,7 @@ class Cudnn(ad.Implementation):
         lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()
         return out.transpose(1, 2), lse
 
-    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
         if c.is_empty(inp):
             return c.zero_gradients(inp)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from . import _common as c
 from ._ops import EFFICIENT_BWD, EFFICIENT_FWD, aten, empty_long, ops_problems
@@ -31,13 +32,13 @@ MASK_NONE, MASK_TOP_LEFT, MASK_BOTTOM_RIGHT = 0, 1, 2
 LSE_ALIGN = 32
 
 
-def _mask_type(inp: ad.ForwardInputs) -> int:
+def _mask_type(inp: adb.ForwardInputs) -> int:
     if not inp.causal:
         return MASK_NONE
     return MASK_TOP_LEFT if c.causal_matches(inp, "top_left") else MASK_BOTTOM_RIGHT
 
 
-def _token_positions(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def _token_positions(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """For each query token: its sequence index and its position inside that sequence."""
     cu = inp.cu_seqlens_q
     tokens = torch.arange(inp.q.shape[0], dtype=cu.dtype, device=cu.device)
@@ -45,13 +46,13 @@ def _token_positions(inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]
     return seq, (tokens - cu[seq]).long()
 
 
-def _keyless_tokens(inp: ad.ForwardInputs, seq: torch.Tensor) -> torch.Tensor:
+def _keyless_tokens(inp: adb.ForwardInputs, seq: torch.Tensor) -> torch.Tensor:
     """Bool [Tq]: query tokens whose sequence has no keys (the kernel leaves them unwritten)."""
     cu_k = inp.cu_seqlens_k
     return (cu_k[1:] - cu_k[:-1])[seq] == 0
 
 
-def _padded_lse(inp: ad.BackwardInputs, lse: torch.Tensor) -> torch.Tensor:
+def _padded_lse(inp: adb.BackwardInputs, lse: torch.Tensor) -> torch.Tensor:
     """Our lse in the kernel's padded layout: the backward reads whole blocks of rows.
 
     Dense [B, H, Sq] -> [B, H, Sq rounded up to 32]; varlen [H, Tq] -> [num_seqs, H,
@@ -69,7 +70,7 @@ def _padded_lse(inp: ad.BackwardInputs, lse: torch.Tensor) -> torch.Tensor:
     return padded
 
 
-def _rocm_reasons(inp: ad.ForwardInputs) -> list[str]:
+def _rocm_reasons(inp: adb.ForwardInputs) -> list[str]:
     """AOTriton: half dtypes, top-left causal mask, no varlen, no deterministic mode."""
     reasons = []
     if inp.deterministic:
@@ -90,7 +91,7 @@ def _rocm_reasons(inp: ad.ForwardInputs) -> list[str]:
     return reasons
 
 
-def _cuda_reasons(inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+def _cuda_reasons(inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
     """bf16 needs sm_80; the bottom-right mask is wrong where rows see no key (Sq > Sk)."""
     reasons = []
     if inp.dtype == torch.bfloat16 and (arch.sm or 0) < 80:
@@ -108,7 +109,7 @@ def _cuda_reasons(inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
     return reasons
 
 
-class Efficient(ad.Implementation):
+class Efficient(adb.Implementation):
     """Memory-efficient attention forward/backward (NVIDIA sm50+, AMD through AOTriton)."""
 
     backend = "torch_sdpa"
@@ -123,7 +124,7 @@ class Efficient(ad.Implementation):
     head_dims = range(8, 257, 8)  # 16-byte rows, at most 256
     alignment = 16
 
-    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: what differs between CUDA and AOTriton on ROCm, and the
         private ops' schemas."""
         if arch.vendor == "rocm":
@@ -132,7 +133,7 @@ class Efficient(ad.Implementation):
             reasons = _cuda_reasons(inp, arch)
         return reasons + ops_problems(EFFICIENT_FWD, EFFICIENT_BWD)
 
-    def _kernel_views(self, inp: ad.ForwardInputs):
+    def _kernel_views(self, inp: adb.ForwardInputs):
         """q, k, v as the op takes them: batch 1 for varlen, K/V expanded to H heads."""
         group = inp.group_size
         q, k, v = inp.q, c.expand_kv(inp.k, group), c.expand_kv(inp.v, group)
@@ -140,7 +141,7 @@ class Efficient(ad.Implementation):
             q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
         return q, k, v
 
-    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, lse)`` in our layout."""
         if c.is_empty(inp):
             return c.empty_forward(inp)
@@ -170,7 +171,7 @@ class Efficient(ad.Implementation):
             lse = lse[:, :, : inp.seqlen_q].contiguous()
         return c.clean_empty_rows(out, lse, inp)
 
-    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
         if c.is_empty(inp):
             return c.zero_gradients(inp)

@@ -26,6 +26,7 @@ import math
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from . import _common as c
 from ._ops import (
@@ -41,13 +42,13 @@ from ._ops import (
 ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
 
 
-def _effective_window(inp: ad.ForwardInputs) -> tuple[int | None, int | None] | None:
+def _effective_window(inp: adb.ForwardInputs) -> tuple[int | None, int | None] | None:
     """The window with the causal mask folded in (``right = min(right, 0)``), or ``None``."""
     window = c.window_of(inp)
     return None if window is None else ad.band_sides(window, inp.causal)
 
 
-def _window_kwargs(inp: ad.ForwardInputs) -> dict[str, int]:
+def _window_kwargs(inp: adb.ForwardInputs) -> dict[str, int]:
     """The ops' window keywords (-1: unbounded); none at all without a window."""
     window = _effective_window(inp)
     if window is None:
@@ -69,7 +70,7 @@ def _kernel_right(window: tuple[int | None, int | None], max_seqlen_k: int) -> i
     return right
 
 
-def _window_reasons(inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+def _window_reasons(inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
     """Where the kernel's window differs from ours, or the ops lack one."""
     window = _effective_window(inp)
     if window is None:
@@ -101,7 +102,7 @@ def _window_reasons(inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
     return reasons + ops_problems(FLASH_FWD_WINDOW, FLASH_BWD_WINDOW)
 
 
-def _varlen_args(inp: ad.ForwardInputs) -> tuple:
+def _varlen_args(inp: adb.ForwardInputs) -> tuple:
     """cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, as both ops take them."""
     return inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k
 
@@ -112,7 +113,7 @@ def _torch_deterministic() -> bool:
     )
 
 
-class Flash(ad.Implementation):
+class Flash(adb.Implementation):
     """FlashAttention-2 forward/backward (NVIDIA sm80+, AMD through AOTriton)."""
 
     backend = "torch_sdpa"
@@ -133,7 +134,7 @@ class Flash(ad.Implementation):
         """True while torch's deterministic mode (not warn-only) is on: the op reads it."""
         return _torch_deterministic()
 
-    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: the causal mask (bottom-right on NVIDIA, Sq == Sk only on
         ROCm), D > 192 only on sm_80/sm_90, no varlen on ROCm, the window's alignment and
         clamping, the private ops' schemas."""
@@ -159,7 +160,7 @@ class Flash(ad.Implementation):
         reasons += _window_reasons(inp, arch)
         return reasons + ops_problems(FLASH_FWD, FLASH_BWD)
 
-    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, lse)`` in our layout."""
         if c.is_empty(inp):
             return c.empty_forward(inp)
@@ -183,7 +184,7 @@ class Flash(ad.Implementation):
             )
         return c.clean_empty_rows(out, lse, inp)
 
-    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
         if c.is_empty(inp):
             return c.zero_gradients(inp)

@@ -7,14 +7,14 @@ FlashAttention-2, then memory-efficient); the triton backend sits between cuDNN 
 
 from __future__ import annotations
 
-import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from .cudnn import Cudnn
 from .efficient import Efficient
 from .flash import Flash
 
 
-@ad.hookimpl
-def attn_dispatch_implementations() -> list[ad.Implementation]:
+@adb.hookimpl
+def attn_dispatch_implementations() -> list[adb.Implementation]:
     """The torch_sdpa backend's implementations."""
     return [Cudnn(), Flash(), Efficient()]

@@ -269,7 +269,7 @@ def test_flash_window_sides_near_int64_are_passed_as_unbounded(huge, bounded):
     beyond int64) must arrive as -1, never as a number the kernel holds in 32 bits."""
     from attn_dispatch_torch_sdpa.flash import _window_kwargs
 
-    from attn_dispatch._inputs import build_inputs
+    from attn_dispatch._validation import build_inputs
 
     q = torch.empty(1, 9, 2, 64, dtype=torch.bfloat16, device="meta")
     k = torch.empty(1, 12, 2, 64, dtype=torch.bfloat16, device="meta")

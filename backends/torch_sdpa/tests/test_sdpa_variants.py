@@ -20,7 +20,8 @@ from attn_dispatch_torch_sdpa.efficient import Efficient
 from attn_dispatch_torch_sdpa.flash import Flash, _window_kwargs
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import BackwardInputs, build_inputs
+from attn_dispatch._inputs import BackwardInputs
+from attn_dispatch._validation import build_inputs
 
 SM90 = ad.Arch.parse("sm_90")
 

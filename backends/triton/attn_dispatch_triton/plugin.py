@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 TRITON_REQUIREMENT = ">=3.2"
 # Triton ships as "triton" (PyPI, NVIDIA and AMD wheels) and, with some PyTorch builds,
@@ -41,18 +42,18 @@ SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
 GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic where gluon_fused_atomic_fastest
 
 
-def window_of(inp: ad.ForwardInputs) -> tuple[int | None, int | None] | None:
+def window_of(inp: adb.ForwardInputs) -> tuple[int | None, int | None] | None:
     """The call's sliding window as the user gave it (``None``: none, or inputs that do not
     carry the option)."""
     return getattr(inp, "window", None)
 
 
-def softcap_of(inp: ad.ForwardInputs) -> float | None:
+def softcap_of(inp: adb.ForwardInputs) -> float | None:
     """The call's logit soft cap (``None``: none, or inputs that do not carry the option)."""
     return getattr(inp, "softcap", None)
 
 
-def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
+def gluon_kernels_apply(inp: adb.BackwardInputs) -> bool:
     """Whether ``triton:fused`` would run its Gluon sm_90 kernels on these inputs (D = 128, a
     triton they were checked with, tensors TMA can read as rows; the sm_90 arch is the caller's
     condition), read from metadata: no triton import."""
@@ -67,7 +68,7 @@ def gluon_kernels_apply(inp: ad.BackwardInputs) -> bool:
     )
 
 
-def small_dense_causal_mha(inp: ad.ForwardInputs) -> bool:
+def small_dense_causal_mha(inp: adb.ForwardInputs) -> bool:
     """A dense causal MHA call (no window, no soft cap) with B*H <= ``SMALL_CAUSAL_MHA_HEADS``:
     the case where a triton implementation outranks cuDNN on sm_90 at some key lengths."""
     return (
@@ -80,7 +81,7 @@ def small_dense_causal_mha(inp: ad.ForwardInputs) -> bool:
     )
 
 
-def in_gluon_causal_mha_range(inp: ad.ForwardInputs) -> bool:
+def in_gluon_causal_mha_range(inp: adb.ForwardInputs) -> bool:
     """Key length within ``GLUON_CAUSAL_MHA_SK``."""
     return GLUON_CAUSAL_MHA_SK[0] <= inp.seqlen_k <= GLUON_CAUSAL_MHA_SK[1]
 
@@ -89,7 +90,7 @@ def triton_missing() -> str | None:
     """Why no usable triton is installed, or ``None``."""
     reasons = []
     for dist in TRITON_DISTRIBUTIONS:
-        reason = ad.missing_requirement(dist + TRITON_REQUIREMENT)
+        reason = adb.missing_requirement(dist + TRITON_REQUIREMENT)
         if reason is None:
             return None
         reasons.append(reason)
@@ -100,7 +101,7 @@ def triton_missing() -> str | None:
     )
 
 
-class Fused(ad.Implementation):
+class Fused(adb.Implementation):
     """Triton FMHA: forward, and backward as preprocess + dK/dV (GQA-walking) + dQ."""
 
     backend = "triton"
@@ -117,7 +118,7 @@ class Fused(ad.Implementation):
     softcap = True  # logit soft-capping (a compile-time path of the tl kernels)
     atomic_dq = False  # dQ by the split kernel (no atomics)
 
-    def supports(self, inp: ad.ForwardInputs, arch: ad.Arch) -> list[str]:
+    def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: an installed triton, and batch*heads within one grid axis."""
         missing = triton_missing()
         reasons = [missing] if missing else []
@@ -127,7 +128,7 @@ class Fused(ad.Implementation):
             )
         return reasons
 
-    def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
+    def priority_for_inputs(self, inp: adb.ForwardInputs, arch: ad.Arch) -> int | None:
         """Above cuDNN (50) for a dense causal MHA backward with B*H <= 8 on sm_90 at the key
         lengths where an H200 measured it fastest (MHA 8, B=1, D=128: 1K, where dQ runs beside
         dK/dV, 49 us against cuDNN's 57 us; 4K and 8K when the Gluon kernels run, 217 / 727 us
@@ -135,7 +136,7 @@ class Fused(ad.Implementation):
         base = self.priority_for(arch)
         if (
             type(self) is Fused
-            and isinstance(inp, ad.BackwardInputs)
+            and isinstance(inp, adb.BackwardInputs)
             and arch.name == "sm_90"
             and small_dense_causal_mha(inp)
             and 64 < inp.head_dim <= 128
@@ -149,7 +150,7 @@ class Fused(ad.Implementation):
         return base
 
     @staticmethod
-    def _flags(inp: ad.ForwardInputs) -> dict:
+    def _flags(inp: adb.ForwardInputs) -> dict:
         flags = dict(
             causal=inp.causal,
             bottom_right=inp.causal_align == "bottom_right",
@@ -166,13 +167,13 @@ class Fused(ad.Implementation):
             )
         return flags
 
-    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, lse)`` in our layout."""
         from .forward import attention_forward
 
         return attention_forward(inp.q, inp.k, inp.v, **self._flags(inp))
 
-    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse."""
         from .backward import attention_backward
 
@@ -189,7 +190,7 @@ class Fused(ad.Implementation):
         return ad.Gradients(dq, dk, dv)
 
 
-def gluon_fused_atomic_fastest(inp: ad.BackwardInputs, arch: ad.Arch) -> bool:
+def gluon_fused_atomic_fastest(inp: adb.BackwardInputs, arch: ad.Arch) -> bool:
     """Where ``triton:fused_atomic`` runs the Gluon dK/dV kernel with dQ by TMA reductions and an
     H200 measured it ahead of cuDNN: a dense D=128 backward on sm_90, GQA (with or without a
     causal mask), or causal MHA with B*H <= 8 in ``GLUON_CAUSAL_MHA_SK``."""
@@ -221,15 +222,15 @@ class FusedAtomic(Fused):
     deterministic = False
     atomic_dq = True
 
-    def priority_for_inputs(self, inp: ad.ForwardInputs, arch: ad.Arch) -> int | None:
+    def priority_for_inputs(self, inp: adb.ForwardInputs, arch: ad.Arch) -> int | None:
         """Above cuDNN (50) and ``triton:fused`` (55) where :func:`gluon_fused_atomic_fastest`;
         the arch's priority elsewhere."""
-        if isinstance(inp, ad.BackwardInputs) and gluon_fused_atomic_fastest(inp, arch):
+        if isinstance(inp, adb.BackwardInputs) and gluon_fused_atomic_fastest(inp, arch):
             return GLUON_ATOMIC_PRIORITY
         return self.priority_for(arch)
 
 
-@ad.hookimpl
-def attn_dispatch_implementations() -> list[ad.Implementation]:
+@adb.hookimpl
+def attn_dispatch_implementations() -> list[adb.Implementation]:
     """The triton backend's implementations."""
     return [Fused(), FusedAtomic()]

@@ -1,11 +1,11 @@
 """A plugin whose hook raises (when the test plugins are active)."""
 
-import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from . import active
 
 
-@ad.hookimpl
+@adb.hookimpl
 def attn_dispatch_implementations():
     if active():
         raise RuntimeError("broken_hook: cannot enumerate kernels (on purpose)")

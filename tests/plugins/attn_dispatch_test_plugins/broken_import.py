@@ -5,9 +5,9 @@ from . import active
 if active():
     raise ImportError("broken_import: this plugin's kernel runtime is missing (on purpose)")
 
-import attn_dispatch as ad  # noqa: E402
+from attn_dispatch import backend as adb  # noqa: E402
 
 
-@ad.hookimpl
+@adb.hookimpl
 def attn_dispatch_implementations():
     return []

@@ -1,11 +1,11 @@
 """A plugin whose ``priority_for_inputs`` raises: it must cost only itself."""
 
-import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from . import active
 
 
-class ExplodesInPriority(ad.Implementation):
+class ExplodesInPriority(adb.Implementation):
     backend, name = "broken_priority", "explodes"
     priority = {"*": 1000}
 
@@ -13,6 +13,6 @@ class ExplodesInPriority(ad.Implementation):
         raise KeyError("broken_priority: bug in priority_for_inputs (on purpose)")
 
 
-@ad.hookimpl
+@adb.hookimpl
 def attn_dispatch_implementations():
     return [ExplodesInPriority()] if active() else []

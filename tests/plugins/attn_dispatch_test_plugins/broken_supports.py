@@ -1,11 +1,11 @@
 """A plugin whose ``supports`` raises: it must cost only itself."""
 
-import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from . import active
 
 
-class Explodes(ad.Implementation):
+class Explodes(adb.Implementation):
     backend, name = "broken_supports", "explodes"
     priority = {"*": 1000}
 
@@ -13,6 +13,6 @@ class Explodes(ad.Implementation):
         raise ZeroDivisionError("broken_supports: bug in supports (on purpose)")
 
 
-@ad.hookimpl
+@adb.hookimpl
 def attn_dispatch_implementations():
     return [Explodes()] if active() else []

@@ -5,18 +5,19 @@ from __future__ import annotations
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 from . import active
 
 
-class _Tagged(ad.Implementation):
+class _Tagged(adb.Implementation):
     backend = "toy"
     tag = 0.0
 
-    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         return ad.Gradients(*(torch.full_like(t, self.tag) for t in (inp.q, inp.k, inp.v)))
 
-    def forward(self, inp: ad.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         out = inp.q.new_full(inp.q.shape[:-1] + (inp.head_dim_v,), self.tag)
         lse_shape = (
             (inp.heads, inp.q.shape[0]) if inp.is_varlen else (inp.batch, inp.heads, inp.seqlen_q)
@@ -68,7 +69,7 @@ class HostSync(_Tagged):
 
     name, tag = "host_sync", 6.0
 
-    def backward(self, inp: ad.BackwardInputs) -> ad.Gradients:
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         grads = super().backward(inp)
         if grads.dq.numel() and float(grads.dq.flatten()[0]) != self.tag:
             raise RuntimeError("toy:host_sync wrote the wrong tag")
@@ -86,7 +87,7 @@ class GraphOnly(_Tagged):
         return 200 if execution == "graph" else None
 
 
-class Trivial(ad.Implementation):
+class Trivial(adb.Implementation):
     """Returns its inputs untouched: used to measure the dispatcher's own overhead."""
 
     backend, name = "toy", "trivial"
@@ -101,7 +102,7 @@ TAGS = {
 }
 
 
-@ad.hookimpl
+@adb.hookimpl
 def attn_dispatch_implementations():
     if not active():
         return []

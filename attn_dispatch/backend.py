@@ -1,0 +1,93 @@
+"""The plugin author's API: everything a backend package needs, and nothing a user calls.
+
+A backend imports this module (``from attn_dispatch import backend as adb``), subclasses
+:class:`Implementation`, declares its capabilities as class attributes, and registers its
+implementations with a :data:`hookimpl` of ``attn_dispatch_implementations`` under the entry-point
+group ``attn_dispatch.backends``. It receives :class:`ForwardInputs` / :class:`BackwardInputs`
+(validated, read-only; ``inp.band`` is the call's :class:`Band`) and returns ``(out, lse)``
+(lse of :func:`lse_shape` and :func:`lse_dtype`) or :class:`Gradients`. :func:`make_inputs`
+builds validated inputs, e.g. on the ``meta`` device, for testing ``supports()`` without running
+anything; ``attn_dispatch.testing`` has the conformance kit and an isolated-plugins fixture.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._arch import Arch
+from ._hookspecs import ENTRY_POINT_GROUP, hookimpl
+from ._implementation import Gradients, Implementation
+from ._inputs import (
+    CAUSAL_ALIGNS,
+    BackwardInputs,
+    Band,
+    ForwardInputs,
+    Window,
+    lse_dtype,
+    lse_shape,
+)
+from ._requirements import missing_requirement
+from ._validation import build_inputs
+
+__all__ = [
+    "CAUSAL_ALIGNS",
+    "ENTRY_POINT_GROUP",
+    "Arch",
+    "Band",
+    "BackwardInputs",
+    "ForwardInputs",
+    "Gradients",
+    "Implementation",
+    "Window",
+    "hookimpl",
+    "lse_dtype",
+    "lse_shape",
+    "make_inputs",
+    "missing_requirement",
+]
+
+
+def make_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    grad_out: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
+    causal_align: str = "top_left",
+    scale: float | None = None,
+    deterministic: bool = False,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    window: Window | None = None,
+    softcap: float | None = None,
+) -> ForwardInputs:
+    """The validated inputs an implementation would receive for this call: ``BackwardInputs``
+    when any of ``out``/``lse``/``grad_out`` is given, else ``ForwardInputs``.
+
+    Validation is the dispatcher's own (the same ``TypeError``/``ValueError`` as
+    ``attn_dispatch.backward``), so a backend's tests can ask ``supports(make_inputs(...), arch)``
+    exactly what dispatch would ask. Tensors may live on the ``meta`` device.
+    """
+    return build_inputs(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_out,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        deterministic=deterministic,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        window=window,
+        softcap=softcap,
+    )
