@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ._api import backward as _dispatch_backward
 from ._api import forward as _dispatch_forward
-from ._inputs import INT64_MAX, lse_dtype
+from ._inputs import INT64_MAX, lse_dtype, lse_shape
 from ._validation import (
     _require_tensor,
     build_inputs,
@@ -101,11 +101,8 @@ def _fwd(
 @_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, *rest):  # shapes only: the flags do not matter
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    if cu_seqlens_q is None:  # dense: q [B, Sq, H, D] -> lse [B, H, Sq]
-        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
-    else:  # varlen: q [Tq, H, D] -> lse [H, Tq]
-        lse_shape = (q.shape[1], q.shape[0])
-    return out, q.new_empty(lse_shape, dtype=lse_dtype(q.dtype))
+    lse = q.new_empty(lse_shape(q.shape, cu_seqlens_q is not None), dtype=lse_dtype(q.dtype))
+    return out, lse
 
 
 @torch.library.custom_op("attn_dispatch::bwd", mutates_args=(), schema=BWD_SCHEMA)

@@ -21,7 +21,7 @@ from . import _execution, _guards, _settings
 from ._arch import Arch, resolve_arch
 from ._call import Call
 from ._implementation import Gradients, Implementation
-from ._inputs import BackwardInputs, Facts, ForwardInputs, lse_dtype
+from ._inputs import BackwardInputs, Facts, ForwardInputs, lse_dtype, lse_shape
 from ._selection import POINTER_RESIDUE, evaluate, no_backend_error
 from ._validation import (
     build_inputs,
@@ -88,16 +88,9 @@ def _checked_gradients(impl: Implementation, grads, tensors: Tensors, facts: Fac
 def _checked_forward(impl: Implementation, result, tensors: Tensors, facts: Facts) -> tuple:
     q = tensors[0]
     result = tuple(result) if isinstance(result, list) else result
-    if facts.is_varlen:
-        lse_shape = (q.shape[1], q.shape[0])
-    else:
-        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     out_shape = tuple(q.shape[:-1]) + (facts.head_dim_v,)
-    _check_tuple(
-        impl,
-        result,
-        {"out": (out_shape, q.dtype, q.device), "lse": (lse_shape, lse_dtype(q.dtype), q.device)},
-    )
+    lse = (lse_shape(q.shape, facts.is_varlen), lse_dtype(q.dtype), q.device)
+    _check_tuple(impl, result, {"out": (out_shape, q.dtype, q.device), "lse": lse})
     return result
 
 
@@ -107,9 +100,8 @@ def _meta_backward(inp: BackwardInputs) -> Gradients:
 
 def _meta_forward(inp: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     q = inp.q
-    lse_shape = (q.shape[1], q.shape[0]) if inp.is_varlen else (inp.batch, inp.heads, q.shape[1])
     out = q.new_empty((*q.shape[:-1], inp.head_dim_v))
-    return out, q.new_empty(lse_shape, dtype=lse_dtype(q.dtype))
+    return out, q.new_empty(lse_shape(q.shape, inp.is_varlen), dtype=lse_dtype(q.dtype))
 
 
 class Mode(NamedTuple):
