@@ -10,13 +10,13 @@ For each shape the harness
    ``attn_dispatch.testing.tolerances`` (bf16: 2e-2 / 1e-2);
 3. times each one forced (``ad.backward(..., backend=name)``), the automatic choice
    (``ad.backward(...)``) and a direct call of the chosen implementation's ``.backward(inputs)``
-   (host overhead = automatic vs direct), with CUDA events around every call (warm-up first,
-   median of the repeats; all variants' calls run back to back in one shuffled order, so
-   drift hits them alike; ``time.perf_counter`` on the CPU), and the host time of each call;
-   With ``--cuda-graphs`` every call is captured once per input set in a CUDA graph and the
-   replays are timed instead: the GPU's time alone, without the host's cost of a call (the
-   view of a training step that runs under CUDA graphs; at small shapes the eager calls are
-   bound by the host);
+   on the inputs ``ad.decide`` says it receives (host overhead = automatic vs direct), with
+   CUDA events around every call (warm-up first, median of the repeats; all variants' calls
+   run back to back in one shuffled order, so drift hits them alike; ``time.perf_counter`` on
+   the CPU), and the host time of each call. With ``--cuda-graphs`` every call is captured
+   once per input set in a CUDA graph and the replays are timed instead: the GPU's time
+   alone, without the host's cost of a call (the view of a training step that runs under
+   CUDA graphs; at small shapes the eager calls are bound by the host);
 4. prints µs, TFLOP/s (backward FLOPs = 10·B·H·Sq·Sk·D, halved when causal) and the ratio to
    the fastest, and writes JSON / CSV / a PNG plot on request (matplotlib is optional).
 
@@ -46,7 +46,8 @@ import torch
 
 import attn_dispatch as ad
 from attn_dispatch import _settings
-from attn_dispatch.cli import Parser, nonnegative_int, positive_int
+
+from ._args import PROG, Parser, nonnegative_int, positive_int
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
@@ -139,7 +140,7 @@ def _device(text: str) -> torch.device:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="attn-dispatch bench", description=__doc__.split("\n")[0])
+    p = Parser(prog=f"{PROG} bench", description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument(
         "--seqlens",
@@ -481,36 +482,14 @@ def _tolerance(dtype: str) -> tuple[float, float]:
     return tol.max_err, tol.rel_l2
 
 
-def capture_direct(name: str, sets: list[dict], causal: bool):
-    """Calls of ``name``'s ``.backward(inputs)`` on the inputs the dispatcher builds, per set.
-
-    The implementation's class is found through the backend's entry point; its ``backward`` is
-    wrapped for one dispatched call per set to record the instance and the inputs object.
-    """
-    backend = name.split(":")[0]
-    eps = [e for e in md.entry_points(group="attn_dispatch.backends") if e.name == backend]
-    if not eps:
+def direct_calls(name: str, sets: list[dict], causal: bool, execution: str):
+    """Calls of ``name``'s ``backward`` on the inputs the dispatcher would give it, one per
+    input set, as ``ad.decide`` reports them; ``None`` when ``name`` is not the automatic choice
+    on every set (a choice that reads data pointers can differ between sets)."""
+    choices = [ad.decide(*_args(t), causal=causal, execution=execution) for t in sets]
+    if any(choice.name != name for choice in choices):
         return None
-    impls = eps[0].load().attn_dispatch_implementations()
-    cls = next((type(i) for i in impls if i.full_name == name), None)
-    if cls is None:
-        return None
-    seen: list = []
-    original = cls.backward
-
-    def spy(self, inp):
-        seen.append((self, inp))
-        return original(self, inp)
-
-    cls.backward = spy
-    try:
-        for t in sets:
-            ad.backward(*_args(t), causal=causal)
-    finally:
-        cls.backward = original
-    if len(seen) != len(sets):
-        return None
-    return [lambda s=s, i=i: s.backward(i) for s, i in seen]
+    return [lambda c=c: c.implementation.backward(c.inputs) for c in choices]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -575,11 +554,11 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
         auto = Row(shape, chosen, AUTO)
         rows.append(auto)
         variants[auto] = [lambda t=t: ad.backward(*_args(t), causal=shape.causal) for t in sets]
-        direct_calls = capture_direct(chosen, sets, shape.causal)
-        if direct_calls is not None:
-            direct = Row(shape, chosen, DIRECT)
-            rows.append(direct)
-            variants[direct] = direct_calls
+        direct = direct_calls(chosen, sets, shape.causal, execution)
+        if direct is not None:
+            row = Row(shape, chosen, DIRECT)
+            rows.append(row)
+            variants[row] = direct
     if args.cuda_graphs:
         for row in list(variants):
             try:

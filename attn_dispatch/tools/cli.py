@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 import time
-from typing import NoReturn
 
 import torch
 
-from . import _api, _inputs, _settings
-from ._arch import Arch, detect_arch
+import attn_dispatch as ad
+from attn_dispatch import _settings
+from attn_dispatch import backend as adb
+
+from . import bench
+from ._args import PROG, Parser, nonnegative_int, positive_int
 
 DTYPES = {
     "bf16": torch.bfloat16,
@@ -21,42 +24,12 @@ DTYPES = {
     "fp32": torch.float32,
     "f64": torch.float64,
 }
-
-
-PROG = "attn-dispatch"
 MAX_TENSOR_BYTES = 2**63 - 1  # torch counts a tensor's bytes in an int64
 
 
-class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line, ``<prog>: error: <message>``, exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1 (sizes and counts, where 0 or less means nothing)."""
-    return _int_at_least(text, 1)
-
-
-def nonnegative_int(text: str) -> int:
-    """argparse type: an int >= 0."""
-    return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, low: int) -> int:
+def _arch(text: str) -> ad.Arch:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
-    return value
-
-
-def _arch(text: str) -> Arch:
-    try:
-        return Arch.parse(text)
+        return ad.Arch.parse(text)
     except ValueError as exc:  # argparse would replace the message with "invalid value"
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -80,7 +53,7 @@ def _window(text: str) -> tuple[int | None, int | None]:
 TABLE_ARCHS = ("cpu", "sm_80", "sm_90", "sm_100", "gfx942", "gfx950")
 
 
-def priority_rows(infos: list[_api.BackendInfo]) -> list[list[str]]:
+def priority_rows(infos: list[ad.BackendInfo]) -> list[list[str]]:
     """Header and one row per loaded implementation: opt-in, deterministic, and its priority on
     each of TABLE_ARCHS ('-': never chosen automatically there)."""
     rows = [["implementation", "opt-in", "deterministic", *TABLE_ARCHS]]
@@ -98,7 +71,7 @@ def priority_rows(infos: list[_api.BackendInfo]) -> list[list[str]]:
     return rows
 
 
-def priority_table_markdown(infos: list[_api.BackendInfo]) -> str:
+def priority_table_markdown(infos: list[ad.BackendInfo]) -> str:
     """The priority table as Markdown (the README's generated section)."""
     header, *rows = priority_rows(infos)
     lines = ["| " + " | ".join(header) + " |", "|---|---|---|" + "---|" * len(TABLE_ARCHS)]
@@ -106,7 +79,7 @@ def priority_table_markdown(infos: list[_api.BackendInfo]) -> str:
     return "\n".join(lines)
 
 
-def priority_table_text(infos: list[_api.BackendInfo]) -> str:
+def priority_table_text(infos: list[ad.BackendInfo]) -> str:
     """The priority table in aligned columns, for the terminal."""
     rows = priority_rows(infos)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -116,7 +89,7 @@ def priority_table_text(infos: list[_api.BackendInfo]) -> str:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    infos = _api.backends()
+    infos = ad.backends()
     if args.json:
         loaded = [i.to_dict() for i in infos if i.error is None]
         failed = [i.to_dict() for i in infos if i.error is not None]
@@ -168,7 +141,7 @@ def _meta_shapes(args: argparse.Namespace) -> dict[str, tuple[tuple[int, ...], t
         "k": ((b, sk, hkv, d), dtype),
         "v": ((b, sk, hkv, dv), dtype),
         "out": ((b, sq, h, dv), dtype),
-        "lse": ((b, h, sq), _inputs.lse_dtype(dtype)),
+        "lse": ((b, h, sq), adb.lse_dtype(dtype)),
         "grad_out": ((b, sq, h, dv), dtype),
     }
 
@@ -192,7 +165,7 @@ def _meta_inputs(args: argparse.Namespace) -> dict[str, torch.Tensor]:
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     tensors = _meta_inputs(args)
-    report = _api.explain(
+    report = ad.explain(
         **tensors,
         causal=args.causal,
         causal_align=args.causal_align,
@@ -222,8 +195,8 @@ def _median_seconds(fn, device: torch.device, repeats: int) -> float:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .testing.oracle import oracle
-    from .testing.tolerances import tolerance_for
+    from attn_dispatch.testing.oracle import oracle
+    from attn_dispatch.testing.tolerances import tolerance_for
 
     on_gpu = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda" if on_gpu else "cpu")
@@ -235,15 +208,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         for shape in ((b, s, h, d), (b, s, hkv, d), (b, s, hkv, d), (b, s, h, d))
     )
     flags = dict(causal=True)
-    print(f"arch: {detect_arch(device).full}   device: {device}   torch {torch.__version__}")
+    print(f"arch: {ad.detect_arch(device).full}   device: {device}   torch {torch.__version__}")
     print(f"job: GQA causal attention backward, B={b} S={s} H={h} Hkv={hkv} D={d} {dtype}")
-    out, lse = _api.forward(q, k, v, **flags)
-    report = _api.explain(q, k, v, out, lse, do, **flags)
+    out, lse = ad.forward(q, k, v, **flags)
+    report = ad.explain(q, k, v, out, lse, do, **flags)
     print(report)
     seconds = _median_seconds(
-        lambda: _api.backward(q, k, v, out, lse, do, **flags), device, args.repeats
+        lambda: ad.backward(q, k, v, out, lse, do, **flags), device, args.repeats
     )
-    dq, dk, dv = _api.backward(q, k, v, out, lse, do, **flags)
+    dq, dk, dv = ad.backward(q, k, v, out, lse, do, **flags)
     ref = oracle(q, k, v, do, **flags)
     tol = tolerance_for(dtype)
     worst = 0.0
@@ -259,12 +232,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     ok = worst <= tol.max_err
     print("PASS: matches the float64 oracle" if ok else "FAIL: outside tolerance")
     return 0 if ok else 1
-
-
-def _cmd_bench(argv: list[str]) -> int:
-    from . import bench
-
-    return bench.main(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -325,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["bench"]:
-            return _cmd_bench(argv[1:])
+            return bench.main(argv[1:])
         args = build_parser().parse_args(argv)
-        _settings.current()
+        _settings.current()  # a bad ATTN_DISPATCH_* variable is then a usage error, up front
         return {"list": _cmd_list, "explain": _cmd_explain, "demo": _cmd_demo}[args.command](args)
     except (ValueError, TypeError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
