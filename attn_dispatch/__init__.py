@@ -11,7 +11,16 @@ theirs that were also exported here still resolve, with a ``DeprecationWarning``
 import logging as _logging
 import warnings as _warnings
 
-from ._api import BackendInfo, ImplementationInfo, backends, backward, explain, forward
+from ._api import (
+    BackendInfo,
+    Choice,
+    ImplementationInfo,
+    backends,
+    backward,
+    decide,
+    explain,
+    forward,
+)
 from ._arch import Arch, detect_arch
 from ._autograd import attention
 from ._errors import NoBackendError, UnknownBackendError
@@ -30,6 +39,7 @@ __all__ = [
     "Arch",
     "BackendInfo",
     "Candidate",
+    "Choice",
     "Gradients",
     "ImplementationInfo",
     "NoBackendError",
@@ -39,6 +49,7 @@ __all__ = [
     "attention",
     "backends",
     "backward",
+    "decide",
     "detect_arch",
     "enable",
     "explain",

@@ -1,24 +1,25 @@
-"""The public calls: ``backward``, ``forward``, ``explain``, ``backends``.
+"""The public calls: ``backward``, ``forward``, ``decide``, ``explain``, ``backends``.
 
 ``backward`` and ``forward`` share one dispatch path (``_dispatch``): a cached decision per
-input signature, validation and selection on its first call only.
+input signature, validation and selection on its first call only. ``decide`` and ``explain``
+validate and select as that first call does (``_dispatch.select``) and run nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from . import _settings
 from ._arch import Arch
-from ._dispatch import BACKWARD, FORWARD, arch_for, dispatch
+from ._dispatch import BACKWARD, FORWARD, dispatch, select
 from ._execution import check_execution, current_execution
-from ._implementation import Gradients, lookup_priority
-from ._inputs import BackwardInputs
+from ._implementation import Gradients, Implementation, lookup_priority
+from ._inputs import BackwardInputs, ForwardInputs
 from ._registry import BackendRecord, _declaration_problems
 from ._report import Report
-from ._selection import evaluate
+from ._selection import no_backend_error
 from ._validation import build_inputs
 
 
@@ -133,40 +134,135 @@ def explain(
     forward is explained. ``execution`` (``"eager"`` or ``"graph"``: captured into a CUDA
     graph or traced by ``torch.compile``) asks for the decision of that execution mode, whose
     priorities may differ; default: the mode of the calling context. Never raises for a
-    rejection; malformed input still raises.
+    rejection; malformed input still raises. The report is ``decide(...).report`` where an
+    implementation is chosen.
     """
+    report, _, _ = _decision(
+        (q, k, v, out, lse, grad_out),
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        deterministic=deterministic,
+        backend=backend,
+        window=window,
+        softcap=softcap,
+        arch=arch,
+        execution=execution,
+        debug=False,
+    )
+    return report
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What ``backward`` or ``forward`` would run for a call: decided, not run (``decide``).
+
+    ``implementation`` is the object whose ``backward`` (or ``forward``) the dispatcher calls
+    with ``inputs`` (the validated ``BackwardInputs`` or ``ForwardInputs``), ``name`` its
+    ``backend:impl`` name, ``report`` what ``explain`` says about the call. Two choices are
+    equal when they name the same implementation with the same report; the tensors in
+    ``inputs`` are not compared.
+    """
+
+    name: str
+    implementation: Implementation
+    inputs: ForwardInputs = field(compare=False)
+    report: Report
+
+
+MODES = ("backward", "forward")
+
+
+def decide(
+    q,
+    k,
+    v,
+    out=None,
+    lse=None,
+    grad_out=None,
+    *,
+    mode="backward",
+    causal=False,
+    causal_align="top_left",
+    scale=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    deterministic=None,
+    backend=None,
+    window=None,
+    softcap=None,
+    arch=None,
+    execution=None,
+) -> Choice:
+    """The implementation ``backward`` (``mode="backward"``, the default) or ``forward``
+    (``mode="forward"``: ``q, k, v`` only) would run for these arguments, and the inputs it
+    would receive; nothing runs. Selection is the dispatcher's own, with its errors: an
+    unknown forced ``backend`` raises ``UnknownBackendError``, malformed input
+    ``TypeError``/``ValueError``, and ``NoBackendError`` when no implementation (or not the
+    forced one) accepts the inputs. ``arch`` and ``execution`` are as in ``explain``.
+    (On ``meta`` tensors the dispatcher computes only the result's shapes, whatever is chosen.)
+    """
+    if mode not in MODES:
+        raise ValueError(f"argument 'mode': expected 'backward' or 'forward', got {mode!r}")
+    if mode == "forward" and (out is not None or lse is not None or grad_out is not None):
+        raise TypeError("decide(mode='forward') takes q, k and v only, not out, lse or grad_out")
+    tensors = (q, k, v, out, lse, grad_out) if mode == "backward" else (q, k, v)
+    report, impl, inp = _decision(
+        tensors,
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        deterministic=deterministic,
+        backend=backend,
+        window=window,
+        softcap=softcap,
+        arch=arch,
+        execution=execution,
+        debug=_settings.current().debug,
+        mode=mode,
+    )
+    if impl is None:
+        raise no_backend_error(report)
+    return Choice(impl.full_name, impl, inp, report)
+
+
+def _decision(
+    tensors: tuple,
+    *,
+    deterministic,
+    backend,
+    arch,
+    execution,
+    debug: bool,
+    mode: str | None = None,
+    **flags,
+) -> tuple[Report, Implementation | None, ForwardInputs]:
+    """Validate a call's arguments and decide it as the dispatcher does (``_dispatch.select``).
+
+    ``flags`` are ``build_inputs``'s keywords; ``mode``: ``None`` infers it from the tensors
+    (backward when any of out/lse/grad_out is given, as ``explain`` does); ``debug``: also
+    check cu_seqlens values on a GPU, as the dispatcher does in debug mode."""
     settings = _settings.current()
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     if arch is not None and not isinstance(arch, Arch):
         arch = Arch.parse(arch)
-    inp = build_inputs(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        deterministic=deterministic,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        window=window,
-        softcap=softcap,
-    )
-    mode = "backward" if isinstance(inp, BackwardInputs) else "forward"
-    forced = _settings.resolve_forced(backend, settings)
-    if execution is None:
-        execution = current_execution()
-    else:
-        execution = check_execution(execution)
-    target = arch or arch_for(settings, inp.device)
-    report, _, _ = evaluate(settings, inp, target, mode, forced, execution)
-    return report
+    inp = build_inputs(*tensors, deterministic=deterministic, debug=debug, **flags)
+    if mode is None:
+        mode = "backward" if isinstance(inp, BackwardInputs) else "forward"
+    execution = current_execution() if execution is None else check_execution(execution)
+    report, impl, _ = select(settings, inp, mode, backend, execution, arch)
+    return report, impl, inp
 
 
 @dataclass(frozen=True)

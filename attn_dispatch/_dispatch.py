@@ -22,6 +22,7 @@ from ._arch import Arch, resolve_arch
 from ._call import Call
 from ._implementation import Gradients, Implementation
 from ._inputs import BackwardInputs, Facts, ForwardInputs, lse_dtype, lse_shape
+from ._report import Report
 from ._selection import POINTER_RESIDUE, evaluate, no_backend_error
 from ._validation import (
     build_inputs,
@@ -124,6 +125,25 @@ def arch_for(settings: _settings.Settings, device: torch.device) -> Arch:
     """The arch selection assumes for tensors on ``device`` (``ATTN_DISPATCH_ARCH`` as read
     with the settings, else detected)."""
     return resolve_arch(device, settings.arch_override)
+
+
+def select(
+    settings: _settings.Settings,
+    inp: ForwardInputs,
+    mode: str,
+    backend_arg,
+    execution: str,
+    arch: Arch | None = None,
+) -> tuple[Report, Implementation | None, bool]:
+    """The decision on validated inputs, as the first call of a signature makes it (``decide``
+    and ``explain`` make it here too): the forced name checked, the arch resolved (``arch``:
+    a hypothetical target), every verdict. See ``_selection.evaluate`` for what it returns."""
+    if mode == "backward" and not isinstance(inp, BackwardInputs):
+        # validation took the call for a forward: out, lse and grad_out are all None
+        raise TypeError("argument 'out': expected a torch.Tensor, got NoneType")
+    forced = _settings.resolve_forced(backend_arg, settings)
+    target = arch or arch_for(settings, inp.device)
+    return evaluate(settings, inp, target, mode, forced, execution)
 
 
 def pointer_residues(tensors: Tensors, cu_q, cu_k) -> tuple:
@@ -344,9 +364,7 @@ def _first_call(
 ):
     """Validate, select, run, check the outputs, then cache the decision."""
     inp = inputs_of(call, tensors, cu_q, cu_k, max_q, max_k, settings.debug)
-    forced = _settings.resolve_forced(backend_arg, settings)
-    arch = arch_for(settings, inp.device)
-    report, impl, read_pointers = evaluate(settings, inp, arch, mode.name, forced, call.execution)
+    report, impl, read_pointers = select(settings, inp, mode.name, backend_arg, call.execution)
     if impl is None:
         raise no_backend_error(report)
     log.info(
@@ -356,7 +374,7 @@ def _first_call(
         impl.full_name,
         report.arch.full,
         call.execution,
-        f"forced {forced!r}" if forced else "automatic",
+        f"forced {report.forced!r}" if report.forced else "automatic",
     )
     run = mode.meta if inp.device.type == "meta" else getattr(impl, mode.name)
     pointers = pointer_residues(tensors, cu_q, cu_k) if read_pointers else None

@@ -6,7 +6,7 @@ Usage: python scripts/priority_table.py (`attn-dispatch list` prints the same ta
 from __future__ import annotations
 
 import attn_dispatch as ad
-from attn_dispatch.cli import priority_table_markdown
+from attn_dispatch.tools.cli import priority_table_markdown
 
 
 def table() -> str:

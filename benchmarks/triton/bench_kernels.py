@@ -243,7 +243,7 @@ def check_against_oracle(q, k, v, do, out, lse, grads, causal, bottom_right, sca
 def gpu_environment() -> tuple[dict, float]:
     """The environment and the bf16 matmul ceiling (8192^3, TFLOP/s), as ``attn-dispatch
     bench`` measures them, logged."""
-    from attn_dispatch.bench import environment, matmul_ceiling
+    from attn_dispatch.tools.bench import environment, matmul_ceiling
 
     device = torch.device("cuda")
     env, tflops = environment(device), matmul_ceiling(device)

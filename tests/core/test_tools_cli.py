@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from attn_dispatch import cli
+from attn_dispatch.tools import cli
 
 
 def test_list_json_contract(toys, capsys):

@@ -7,8 +7,9 @@ import json
 
 import pytest
 import torch
+from conftest import tag_of
 
-from attn_dispatch import bench
+from attn_dispatch.tools import bench
 
 
 def test_default_sweep_is_the_seed_grid():
@@ -92,7 +93,7 @@ def test_bench_table_renders_the_committed_sweep() -> None:
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location(
         "bench_table", root / "benchmarks" / "bench_table.py"
     )
@@ -250,3 +251,17 @@ def test_automatic_choice_is_named_for_the_timed_execution_mode(toys):
     _, graph, _ = bench.candidates(shape, tensors, None, True, "graph")
     assert graph == "toy:graph_only"
     assert eager != "toy:graph_only"
+
+
+def test_direct_calls_run_the_decided_implementation_on_its_inputs(toys):
+    """The direct row calls the implementation ``ad.decide`` names, on the inputs it reports,
+    in the timed execution mode; another name than the automatic choice gets no direct row."""
+    shape = bench.Shape(1, 16, 2, 2, 16, False, "fp32")
+    sets = bench.make_sets(shape, torch.device("cpu"), torch.Generator().manual_seed(0))
+    eager = bench.direct_calls("toy:nondet", sets, False, "eager")
+    assert len(eager) == len(sets)
+    assert {tag_of(call()) for call in eager} == {3.0}  # toy:nondet's tag
+    graph = bench.direct_calls("toy:graph_only", sets, False, "graph")
+    assert {tag_of(call()) for call in graph} == {7.0}  # toy:graph_only's tag
+    assert bench.direct_calls("toy:fast", sets, False, "eager") is None
+    assert bench.direct_calls("toy:nondet", sets, False, "graph") is None

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import attn_dispatch as ad
-from attn_dispatch import bench, cli
+from attn_dispatch.tools import bench, cli
 
 EXPLAIN = ["explain", "--seqlen", "16", "--heads", "8", "--head-dim", "64"]
 BENCH = ["bench", "--seqlens", "32", "--heads", "2", "--kv-heads", "1", "--head-dim", "16"]
