@@ -1,8 +1,9 @@
 """How :class:`~._launcher.BackwardLaunch` launches: directly, or recording a launch plan.
 
 The launcher allocates and launches the same way for every call and tells its strategy, chosen
-once when it is built, what it made: each kernel launch (:meth:`launch`) and which per-call
-value (:mod:`._plan`'s indices) each argument, buffer and tensor descriptor is.
+once when it is built, what it made: each kernel launch (``launch``; those made within
+``on_side`` go to the side stream) and which per-call value (:mod:`._plan`'s indices) each
+argument, buffer and tensor descriptor is.
 
 - :data:`DIRECT` (:class:`DirectStrategy`) launches through ``kernel[grid]`` and keeps nothing:
   its naming methods return at once and it holds no state. Every call that records no plan
@@ -15,6 +16,8 @@ value (:mod:`._plan`'s indices) each argument, buffer and tensor descriptor is.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,14 +34,14 @@ class DirectStrategy:
     __slots__ = ()
 
     @staticmethod
-    def launch(kernel: Any, grid: tuple, args: tuple, kwargs: dict, side) -> None:
-        """``kernel[grid](*args, **kwargs)``, queued on ``side`` (a :class:`~._plan.SideStream`
-        forked by the caller) when given, else on the current stream."""
-        if side is None:
-            kernel[grid](*args, **kwargs)
-        else:
-            with torch.cuda.stream(side.stream):
-                kernel[grid](*args, **kwargs)
+    def launch(kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> None:
+        """``kernel[grid](*args, **kwargs)``, on the current stream."""
+        kernel[grid](*args, **kwargs)
+
+    @staticmethod
+    def on_side(side: _plan.SideStream):
+        """Within it, launches go to ``side`` (forked from the current stream by the caller)."""
+        return torch.cuda.stream(side.stream)
 
     def name_arguments(self, launch: BackwardLaunch) -> None:
         """(Recording: the per-call values among ``launch``'s arguments.)"""
@@ -69,15 +72,25 @@ DIRECT = DirectStrategy()
 class RecordingStrategy:
     """Launch through ``recorder`` and tell it which per-call value each argument is."""
 
-    __slots__ = ("recorder",)
+    __slots__ = ("recorder", "side")
 
     def __init__(self, recorder: _plan.Recorder) -> None:
         self.recorder = recorder
+        self.side: _plan.SideStream | None = None  # where launches go instead of the current
 
-    def launch(self, kernel: Any, grid: tuple, args: tuple, kwargs: dict, side) -> None:
+    def launch(self, kernel: Any, grid: tuple, args: tuple, kwargs: dict) -> None:
         """Launch as :class:`DirectStrategy` does, and remember the compiled kernel, grid,
         arguments and stream (see :meth:`~._plan.Recorder.launch`)."""
-        self.recorder.launch(kernel, grid, args, kwargs, side)
+        self.recorder.launch(kernel, grid, args, kwargs, self.side)
+
+    @contextlib.contextmanager
+    def on_side(self, side: _plan.SideStream) -> Iterator[None]:
+        """Within it, launches go to ``side``, and the plan replays them there."""
+        self.side = side
+        try:
+            yield
+        finally:
+            self.side = None
 
     def name_arguments(self, launch: BackwardLaunch) -> None:
         """The caller's tensors and scale, the scratch of delta and lse2 (one buffer, ``TMP``),

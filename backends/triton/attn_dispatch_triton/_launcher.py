@@ -121,7 +121,6 @@ class BackwardLaunch:
         self.qk_scale = scale * LOG2E
         self.strategy = strategy
         self.launch_kernel = strategy.launch  # bound once: one attribute lookup per launch
-        self.side: _plan.SideStream | None = None  # where launches go instead of the current
         self.dq_wide_store = False  # the dQ scratch's columns in WIDE_STORE's order
         self.plan_extra = dict(tmp_shape=tuple(tmp.shape), part_numel=None, acc=None)
         self.atomic_dq = atomic_dq
@@ -138,7 +137,7 @@ class BackwardLaunch:
         strategy.name_arguments(self)
 
     def _launch(self, kernel, grid: tuple, args: tuple, kwargs: dict) -> None:
-        self.launch_kernel(kernel, grid, args, kwargs, self.side)
+        self.launch_kernel(kernel, grid, args, kwargs)
 
     def _sms(self) -> int | None:
         """The GPU's SM count (``None`` off a GPU), for the launch policy."""
@@ -160,11 +159,8 @@ class BackwardLaunch:
             # kernels fill the GPU together (their single waves at short lengths overlap).
             side = _plan.side_stream(self.q.device)
             side.fork()  # (a recorded plan forks and joins again on every replay)
-            self.side = side
-            try:
+            with self.strategy.on_side(side):
                 self.dq_(config["dq"])
-            finally:
-                self.side = None
             self.dkdv(config["dkdv"])
             side.join()
         else:

@@ -39,9 +39,9 @@ class KeptDirect(DirectStrategy):
     def __init__(self) -> None:
         self.kept: list = []
 
-    def launch(self, kernel, grid, args, kwargs, side) -> None:
+    def launch(self, kernel, grid, args, kwargs) -> None:
         self.kept.append((kernel, tuple(grid), tuple(args), dict(kwargs)))
-        DirectStrategy.launch(kernel, grid, args, kwargs, side)
+        DirectStrategy.launch(kernel, grid, args, kwargs)
 
 
 class KeptRecording(RecordingStrategy):
@@ -54,9 +54,9 @@ class KeptRecording(RecordingStrategy):
         super().__init__(_plan.Recorder())
         self.kept: list = []
 
-    def launch(self, kernel, grid, args, kwargs, side) -> None:
+    def launch(self, kernel, grid, args, kwargs) -> None:
         self.kept.append((kernel, tuple(grid), tuple(args), dict(kwargs)))
-        super().launch(kernel, grid, args, kwargs, side)
+        super().launch(kernel, grid, args, kwargs)
 
 
 def make_inputs(case: dict, seed: int) -> tuple[tuple, dict]:
