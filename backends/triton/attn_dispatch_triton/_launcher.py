@@ -36,14 +36,26 @@ from ._common import (
     token_strides,
 )
 from ._kernel_support import gluon_sm90, interpreting, tile_descriptor, tma_available
+from ._launch_strategy import DIRECT, LaunchStrategy, RecordingStrategy
 
 GLUON_STAGES = 2  # ring buffers of the Gluon kernels (3 do not fit beside the atomic-dQ tiles)
 GLUON_DKDV_TILES = (64, 128)  # (BLOCK_M, BLOCK_N) the Gluon kernels are written for
 GLUON_DQ_TILES = (128, 64)
 
+# the plan value indices of the tensors each kernel's tile descriptors address
+_Q_DO = (_plan.Q, _plan.DO)
+_K_V = (_plan.K, _plan.V)
+_Q_K_V_DO = (_plan.Q, _plan.K, _plan.V, _plan.DO)
+
 
 class BackwardLaunch:
-    """The arguments of one backward problem, and one method per kernel launch."""
+    """The arguments of one backward problem, and one method per kernel launch.
+
+    ``strategy`` (chosen once, here) launches each kernel and learns what each argument is:
+    :data:`~._launch_strategy.DIRECT` records nothing, a
+    :class:`~._launch_strategy.RecordingStrategy` records the call's launch plan
+    (``recorder=r`` is short for ``strategy=RecordingStrategy(r)``).
+    """
 
     def __init__(
         self,
@@ -67,8 +79,11 @@ class BackwardLaunch:
         dk=None,
         dv=None,
         atomic_dq: bool = False,
+        strategy: LaunchStrategy = DIRECT,
         recorder: _plan.Recorder | None = None,
     ) -> None:
+        if recorder is not None:
+            strategy = RecordingStrategy(recorder)
         self.varlen = varlen = cu_seqlens_q is not None
         q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
         if varlen:
@@ -104,12 +119,10 @@ class BackwardLaunch:
         self.cu_k = cu_seqlens_k if varlen else q
         self.scale = scale
         self.qk_scale = scale * LOG2E
-        self.rec = recorder
-        self.side: _plan.SideStream | None = None  # where launches go instead of the current
+        self.strategy = strategy
+        self.launch_kernel = strategy.launch  # bound once: one attribute lookup per launch
         self.dq_wide_store = False  # the dQ scratch's columns in WIDE_STORE's order
         self.plan_extra = dict(tmp_shape=tuple(tmp.shape), part_numel=None, acc=None)
-        if recorder is not None:
-            self._name_arguments(recorder, tmp)
         self.atomic_dq = atomic_dq
         # every kernel's band and cap constexprs (the Gluon ones too: they run on NVIDIA only,
         # where the cap's mode is the hardware tanh they use)
@@ -117,44 +130,14 @@ class BackwardLaunch:
         self.flags["IS_VARLEN"] = varlen
         # (win_left, win_right, softcap) of every kernel: fixed per plan signature
         self.band_args = (*self.band.sides(), self.softcap or 1.0)
-        if recorder is not None:
-            recorder.constant(self.band_args[2])
         self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
         self.s_q, self.s_k, self.s_v = (token_strides(t, varlen) for t in (q, k, v))
         self.s_do = token_strides(grad_out, varlen)
         self.s_t = lse_strides(self.lse2, varlen)
-
-    def _name_arguments(self, recorder: _plan.Recorder, tmp: torch.Tensor) -> None:
-        """Tell the plan recorder which per-call value each argument is."""
-        for t, index in (
-            (self.q, _plan.Q),
-            (self.k, _plan.K),
-            (self.v, _plan.V),
-            (self.out, _plan.OUT),
-            (self.lse, _plan.LSE),
-            (self.grad_out, _plan.DO),
-            (self.dq, _plan.DQ),
-            (self.dk, _plan.DK),
-            (self.dv, _plan.DV),
-            (self.scale, _plan.SCALE),
-            (self.qk_scale, _plan.QK_SCALE),
-        ):
-            recorder.name(t, index, None if isinstance(t, float) else 0)
-        recorder.name(self.lse2, _plan.TMP, 0)
-        recorder.name(self.delta, _plan.TMP, self.delta.data_ptr() - tmp.data_ptr())
-        if self.varlen:
-            recorder.name(self.cu_q, _plan.CU_Q)
-            recorder.name(self.cu_k, _plan.CU_K)
+        strategy.name_arguments(self)
 
     def _launch(self, kernel, grid: tuple, args: tuple, kwargs: dict) -> None:
-        side = self.side
-        if self.rec is not None:
-            self.rec.launch(kernel, grid, args, kwargs, side)
-        elif side is None:
-            kernel[grid](*args, **kwargs)
-        else:
-            with torch.cuda.stream(side.stream):
-                kernel[grid](*args, **kwargs)
+        self.launch_kernel(kernel, grid, args, kwargs)
 
     def _sms(self) -> int | None:
         """The GPU's SM count (``None`` off a GPU), for the launch policy."""
@@ -176,11 +159,8 @@ class BackwardLaunch:
             # kernels fill the GPU together (their single waves at short lengths overlap).
             side = _plan.side_stream(self.q.device)
             side.fork()  # (a recorded plan forks and joins again on every replay)
-            self.side = side
-            try:
+            with self.strategy.on_side(side):
                 self.dq_(config["dq"])
-            finally:
-                self.side = None
             self.dkdv(config["dkdv"])
             side.join()
         else:
@@ -263,8 +243,7 @@ class BackwardLaunch:
             self.dq_acc = acc = torch.zeros(self.q.shape, dtype=torch.float32, device=self.q.device)
             self.dq_acc_strides = token_strides(acc, self.varlen)
             self.plan_extra["acc"] = dict(shape=tuple(acc.shape))
-            if self.rec is not None:
-                self.rec.name(acc, _plan.ACC)
+            self.strategy.name(acc, _plan.ACC)
             return acc, self.dq_acc_strides
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -277,9 +256,8 @@ class BackwardLaunch:
         s_acc = (0, 1, rows) if self.varlen else (self.heads * rows, 1, rows)  # in rows
         self.dq_acc_strides = tuple(x * bd for x in s_acc)  # in elements (the convert pass)
         self.plan_extra["acc"] = dict(shape=tuple(self.dq_acc.shape))
-        if self.rec is not None:
-            self.rec.name_descriptor(desc, _plan.ACC)
-            self.rec.name(self.dq_acc, _plan.ACC)
+        self.strategy.name_descriptor(desc, _plan.ACC)
+        self.strategy.name(self.dq_acc, _plan.ACC)
         return desc, s_acc
 
     def _dkdv_outputs(self, plan: policy.DkdvPlan) -> tuple:
@@ -290,8 +268,7 @@ class BackwardLaunch:
             return self.dk, self.dv, None
         count, device = plan.partial_count, self.dk.device
         if plan.partials is policy.Partials.TORCH_SUM:
-            if self.rec is not None:
-                self.rec.ok = False  # (the torch sum is no kernel launch a plan can replay)
+            self.strategy.unplannable()  # (the torch sum is no kernel launch a plan can replay)
             return (
                 torch.empty((count, *self.dk.shape), dtype=torch.float32, device=device),
                 torch.empty((count, *self.dv.shape), dtype=torch.float32, device=device),
@@ -304,10 +281,7 @@ class BackwardLaunch:
         dv = part[:, layout.v_offset :].view(count, *self.dv.shape)
         self.plan_extra["part_numel"] = part.numel()
         self.plan_extra["part_zeroed"] = plan.zero_partials
-        if self.rec is not None:
-            self.rec.name(dk, _plan.PART, 0)
-            self.rec.name(dv, _plan.PART, dv.data_ptr() - part.data_ptr())
-            self.rec.name(part, _plan.PART, 0)
+        self.strategy.name_partials(part, dk, dv)
         return dk, dv, (part, layout)
 
     def _sum_partials(self, plan: policy.DkdvPlan, dk, dv, part) -> None:
@@ -390,10 +364,8 @@ class BackwardLaunch:
         descs = self.tile_descriptors(
             c,
             c["BLOCK_M"],
-            (
-                (self.q, _plan.Q, self.blocks["BLOCK_D"]),
-                (self.grad_out, _plan.DO, self.blocks["BLOCK_DV"]),
-            ),
+            ((self.q, self.blocks["BLOCK_D"]), (self.grad_out, self.blocks["BLOCK_DV"])),
+            _Q_DO,
         )
         split_strides = (dk.stride(0), dv.stride(0)) if plan.split > 1 else (0, 0)
         self._launch(
@@ -478,7 +450,8 @@ class BackwardLaunch:
         descs = self.tile_descriptors(
             c,
             c["BLOCK_N"],
-            ((self.k, _plan.K, self.blocks["BLOCK_D"]), (self.v, _plan.V, self.blocks["BLOCK_DV"])),
+            ((self.k, self.blocks["BLOCK_D"]), (self.v, self.blocks["BLOCK_DV"])),
+            _K_V,
         )
         self._launch(
             _attn_bwd_dq,
@@ -548,19 +521,19 @@ class BackwardLaunch:
             ),
         )
 
-    def tile_descriptors(self, c: dict, rows: int, tensors: tuple) -> tuple | None:
+    def tile_descriptors(
+        self, c: dict, rows: int, tensors: tuple, indices: tuple[int, ...]
+    ) -> tuple | None:
         """TMA descriptors for the tiles a kernel's loop loads (config ``LOAD_TMA``), one per
-        ``(tensor, plan value index, padded cols)``, with ``rows`` rows per block (the loop's
-        step); ``None`` (pointer loads) when the config does not ask for them or a tensor does
-        not qualify (see :func:`._kernel_support.tile_descriptor`)."""
+        ``(tensor, padded cols)`` (``indices``: each tensor's plan value index), with ``rows``
+        rows per block (the loop's step); ``None`` (pointer loads) when the config does not ask
+        for them or a tensor does not qualify (see :func:`._kernel_support.tile_descriptor`)."""
         if not c.get("LOAD_TMA") or not tma_available(self.q.device):
             return None
-        descs = tuple(tile_descriptor(t, self.varlen, rows, cols) for t, _, cols in tensors)
+        descs = tuple(tile_descriptor(t, self.varlen, rows, cols) for t, cols in tensors)
         if any(d is None for d in descs):
             return None
-        if self.rec is not None:
-            for d, (_, index, _) in zip(descs, tensors):
-                self.rec.name_descriptor(d, index)
+        self.strategy.name_descriptors(descs, indices)
         return descs
 
     def sm90_descriptors(self, c: dict, tiles: tuple[int, int]) -> tuple | None:
@@ -580,9 +553,8 @@ class BackwardLaunch:
         descs = sm90_descriptors(
             self.q, self.k, self.v, self.grad_out, self.varlen, c["BLOCK_M"], c["BLOCK_N"]
         )
-        if descs is not None and self.rec is not None:
-            for d, index in zip(descs, (_plan.Q, _plan.K, _plan.V, _plan.DO)):
-                self.rec.name_descriptor(d, index)
+        if descs is not None:
+            self.strategy.name_descriptors(descs, _Q_K_V_DO)
         return descs
 
     def dq_scratch_descriptor(self):
@@ -591,8 +563,7 @@ class BackwardLaunch:
         from ._sm90 import dq_scratch_descriptor
 
         desc = dq_scratch_descriptor(self.dq_acc, self.varlen)
-        if self.rec is not None:
-            self.rec.name_descriptor(desc, _plan.ACC)
+        self.strategy.name_descriptor(desc, _plan.ACC)
         return desc
 
     def sm90_constants(self, c: dict) -> dict:

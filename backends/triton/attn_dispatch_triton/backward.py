@@ -16,6 +16,7 @@ import triton
 from . import _plan
 from ._band import Window
 from ._common import LOG2E, last_dim_contiguous
+from ._launch_strategy import DIRECT, RecordingStrategy
 from ._launcher import BackwardLaunch
 
 __all__ = ["BackwardLaunch", "attention_backward"]
@@ -85,9 +86,9 @@ def attention_backward(
             values[_plan.DV] = dv.data_ptr()
             plan.run(values, q.device, _current_stream(key[0]))
             return dq, dk, dv
-        recorder = _plan.Recorder()
+        strategy = RecordingStrategy(_plan.Recorder())
     else:
-        recorder = None
+        key, strategy = None, DIRECT
     launch = BackwardLaunch(
         q,
         k,
@@ -108,7 +109,7 @@ def attention_backward(
         dk=dk,
         dv=dv,
         atomic_dq=atomic_dq,
-        recorder=recorder,
+        strategy=strategy,
     )
     if launch.batch * launch.heads == 0 or q.numel() == 0 and k.numel() == 0:
         return launch.dq.zero_(), launch.dk.zero_(), launch.dv.zero_()
@@ -119,10 +120,9 @@ def attention_backward(
             q.device, launch.d, launch.band.limited, launch.group, launch.seqlen_k
         )
     grads = launch.run(config)
-    if recorder is not None:
-        plan = recorder.plan(launch.plan_extra)
-        if plan is not None:
-            _plan.put(key, plan)
+    plan = strategy.plan(launch.plan_extra)  # (None when direct: nothing recorded)
+    if plan is not None:
+        _plan.put(key, plan)
     return grads
 
 
