@@ -23,6 +23,8 @@ import time
 import torch
 from attn_dispatch_reference import DEFAULT_BUDGET_BYTES, attention_backward, attention_forward
 
+from attn_dispatch import backend as adb
+
 MIB = 1024 * 1024
 
 
@@ -61,8 +63,7 @@ def measure(
     cuda = torch.device(device).type == "cuda"
     flags = {
         "scale": head_dim**-0.5,
-        "causal": causal,
-        "causal_align": "top_left",
+        "band": adb.Band.of(None, causal, "top_left"),
         "budget_bytes": budget_bytes,
     }
     # warm up thread pools and kernels on a small problem, so they are not counted

@@ -498,9 +498,7 @@ class _IgnoresVariants(adb.Implementation):
     def forward(self, inp):
         from attn_dispatch_reference._chunked import attention_forward
 
-        return attention_forward(
-            inp.q, inp.k, inp.v, scale=inp.scale, causal=inp.causal, causal_align=inp.causal_align
-        )
+        return attention_forward(inp.q, inp.k, inp.v, scale=inp.scale, band=_unwindowed(inp))
 
     def backward(self, inp):
         from attn_dispatch_reference._chunked import attention_backward
@@ -514,10 +512,14 @@ class _IgnoresVariants(adb.Implementation):
                 inp.lse,
                 inp.grad_out,
                 scale=inp.scale,
-                causal=inp.causal,
-                causal_align=inp.causal_align,
+                band=_unwindowed(inp),
             )
         )
+
+
+def _unwindowed(inp) -> adb.Band:
+    """The causal mask alone: the call's window dropped."""
+    return adb.Band.of(None, inp.causal, inp.causal_align)
 
 
 class _Plain(_IgnoresVariants):
@@ -625,11 +627,3 @@ def test_inputs_repr_and_describe_carry_the_variants():
     assert "window=(3, None), softcap=7.0" in repr(inp)
     assert "window=(3, None) softcap=7.0" in inp.describe()
     assert math.isclose(inp.scale, 8**-0.5)
-
-
-def test_band_sides_folds_causal_into_the_window():
-    assert ad.band_sides(None, False) == (None, None)
-    assert ad.band_sides(None, True) == (None, 0)
-    assert ad.band_sides((4, 7), True) == (4, 0)
-    assert ad.band_sides((None, 3), False) == (None, 3)
-    assert ad.band_sides((2, None), True) == (2, 0)

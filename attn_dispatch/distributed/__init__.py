@@ -18,7 +18,7 @@ from torch import Tensor
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
-from attn_dispatch._validation import _require_tensor, resolve_scale
+from attn_dispatch._validation import _require_tensor, check_softcap, check_window, resolve_scale
 
 from . import _agreement, _layout, _ulysses
 from ._layout import group_info, shard_sequence, unshard_sequence
@@ -32,7 +32,7 @@ __all__ = ["context_parallel_attention", "explain", "shard_sequence", "unshard_s
 def _variants(strategy: str, window, softcap) -> tuple:
     """``(window, softcap)`` validated as ``attn_dispatch.forward`` does; a window only with
     Ulysses."""
-    window, softcap = ad.check_window(window), ad.check_softcap(softcap)
+    window, softcap = check_window(window), check_softcap(softcap)
     if window is not None and strategy != "ulysses":
         raise ValueError(
             f"argument 'window': window={window} needs strategy='ulysses' (each rank then holds "

@@ -33,6 +33,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
+from attn_dispatch import backend as adb
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_kernels import (  # noqa: E402
@@ -74,7 +76,9 @@ def _warm(job: tuple) -> str:
 
     t = time.time()
     q, k, v, do = make_problem(16, 2, 256)
-    out, lse = attention_forward(q, k, v, causal=causal, bottom_right=False, scale=0.1, config=FWD)
+    out, lse = attention_forward(
+        q, k, v, band=adb.Band.of(None, causal, "top_left"), scale=0.1, config=FWD
+    )
     launch = BackwardLaunch(
         q,
         k,
@@ -82,8 +86,7 @@ def _warm(job: tuple) -> str:
         out,
         lse,
         do,
-        causal=causal,
-        bottom_right=False,
+        band=adb.Band.of(None, causal, "top_left"),
         scale=0.1,
         atomic_dq=kind == "atomic",
     )
@@ -156,8 +159,7 @@ def main() -> None:
             out,
             lse,
             do,
-            causal=causal,
-            bottom_right=False,
+            band=adb.Band.of(None, causal, "top_left"),
             scale=scale,
             dq=grads[0],
             dk=grads[1],
@@ -190,13 +192,15 @@ def main() -> None:
     # ---- 4. timing
     for name, h, hk, s, causal in shapes:
         q, k, v, do = make_problem(h, hk, s, d, device=dev)
-        out, lse = attention_forward(q, k, v, causal=causal, bottom_right=False, scale=scale)
+        out, lse = attention_forward(
+            q, k, v, band=adb.Band.of(None, causal, "top_left"), scale=scale
+        )
         est = bwd_flops(h, s, s, d, causal) / 300e12 * 1e3
         table = get_backward_config(q.device, d, causal, h // hk, s)
         if smoke:
             table = {"pre": PRE, "dkdv": cands[0], "dq": cands[0]}
         split = BackwardLaunch(
-            q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=scale
+            q, k, v, out, lse, do, band=adb.Band.of(None, causal, "top_left"), scale=scale
         )
         row = {
             "shape": name,
@@ -206,7 +210,15 @@ def main() -> None:
         }
         ref = tuple(x.clone() for x in split.run(table))
         atom = BackwardLaunch(
-            q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=scale, atomic_dq=True
+            q,
+            k,
+            v,
+            out,
+            lse,
+            do,
+            band=adb.Band.of(None, causal, "top_left"),
+            scale=scale,
+            atomic_dq=True,
         )
         row["atomic"], row["atomic_vs_split_err"] = [], []
         for c in cands:

@@ -33,6 +33,7 @@ from bench_kernels import timing_inputs
 from torch.profiler import ProfilerActivity, profile
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 CALLS = 5
 
@@ -109,8 +110,7 @@ def backward_calls(s: int, causal: bool) -> dict[str, Callable[[], object]]:
             out,
             lse,
             do,
-            causal=causal,
-            bottom_right=False,
+            band=adb.Band.of(None, causal, "top_left"),
             scale=128**-0.5,
             atomic_dq=True,
         ),

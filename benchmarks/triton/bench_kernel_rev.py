@@ -104,6 +104,7 @@ def main() -> int:
     from triton.testing import do_bench
 
     import attn_dispatch as ad
+    from attn_dispatch import backend as adb
 
     kernels = {
         "this": this_module._attn_bwd_dkdv_sm90,
@@ -118,7 +119,7 @@ def main() -> int:
             def run():
                 this_module._attn_bwd_dkdv_sm90 = kernel  # what backward.py imports per call
                 return attention_backward(
-                    *t, causal=c, bottom_right=False, scale=128**-0.5, atomic_dq=True
+                    *t, band=adb.Band.of(None, c, "top_left"), scale=128**-0.5, atomic_dq=True
                 )
 
             return run

@@ -50,6 +50,8 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before the kernels a
 
 import torch  # noqa: E402
 
+from attn_dispatch import backend as adb  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SEED_SHAPES = [  # (name, H, Hkv, S, causal)
@@ -197,7 +199,14 @@ def checked_problem(
     out = torch.full_like(q, float("nan"))
     lse = torch.full((1, h, s), float("nan"), device=dev)
     attention_forward(
-        q, k, v, causal=causal, bottom_right=False, scale=scale, config=fwd_cfg, out=out, lse=lse
+        q,
+        k,
+        v,
+        band=adb.Band.of(None, causal, "top_left"),
+        scale=scale,
+        config=fwd_cfg,
+        out=out,
+        lse=lse,
     )
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     return q, k, v, do, out, lse, grads
@@ -303,8 +312,12 @@ def _warm(job: tuple) -> str:
 
     t = time.time()
     q, k, v, do = make_problem(16, 2, 256, d)
-    out, lse = attention_forward(q, k, v, causal=causal, bottom_right=False, scale=0.1, config=FWD)
-    launch = BackwardLaunch(q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=0.1)
+    out, lse = attention_forward(
+        q, k, v, band=adb.Band.of(None, causal, "top_left"), scale=0.1, config=FWD
+    )
+    launch = BackwardLaunch(
+        q, k, v, out, lse, do, band=adb.Band.of(None, causal, "top_left"), scale=0.1
+    )
     launch.preprocess(PRE)
     if kernel == "dkdv":
         launch.dkdv(c)
@@ -384,8 +397,7 @@ def main() -> None:
             out,
             lse,
             do,
-            causal=causal,
-            bottom_right=False,
+            band=adb.Band.of(None, causal, "top_left"),
             scale=scale,
             dq=grads[0],
             dk=grads[1],
@@ -420,10 +432,10 @@ def main() -> None:
             continue
         q, k, v, do = make_problem(h, hk, s, d, device=dev)
         out, lse = attention_forward(
-            q, k, v, causal=causal, bottom_right=False, scale=scale, config=fwd_cfg
+            q, k, v, band=adb.Band.of(None, causal, "top_left"), scale=scale, config=fwd_cfg
         )
         launch = BackwardLaunch(
-            q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=scale
+            q, k, v, out, lse, do, band=adb.Band.of(None, causal, "top_left"), scale=scale
         )
         ref = [t.clone() for t in launch.run(default)]  # the checked default configs
         est = bwd_flops(h, s, s, d, causal) / 300e12 * 1e3
@@ -482,13 +494,13 @@ def main() -> None:
         c = table.get(key, default)
         q, k, v, do = make_problem(h, hk, s, d, device=dev)
         out, lse = attention_forward(
-            q, k, v, causal=causal, bottom_right=False, scale=scale, config=fwd_cfg
+            q, k, v, band=adb.Band.of(None, causal, "top_left"), scale=scale, config=fwd_cfg
         )
         launch = BackwardLaunch(
-            q, k, v, out, lse, do, causal=causal, bottom_right=False, scale=scale
+            q, k, v, out, lse, do, band=adb.Band.of(None, causal, "top_left"), scale=scale
         )
         est = bwd_flops(h, s, s, d, causal) / 300e12 * 1e3
-        fwd_args = dict(causal=causal, bottom_right=False, scale=scale, config=fwd_cfg)
+        fwd_args = dict(band=adb.Band.of(None, causal, "top_left"), scale=scale, config=fwd_cfg)
         row = {
             "shape": name,
             "ours": bench(lambda L=launch, c=c: L.run(c), smoke, est),
@@ -551,7 +563,8 @@ def _extra_job(job: tuple) -> dict:
         sq, sk = sq // 8, sk // 8
     q, k, v, do = make_problem(h, hk, sq, dd, dtype=getattr(torch, dt), device=dev, sk=sk, seed=1)
     sc = 0.5 / math.sqrt(dd)
-    flags = dict(causal=causal, bottom_right=br, scale=sc)
+    align = "bottom_right" if br else "top_left"
+    flags = dict(band=adb.Band.of(None, causal, align), scale=sc)
     out, lse = attention_forward(q, k, v, **flags)
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     attention_backward(
@@ -580,8 +593,7 @@ def varlen_check(dev: str, smoke: bool, atomic: bool = False) -> dict:
         [0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=dev
     )
     flags = dict(
-        causal=True,
-        bottom_right=True,
+        band=adb.Band.of(None, True, "bottom_right"),
         scale=0.1,
         cu_seqlens_q=cu_q,
         cu_seqlens_k=cu_k,

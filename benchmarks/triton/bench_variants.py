@@ -32,6 +32,7 @@ import time
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 from attn_dispatch.testing import visible_mask
 
 VARIANTS = {  # name: (causal, window, softcap)
@@ -109,13 +110,20 @@ def columns(q, k, lse, flags: dict) -> dict:
     return cols
 
 
+def triton_flags(flags: dict) -> dict:
+    """The triton kernels' keywords for a call's ``flags`` (top-left: Sq == Sk here; every
+    window is narrower than the sequences, so ``Band.of`` gives the inputs' band)."""
+    band = adb.Band.of(flags["window"], flags["causal"], "top_left")
+    return dict(band=band, scale=flags["scale"], softcap=flags["softcap"])
+
+
 def triton_call(q, k, v, do, flags, atomic, config, out=None, lse=None):
     """Forward (unless ``out`` / ``lse`` are given) and backward through the triton kernels,
     into NaN-poisoned buffers; returns out, lse, (dq, dk, dv)."""
     from attn_dispatch_triton.backward import attention_backward
     from attn_dispatch_triton.forward import attention_forward
 
-    flags = dict(flags, bottom_right=False)
+    flags = triton_flags(flags)
     if out is None:
         out = torch.full_like(q, float("nan"))
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
@@ -181,7 +189,8 @@ def timed(fn) -> float:
 
 
 def visible_pairs(s: int, causal: bool, window) -> int:
-    left, right = ad.band_sides(window, causal)
+    band = adb.Band.of(window, causal, "top_left")
+    left, right = band.left, band.right
     total = 0
     for i in range(s):
         lo = 0 if left is None else max(0, i - left)
@@ -209,7 +218,7 @@ def time_variant(q, k, v, do, flags: dict) -> dict:
     """Forward and backward medians (ms) of every column; the automatic choice."""
     from attn_dispatch_triton.forward import attention_forward
 
-    tflags = dict(flags, bottom_right=False)
+    tflags = triton_flags(flags)
     out, lse = attention_forward(q, k, v, **tflags)
     fwd = {"triton": timed(lambda: attention_forward(q, k, v, **tflags))}
     bwd = {}

@@ -35,6 +35,7 @@ from bench_kernels import timing_inputs
 from triton.testing import do_bench
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 SHAPES = [(4096, True), (8192, True), (16384, True), (4096, False), (8192, False)]
 NAMES = ("SPLIT", "HEAVY_FIRST", "WINDOW", "SPLIT_ADD", "TAIL_SLICES")
@@ -100,8 +101,7 @@ def bench_shape(
             out,
             lse,
             do,
-            causal=causal,
-            bottom_right=False,
+            band=adb.Band.of(None, causal, "top_left"),
             scale=128**-0.5,
             atomic_dq=atomic,
         )

@@ -26,6 +26,8 @@ from attn_dispatch_triton import tuning
 from attn_dispatch_triton.backward import attention_backward
 from bench_kernels import timing_inputs
 
+from attn_dispatch import backend as adb
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,8 +57,7 @@ def main() -> None:
                 out,
                 lse,
                 grad_out,
-                causal=args.causal,
-                bottom_right=False,
+                band=adb.Band.of(None, args.causal, "top_left"),
                 scale=128**-0.5,
                 atomic_dq=True,
             )

@@ -14,7 +14,6 @@ import hashlib
 from importlib import metadata
 from typing import NamedTuple
 
-import attn_dispatch as ad
 from attn_dispatch import backend as adb
 
 FA4_DISTRIBUTION = "flash-attn-4"
@@ -148,7 +147,7 @@ class MaskArgs(NamedTuple):
 def top_left_shift(inp: adb.ForwardInputs) -> bool:
     """A band on the top-left diagonal that differs from FA4's bottom-right one (dense Sq !=
     Sk, or varlen with distinct cu_seqlens tensors)."""
-    if ad.band_sides(inp.window, inp.causal) == (None, None) or inp.causal_align != "top_left":
+    if not inp.band.limited or inp.band.bottom_right:
         return False
     if inp.is_varlen:
         return inp.cu_seqlens_q is not inp.cu_seqlens_k
@@ -175,7 +174,7 @@ def mask_problem(inp: adb.ForwardInputs) -> str | None:
 
 def mask_args(inp: adb.ForwardInputs) -> MaskArgs:
     """The FA4 arguments that compute exactly ``inp``'s band (see :func:`mask_problem`)."""
-    left, right = ad.band_sides(inp.window, inp.causal)
+    left, right = inp.band.left, inp.band.right
     if top_left_shift(inp):
         if inp.is_varlen:
             raise ValueError(mask_problem(inp))

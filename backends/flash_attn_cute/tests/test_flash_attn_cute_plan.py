@@ -124,7 +124,9 @@ def cpu_backward_inputs(facts=None, **flags):
     inp = build_inputs(q, q, q, q, lse, q, **flags)
     if facts is None:
         return inp
-    return type(inp)(q, q, q, q, lse, q, None, None, inp.causal, inp.causal_align, False, facts)
+    return type(inp)(
+        q, q, q, q, lse, q, None, None, inp.causal, inp.causal_align, inp.deterministic, facts
+    )
 
 
 def test_repeated_call_goes_straight_to_fa4_with_its_plan(recording_fa4, monkeypatch):
@@ -141,8 +143,10 @@ def test_known_facts_with_other_flags_get_their_own_plan(recording_fa4):
     inp = cpu_backward_inputs()
     _fa4.backward(inp)
     _fa4.backward(cpu_backward_inputs(facts=inp.facts))  # the hot path
-    _fa4.backward(cpu_backward_inputs(facts=inp.facts, causal=True))
-    assert [c["causal"] for c in recording_fa4.calls] == [False, False, True]
+    # a flag the facts do not hold (the causal flag and its alignment are in the facts' band,
+    # so the dispatcher never shares facts between two causal flags)
+    _fa4.backward(cpu_backward_inputs(facts=inp.facts, deterministic=True))
+    assert [c["deterministic"] for c in recording_fa4.calls] == [False, False, True]
 
 
 def test_call_on_another_device_than_the_current_takes_the_planned_path(recording_fa4, monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 FUSED = "flydsl_rocm:gfx950_fused"
 MFMA = "flydsl_rocm:gfx942_mfma"
@@ -181,8 +182,9 @@ def test_gqa_varlen_causal_supported_and_d256_spills_only_on_the_32x32_kernel():
 
 
 def test_flydsl_out_of_range_is_a_reason(monkeypatch):
+    # the backend looks the function up on attn_dispatch.backend at each call: patched there
     monkeypatch.setattr(
-        ad, "missing_requirement", lambda req: f"flydsl 0.6.0 is installed; needs {req}"
+        adb, "missing_requirement", lambda req: f"flydsl 0.6.0 is installed; needs {req}"
     )
     r = explain("gfx950")
     assert "flydsl 0.6.0 is installed; needs flydsl>=0.4.2,<0.6" in _cand(r, FUSED).reasons

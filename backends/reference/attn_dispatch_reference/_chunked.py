@@ -13,10 +13,11 @@ hidden, ``c`` the optional soft cap):
     dS  = dZ ∘ (1 - tanh²(S / c)) (dS = dZ without a soft cap)
     dQ  = scale · dS K       dK = scale · dSᵀ Q       dV = Pᵀ dO
 
-The band: row ``i``'s diagonal is ``d_i = i + shift`` (shift 0 for top-left alignment,
-``Sk - Sq`` for bottom-right) and key ``j`` is visible iff ``d_i - left <= j <= d_i + right``;
-a side that is ``None`` is unbounded. A causal mask is ``right = 0`` (with a window:
-``min(right, 0)``).
+The band is the call's ``adb.Band`` (``inp.band``: causal mask and window as one value): row
+``i``'s diagonal is ``d_i = i + band.offset(Sq, Sk)`` (per sequence when varlen) and key ``j`` is
+visible iff ``d_i - left <= j <= d_i + right``; a side that is ``None`` is unbounded. The core
+already made a side that excludes no key unbounded, so the mask arithmetic on int64 tensors
+never meets a side near the int64 limit.
 
 Queries are processed ``chunk`` rows at a time, so the live score-sized buffers hold
 ``batch · heads · chunk · keys`` elements rather than ``batch · heads · Sq · Sk``; the chunk is
@@ -38,7 +39,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-import attn_dispatch as ad
 from attn_dispatch import backend as adb
 
 #: Default budget for one score-sized buffer (``batch · heads · chunk · keys`` elements).
@@ -47,25 +47,12 @@ DEFAULT_BUDGET_BYTES = 128 * 1024 * 1024
 #: Fewest query rows per chunk under a two-sided window (fewer would only add Python overhead).
 MIN_BAND_ROWS = 64
 
-Window = tuple[int | None, int | None]
 
-
-class Band(NamedTuple):
-    """Row ``i`` sees key ``j`` iff ``i + shift - left <= j <= i + shift + right``.
-
-    ``None`` on a side: unbounded on that side.
-    """
-
-    shift: int
-    left: int | None
-    right: int | None
-
-    @property
-    def width(self) -> int | None:
-        """Keys a row can see at most, or ``None`` when a side is unbounded."""
-        if self.left is None or self.right is None:
-            return None
-        return self.left + self.right + 1
+def band_width(band: adb.Band) -> int | None:
+    """Keys a row can see at most, or ``None`` when a side is unbounded."""
+    if band.left is None or band.right is None:
+        return None
+    return band.left + band.right + 1
 
 
 class Tile(NamedTuple):
@@ -88,31 +75,6 @@ def chunk_rows(batch: int, heads: int, seqlen_k: int, elem_bytes: int, budget_by
     return max(1, budget_bytes // per_row)
 
 
-def make_band(
-    causal: bool, causal_align: str, window: Window | None, seqlen_q: int, seqlen_k: int
-) -> Band | None:
-    """The band of one sequence, with ``causal`` folded in; ``None`` when nothing is masked.
-
-    Sides that reach past every key become unbounded first, so the mask arithmetic on int64
-    tensors never meets a side near the int64 limit (the functions here take raw windows)."""
-    window = ad.effective_window(window, causal_align, seqlen_q, seqlen_k)
-    left, right = ad.band_sides(window, causal)
-    if left is None and right is None:
-        return None
-    shift = 0 if causal_align == "top_left" else seqlen_k - seqlen_q
-    return Band(shift, left, right)
-
-
-def _key_range(band: Band | None, i0: int, i1: int, seqlen_k: int) -> tuple[int, int]:
-    """The keys rows ``i0:i1`` can see together, as ``(k0, k1)`` with ``k0 <= k1``."""
-    if band is None:
-        return 0, seqlen_k
-    lo = 0 if band.left is None else i0 + band.shift - band.left
-    hi = seqlen_k if band.right is None else i1 + band.shift + band.right
-    lo = min(seqlen_k, max(0, lo))
-    return lo, max(lo, min(seqlen_k, hi))
-
-
 def plan(
     batch: int,
     heads: int,
@@ -120,7 +82,7 @@ def plan(
     seqlen_k: int,
     elem_bytes: int,
     budget_bytes: int,
-    band: Band | None,
+    band: adb.Band,
 ) -> list[Tile]:
     """The tiles the forward and backward process, in order.
 
@@ -129,7 +91,7 @@ def plan(
     most ``c + width - 1`` keys), so the total work is about ``Sq · 2 · width``.
     """
     rows = chunk_rows(batch, heads, seqlen_k, elem_bytes, budget_bytes)
-    width = None if band is None else band.width
+    width = band_width(band)
     if width is not None and width < seqlen_k:
         rows = max(MIN_BAND_ROWS, width)
         per_key = max(1, batch * heads * elem_bytes)
@@ -138,7 +100,7 @@ def plan(
     tiles = []
     for i0 in range(0, seqlen_q, rows):
         i1 = min(seqlen_q, i0 + rows)
-        tiles.append(Tile(i0, i1, *_key_range(band, i0, i1, seqlen_k)))
+        tiles.append(Tile(i0, i1, *band.key_range(i0, i1, seqlen_q, seqlen_k)))
     return tiles
 
 
@@ -174,9 +136,10 @@ def _lse_rows(lse: Tensor, kv_heads: int, i0: int, i1: int, ctype: torch.dtype) 
     return lse[:, :, i0:i1].to(ctype).reshape(b, kv_heads, (h // kv_heads) * (i1 - i0))
 
 
-def _hidden(band: Band, tile: Tile, device: torch.device) -> Tensor:
-    """Bool [c, k1 - k0]: True where row i0 + r cannot see key k0 + j."""
-    diag = torch.arange(tile.i0, tile.i1, device=device)[:, None] + band.shift
+def _hidden(band: adb.Band, shift: int, tile: Tile, device: torch.device) -> Tensor:
+    """Bool [c, k1 - k0]: True where row i0 + r (diagonal i0 + r + shift) cannot see key
+    k0 + j."""
+    diag = torch.arange(tile.i0, tile.i1, device=device)[:, None] + shift
     cols = torch.arange(tile.k0, tile.k1, device=device)[None, :]
     hidden = torch.zeros(diag.shape[0], cols.shape[1], dtype=torch.bool, device=device)
     if band.right is not None:
@@ -191,7 +154,8 @@ def _scores(
     kt: Tensor,
     tile: Tile,
     group: int,
-    band: Band | None,
+    band: adb.Band,
+    shift: int,
     softcap: float | None,
     derivative: bool,
 ) -> tuple[Tensor, Tensor | None]:
@@ -204,8 +168,8 @@ def _scores(
         if derivative:
             slope = 1 - z.square()  # before masking: -inf would make it NaN
         z.mul_(softcap)
-    if band is not None:
-        z.masked_fill_(_hidden(band, tile, z.device).repeat(group, 1), float("-inf"))
+    if band.limited:
+        z.masked_fill_(_hidden(band, shift, tile, z.device).repeat(group, 1), float("-inf"))
     return z, slope
 
 
@@ -214,7 +178,7 @@ def _finite(lse: Tensor) -> Tensor:
     return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
 
 
-def _plan_for(q: Tensor, k: Tensor, budget_bytes: int, band: Band | None) -> list[Tile]:
+def _plan_for(q: Tensor, k: Tensor, budget_bytes: int, band: adb.Band) -> list[Tile]:
     b, sq, h, _ = q.shape
     elem_bytes = torch.finfo(compute_dtype(q.dtype)).bits // 8
     return plan(b, h, sq, k.shape[1], elem_bytes, budget_bytes, band)
@@ -228,13 +192,14 @@ def dense_forward(
     lse: Tensor,
     *,
     scale: float,
-    band: Band | None,
+    band: adb.Band,
     softcap: float | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> None:
-    """Write out [B, Sq, H, Dv] and lse [B, H, Sq] for dense q/k/v (``band`` None: no mask)."""
-    b, _, h, _ = q.shape
+    """Write out [B, Sq, H, Dv] and lse [B, H, Sq] for dense q/k/v."""
+    b, sq, h, _ = q.shape
     hkv = k.shape[2]
+    shift = band.offset(sq, k.shape[1])
     ctype = compute_dtype(q.dtype)
     kt = _to_bhsd(k, ctype).transpose(-1, -2)
     vh = _to_bhsd(v, ctype)
@@ -246,7 +211,7 @@ def dense_forward(
             lse[:, :, i0:i1] = float("-inf")
             continue
         qc = _group_rows(q[:, i0:i1], hkv, ctype) * scale
-        z, _ = _scores(qc, kt, tile, h // hkv, band, softcap, derivative=False)
+        z, _ = _scores(qc, kt, tile, h // hkv, band, shift, softcap, derivative=False)
         lse_c = torch.logsumexp(z, dim=-1)  # [B, Hkv, G·c]
         p = z.sub_(_finite(lse_c)[..., None]).exp_()
         out[:, i0:i1] = _ungroup_rows(torch.matmul(p, vh[..., k0:k1, :]), c)
@@ -265,7 +230,7 @@ def dense_backward(
     dv: Tensor,
     *,
     scale: float,
-    band: Band | None,
+    band: adb.Band,
     softcap: float | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> None:
@@ -273,8 +238,9 @@ def dense_backward(
 
     Uses the given ``out`` and ``lse``; ``band`` and ``softcap`` as in :func:`dense_forward`.
     """
-    b, _, h, d = q.shape
+    b, sq, h, d = q.shape
     sk, hkv, dv_dim = k.shape[1], k.shape[2], v.shape[3]
+    shift = band.offset(sq, sk)
     ctype = compute_dtype(q.dtype)
     kh = _to_bhsd(k, ctype)
     vt = _to_bhsd(v, ctype).transpose(-1, -2)
@@ -291,9 +257,8 @@ def dense_backward(
         oc = _group_rows(out[:, i0:i1], hkv, ctype)
         lse_c = _finite(_lse_rows(lse, hkv, i0, i1, ctype))
         drow = (doc * oc).sum(dim=-1, keepdim=True)  # [B, Hkv, G·c, 1]
-        p, slope = _scores(
-            qc * scale, kh.transpose(-1, -2), tile, h // hkv, band, softcap, derivative=True
-        )
+        kt = kh.transpose(-1, -2)
+        p, slope = _scores(qc * scale, kt, tile, h // hkv, band, shift, softcap, derivative=True)
         p.sub_(lse_c[..., None]).exp_()
         dv_acc[:, :, k0:k1] += torch.matmul(p.transpose(-1, -2), doc)
         ds = torch.matmul(doc, vt[..., k0:k1]).sub_(drow).mul_(p)
@@ -341,9 +306,7 @@ def attention_forward(
     v: Tensor,
     *,
     scale: float,
-    causal: bool,
-    causal_align: str,
-    window: Window | None = None,
+    band: adb.Band,
     softcap: float | None = None,
     cu_seqlens_q: Tensor | None = None,
     cu_seqlens_k: Tensor | None = None,
@@ -351,11 +314,10 @@ def attention_forward(
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) for dense [B, S, H, D] or varlen [T, H, D] inputs (varlen iff cu_seqlens).
 
-    ``window=(left, right)``: each side an int >= 0 or None (unbounded); for varlen the band is
-    per sequence. ``softcap``: scores become ``softcap · tanh(s / softcap)`` before the softmax.
+    ``band``: the call's visible keys (``inp.band``; the diagonal aligned per sequence when
+    varlen). ``softcap``: scores become ``softcap · tanh(s / softcap)`` before the softmax.
+    Arguments are taken as validated (``adb.make_inputs`` builds them from a call's flags).
     """
-    window = ad.check_window(window)
-    ad.check_softcap(softcap)
     lse_dtype = adb.lse_dtype(q.dtype)
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:
@@ -363,7 +325,6 @@ def attention_forward(
     else:
         lse = torch.empty(q.shape[1], q.shape[0], dtype=lse_dtype, device=q.device)
     for (qs, outs), (ks, vs), lses in _pieces((q, out), (k, v), lse, cu_seqlens_q, cu_seqlens_k):
-        band = make_band(causal, causal_align, window, qs.shape[1], ks.shape[1])
         dense_forward(
             qs,
             ks,
@@ -387,24 +348,19 @@ def attention_backward(
     grad_out: Tensor,
     *,
     scale: float,
-    causal: bool,
-    causal_align: str,
-    window: Window | None = None,
+    band: adb.Band,
     softcap: float | None = None,
     cu_seqlens_q: Tensor | None = None,
     cu_seqlens_k: Tensor | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) with the shapes and dtype of (q, k, v); arguments as in the forward."""
-    window = ad.check_window(window)
-    ad.check_softcap(softcap)
     # Varlen: tokens of sequences without queries are not visited, so start from zeros.
     alloc = torch.empty if cu_seqlens_q is None else torch.zeros
     dq, dk, dv = (alloc(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     for (qs, os_, dos, dqs), (ks, vs, dks, dvs), lses in _pieces(
         (q, out, grad_out, dq), (k, v, dk, dv), lse, cu_seqlens_q, cu_seqlens_k
     ):
-        band = make_band(causal, causal_align, window, qs.shape[1], ks.shape[1])
         dense_backward(
             qs,
             ks,

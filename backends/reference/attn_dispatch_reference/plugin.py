@@ -33,19 +33,14 @@ class Chunked(adb.Implementation):
         return []
 
     def _flags(self, inp: adb.ForwardInputs) -> dict:
-        """The keyword arguments of :func:`attention_forward` / :func:`attention_backward`.
-
-        ``window`` and ``softcap`` are read with ``getattr``: inputs without them mean neither.
-        """
+        """The keyword arguments of :func:`attention_forward` / :func:`attention_backward`."""
         from ._chunked import DEFAULT_BUDGET_BYTES
 
         budget = DEFAULT_BUDGET_BYTES if self.budget_bytes is None else self.budget_bytes
         return dict(
             scale=inp.scale,
-            causal=inp.causal,
-            causal_align=inp.causal_align,
-            window=getattr(inp, "window", None),
-            softcap=getattr(inp, "softcap", None),
+            band=inp.band,
+            softcap=inp.softcap,
             cu_seqlens_q=inp.cu_seqlens_q,
             cu_seqlens_k=inp.cu_seqlens_k,
             budget_bytes=budget,

@@ -7,6 +7,7 @@ from attn_dispatch_reference._chunked import chunk_rows
 from attn_dispatch_reference.plugin import Chunked
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 from attn_dispatch.testing import Case, oracle
 
 
@@ -45,8 +46,7 @@ def _inputs(case, dtype=torch.float64):
     scale = inp.scale or case.head_dim**-0.5
     flags = dict(
         scale=scale,
-        causal=inp.causal,
-        causal_align=inp.causal_align,
+        band=adb.Band.of(None, inp.causal, inp.causal_align),
         cu_seqlens_q=inp.cu_seqlens_q,
         cu_seqlens_k=inp.cu_seqlens_k,
     )

@@ -16,14 +16,12 @@ from typing import NamedTuple
 import pytest
 import torch
 from attn_dispatch_reference import attention_backward, attention_forward
-from attn_dispatch_reference._chunked import MIN_BAND_ROWS, Band, dense_forward, plan
+from attn_dispatch_reference._chunked import MIN_BAND_ROWS, dense_forward, plan
 from attn_dispatch_reference.plugin import Chunked
 from torch.utils.flop_counter import FlopCounterMode
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
-from attn_dispatch._inputs import BackwardInputs
-from attn_dispatch._validation import build_inputs
 from attn_dispatch.testing import error_metrics, tolerance_for
 
 
@@ -181,12 +179,15 @@ def _inputs(case: Variant, dtype: torch.dtype, seed: int):
     return q, k, v, do, None, None
 
 
+FULL = adb.Band(None, None, False)
+
+
 def _flags(case: Variant, cu_q, cu_k, scale: float) -> dict:
+    """The module functions' keywords (no window side here is wider than the sequences, so the
+    band is the inputs' one)."""
     return dict(
         scale=scale,
-        causal=case.causal,
-        causal_align=case.align,
-        window=case.window,
+        band=adb.Band.of(case.window, case.causal, case.align),
         softcap=case.softcap,
         cu_seqlens_q=cu_q,
         cu_seqlens_k=cu_k,
@@ -301,43 +302,24 @@ def test_keys_outside_every_band_get_zero_gradients():
 def test_softcap_changes_the_result_and_large_cap_approaches_none():
     case = VARIANTS["softcap"]
     q, k, v, do, _, _ = _inputs(case, torch.float64, seed=9)
-    plain = attention_forward(q, k, v, scale=1.0, causal=False, causal_align="top_left")
-    capped = attention_forward(
-        q, k, v, scale=1.0, causal=False, causal_align="top_left", softcap=0.5
-    )
-    loose = attention_forward(
-        q, k, v, scale=1.0, causal=False, causal_align="top_left", softcap=1e6
-    )
+    plain = attention_forward(q, k, v, scale=1.0, band=FULL)
+    capped = attention_forward(q, k, v, scale=1.0, band=FULL, softcap=0.5)
+    loose = attention_forward(q, k, v, scale=1.0, band=FULL, softcap=1e6)
     assert (plain[0] - capped[0]).abs().max() > 1e-2
     torch.testing.assert_close(loose[0], plain[0], rtol=1e-8, atol=1e-8)
 
 
-def test_implementation_reads_window_and_softcap_from_the_inputs():
-    """Through ``Chunked.forward``/``backward``: inputs that carry the two options (as the
-    core's will) get the banded, capped result; inputs without them the plain one."""
-
-    class WithVariants(BackwardInputs):
-        __slots__ = ("window", "softcap")
-
+def test_implementation_reads_band_and_softcap_from_the_inputs():
+    """Through ``Chunked.forward``/``backward``: inputs with a window and a soft cap get the
+    banded, capped result; inputs without them the plain one."""
     case = VARIANTS["softcap-window"]
     q, k, v, do, _, _ = _inputs(case, torch.float64, seed=12)
     ref = _oracle_for(case, q, k, v, do, None, None, 0.4)
-    plain = build_inputs(
-        q,
-        k,
-        v,
-        ref.out,
-        ref.lse,
-        do,
-        causal=False,
-        causal_align="bottom_right",
-        scale=0.4,
-        deterministic=True,
+    flags = dict(causal=False, causal_align="bottom_right", scale=0.4, deterministic=True)
+    inp = adb.make_inputs(
+        q, k, v, ref.out, ref.lse, do, **flags, window=case.window, softcap=case.softcap
     )
-    inp = WithVariants(
-        q, k, v, ref.out, ref.lse, do, None, None, False, "bottom_right", True, plain.facts
-    )
-    inp.window, inp.softcap = case.window, case.softcap
+    plain = adb.make_inputs(q, k, v, ref.out, ref.lse, do, **flags)
     impl = Chunked()
     assert impl.window and impl.softcap
     out, lse = impl.forward(inp)
@@ -347,33 +329,6 @@ def test_implementation_reads_window_and_softcap_from_the_inputs():
         _assert_close(name, got, want, tolerance_for(torch.float64))
     unbanded, _ = impl.forward(plain)
     assert (unbanded - ref.out).abs().max() > 1e-2
-
-
-@pytest.mark.parametrize(
-    ("window", "softcap", "error", "match"),
-    [
-        ((1, -1), None, ValueError, "'window'"),
-        ((1, 2, 3), None, TypeError, "'window'"),
-        ((1.5, 2), None, TypeError, "'window'"),
-        ((True, 2), None, TypeError, "'window'"),
-        (None, 0.0, ValueError, "'softcap'"),
-        (None, math.inf, ValueError, "'softcap'"),
-        (None, "1", TypeError, "'softcap'"),
-    ],
-)
-def test_bad_variant_arguments_are_named(window, softcap, error, match):
-    q = torch.randn(1, 4, 2, 8)
-    with pytest.raises(error, match=match):
-        attention_forward(
-            q,
-            q,
-            q,
-            scale=1.0,
-            causal=False,
-            causal_align="top_left",
-            window=window,
-            softcap=softcap,
-        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -388,7 +343,7 @@ def _matmul_flops(fn) -> int:
 
 def _local_problem(seqlen: int, window: int):
     q = torch.randn(1, seqlen, 2, 16)
-    flags = dict(scale=0.25, causal=False, causal_align="top_left", window=(window, window))
+    flags = dict(scale=0.25, band=adb.Band(window, window, False))
     return q, flags
 
 
@@ -403,9 +358,7 @@ def test_local_attention_work_is_linear_in_the_sequence():
     assert 1.9 < flops[2048] / flops[1024] < 2.1
     assert 1.9 < flops[4096] / flops[2048] < 2.1
     q, _ = _local_problem(4096, w)
-    full = _matmul_flops(
-        lambda: attention_forward(q, q, q, scale=0.25, causal=False, causal_align="top_left")
-    )
+    full = _matmul_flops(lambda: attention_forward(q, q, q, scale=0.25, band=FULL))
     band = 2 * (2 * w + 1) / 4096  # fraction of the score matrix inside the band
     assert flops[4096] / full < 2.5 * band
 
@@ -415,23 +368,23 @@ def test_local_attention_backward_skips_keys_outside_the_band():
     out, lse = attention_forward(q, q, q, **flags)
     do = torch.randn_like(out)
     local = _matmul_flops(lambda: attention_backward(q, q, q, out, lse, do, **flags))
-    flags["window"] = None
+    flags["band"] = FULL
     full = _matmul_flops(lambda: attention_backward(q, q, q, out, lse, do, **flags))
     assert local / full < 2.5 * (2 * 33) / 2048
 
 
 def test_plan_tiles_cover_exactly_the_visible_keys():
-    band = Band(shift=5, left=7, right=3)
+    band = adb.Band(7, 3, bottom_right=True)  # diagonal i + 20
     tiles = plan(1, 4, 300, 320, 4, 1 << 30, band)
     assert tiles[0].i0 == 0 and tiles[-1].i1 == 300
     assert all(a.i1 == b.i0 for a, b in zip(tiles, tiles[1:]))
     assert max(t.i1 - t.i0 for t in tiles) == MIN_BAND_ROWS  # width 11 < MIN_BAND_ROWS
     for t in tiles:
         # the first row's first key and the last row's last key, clipped to [0, Sk)
-        assert t.k0 == max(0, t.i0 + 5 - 7)
-        assert t.k1 == min(320, t.i1 - 1 + 5 + 3 + 1)
+        assert t.k0 == max(0, t.i0 + 20 - 7)
+        assert t.k1 == min(320, t.i1 - 1 + 20 + 3 + 1)
     # a small budget shrinks the tile, never growing a buffer beyond it
-    small = plan(1, 4, 300, 320, 4, 4 * 4 * 40 * 50, Band(0, 20, 20))
+    small = plan(1, 4, 300, 320, 4, 4 * 4 * 40 * 50, adb.Band(20, 20, False))
     assert all(4 * 4 * (t.i1 - t.i0) * (t.k1 - t.k0) <= 4 * 4 * 40 * 50 for t in small)
 
 
@@ -441,7 +394,7 @@ def test_dense_forward_writes_every_row_of_a_tile_without_keys():
     out = torch.full((1, 12, 2, 8), math.nan)
     lse = torch.full((1, 2, 12), math.nan)
     # top-left window (0, 0): rows 4.. see nothing; tiles of 1 row make whole tiles keyless
-    dense_forward(q, k, k, out, lse, scale=1.0, band=Band(0, 0, 0), budget_bytes=1)
+    dense_forward(q, k, k, out, lse, scale=1.0, band=adb.Band(0, 0, False), budget_bytes=1)
     assert (out[:, 4:] == 0).all() and torch.isneginf(lse[:, :, 4:]).all()
     assert not out.isnan().any() and not lse.isnan().any()
 
@@ -456,8 +409,8 @@ def test_dense_forward_writes_every_row_of_a_tile_without_keys():
     ],
 )
 def test_window_sides_near_int64_match_the_oracle(sq, sk, align, huge):
-    """A side near or beyond the int64 limit reaches every key: both the dispatched call and
-    the module's own functions (which take raw windows) compute the unbounded side."""
+    """A side near or beyond the int64 limit reaches every key: the dispatched call, and the
+    module's own functions given the inputs' band, compute the unbounded side."""
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, sq, 2, 8, generator=g, dtype=torch.float64)
     k, v = (torch.randn(1, sk, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -472,14 +425,16 @@ def test_window_sides_near_int64_match_the_oracle(sq, sk, align, huge):
     want_out, want_lse = _dense_oracle(*leaves, scale, mask, None)
     want_grads = torch.autograd.grad(want_out, leaves, do)
     flags = dict(scale=scale, causal=False, causal_align=align, window=huge)
+    band = adb.make_inputs(q, k, v, **flags).band
+    assert all(side is None or side <= max(sq, sk) for side in (band.left, band.right))
     for out, lse in (
-        attention_forward(q, k, v, **flags),
+        attention_forward(q, k, v, scale=scale, band=band),
         ad.forward(q, k, v, **flags, backend="reference"),
     ):
         torch.testing.assert_close(out, want_out.detach())
         torch.testing.assert_close(lse, want_lse.detach())
     for grads in (
-        attention_backward(q, k, v, out, lse, do, **flags),
+        attention_backward(q, k, v, out, lse, do, scale=scale, band=band),
         ad.backward(q, k, v, out, lse, do, **flags, backend="reference"),
     ):
         for got, want in zip(grads, want_grads, strict=True):

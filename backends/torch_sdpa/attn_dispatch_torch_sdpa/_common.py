@@ -42,17 +42,9 @@ def causal_matches(inp: adb.ForwardInputs, native_align: str, masked: bool | Non
     return inp.seqlen_q == inp.seqlen_k
 
 
-def window_of(inp: adb.ForwardInputs) -> tuple[int | None, int | None] | None:
-    """``inp``'s sliding window ``(left, right)`` as the caller gave it (``None``: none).
-
-    Read with ``getattr``: inputs that do not carry the option have no window.
-    """
-    return getattr(inp, "window", None)
-
-
 def may_have_empty_rows(inp: adb.ForwardInputs) -> bool:
     """Whether some query row may see no key (its lse is -inf in our convention)."""
-    if inp.is_varlen or window_of(inp) is not None:
+    if inp.is_varlen or inp.window is not None:
         return True
     if inp.seqlen_k == 0:
         return True

@@ -42,15 +42,17 @@ from ._ops import (
 ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1201")
 
 
-def _effective_window(inp: adb.ForwardInputs) -> tuple[int | None, int | None] | None:
-    """The window with the causal mask folded in (``right = min(right, 0)``), or ``None``."""
-    window = c.window_of(inp)
-    return None if window is None else ad.band_sides(window, inp.causal)
+def _window_sides(inp: adb.ForwardInputs) -> tuple[int | None, int | None] | None:
+    """The band's sides (causal folded in) when the call has a window; ``None`` otherwise (a
+    plain causal mask goes to the ops' ``is_causal``)."""
+    if inp.window is None:
+        return None
+    return inp.band.left, inp.band.right
 
 
 def _window_kwargs(inp: adb.ForwardInputs) -> dict[str, int]:
     """The ops' window keywords (-1: unbounded); none at all without a window."""
-    window = _effective_window(inp)
+    window = _window_sides(inp)
     if window is None:
         return {}
     left, right = (-1 if side is None else side for side in window)
@@ -72,10 +74,10 @@ def _kernel_right(window: tuple[int | None, int | None], max_seqlen_k: int) -> i
 
 def _window_reasons(inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
     """Where the kernel's window differs from ours, or the ops lack one."""
-    window = _effective_window(inp)
+    window = _window_sides(inp)
     if window is None:
         return []
-    given = c.window_of(inp)
+    given = inp.window
     if arch.vendor == "rocm":
         return [f"window={given} on ROCm: AOTriton's sliding window is not relied on"]
     reasons = []

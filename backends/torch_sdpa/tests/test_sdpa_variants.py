@@ -3,10 +3,10 @@
 What PyTorch's ops offer: ``aten::_flash_attention_forward``/``_backward`` take
 ``window_size_left``/``window_size_right`` (bottom-right aligned); the cuDNN ops take no window
 and the memory-efficient ops only a one-sided ``window_size``; none takes a soft cap. So
-``torch_sdpa:flash`` declares ``window`` and the others nothing. Inputs that carry the options
-are built here from the core's validated inputs with the two attributes attached; tensors live on
-``meta``. Through ``ad.explain``: test_sdpa_supports.py. Numerics on a GPU: the conformance
-kit's window cases in test_sdpa_gpu.py.
+``torch_sdpa:flash`` declares ``window`` and the others nothing. Inputs are the core's
+validated inputs (``adb.make_inputs``: a window side that excludes no key is already
+unbounded); tensors live on ``meta``. Through ``ad.explain``: test_sdpa_supports.py. Numerics
+on a GPU: the conformance kit's window cases in test_sdpa_gpu.py.
 """
 
 from __future__ import annotations
@@ -20,14 +20,9 @@ from attn_dispatch_torch_sdpa.efficient import Efficient
 from attn_dispatch_torch_sdpa.flash import Flash, _window_kwargs
 
 import attn_dispatch as ad
-from attn_dispatch._inputs import BackwardInputs
-from attn_dispatch._validation import build_inputs
+from attn_dispatch import backend as adb
 
 SM90 = ad.Arch.parse("sm_90")
-
-
-class WithVariants(BackwardInputs):
-    __slots__ = ("window", "softcap")
 
 
 def _inputs(sq=256, sk=256, *, causal=False, align="bottom_right", window=None, varlen=None):
@@ -45,24 +40,9 @@ def _inputs(sq=256, sk=256, *, causal=False, align="bottom_right", window=None, 
         k = torch.empty(1, sk, hkv, d, dtype=torch.bfloat16, device="meta")
         lse = torch.empty(1, h, sq, device="meta")
         extra = {}
-    base = build_inputs(
-        q,
-        k,
-        k,
-        q,
-        lse,
-        q,
-        causal=causal,
-        causal_align=align,
-        scale=None,
-        deterministic=False,
-        **extra,
+    return adb.make_inputs(
+        q, k, k, q, lse, q, causal=causal, causal_align=align, window=window, **extra
     )
-    inp = WithVariants(
-        q, k, k, q, lse, q, base.cu_seqlens_q, base.cu_seqlens_k, causal, align, False, base.facts
-    )
-    inp.window, inp.softcap = window, None
-    return inp
 
 
 def test_declared_capabilities():
@@ -83,7 +63,8 @@ def test_installed_flash_ops_take_the_window_keywords():
         (dict(window=(None, 16)), {"window_size_left": -1, "window_size_right": 16}),
         (dict(window=(8, None)), {"window_size_left": 8, "window_size_right": -1}),
         (dict(window=(8, 5), causal=True), {"window_size_left": 8, "window_size_right": 0}),
-        (dict(window=(None, None), causal=True), {"window_size_left": -1, "window_size_right": 0}),
+        # no window at all (validation drops one bounding neither side): the ops' is_causal
+        (dict(window=(None, None), causal=True), {}),
         (dict(window=None, causal=True), {}),
     ],
 )
@@ -99,7 +80,7 @@ def test_window_keywords_passed_to_the_ops(kwargs, expected):
         dict(sq=128, sk=512, window=(None, 3), causal=True),
         dict(sq=301, sk=300, window=(10, None)),  # Sk >= Sq - 1: the clamp is exact
         dict(sq=400, sk=300, window=(10, 5)),  # a bounded right side below Sk is exact
-        dict(sq=400, sk=300, window=(None, 900)),  # unbounded for the kernel, 900 >= Sq - 1
+        dict(sq=400, sk=300, window=(None, 399)),  # unbounded for the kernel, 399 >= Sq - 1
         dict(window=(3, 3), align="top_left"),  # Sq == Sk: the alignments agree
         dict(sq=96, sk=128, window=(5, 1), varlen="distinct"),
         dict(sq=96, sk=96, window=(5, 1), align="top_left", varlen="same"),

@@ -9,19 +9,19 @@ Fused-atomic design (``atomic_dq``, ``triton:fused_atomic``): preprocess, the dK
 ``_bwd_dq_convert`` scales and casts it (``"cvt"``). Each kernel can be launched (and timed) on
 its own.
 
-Every kernel takes the band (causal mask and sliding window, ``_band``) as loop bounds, so
-blocks wholly outside it are never visited, and the soft cap as a compile-time path.
+Every kernel takes the band (causal mask and sliding window: the call's ``adb.Band``, see
+``_band``) as loop bounds, so blocks wholly outside it are never visited, and the soft cap as a
+compile-time path.
 """
 
 from __future__ import annotations
 
 import torch
 
-import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
+from . import _band, _plan
 from . import _launch_policy as policy
-from . import _plan
-from ._band import Window, effective_band
 from ._bwd_dkdv import _attn_bwd_dkdv
 from ._bwd_dq import _attn_bwd_dq
 from ._bwd_dq_convert import _attn_bwd_dq_convert
@@ -66,14 +66,12 @@ class BackwardLaunch:
         lse,
         grad_out,
         *,
-        causal: bool,
-        bottom_right: bool,
+        band: adb.Band,
         scale: float,
         cu_seqlens_q=None,
         cu_seqlens_k=None,
         max_seqlen_q=None,
         max_seqlen_k=None,
-        window: Window | None = None,
         softcap: float | None = None,
         dq=None,
         dk=None,
@@ -95,9 +93,8 @@ class BackwardLaunch:
             self.seqlen_k, self.kv_heads = k.shape[1], k.shape[2]
         self.d, self.d_v = q.shape[-1], v.shape[-1]
         self.group = self.heads // self.kv_heads
-        align = "bottom_right" if bottom_right else "top_left"
-        self.band = effective_band(causal, align, window, self.seqlen_q, self.seqlen_k)
-        self.softcap = ad.check_softcap(softcap)
+        self.band = band
+        self.softcap = softcap
         self.problem = policy.Problem(
             self.batch,
             self.heads,
@@ -126,10 +123,10 @@ class BackwardLaunch:
         self.atomic_dq = atomic_dq
         # every kernel's band and cap constexprs (the Gluon ones too: they run on NVIDIA only,
         # where the cap's mode is the hardware tanh they use)
-        self.flags = dict(**self.band.constexprs(), SOFTCAP=softcap_mode(self.softcap, q.device))
+        self.flags = dict(**_band.constexprs(band), SOFTCAP=softcap_mode(self.softcap, q.device))
         self.flags["IS_VARLEN"] = varlen
         # (win_left, win_right, softcap) of every kernel: fixed per plan signature
-        self.band_args = (*self.band.sides(), self.softcap or 1.0)
+        self.band_args = (*_band.sides(band), self.softcap or 1.0)
         self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
         self.s_q, self.s_k, self.s_v = (token_strides(t, varlen) for t in (q, k, v))
         self.s_do = token_strides(grad_out, varlen)

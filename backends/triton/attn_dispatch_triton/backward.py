@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 import triton
 
+from attn_dispatch import backend as adb
+
 from . import _plan
-from ._band import Window
 from ._common import LOG2E, last_dim_contiguous
 from ._launch_strategy import DIRECT, RecordingStrategy
 from ._launcher import BackwardLaunch
@@ -30,14 +31,12 @@ def attention_backward(
     lse: torch.Tensor,
     grad_out: torch.Tensor,
     *,
-    causal: bool,
-    bottom_right: bool,
+    band: adb.Band,
     scale: float,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
-    window: Window | None = None,
     softcap: float | None = None,
     config: dict | None = None,
     dq: torch.Tensor | None = None,
@@ -47,7 +46,7 @@ def attention_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` of attention, shaped and typed like ``(q, k, v)``.
 
-    ``window`` / ``softcap`` as in :func:`~.forward.attention_forward` (the same values the
+    ``band`` / ``softcap`` as in :func:`~.forward.attention_forward` (the same values the
     forward that produced ``out`` and ``lse`` ran with).
 
     ``config`` maps kernel names ("pre", "dkdv", "dq"; "dkdvq", "cvt" with ``atomic_dq``) to
@@ -75,7 +74,7 @@ def attention_backward(
             dk,
             dv,
             scale,
-            (causal, bottom_right, atomic_dq, window, softcap),
+            (band, atomic_dq, softcap),
         )
         plan = _plan.get(key)
         if plan is not False:
@@ -96,14 +95,12 @@ def attention_backward(
         out,
         lse,
         grad_out,
-        causal=causal,
-        bottom_right=bottom_right,
+        band=band,
         scale=scale,
         cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
-        window=window,
         softcap=softcap,
         dq=dq,
         dk=dk,

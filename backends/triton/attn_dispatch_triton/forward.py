@@ -30,9 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
-from ._band import Window, effective_band
+from . import _band
 from ._common import (
     LOG2E,
     band_offsets,
@@ -267,14 +267,12 @@ def attention_forward(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    causal: bool,
-    bottom_right: bool,
+    band: adb.Band,
     scale: float,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
-    window: Window | None = None,
     softcap: float | None = None,
     config: dict | None = None,
     out: torch.Tensor | None = None,
@@ -282,9 +280,9 @@ def attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel; returns ``(out, lse)`` in our layout (BSHD / THD, lse fp32).
 
-    ``window``: ``(left, right)`` keys around each row's diagonal (a side ``None``: unbounded;
-    the diagonal aligned by ``bottom_right``), on top of ``causal``; ``softcap``: ``c`` caps the
-    scores at ``c * tanh(s / c)``. See ``_band``.
+    ``band``: the keys around each row's diagonal (the call's ``inp.band``: causal mask and
+    sliding window, no side wider than the sequences); ``softcap``: ``c`` caps the scores at
+    ``c * tanh(s / c)`` (validated, as on the inputs). See ``_band``.
     ``config`` holds BLOCK_M, BLOCK_N, num_warps, num_stages (default: the tuning table).
     ``out`` / ``lse`` may be given preallocated (tests poison them).
     """
@@ -304,10 +302,6 @@ def attention_forward(
         out = torch.empty((*q.shape[:-1], dv), dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    band = effective_band(
-        causal, "bottom_right" if bottom_right else "top_left", window, seqlen_q, seqlen_k
-    )
-    softcap = ad.check_softcap(softcap)
     if config is None:
         from .tuning import get_config
 
@@ -334,11 +328,11 @@ def attention_forward(
         heads,
         heads // kv_heads,
         scale * LOG2E,
-        *band.sides(),
+        *_band.sides(band),
         softcap or 1.0,
         D=d,
         DV=dv,
-        **band.constexprs(),
+        **_band.constexprs(band),
         SOFTCAP=softcap_mode(softcap, q.device),
         IS_VARLEN=varlen,
         BLOCK_M=block_m,

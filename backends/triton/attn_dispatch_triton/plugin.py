@@ -11,7 +11,7 @@ enabled); on NVIDIA a contender placed by the H200 measurements in docs/benchmar
 Capabilities (class attributes; the core rejects what they exclude, with a reason): bf16/f16
 only (fp32 accumulation inside); head dims 32-256, any value (tiles padded to a power of two); D
 may differ from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native;
-sliding windows (``inp.window``) and logit soft-capping (``inp.softcap``) in forward and
+sliding windows (``inp.band``) and logit soft-capping (``inp.softcap``) in forward and
 backward, in the portable ``tl`` kernels (the Gluon sm_90 kernels run plain causal or unmasked
 calls only; see ``_band``). Non-goals: dropout, bias, float32 inputs.
 
@@ -42,17 +42,6 @@ SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
 GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic where gluon_fused_atomic_fastest
 
 
-def window_of(inp: adb.ForwardInputs) -> tuple[int | None, int | None] | None:
-    """The call's sliding window as the user gave it (``None``: none, or inputs that do not
-    carry the option)."""
-    return getattr(inp, "window", None)
-
-
-def softcap_of(inp: adb.ForwardInputs) -> float | None:
-    """The call's logit soft cap (``None``: none, or inputs that do not carry the option)."""
-    return getattr(inp, "softcap", None)
-
-
 def gluon_kernels_apply(inp: adb.BackwardInputs) -> bool:
     """Whether ``triton:fused`` would run its Gluon sm_90 kernels on these inputs (D = 128, a
     triton they were checked with, tensors TMA can read as rows; the sm_90 arch is the caller's
@@ -73,8 +62,8 @@ def small_dense_causal_mha(inp: adb.ForwardInputs) -> bool:
     the case where a triton implementation outranks cuDNN on sm_90 at some key lengths."""
     return (
         inp.causal
-        and window_of(inp) is None
-        and softcap_of(inp) is None
+        and inp.window is None
+        and inp.softcap is None
         and not inp.is_varlen
         and inp.heads == inp.kv_heads
         and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS
@@ -151,13 +140,7 @@ class Fused(adb.Implementation):
 
     @staticmethod
     def _flags(inp: adb.ForwardInputs) -> dict:
-        flags = dict(
-            causal=inp.causal,
-            bottom_right=inp.causal_align == "bottom_right",
-            scale=inp.scale,
-            window=window_of(inp),
-            softcap=softcap_of(inp),
-        )
+        flags = dict(band=inp.band, scale=inp.scale, softcap=inp.softcap)
         if inp.is_varlen:
             flags.update(
                 cu_seqlens_q=inp.cu_seqlens_q,

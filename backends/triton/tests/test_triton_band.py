@@ -1,18 +1,16 @@
-"""The band helper (``_band.effective_band``) against the contract, brute force, and the
-plugin's reading of ``inp.window`` / ``inp.softcap`` (no triton needed)."""
+"""The kernels' band arguments (``_band.constexprs`` / ``_band.sides`` of the call's
+``inp.band``) against the contract, brute force, and the plugin's reading of the inputs (no
+triton needed)."""
 
 from __future__ import annotations
 
 import itertools
 import random
-from types import SimpleNamespace
 
-import pytest
 import torch
-from attn_dispatch_triton import plugin
-from attn_dispatch_triton._band import Band, effective_band
+from attn_dispatch_triton import _band, plugin
 
-import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 
 def visible(sq: int, sk: int, causal: bool, align: str, window) -> torch.Tensor:
@@ -31,10 +29,10 @@ def visible(sq: int, sk: int, causal: bool, align: str, window) -> torch.Tensor:
     return ok
 
 
-def band_visible(band: Band, sq: int, sk: int) -> torch.Tensor:
-    """What the kernels compute from a band: ``i + lo_off <= j <= i + hi_off``."""
-    off = sk - sq if band.bottom_right else 0
-    flags, (left, right) = band.constexprs(), band.sides()
+def kernel_visible(band: adb.Band, sq: int, sk: int) -> torch.Tensor:
+    """What the kernels compute from their band arguments: ``i + lo_off <= j <= i + hi_off``."""
+    flags, (left, right) = _band.constexprs(band), _band.sides(band)
+    off = sk - sq if flags["BOTTOM_RIGHT"] else 0
     i = torch.arange(sq)[:, None]
     j = torch.arange(sk)[None, :]
     ok = torch.ones(sq, sk, dtype=torch.bool)
@@ -45,24 +43,30 @@ def band_visible(band: Band, sq: int, sk: int) -> torch.Tensor:
     return ok
 
 
-def test_band_examples() -> None:
-    assert effective_band(False, "top_left", None, 100, 100) == Band(None, None, False)
-    assert effective_band(True, "bottom_right", None, 10, 20) == Band(None, 0, True)
-    # causal caps the right side at 0; the window's left side stays
-    assert effective_band(True, "top_left", (4095, 7), 16384, 16384) == Band(4095, 0, False)
-    assert effective_band(False, "top_left", (None, 3), 50, 50) == Band(None, 3, False)
-    # sides wider than the sequences exclude nothing: unbounded, one compiled variant
-    assert effective_band(False, "bottom_right", (100, 100), 37, 45) == Band(None, None, False)
-    assert effective_band(False, "top_left", (37, 45), 37, 45) == Band(None, None, False)
-    assert effective_band(False, "top_left", (36, 44), 37, 45) == Band(36, 44, False)
-    assert effective_band(True, "top_left", (None, 9), 8, 8) == Band(None, 0, False)
+def inputs(sq: int, sk: int, **flags) -> adb.ForwardInputs:
+    """Dense forward inputs on meta, as dispatch validates them."""
+    q = torch.empty(1, sq, 1, 8, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, sk, 1, 8, dtype=torch.bfloat16, device="meta")
+    return adb.make_inputs(q, k, k, **flags)
 
 
-def test_band_matches_contract_brute_force() -> None:
-    """Random lengths, windows, causal and alignment: the band's visibility is the contract's."""
+def test_band_arguments_examples() -> None:
+    full = inputs(100, 100).band
+    assert _band.constexprs(full) == dict(LIMIT_LEFT=False, LIMIT_RIGHT=False, BOTTOM_RIGHT=False)
+    assert _band.sides(full) == (0, 0)
+    causal = inputs(16384, 16384, causal=True, window=(4095, 7)).band
+    assert _band.constexprs(causal) == dict(LIMIT_LEFT=True, LIMIT_RIGHT=True, BOTTOM_RIGHT=False)
+    assert _band.sides(causal) == (4095, 0)
+    br = inputs(10, 20, causal=True, causal_align="bottom_right").band
+    assert _band.constexprs(br)["BOTTOM_RIGHT"] and _band.sides(br) == (0, 0)
+
+
+def test_band_arguments_match_contract_brute_force() -> None:
+    """Random lengths, windows, causal and alignment: the kernels' visibility from the inputs'
+    band is the contract's."""
     rng = random.Random(7)
-    for _ in range(2000):
-        sq, sk = rng.randint(0, 40), rng.randint(0, 40)
+    for _ in range(1000):
+        sq, sk = rng.randint(1, 40), rng.randint(1, 40)
         window = (
             None
             if rng.random() < 0.15
@@ -70,57 +74,35 @@ def test_band_matches_contract_brute_force() -> None:
         )
         causal = rng.random() < 0.4
         align = rng.choice(["top_left", "bottom_right"])
-        band = effective_band(causal, align, window, sq, sk)
+        band = inputs(sq, sk, causal=causal, causal_align=align, window=window).band
         want = visible(sq, sk, causal, align, window)
-        assert torch.equal(band_visible(band, sq, sk), want), (sq, sk, causal, align, window)
+        assert torch.equal(kernel_visible(band, sq, sk), want), (sq, sk, causal, align, window)
 
 
-def test_band_normalisation_is_safe_for_shorter_varlen_sequences() -> None:
+def test_band_arguments_hold_for_shorter_varlen_sequences() -> None:
     """Varlen: the band is built from the longest lengths; every shorter sequence pair must
     still see exactly the contract's keys."""
+    q = torch.empty(32, 1, 8, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(28, 1, 8, dtype=torch.bfloat16, device="meta")
+    cu = torch.empty(2, dtype=torch.int32, device="meta")
+    lengths = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=32, max_seqlen_k=28)
     for align, window, causal in itertools.product(
         ("top_left", "bottom_right"), [(5, 3), (30, None), (None, 12), (40, 40)], (False, True)
     ):
-        band = effective_band(causal, align, window, 32, 28)
+        flags = dict(causal=causal, causal_align=align, window=window)
+        band = adb.make_inputs(q, k, k, **flags, **lengths).band
         for sq, sk in itertools.product(range(0, 33, 4), range(0, 29, 4)):
-            assert torch.equal(band_visible(band, sq, sk), visible(sq, sk, causal, align, window))
+            assert torch.equal(kernel_visible(band, sq, sk), visible(sq, sk, causal, align, window))
 
 
-@pytest.mark.parametrize(
-    ("window", "error"),
-    [((1, -1), ValueError), ((1.5, 2), ValueError), ((True, 2), ValueError), ([1, 2], TypeError)],
-)
-def test_band_rejects_bad_windows(window, error) -> None:
-    with pytest.raises(error, match="window"):
-        effective_band(False, "top_left", window, 8, 8)
-
-
-@pytest.mark.parametrize(
-    ("value", "error"),
-    [(0.0, ValueError), (-1.0, ValueError), (float("inf"), ValueError), ("3", TypeError)],
-)
-def test_softcap_rejects_bad_values(value, error) -> None:
-    with pytest.raises(error, match="softcap"):
-        ad.check_softcap(value)
-    assert ad.check_softcap(30) == 30.0 and ad.check_softcap(None) is None
-
-
-def _inputs(**kw) -> SimpleNamespace:
-    base = dict(causal=True, causal_align="top_left", max_seqlen_q=4096, max_seqlen_k=4096)
-    return SimpleNamespace(**{**base, **kw})
-
-
-def test_plugin_reads_window_and_softcap() -> None:
-    """Inputs without the new attributes read as None; the capability attributes are declared;
-    the measured small-MHA priority rule (against cuDNN, which has neither) covers plain causal
-    calls only."""
+def test_plugin_passes_the_inputs_band_and_softcap() -> None:
+    """The kernels get the inputs' band and soft cap; the measured small-MHA priority rule
+    (against cuDNN, which has neither) covers plain causal calls only."""
     assert plugin.Fused.window and plugin.Fused.softcap
     assert plugin.FusedAtomic.window and plugin.FusedAtomic.softcap
-    old = _inputs()
-    assert plugin.window_of(old) is None and plugin.softcap_of(old) is None
-    mha = dict(is_varlen=False, heads=8, kv_heads=8, batch=1)
-    assert plugin.small_dense_causal_mha(_inputs(**mha))
-    assert not plugin.small_dense_causal_mha(_inputs(**mha, window=(4095, 0)))
-    assert not plugin.small_dense_causal_mha(_inputs(**mha, softcap=30.0))
-    flags = plugin.Fused._flags(_inputs(window=(4095, 0), softcap=30.0, scale=0.1, is_varlen=False))
-    assert flags["window"] == (4095, 0) and flags["softcap"] == 30.0
+    assert plugin.small_dense_causal_mha(inputs(64, 64, causal=True))
+    assert not plugin.small_dense_causal_mha(inputs(64, 64, causal=True, window=(31, 0)))
+    assert not plugin.small_dense_causal_mha(inputs(64, 64, causal=True, softcap=30.0))
+    inp = inputs(64, 64, causal=True, window=(31, 0), softcap=30.0, scale=0.1)
+    flags = plugin.Fused._flags(inp)
+    assert flags == dict(band=adb.Band(31, 0, False), scale=0.1, softcap=30.0)

@@ -29,7 +29,10 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+from attn_dispatch import backend as adb  # noqa: E402
 from attn_dispatch.testing import oracle  # noqa: E402
+
+FULL = adb.Band(None, None, False)
 
 KERNELS = {"dkdv": (_attn_bwd_dkdv_sm90, (64, 128)), "dq": (_attn_bwd_dq_sm90, (128, 64))}
 SMEM_SM90 = 232448
@@ -311,9 +314,7 @@ def test_descriptors_refuse_other_layouts(bad) -> None:
 def test_cpu_launch_keeps_the_portable_kernels() -> None:
     """Off a Hopper GPU a ``GLUON`` config runs the tl kernels: no descriptors are made."""
     q, k, v, do = _qkv((1, 64, 2, 128), (1, 64, 2, 128))
-    launch = BackwardLaunch(
-        q, k, v, do, torch.zeros(1, 2, 64), do, causal=False, bottom_right=False, scale=0.1
-    )
+    launch = BackwardLaunch(q, k, v, do, torch.zeros(1, 2, 64), do, band=FULL, scale=0.1)
     cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2, "GLUON": 1}
     assert not gluon_sm90(q.device)
     assert launch.sm90_descriptors(cfg, (64, 128)) is None
@@ -519,8 +520,7 @@ def test_gluon_kernels_match_the_oracle(case, atomic_dq) -> None:
         ref,
         cfg,
         atomic_dq=atomic_dq,
-        causal=causal,
-        bottom_right=bottom_right,
+        band=adb.Band.of(None, causal, align),
         scale=128**-0.5,
     )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
@@ -565,10 +565,8 @@ def test_gluon_band_and_softcap_match_the_oracle(case, atomic_dq) -> None:
         ref,
         cfg,
         atomic_dq=atomic_dq,
-        causal=causal,
-        bottom_right=align == "bottom_right",
+        band=adb.Band.of(window, causal, align),  # no side wider than the sequences here
         scale=scale,
-        window=window,
         softcap=softcap,
     )
     assert launch.sm90_descriptors(cfg["dkdv"], (64, 128)) is not None
@@ -606,7 +604,7 @@ def test_tail_slices_match_the_oracle(batch, sms, dtype, monkeypatch) -> None:
 
     monkeypatch.setattr(BackwardLaunch, "_launch", spy)
     launch, dq, dk, dv = _gluon_backward(
-        q, k, v, do, ref, cfg, atomic_dq=True, causal=False, bottom_right=False, scale=128**-0.5
+        q, k, v, do, ref, cfg, atomic_dq=True, band=FULL, scale=128**-0.5
     )
     assert _launch_policy.tail_slices(launch.problem, cfg["dkdv"], 1, sms) == (batch * 24 - 4, 2)
     assert grids == [(batch * 24 - 4, 1, 1), (4, 1, 2)]
@@ -651,8 +649,7 @@ def test_gluon_kernels_varlen_with_an_empty_sequence(atomic_dq, order) -> None:
         ref,
         cfg,
         atomic_dq=atomic_dq,
-        causal=True,
-        bottom_right=True,
+        band=adb.Band.of(None, True, "bottom_right"),
         scale=0.1,
         cu_seqlens_q=cu_q,
         cu_seqlens_k=cu_k,

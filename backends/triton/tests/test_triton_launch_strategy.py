@@ -27,6 +27,8 @@ from attn_dispatch_triton._launch_strategy import (  # noqa: E402
 )
 from attn_dispatch_triton._launcher import BackwardLaunch  # noqa: E402
 
+from attn_dispatch import backend as adb  # noqa: E402
+
 WORKER = Path(__file__).with_name("triton_strategy_worker.py")
 TILES = {  # small tiles: several blocks per side at these lengths
     "pre": {"BLOCK_M": 16, "BLOCK_N": 0, "num_warps": 4, "num_stages": 1},
@@ -93,7 +95,8 @@ def _inputs(dk_contiguous: bool = True) -> tuple[tuple, dict]:
     out, lse = torch.randn_like(q), torch.randn(1, 4, 40)
     dk = torch.empty(1, 40, 2, 64, dtype=torch.float16)[..., :32]
     outputs = {} if dk_contiguous else {"dk": dk}
-    return (q, k, v, out, lse, do), dict(causal=True, bottom_right=False, scale=0.2, **outputs)
+    band = adb.Band.of(None, True, "top_left")
+    return (q, k, v, out, lse, do), dict(band=band, scale=0.2, **outputs)
 
 
 def test_a_direct_launch_keeps_nothing() -> None:

@@ -16,6 +16,8 @@ import torch
 pytest.importorskip("triton")
 from attn_dispatch_triton import _plan  # noqa: E402
 
+from attn_dispatch import backend as adb  # noqa: E402
+
 
 class _StandInLauncher:
     """The attributes of triton 3.6's ``CudaLauncher`` that a plan reads; records calls."""
@@ -223,7 +225,8 @@ def test_every_launch_argument_of_the_launcher_has_a_plan_role(window, softcap, 
     q, k, v, do = (torch.randn(1, 40, h, 32, dtype=torch.float16) for h in (4, 2, 2, 4))
     out, lse = torch.randn_like(q), torch.randn(1, 4, 40)
     recorder = _plan.Recorder()
-    flags = dict(causal=True, bottom_right=False, scale=0.2, window=window, softcap=softcap)
+    band = adb.Band.of(window, True, "top_left")
+    flags = dict(band=band, scale=0.2, softcap=softcap)
     for atomic in (False, True):
         launch = BackwardLaunch(q, k, v, out, lse, do, **flags, atomic_dq=atomic, recorder=recorder)
         launch.run(get_backward_config(q.device, 32, True, 2, 40))

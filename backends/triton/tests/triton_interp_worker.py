@@ -22,6 +22,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from attn_dispatch import backend as adb  # noqa: E402
+
 
 def patch_interpreter() -> None:
     """Fix the interpreter gaps named in the module docstring."""
@@ -152,6 +154,39 @@ def unseen_keys(case):
 # ------------------------------------------------------------------------------------- cases
 
 
+def kernel_flags(case: dict, q, k, v) -> dict:
+    """The kernels' keywords for ``case``, read from the inputs dispatch builds (as the plugin
+    does): the band with causal folded in and sides that exclude no key unbounded."""
+    lengths = {}
+    if case.get("seqlens_q") is not None:
+        lengths = dict(
+            cu_seqlens_q=torch.tensor(np.cumsum([0, *case["seqlens_q"]]), dtype=torch.int32),
+            cu_seqlens_k=torch.tensor(np.cumsum([0, *case["seqlens_k"]]), dtype=torch.int32),
+            max_seqlen_q=max(case["seqlens_q"]),
+            max_seqlen_k=max(case["seqlens_k"]),
+        )
+    inp = adb.make_inputs(
+        q,
+        k,
+        v,
+        causal=case["causal"],
+        causal_align="bottom_right" if case["bottom_right"] else "top_left",
+        scale=case["scale"],
+        window=_window(case),
+        softcap=case.get("softcap"),
+        **lengths,
+    )
+    return dict(band=inp.band, scale=inp.scale, softcap=inp.softcap, **lengths)
+
+
+def call_band(sq: int, sk: int, causal: bool, bottom_right: bool, window) -> adb.Band:
+    """The band of a dense call with these lengths and flags, as validation builds it."""
+    q = torch.empty(1, sq, 1, 8, dtype=torch.float16, device="meta")
+    k = torch.empty(1, sk, 1, 8, dtype=torch.float16, device="meta")
+    align = "bottom_right" if bottom_right else "top_left"
+    return adb.make_inputs(q, k, k, causal=causal, causal_align=align, window=window).band
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """‖a − b‖ / ‖b‖ (NaN if a has NaN; 0 for two empty tensors)."""
     a = a.double()
@@ -194,20 +229,7 @@ def run_case(case: dict) -> dict:
     do = rand(*out64.shape)
     dq64, dk64, dv64 = torch.autograd.grad(out64, (q64, k64, v64), do.double())
 
-    flags = dict(causal=case["causal"], bottom_right=case["bottom_right"], scale=case["scale"])
-    if "window" in case:
-        flags["window"] = _window(case)
-    if "softcap" in case:
-        flags["softcap"] = case["softcap"]
-    if varlen:
-        cu_q = torch.tensor(np.cumsum([0, *case["seqlens_q"]]), dtype=torch.int32)
-        cu_k = torch.tensor(np.cumsum([0, *case["seqlens_k"]]), dtype=torch.int32)
-        flags.update(
-            cu_seqlens_q=cu_q,
-            cu_seqlens_k=cu_k,
-            max_seqlen_q=max(case["seqlens_q"]),
-            max_seqlen_k=max(case["seqlens_k"]),
-        )
+    flags = kernel_flags(case, q, k, v)
     cfg = case.get("config")
     res: dict = {"id": case["id"]}
 
@@ -359,11 +381,9 @@ def run_ranges(case: dict) -> dict:
         window = (side(), side())
         causal, bottom_right = bool(rng.random() < 0.3), bool(rng.random() < 0.5)
         bm, bn = (int(x) for x in rng.choice([16, 32, 64], 2))
-        from attn_dispatch_triton._band import effective_band
+        from attn_dispatch_triton import _band
 
-        band = effective_band(
-            causal, "bottom_right" if bottom_right else "top_left", window, sq, sk
-        )
+        band = call_band(sq, sk, causal, bottom_right, window)
         vis = visible(sq, sk, causal, bottom_right, window)
         for key_side in (True, False):
             blocks = -(-sq // bm) if key_side else -(-sk // bn)
@@ -372,9 +392,9 @@ def run_ranges(case: dict) -> dict:
                 out,
                 sq,
                 sk,
-                *band.sides(),
+                *_band.sides(band),
                 KEY_SIDE=key_side,
-                **band.constexprs(),
+                **_band.constexprs(band),
                 BLOCK_M=bm,
                 BLOCK_N=bn,
             )

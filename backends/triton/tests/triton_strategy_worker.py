@@ -30,6 +30,8 @@ from attn_dispatch_triton._launch_strategy import DirectStrategy, RecordingStrat
 from attn_dispatch_triton._launcher import BackwardLaunch  # noqa: E402
 from triton_interp_worker import patch_interpreter  # noqa: E402
 
+from attn_dispatch import backend as adb  # noqa: E402
+
 
 class KeptDirect(DirectStrategy):
     """The direct strategy, also keeping each launch as it went to the kernel."""
@@ -63,9 +65,9 @@ def make_inputs(case: dict, seed: int) -> tuple[tuple, dict]:
     """``(q, k, v, out, lse, do)`` and the call's flags for ``case``."""
     torch.manual_seed(seed)
     b, s, h, hk, d = (case[x] for x in ("batch", "seqlen", "heads", "kv_heads", "head_dim"))
-    flags = dict(causal=case["causal"], bottom_right=False, scale=case["scale"])
-    if case.get("window") is not None:
-        flags["window"] = tuple(case["window"])
+    window = case.get("window")
+    band = adb.Band.of(None if window is None else tuple(window), case["causal"], "top_left")
+    flags = dict(band=band, scale=case["scale"])
     if case.get("softcap") is not None:
         flags["softcap"] = case["softcap"]
     if case.get("varlen"):
