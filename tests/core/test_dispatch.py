@@ -1,97 +1,22 @@
-"""Regression tests of the dispatch layer's reliability (issue 24): each fails without its fix.
+"""The dispatcher: what keys a cached decision (data pointers, cu_seqlens identity, windows and
+caps), meta inputs, errors raised by an implementation, and calls that record no autograd graph.
 
-Plugins here are real entry points: a distribution's metadata (``*.dist-info``) and its module
-are written to a temporary directory put first on ``sys.path``, and ``importlib.metadata``
-discovers them as it would an installed package.
+Plugins here are real entry points written for the test (``dispatch_helpers.Plugins``).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import subprocess
 import sys
-import textwrap
-import threading
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_inputs, tag_of
+from dispatch_helpers import make_inputs, tag_of
 
 import attn_dispatch as ad
-from attn_dispatch import _dispatch, _guards, _selection, cli
-
-TAGGED = """
-import torch
-import attn_dispatch as ad
-from attn_dispatch import backend as adb
-
-
-class Tagged(adb.Implementation):
-    backend = {backend!r}
-    tag = 0.0
-
-    def backward(self, inp):
-        return ad.Gradients(*(torch.full_like(t, self.tag) for t in (inp.q, inp.k, inp.v)))
-
-    def forward(self, inp):
-        out = inp.q.new_full(inp.q.shape[:-1] + (inp.head_dim_v,), self.tag)
-        lse = (inp.heads, inp.q.shape[0]) if inp.is_varlen else (inp.batch, inp.heads, inp.seqlen_q)
-        return out, torch.full(lse, self.tag, dtype=adb.lse_dtype(inp.dtype), device=inp.q.device)
-
-
-class Fallback(Tagged):
-    name, tag, priority = "fallback", 9.0, {{"*": 1}}
-"""
-
-
-class Plugins:
-    """Writes plugin distributions into one directory on ``sys.path``."""
-
-    def __init__(self, root: Path, monkeypatch) -> None:
-        self.root = root
-        self.modules: list[str] = []
-        monkeypatch.syspath_prepend(str(root))
-
-    def add(self, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
-        for module, source in modules.items():
-            (self.root / f"{module}.py").write_text(textwrap.dedent(source))
-            self.modules.append(module)
-        info = self.root / f"{dist}-0.1.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-        lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
-        (info / "entry_points.txt").write_text(f"[attn_dispatch.backends]\n{lines}")
-
-    def backend(self, name: str, body: str, provides: str) -> None:
-        """A backend ``name`` (module ``rel_<name>``): TAGGED, then ``body``, then a hook
-        returning ``provides`` (a list expression)."""
-        source = (
-            TAGGED.format(backend=name)
-            + textwrap.dedent(body)
-            + f"\n\n@adb.hookimpl\ndef attn_dispatch_implementations():\n    return {provides}\n"
-        )
-        self.add(f"rel-{name}", {name: f"rel_{name}"}, {f"rel_{name}": source})
-
-
-@pytest.fixture
-def plugins(env, tmp_path, monkeypatch):
-    made = Plugins(tmp_path, monkeypatch)
-    yield made
-    for module in made.modules:
-        sys.modules.pop(module, None)
-
-
-def _env_with(root: Path) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    return env
-
-
-# 1 -------------------------------------------------------------------------------------------
+from attn_dispatch import _selection
+from attn_dispatch.testing import oracle
 
 
 def test_attention_refuses_a_meta_tensor_among_real_ones(env):
@@ -102,8 +27,6 @@ def test_attention_refuses_a_meta_tensor_among_real_ones(env):
     with pytest.raises(ValueError, match="argument 'v'"):
         ad.attention(q, q, k)
 
-
-# 2 -------------------------------------------------------------------------------------------
 
 ALIGN = """
 SEEN = []
@@ -225,171 +148,6 @@ def test_a_decision_is_keyed_on_cu_seqlens_identity(plugins, env):
         assert float(out.flatten()[0]) == 9.0
 
 
-# 3 -------------------------------------------------------------------------------------------
-
-IMPOSTOR = """
-import torch
-import attn_dispatch as ad
-from attn_dispatch import backend as adb
-
-
-class Impostor(adb.Implementation):
-    backend, name, priority = "reference", "chunked", {"*": 100}
-
-    def backward(self, inp):
-        return ad.Gradients(*(torch.full_like(t, 7.0) for t in (inp.q, inp.k, inp.v)))
-
-
-@adb.hookimpl
-def attn_dispatch_implementations():
-    return [Impostor()]
-"""
-
-
-def test_a_second_backend_of_the_same_name_shadows_nothing(plugins, env):
-    plugins.add("impostor", {"reference": "rel_impostor"}, {"rel_impostor": IMPOSTOR})
-    with pytest.warns(UserWarning, match="'reference' is not loaded"):
-        env.set(ATTN_DISPATCH_PLUGINS="reference")
-    (info,) = ad.backends()
-    assert "attn-dispatch-reference" in info.error and "impostor" in info.error
-    inputs = make_inputs()
-    report = ad.explain(*inputs)
-    assert report.selected is None and "impostor" in str(report)
-    with pytest.raises(ad.NoBackendError, match="declared by 2 entry points"):
-        ad.backward(*inputs)
-    with pytest.raises(ad.NoBackendError, match="declared by 2 entry points"):
-        ad.backward(*inputs, backend="reference")
-    assert cli.main(["list"]) == 0
-
-
-def test_the_same_module_declared_twice_is_no_clash(plugins, env):
-    plugins.add("again", {"reference": "attn_dispatch_reference.plugin"}, {})
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
-    (info,) = ad.backends()
-    assert info.error is None
-    ad.backward(*make_inputs())
-
-
-# 5 -------------------------------------------------------------------------------------------
-
-BAD_PRIORITY = """
-class Word(Tagged):
-    name, tag, priority = "word", 1.0, {"*": 5}
-
-    def priority_for(self, arch):
-        return "high"
-
-
-class Mutable(Tagged):
-    name, tag, priority = "mutable", 2.0, {"*": 5}
-"""
-
-
-def test_a_malformed_priority_costs_only_its_plugin(plugins, env, capsys):
-    plugins.backend("prio", BAD_PRIORITY, "[Word(), Mutable()]")
-    env.set(ATTN_DISPATCH_PLUGINS="prio,reference")
-    impls = ad._settings.current().registry.implementations
-    for bad in ({"cpu": "high"}, None, {90: 5}):
-        impls["prio:mutable"].priority = bad  # changed after the plugin loaded
-        ad._settings.current().forget()
-        inputs = make_inputs()
-        assert tag_of(ad.backward(*inputs)) != 2.0
-        report = ad.explain(*inputs)
-        assert report.selected == "reference:chunked"
-        statuses = {c.name: (c.status, c.reasons) for c in report.candidates}
-        assert statuses["prio:word"][0] == "failed" and "'high'" in statuses["prio:word"][1][0]
-        assert statuses["prio:mutable"][0] == "failed"
-        (prio,) = [b for b in ad.backends() if b.name == "prio"]
-        assert prio.error and "priority" in prio.error
-        assert cli.main(["list"]) == 0
-        assert cli.main(["explain", "--seqlen", "8", "--heads", "2", "--head-dim", "16"]) == 0
-    assert "FAILED" in capsys.readouterr().out
-
-
-# 6 -------------------------------------------------------------------------------------------
-
-
-def test_enable_before_any_dispatch_does_not_hang():
-    code = "import attn_dispatch as ad; ad.enable(); ad.enable('reference'); print('ok')"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "ok"
-
-
-CALLS_BACK = """
-import attn_dispatch as ad
-from attn_dispatch import backend as adb
-
-
-@adb.hookimpl
-def attn_dispatch_implementations():
-    ad.backends()
-    return []
-"""
-
-
-def test_a_plugin_calling_the_library_while_loading_fails_alone(tmp_path, monkeypatch):
-    plugins = Plugins(tmp_path, monkeypatch)
-    plugins.add("calls-back", {"calls_back": "rel_calls_back"}, {"rel_calls_back": CALLS_BACK})
-    code = textwrap.dedent("""
-        import warnings, torch, attn_dispatch as ad
-        warnings.simplefilter("ignore")
-        q = torch.randn(1, 8, 2, 16)
-        ad.forward(q, q, q)
-        (info,) = [b for b in ad.backends() if b.name == "calls_back"]
-        print(info.error)
-    """)
-    env = _env_with(tmp_path) | {"ATTN_DISPATCH_PLUGINS": "calls_back,reference"}
-    run = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert run.returncode == 0, run.stderr
-    assert "while it loads its backend plugins" in run.stdout
-
-
-# 7 -------------------------------------------------------------------------------------------
-
-GATE = """
-import threading
-
-ENTERED, RELEASE = threading.Event(), threading.Event()
-
-
-class Normal(Tagged):
-    name, tag, priority = "normal", 1.0, {"*": 10}
-
-    def supports(self, inp, arch):
-        if not ENTERED.is_set():  # the first selection waits for the test
-            ENTERED.set()
-            assert RELEASE.wait(60)
-        return []
-
-
-class Better(Tagged):
-    name, tag, priority, opt_in = "better", 2.0, {"*": 100}, True
-"""
-
-
-def test_enable_during_a_selection_invalidates_its_decision(plugins, env):
-    plugins.backend("gate", GATE, "[Normal(), Better()]")
-    env.set(ATTN_DISPATCH_PLUGINS="gate")
-    gate = sys.modules["rel_gate"]
-    inputs = make_inputs()
-    results = []
-    worker = threading.Thread(target=lambda: results.append(ad.backward(*inputs)))
-    worker.start()
-    assert gate.ENTERED.wait(60)
-    ad.enable("gate:better")
-    gate.RELEASE.set()
-    worker.join(60)
-    assert tag_of(results[0]) == 1.0  # that call began before the change
-    assert ad.explain(*inputs).selected == "gate:better"
-    for _ in range(3):
-        assert tag_of(ad.backward(*inputs)) == 2.0
-
-
-# 9 -------------------------------------------------------------------------------------------
-
 RECORDS = """
 CALLS = []
 
@@ -437,74 +195,6 @@ def test_meta_backward_of_the_reference_costs_only_shape_logic(env):
     assert time.perf_counter() - start < 5
 
 
-SLEEPY = """
-import time
-
-
-class Slow(Tagged):
-    name, tag, priority = "slow", 1.0, {"*": 10}
-
-    def supports(self, inp, arch):
-        time.sleep(1.5)
-        return []
-"""
-
-
-def test_a_slow_supports_is_named_while_it_runs(plugins, env, monkeypatch, caplog):
-    plugins.backend("sleepy", SLEEPY, "[Slow()]")
-    env.set(ATTN_DISPATCH_PLUGINS="sleepy")
-    monkeypatch.setattr(_selection, "SLOW_HOOK_S", 0.3)
-    monkeypatch.setattr(_selection, "WATCH_INTERVAL_S", 0.05)
-    caplog.set_level(logging.WARNING, logger="attn_dispatch")
-    with pytest.warns(UserWarning, match=r"sleepy:slow supports\(\) took 1\.\d s"):
-        ad.backward(*make_inputs())
-    assert "sleepy:slow supports() has been running for" in caplog.text
-
-
-# 10 ------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "bad, error",
-    [
-        (dict(causal=1), TypeError),
-        (dict(deterministic=1), TypeError),
-        (dict(deterministic="False"), TypeError),
-        (dict(scale=True), TypeError),
-        (dict(backend=""), ad.UnknownBackendError),
-        (dict(backend=0), TypeError),
-    ],
-)
-def test_validation_does_not_depend_on_the_cache(env, bad, error):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
-    inputs = make_inputs()
-    good = {
-        "causal": dict(causal=True),
-        "deterministic": dict(deterministic=True),
-        "scale": dict(scale=1.0),
-        "backend": dict(),  # automatic: ``backend=""`` must not come to mean it
-    }[next(iter(bad))]
-    for call in (ad.backward, lambda *a, **kw: ad.forward(*a[:3], **kw)):
-        with pytest.raises(error):
-            call(*inputs, **bad)
-        call(*inputs, **good)
-        call(*inputs, **good)
-        with pytest.raises(error):
-            call(*inputs, **bad)
-
-
-def test_max_seqlen_type_is_checked_after_caching(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
-    q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
-    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
-    for _ in range(2):
-        ad.forward(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=5, max_seqlen_k=5)
-    with pytest.raises(TypeError, match="max_seqlen_q"):
-        ad.forward(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=5.0, max_seqlen_k=5)
-
-
-# 11 ------------------------------------------------------------------------------------------
-
 ERRORS = """
 class Boom(Tagged):
     name, priority = "boom", {"*": 10}
@@ -533,59 +223,6 @@ def test_a_backend_error_names_the_implementation(plugins, env):
         ad.backward(*inputs, backend="errs:nothing")
 
 
-# 12 ------------------------------------------------------------------------------------------
-
-
-def test_a_bad_arch_variable_is_named(env):
-    with pytest.raises(ValueError, match="ATTN_DISPATCH_ARCH"):
-        env.set(ATTN_DISPATCH_ARCH="bogus")
-
-
-def test_arch_variable_is_read_with_the_settings(env, monkeypatch):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
-    ad.backward(*make_inputs())
-    monkeypatch.setenv("ATTN_DISPATCH_ARCH", "sm_90")
-    assert ad.explain(*make_inputs(sq=12)).arch.name == "cpu"
-    ad.reload()
-    assert ad.explain(*make_inputs(sq=12)).arch.name == "sm_90"
-
-
-def test_attention_scale_is_checked_by_the_library(env):
-    q = torch.randn(1, 8, 2, 16)
-    with pytest.raises(TypeError, match="argument 'scale': expected a float, got str"):
-        ad.attention(q, q, q, scale="abc")
-
-
-@pytest.mark.parametrize(
-    "value, on", [("false", False), ("0", False), ("off", False), ("1", True), ("TRUE", True)]
-)
-def test_debug_variable_is_a_boolean(env, value, on):
-    env.set(ATTN_DISPATCH_DEBUG=value)
-    assert ad._settings.current().debug is on
-
-
-def test_debug_variable_garbage_is_warned_about_and_off(env):
-    with pytest.warns(UserWarning, match="ATTN_DISPATCH_DEBUG='maybe' is not a boolean"):
-        env.set(ATTN_DISPATCH_DEBUG="maybe")
-    assert ad._settings.current().debug is False
-
-
-def test_backend_variable_is_stripped(toys):
-    toys.set(ATTN_DISPATCH_BACKEND=" toy:slow ")
-    assert tag_of(ad.backward(*make_inputs())) == 2.0
-
-
-def test_a_string_deterministic_declaration_fails_its_plugin(plugins, env):
-    body = 'class Str(Tagged):\n    name, deterministic, priority = "str", "False", {"*": 9}\n'
-    plugins.backend("strdet", body, "[Str()]")
-    with pytest.warns(UserWarning, match="deterministic='False' must be a bool"):
-        env.set(ATTN_DISPATCH_PLUGINS="strdet,reference")
-    assert ad.explain(*make_inputs(), deterministic=True).selected == "reference:chunked"
-
-
-# 13 ------------------------------------------------------------------------------------------
-
-
 def test_backends_run_without_grad_recording(env):
     env.set(ATTN_DISPATCH_PLUGINS="reference")
     q, k, v, out, lse, do = make_inputs()
@@ -599,30 +236,34 @@ def test_backends_run_without_grad_recording(env):
     assert torch.is_grad_enabled()
 
 
-# 15 ------------------------------------------------------------------------------------------
-
-
-def test_cache_eviction_keeps_the_hot_signature_guarded(env, monkeypatch):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
-    monkeypatch.setattr(_dispatch, "MAX_CACHED_DECISIONS", 8)
-    hot = make_inputs(sq=4)
-    for _ in range(2):
-        ad.backward(*hot)
-    # batches of new signatures overflow the dictionary, then want the guard slots before the
-    # hot signature is called again
-    for batch in range(4):
-        for sq in range(5 + 6 * batch, 11 + 6 * batch):
-            ad.backward(*make_inputs(sq=sq))
-            ad.backward(*make_inputs(sq=sq))
-        ad.backward(*hot)
-        settings = ad._settings.current()
-        assert len(settings.decisions) <= 8
-        (entries,) = settings.guarded.values()
-        assert _guards.match(entries, hot) is not None, f"batch {batch}"
-
-
 def test_no_warning_from_a_plain_session(env):
     env.set(ATTN_DISPATCH_PLUGINS="reference")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ad.backward(*make_inputs())
+
+
+def test_same_shapes_with_other_windows_are_other_signatures(env):
+    q, k, v, _, _, do = make_inputs(sq=16, sk=16, h=2, hkv=1, d=8, dtype=torch.float64)
+    variants = [
+        {},
+        {"window": (2, 0)},
+        {"window": (2, 1)},
+        {"window": (None, 0)},
+        {"softcap": 1.0},
+        {"softcap": 2.0},
+        {"window": (2, 0), "softcap": 1.0},
+    ]
+    results = {}
+    for _ in range(3):  # the later rounds run from the dictionary, then from the guards
+        for i, flags in enumerate(variants):
+            out, lse = ad.forward(q, k, v, **flags)
+            grads = ad.backward(q, k, v, out, lse, do, **flags)
+            ref = oracle(q, k, v, do, **flags)
+            for got, want in zip((out, lse, *grads), ref):
+                torch.testing.assert_close(got, want)
+            results.setdefault(i, grads.dq)
+    assert len(ad._settings.current().decisions) == 2 * len(variants)  # forward and backward
+    for i in results:
+        for j in range(i):
+            assert not torch.allclose(results[i], results[j]), (variants[i], variants[j])

@@ -27,17 +27,14 @@ FA4_MODULES = ("flash_attn", "cutlass", "tvm_ffi", "quack")
 
 
 @pytest.fixture(autouse=True)
-def selection_env(monkeypatch):
+def selection_env(isolated_plugins):
     """This backend (enabled: its Blackwell implementation is opt-in), torch_sdpa (cuDNN at 50
     on sm_90) and the reference only."""
-    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "flash_attn_cute,torch_sdpa,reference")
-    monkeypatch.setenv("ATTN_DISPATCH_ENABLE", "flash_attn_cute")
-    for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
-        monkeypatch.delenv(name, raising=False)
-    ad.reload()
-    yield
-    monkeypatch.undo()
-    ad.reload(reset_enabled=True)
+    isolated_plugins.set(
+        ATTN_DISPATCH_PLUGINS="flash_attn_cute,torch_sdpa,reference",
+        ATTN_DISPATCH_ENABLE="flash_attn_cute",
+    )
+    return isolated_plugins
 
 
 def dense(sq=1024, sk=None, h=64, hkv=8, d=128, dv=None, b=1, dtype=torch.bfloat16):

@@ -17,19 +17,9 @@ MFMA = "flydsl_rocm:gfx942_mfma"
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    for var in (
-        "ATTN_DISPATCH_BACKEND",
-        "ATTN_DISPATCH_ENABLE",
-        "ATTN_DISPATCH_DISABLE",
-        "ATTN_DISPATCH_PLUGINS",
-        "ATTN_DISPATCH_ARCH",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    ad.reload(reset_enabled=True)
-    yield
-    monkeypatch.undo()
-    ad.reload(reset_enabled=True)  # leave no opt-in behind for other packages' tests
+def _clean(isolated_plugins):
+    """No opt-in or variable from elsewhere; none left behind for other packages' tests."""
+    return isolated_plugins
 
 
 def _meta(*shape, dtype=torch.bfloat16, device="meta"):
@@ -239,3 +229,19 @@ def test_head_dims_whose_index_math_breaks_are_rejected(d):
         x.startswith("head_dim=128")
         for x in _cand(explain("gfx950", *_inputs(d=128)), FUSED).reasons
     )
+
+
+def test_windows_and_caps_are_rejected_with_reasons():
+    tensors = _inputs(d=128)
+    for arch in ("gfx942", "gfx950"):
+        report = ad.explain(*tensors, window=(16, 0), softcap=5.0, arch=arch, backend="flydsl_rocm")
+        assert report.selected is None
+        own = [
+            c
+            for c in report.candidates
+            if c.name.startswith("flydsl_rocm:") and not c.reasons[0].startswith("arch=")
+        ]
+        assert own
+        for c in own:
+            assert "window=(16, 0): not supported by this implementation" in c.reasons, c
+            assert "softcap=5.0: not supported by this implementation" in c.reasons, c

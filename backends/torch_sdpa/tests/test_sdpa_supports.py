@@ -21,15 +21,10 @@ NAMES = ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient")
 
 
 @pytest.fixture(autouse=True)
-def only_sdpa_and_reference(monkeypatch):
+def only_sdpa_and_reference(isolated_plugins):
     """Selection among this backend and the reference alone (other backends may be installed)."""
-    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "torch_sdpa,reference")
-    for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
-        monkeypatch.delenv(name, raising=False)
-    ad.reload()
-    yield
-    monkeypatch.undo()
-    ad.reload()
+    isolated_plugins.set(ATTN_DISPATCH_PLUGINS="torch_sdpa,reference")
+    return isolated_plugins
 
 
 def _dense(sq=1024, sk=None, h=64, hkv=8, d=128, dv=None, dtype=torch.bfloat16, device="meta"):
