@@ -6,8 +6,12 @@ A backend package tests itself against the float64 oracle with::
     test_conformance = make_conformance_tests("mybackend", dtypes=("bfloat16",), device="cuda")
 
 or calls the checks directly: ``check_backward("mybackend", case, dtype=..., device=...)``.
-pytest is imported only by :func:`make_conformance_tests`.
+Its ``conftest.py`` takes the ``isolated_plugins`` fixture (a clean selection environment per
+test, see :mod:`attn_dispatch.testing.fixtures`). pytest is imported only by
+:func:`make_conformance_tests` and by the fixtures, on first use of either.
 """
+
+from typing import Any
 
 from .cases import (
     LAYOUTS,
@@ -43,6 +47,7 @@ __all__ = [
     "FLOAT16",
     "FLOAT32",
     "FLOAT64",
+    "IsolatedEnv",
     "LAYOUTS",
     "TF32",
     "Case",
@@ -54,8 +59,10 @@ __all__ = [
     "check_deterministic",
     "check_forward",
     "declared_capabilities",
+    "add_plugin_path",
     "default_cases",
     "error_metrics",
+    "isolated_plugins",
     "make_conformance_tests",
     "oracle",
     "place",
@@ -65,3 +72,14 @@ __all__ = [
     "variant_cases",
     "visible_mask",
 ]
+
+# The fixtures import pytest, which a backend's runtime use of the kit does not need.
+_FIXTURES = ("IsolatedEnv", "add_plugin_path", "isolated_plugins")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FIXTURES:
+        from . import fixtures
+
+        return getattr(fixtures, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import make_inputs, tag_of
+from dispatch_helpers import make_inputs, tag_of
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb

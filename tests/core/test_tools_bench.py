@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import tag_of
+from dispatch_helpers import tag_of
 
 from attn_dispatch.tools import bench
 

@@ -25,25 +25,25 @@ CODE = textwrap.dedent(
     os.environ.pop("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", None)
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from attn_dispatch._validation import build_inputs
+    from attn_dispatch.backend import make_inputs
     from attn_dispatch_flash_attn_cute import _fa4
 
     flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
     with FakeTensorMode():
         q = torch.empty(2, 300, 8, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 1000, 2, 64, dtype=torch.bfloat16, device="cuda")
-        out, lse = _fa4.forward(build_inputs(q, k, k, **flags))
+        out, lse = _fa4.forward(make_inputs(q, k, k, **flags))
         assert out.shape == (2, 300, 8, 64) and out.dtype == torch.bfloat16, out
         assert lse.shape == (2, 8, 300) and lse.dtype == torch.float32, lse
-        dq, dk, dv = _fa4.backward(build_inputs(q, k, k, out, lse, out, **flags))
+        dq, dk, dv = _fa4.backward(make_inputs(q, k, k, out, lse, out, **flags))
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
         # a sliding window on the top-left diagonal (both sides shifted) with a soft cap
         capped = dict(flags, window=(200, 5), softcap=30.0)
-        out, lse = _fa4.forward(build_inputs(q, k, k, **capped))
-        dq, dk, dv = _fa4.backward(build_inputs(q, k, k, out, lse, out, **capped))
+        out, lse = _fa4.forward(make_inputs(q, k, k, **capped))
+        dq, dk, dv = _fa4.backward(make_inputs(q, k, k, out, lse, out, **capped))
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
         # a second call of a signature: no snapshot, no progress line, same results
-        dq, dk, dv = _fa4.backward(build_inputs(q, k, k, out, lse, out, **capped))
+        dq, dk, dv = _fa4.backward(make_inputs(q, k, k, out, lse, out, **capped))
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
     log = _fa4.compile_log()
     assert [(r.kind, r.variant) for r in log] == [

@@ -35,7 +35,7 @@ from attn_dispatch_flash_attn_cute import _fa4
 from attn_dispatch_flash_attn_cute._support import fa4_problem
 
 import attn_dispatch as ad
-from attn_dispatch._validation import build_inputs
+from attn_dispatch.backend import make_inputs
 from attn_dispatch.testing import Case, make_conformance_tests, standard_cases
 
 FA4_ARCHS = ("sm_90", "sm_100", "sm_103")
@@ -302,7 +302,7 @@ def _direct_backward_errors(b, sq, sk, h, hkv, d, dv, **flags) -> dict[str, floa
     grad_out = rnd(b, sq, h, dv)
     want = ad.backward(q, k, v, out, lse, grad_out, backend="reference", **flags)
     opts = dict(causal=False, causal_align="top_left", scale=None, deterministic=False) | flags
-    got = _fa4.backward(build_inputs(q, k, v, out, lse, grad_out, **opts))
+    got = _fa4.backward(make_inputs(q, k, v, out, lse, grad_out, **opts))
     torch.cuda.synchronize()
     return {n: _rel(g, w.float()) for n, g, w in zip(("dq", "dk", "dv"), got, want, strict=True)}
 
@@ -344,14 +344,14 @@ def test_fa4_forward_with_head_dim_8_below_head_dim_v():
         """
         import torch
         import attn_dispatch as ad
-        from attn_dispatch._validation import build_inputs
+        from attn_dispatch.backend import make_inputs
         from attn_dispatch_flash_attn_cute import _fa4
         gen = torch.Generator(device="cuda").manual_seed(11)
         q = torch.randn(4, 28, 16, 8, generator=gen, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(4, 28, 2, 8, generator=gen, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(4, 28, 2, 40, generator=gen, device="cuda", dtype=torch.bfloat16)
         flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
-        out, lse = _fa4.forward(build_inputs(q, k, v, **flags))
+        out, lse = _fa4.forward(make_inputs(q, k, v, **flags))
         torch.cuda.synchronize()
         want, _ = ad.forward(q, k, v, backend="reference", causal=True)
         err = ((out.float() - want.float()).norm() / want.float().norm()).item()

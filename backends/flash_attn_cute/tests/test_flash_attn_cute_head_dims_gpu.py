@@ -19,7 +19,7 @@ from attn_dispatch_flash_attn_cute import _fa4
 from attn_dispatch_flash_attn_cute._support import fa4_problem
 
 import attn_dispatch as ad
-from attn_dispatch._validation import build_inputs
+from attn_dispatch.backend import make_inputs
 from attn_dispatch.testing.oracle import oracle
 from attn_dispatch.testing.tolerances import error_metrics, tolerance_for
 
@@ -76,10 +76,10 @@ def _fa4_errors(h: int, hkv: int, d: int, seed: int) -> dict[str, float]:
     flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
     nbytes = 4 * q.numel() * q.element_size() + 16 * q.numel()
     _poison_allocator(nbytes)
-    out, lse = _fa4.forward(build_inputs(q, k, v, **flags))
+    out, lse = _fa4.forward(make_inputs(q, k, v, **flags))
     # The backward runs on FA4's own out and lse, as in training.
     _poison_allocator(nbytes)
-    grads = _fa4.backward(build_inputs(q, k, v, out, lse, grad_out, **flags))
+    grads = _fa4.backward(make_inputs(q, k, v, out, lse, grad_out, **flags))
     torch.cuda.synchronize()
     got = {"out": out, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
     ref = dict(zip(("out", "lse", "dq", "dk", "dv"), want, strict=True))

@@ -15,7 +15,7 @@ from attn_dispatch_flash_attn_cute import _fa4
 from attn_dispatch_flash_attn_cute._support import mask_args
 
 import attn_dispatch as ad
-from attn_dispatch._validation import build_inputs
+from attn_dispatch.backend import make_inputs
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,7 @@ def backward_inputs(sq=64, sk=96, d=64, **flags):
     flags = dict(
         dict(causal=True, causal_align="top_left", scale=None, deterministic=False), **flags
     )
-    return build_inputs(q, k, k, q, lse, q, **flags)
+    return make_inputs(q, k, k, q, lse, q, **flags)
 
 
 def test_plan_is_made_once_per_signature():
@@ -121,7 +121,7 @@ def cpu_backward_inputs(facts=None, **flags):
     flags = dict(
         dict(causal=False, causal_align="top_left", scale=None, deterministic=False), **flags
     )
-    inp = build_inputs(q, q, q, q, lse, q, **flags)
+    inp = make_inputs(q, q, q, q, lse, q, **flags)
     if facts is None:
         return inp
     return type(inp)(
@@ -163,7 +163,7 @@ def test_call_on_another_device_than_the_current_takes_the_planned_path(recordin
 
 def test_forward_hot_path_returns_out_and_lse(recording_fa4):
     q = torch.randn(1, 16, 2, 8)
-    inp = build_inputs(
+    inp = make_inputs(
         q, q, q, causal=False, causal_align="top_left", scale=None, deterministic=False
     )
     first = _fa4.forward(inp)

@@ -19,7 +19,7 @@ from attn_dispatch_flash_attn_cute._support import MaskArgs, mask_args
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
-from attn_dispatch._validation import build_inputs
+from attn_dispatch.backend import make_inputs
 from attn_dispatch.testing import visible_mask
 
 NAMES = ("flash_attn_cute:sm90", "flash_attn_cute:sm100")
@@ -27,17 +27,14 @@ FA4_MODULES = ("flash_attn", "cutlass", "tvm_ffi", "quack")
 
 
 @pytest.fixture(autouse=True)
-def selection_env(monkeypatch):
+def selection_env(isolated_plugins):
     """This backend (enabled: its Blackwell implementation is opt-in), torch_sdpa (cuDNN at 50
     on sm_90) and the reference only."""
-    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "flash_attn_cute,torch_sdpa,reference")
-    monkeypatch.setenv("ATTN_DISPATCH_ENABLE", "flash_attn_cute")
-    for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
-        monkeypatch.delenv(name, raising=False)
-    ad.reload()
-    yield
-    monkeypatch.undo()
-    ad.reload(reset_enabled=True)
+    isolated_plugins.set(
+        ATTN_DISPATCH_PLUGINS="flash_attn_cute,torch_sdpa,reference",
+        ATTN_DISPATCH_ENABLE="flash_attn_cute",
+    )
+    return isolated_plugins
 
 
 def dense(sq=1024, sk=None, h=64, hkv=8, d=128, dv=None, b=1, dtype=torch.bfloat16):
@@ -574,7 +571,7 @@ def fa4_visible(args: MaskArgs, sq: int, sk: int) -> torch.Tensor:
 def forward_inputs(sq: int, sk: int, causal: bool, align: str, window=None) -> adb.ForwardInputs:
     q = torch.empty(1, sq, 2, 16, device="meta")
     k = torch.empty(1, sk, 2, 16, device="meta")
-    return build_inputs(
+    return make_inputs(
         q,
         k,
         k,
@@ -624,7 +621,7 @@ def test_mask_args_refuse_top_left_varlen_with_distinct_offsets():
     q = torch.empty(12, 2, 16, device="meta")
     cu_q = torch.zeros(3, dtype=torch.int32, device="meta")
     cu_k = torch.zeros(3, dtype=torch.int32, device="meta")
-    inp = build_inputs(
+    inp = make_inputs(
         q,
         q,
         q,
@@ -643,10 +640,10 @@ def test_mask_args_refuse_top_left_varlen_with_distinct_offsets():
 
 def test_measured_slower_only_for_backward_inputs():
     q, k, v, out, lse, do = dense(1024)
-    fwd = build_inputs(
+    fwd = make_inputs(
         q, k, v, causal=True, causal_align="top_left", scale=None, deterministic=False
     )
-    bwd = build_inputs(
+    bwd = make_inputs(
         q, k, v, out, lse, do, causal=True, causal_align="top_left", scale=None, deterministic=False
     )
     assert not plugin.measured_slower_sm90(fwd)
@@ -660,8 +657,8 @@ def test_softcap_ranks_below_triton(backward):
     q, k, v, out, lse, do = dense(16384)
     grads = (out, lse, do) if backward else ()
     flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
-    capped = build_inputs(q, k, v, *grads, **flags, softcap=30.0)
-    plain = build_inputs(q, k, v, *grads, **flags)
+    capped = make_inputs(q, k, v, *grads, **flags, softcap=30.0)
+    plain = make_inputs(q, k, v, *grads, **flags)
     arch = ad.Arch.parse("sm_90")
     assert plugin.measured_slower_sm90(capped)
     assert not plugin.measured_slower_sm90(plain)

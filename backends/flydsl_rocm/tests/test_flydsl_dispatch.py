@@ -18,19 +18,9 @@ MFMA = "flydsl_rocm:gfx942_mfma"
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch):
-    for var in (
-        "ATTN_DISPATCH_BACKEND",
-        "ATTN_DISPATCH_ENABLE",
-        "ATTN_DISPATCH_DISABLE",
-        "ATTN_DISPATCH_PLUGINS",
-        "ATTN_DISPATCH_ARCH",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    ad.reload(reset_enabled=True)
-    yield
-    monkeypatch.undo()
-    ad.reload(reset_enabled=True)  # leave no opt-in behind for other packages' tests
+def _clean(isolated_plugins):
+    """No opt-in or variable from elsewhere; none left behind for other packages' tests."""
+    return isolated_plugins
 
 
 def _meta(*shape, dtype=torch.bfloat16, device="meta"):
@@ -117,7 +107,12 @@ def test_forced_without_enabling():
         (dict(d=48), {}, "head_dim=48: needs a multiple of 32 in 32..256"),
         (dict(d=288), {}, "head_dim=288: needs a multiple of 32 in 32..256"),
         (dict(d=128, dv=64), {}, "head_dim_v=64 != head_dim=128: needs equal head dims"),
-        ({}, dict(deterministic=True), ad._selection.NON_DETERMINISTIC),
+        (
+            {},
+            dict(deterministic=True),
+            "deterministic=True was requested (argument or torch.use_deterministic_algorithms); "
+            "this implementation is not deterministic",
+        ),
         (
             dict(s=128, sk=256),
             dict(causal=True, causal_align="bottom_right"),
@@ -241,3 +236,19 @@ def test_head_dims_whose_index_math_breaks_are_rejected(d):
         x.startswith("head_dim=128")
         for x in _cand(explain("gfx950", *_inputs(d=128)), FUSED).reasons
     )
+
+
+def test_windows_and_caps_are_rejected_with_reasons():
+    tensors = _inputs(d=128)
+    for arch in ("gfx942", "gfx950"):
+        report = ad.explain(*tensors, window=(16, 0), softcap=5.0, arch=arch, backend="flydsl_rocm")
+        assert report.selected is None
+        own = [
+            c
+            for c in report.candidates
+            if c.name.startswith("flydsl_rocm:") and not c.reasons[0].startswith("arch=")
+        ]
+        assert own
+        for c in own:
+            assert "window=(16, 0): not supported by this implementation" in c.reasons, c
+            assert "softcap=5.0: not supported by this implementation" in c.reasons, c

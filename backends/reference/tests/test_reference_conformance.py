@@ -1,17 +1,42 @@
 """The reference backend against the float64 oracle, through ``ad.backward(backend="reference")``.
 
-Default run: the kit's standard + random cases in float64 and float32 (forward, backward,
-bitwise determinism). ``-m slow`` adds many more random cases and bf16/f16.
+Default run: the kit's default cases (standard, window/soft-cap, random) in float64, forward and
+backward; the standard and window/soft-cap cases in float32 with bitwise determinism too, and
+in bf16/f16 (backward). ``-m slow`` adds the rest of that product (float64 determinism, the
+random cases in float32) and many more random cases in every dtype.
 """
 
 import pytest
 
-from attn_dispatch.testing import make_conformance_tests, random_cases, standard_cases
+from attn_dispatch.testing import (
+    make_conformance_tests,
+    random_cases,
+    standard_cases,
+    variant_cases,
+)
 
-test_reference_conformance = make_conformance_tests("reference", dtypes=("float64", "float32"))
+test_reference_conformance = make_conformance_tests(
+    "reference", dtypes=("float64",), checks=("backward", "forward")
+)
+
+test_reference_conformance_float32 = make_conformance_tests(
+    "reference", dtypes=("float32",), cases=standard_cases() + variant_cases()
+)
 
 test_reference_conformance_low_precision = make_conformance_tests(
     "reference", dtypes=("bfloat16", "float16"), cases=standard_cases(), checks=("backward",)
+)
+
+test_reference_conformance_deterministic_float64 = pytest.mark.slow(
+    make_conformance_tests("reference", dtypes=("float64",), checks=("deterministic",))
+)
+
+test_reference_conformance_random_float32 = pytest.mark.slow(
+    make_conformance_tests(
+        "reference",
+        dtypes=("float32",),
+        cases=random_cases(16, seed=1) + random_cases(8, seed=5, variants=True),
+    )
 )
 
 test_reference_conformance_many = pytest.mark.slow(

@@ -21,15 +21,10 @@ NAMES = ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient")
 
 
 @pytest.fixture(autouse=True)
-def only_sdpa_and_reference(monkeypatch):
+def only_sdpa_and_reference(isolated_plugins):
     """Selection among this backend and the reference alone (other backends may be installed)."""
-    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "torch_sdpa,reference")
-    for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
-        monkeypatch.delenv(name, raising=False)
-    ad.reload()
-    yield
-    monkeypatch.undo()
-    ad.reload()
+    isolated_plugins.set(ATTN_DISPATCH_PLUGINS="torch_sdpa,reference")
+    return isolated_plugins
 
 
 def _dense(sq=1024, sk=None, h=64, hkv=8, d=128, dv=None, dtype=torch.bfloat16, device="meta"):
@@ -269,13 +264,13 @@ def test_flash_window_sides_near_int64_are_passed_as_unbounded(huge, bounded):
     beyond int64) must arrive as -1, never as a number the kernel holds in 32 bits."""
     from attn_dispatch_torch_sdpa.flash import _window_kwargs
 
-    from attn_dispatch._validation import build_inputs
+    from attn_dispatch.backend import make_inputs
 
     q = torch.empty(1, 9, 2, 64, dtype=torch.bfloat16, device="meta")
     k = torch.empty(1, 12, 2, 64, dtype=torch.bfloat16, device="meta")
 
     def kwargs(window):
-        inp = build_inputs(
+        inp = make_inputs(
             q,
             k,
             k,

@@ -11,6 +11,8 @@ on a GPU: the conformance kit's window cases in test_sdpa_gpu.py.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from attn_dispatch_torch_sdpa import _ops
@@ -21,6 +23,8 @@ from attn_dispatch_torch_sdpa.flash import Flash, _window_kwargs
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
+from attn_dispatch.testing import declared_capabilities, make_conformance_tests
+from attn_dispatch.tools import cli
 
 SM90 = ad.Arch.parse("sm_90")
 
@@ -120,3 +124,97 @@ def test_window_keywords_missing_from_the_schema_are_a_reason(monkeypatch):
     reasons = Flash().supports(_inputs(window=(8, 8)), SM90)
     assert any("lacks keyword(s) window_size_middle" in r for r in reasons), reasons
     assert Flash().supports(_inputs(), SM90) == []  # without a window the keywords are not needed
+
+
+# ----------------------------------------------------------------------------------------------
+# through the public API: selection, forcing, the CLI and the conformance kit on meta tensors
+
+
+def _meta_args(sq=256, h=8, d=128, dtype=torch.bfloat16):
+    """Backward arguments (q, k, v, out, lse, grad_out) on meta, BSHD, MHA."""
+    bshd = [torch.empty(1, sq, h, d, dtype=dtype, device="meta") for _ in range(5)]
+    lse = torch.empty(1, h, sq, dtype=torch.float32, device="meta")
+    return [*bshd[:4], lse, bshd[4]]
+
+
+def _reasons(report: ad.Report, name: str) -> tuple[str, ...]:
+    return next(c.reasons for c in report.candidates if c.name == name)
+
+
+def test_cached_decision_is_not_reused_for_a_window_the_choice_rejects(isolated_plugins):
+    """A decision made for plain inputs (cuDNN on sm_90) must not run a windowed call."""
+    isolated_plugins.set(ATTN_DISPATCH_ARCH="sm_90")
+    tensors = _meta_args(d=128)
+    assert ad.explain(*tensors).selected == "torch_sdpa:cudnn"
+    ad.backward(*tensors)
+    ad.backward(*tensors)
+    report = ad.explain(*tensors, window=(128, 0))
+    assert report.selected != "torch_sdpa:cudnn"
+    with pytest.raises(ad.NoBackendError, match=r"window=\(128, 0\): not supported"):
+        ad.backward(*tensors, window=(128, 0), backend="torch_sdpa:cudnn")
+    ad.backward(*tensors, window=(128, 0))  # selects a backend that declares it
+
+
+def test_cudnn_rejects_with_the_standard_reasons(isolated_plugins):
+    report = ad.explain(*_meta_args(), window=(64, 0), softcap=30.0, arch="sm_90")
+    reasons = _reasons(report, "torch_sdpa:cudnn")
+    assert "window=(64, 0): not supported by this implementation" in reasons
+    assert "softcap=30.0: not supported by this implementation" in reasons
+    flash = _reasons(report, "torch_sdpa:flash")
+    assert "softcap=30.0: not supported by this implementation" in flash
+    assert not any(r.startswith("window=(64, 0): not supported") for r in flash)
+
+
+def test_forced_backend_that_cannot_raises_listing_the_reason(isolated_plugins):
+    isolated_plugins.set(ATTN_DISPATCH_ARCH="sm_90")
+    tensors = _meta_args()
+    for backend in ("torch_sdpa:cudnn", "torch_sdpa:efficient"):
+        with pytest.raises(ad.NoBackendError, match=r"softcap=2.0: not supported"):
+            ad.backward(*tensors, softcap=2.0, backend=backend)
+        with ad.use_backend(backend), pytest.raises(ad.NoBackendError, match="window="):
+            ad.forward(*tensors[:3], window=(8, 8))
+
+
+def test_cli_explain_shows_window_and_softcap(isolated_plugins, capsys):
+    argv = ["explain", "--seqlen", "2048", "--heads", "8", "--head-dim", "128", "--arch", "sm_90"]
+    assert cli.main([*argv, "--window", "256,0", "--softcap", "30", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert any("window=(256, 0) softcap=30.0" in line for line in data["inputs"])
+    cudnn = next(c for c in data["candidates"] if c["name"] == "torch_sdpa:cudnn")
+    assert "window=(256, 0): not supported by this implementation" in cudnn["reasons"]
+    assert cli.main([*argv, "--window=-,64"]) == 0
+    assert "window=(None, 64)" in capsys.readouterr().out
+    assert cli.main([*argv, "--window", "none,0", "--backend", "torch_sdpa:cudnn"]) == 0
+    assert "window=(None, 0): not supported" in capsys.readouterr().out
+
+
+def test_cli_list_shows_the_capabilities(isolated_plugins, capsys):
+    assert cli.main(["list"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "reference:chunked" in x)
+    assert "window" in line and "softcap" in line
+    assert cli.main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    impls = {i["name"]: i for b in data["backends"] for i in b["implementations"]}
+    assert impls["torch_sdpa:flash"]["window"] and not impls["torch_sdpa:flash"]["softcap"]
+
+
+def test_declared_capabilities_are_listed(isolated_plugins):
+    infos = {i.name: i for b in ad.backends() for i in b.implementations}
+    assert infos["torch_sdpa:flash"].window and not infos["torch_sdpa:flash"].softcap
+    assert not infos["torch_sdpa:cudnn"].window and not infos["torch_sdpa:cudnn"].softcap
+    assert declared_capabilities("torch_sdpa") == {"window"}
+    assert declared_capabilities("torch_sdpa:cudnn") == set()
+
+
+def _conformance_cases(backend: str) -> list:
+    fn = make_conformance_tests(backend, checks=("backward",))
+    (mark,) = [m for m in fn.pytestmark if m.name == "parametrize"]
+    return [p.values[2] for p in mark.args[1]]
+
+
+def test_conformance_suite_collects_variant_cases_only_where_declared():
+    cudnn, flash = _conformance_cases("torch_sdpa:cudnn"), _conformance_cases("torch_sdpa:flash")
+    assert not any(c.needs for c in cudnn)
+    assert any("window" in c.needs for c in flash)
+    assert not any("softcap" in c.needs for c in flash)
+    assert len(cudnn) < len(_conformance_cases("reference"))

@@ -188,14 +188,14 @@ def test_triton_kernel_compiles(kernel_name: str, arch: str) -> None:
 @pytest.mark.parametrize(
     ("causal", "group", "seqlen_k"),
     [
-        (False, 1, 1024),
+        pytest.param(False, 1, 1024, marks=pytest.mark.slow),
         (False, 1, 2048),
-        (False, 1, 4096),
-        (False, 8, 4096),
+        pytest.param(False, 1, 4096, marks=pytest.mark.slow),
+        pytest.param(False, 8, 4096, marks=pytest.mark.slow),
         (True, 8, 1024),
-        (True, 1, 1024),
-        (True, 1, 2048),
-        (True, 1, 4096),
+        pytest.param(True, 1, 1024, marks=pytest.mark.slow),
+        pytest.param(True, 1, 2048, marks=pytest.mark.slow),
+        pytest.param(True, 1, 4096, marks=pytest.mark.slow),
     ],
     ids=[
         "mha-1k",
@@ -210,7 +210,8 @@ def test_triton_kernel_compiles(kernel_name: str, arch: str) -> None:
 )
 def test_triton_sm90_table_entries_compile(kernel_name, causal, group, seqlen_k) -> None:
     """The sm_90 table's per-class entries (short tiles, heaviest-first order, dP first,
-    4-stage dQ) compile."""
+    4-stage dQ) compile. By default one full and one causal class of each kernel; every class
+    under ``-m slow``."""
     _check(
         compile_kernel(kernel_name, "sm_90", causal=causal, group=group, seqlen_k=seqlen_k),
         kernel_name,
@@ -298,9 +299,23 @@ VARIANTS = {  # (causal, window_left, window_right, softcap): the band and soft-
 BAND_KERNELS = ("fwd", "dkdv", "dq", "dkdvq")  # the kernels that read the band and the cap
 
 
-@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx950"])
-@pytest.mark.parametrize("kernel_name", BAND_KERNELS)
-@pytest.mark.parametrize("variant", VARIANTS)
+def _variant_matrix() -> list:
+    """Every (variant, kernel, arch); by default each kernel on each arch once, the variant
+    turning with them (each variant is compiled at least twice), the rest under ``-m slow``."""
+    archs = ("sm_90", "gfx942", "gfx950")
+    default = {
+        (list(VARIANTS)[i % len(VARIANTS)], k, a)
+        for i, (k, a) in enumerate((k, a) for k in BAND_KERNELS for a in archs)
+    }
+    return [
+        pytest.param(v, k, a, marks=() if (v, k, a) in default else pytest.mark.slow)
+        for v in VARIANTS
+        for k in BAND_KERNELS
+        for a in archs
+    ]
+
+
+@pytest.mark.parametrize(("variant", "kernel_name", "arch"), _variant_matrix())
 def test_triton_window_softcap_variants_compile(kernel_name: str, arch: str, variant: str) -> None:
     """Sliding-window and soft-cap variants of every band-reading kernel, with the table's
     configuration for a causal GQA call (sm_90: TMA tile loads and the TMA dQ reduction)."""

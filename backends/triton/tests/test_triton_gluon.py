@@ -251,12 +251,19 @@ BAND_VARIANTS = {  # (causal: right side bounded, window_left, softcap)
     not isinstance(_attn_bwd_dkdv_sm90, JITFunction),
     reason="kernels were defined in interpreter mode: nothing to compile",
 )
-@pytest.mark.parametrize("kernel", ["dkdv", "dkdv-atomic-dq", "dq"])
-@pytest.mark.parametrize("variant", BAND_VARIANTS)
+@pytest.mark.parametrize(
+    ("kernel", "variant"),
+    [
+        pytest.param(k, v, marks=() if (i + j) % 3 == 0 else pytest.mark.slow)
+        for i, k in enumerate(("dkdv", "dkdv-atomic-dq", "dq"))
+        for j, v in enumerate(BAND_VARIANTS)
+    ],
+)
 def test_gluon_band_and_softcap_variants_compile_for_sm90(kernel, variant) -> None:
     """Sliding-window bands and the soft cap in both Gluon kernels (and the fused-atomic one):
     the same warp-group MMAs and shared memory budget; the cap is one hardware ``tanh`` per
-    score and adds no ``exp2``."""
+    score and adds no ``exp2``. By default every kernel and every variant at least once; each
+    pair under ``-m slow``."""
     causal, left, cap = BAND_VARIANTS[variant]
     name, atomic = kernel.removesuffix("-atomic-dq"), kernel.endswith("-atomic-dq")
     common = dict(causal=causal, varlen=False, atomic_dq=atomic, window_left=left)

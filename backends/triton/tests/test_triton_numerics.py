@@ -18,6 +18,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 
@@ -532,34 +533,71 @@ def _slow_cases() -> list[dict]:
 SLOW_CASES = _slow_cases()
 
 
-def _run_worker(cases: list[dict]) -> dict[str, dict]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, str(WORKER)],
-        input=json.dumps(cases),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"interpreter worker failed:\n{proc.stderr[-4000:]}")
-    return {r["id"]: r for r in json.loads(proc.stdout)}
+class Worker:
+    """One interpreter subprocess for a list of cases. It can be started as soon as the session
+    knows its tests will need it (``conftest.py``: on one core while the rest of the suite runs
+    on the other) and is waited for by the first test that reads its results."""
+
+    def __init__(self, cases: list[dict]) -> None:
+        self.cases = cases
+        self.proc: subprocess.Popen | None = None
+        self.results: dict[str, dict] | None = None
+
+    def start(self) -> None:
+        if self.proc is not None:
+            return
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["OMP_NUM_THREADS"] = "1"  # one core: the test session keeps the other
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        # The cases fit in the pipe's buffer only sometimes: feed them from a thread, so that
+        # starting never blocks the session.
+        threading.Thread(target=self._feed, daemon=True).start()
+
+    def _feed(self) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(self.cases))
+        self.proc.stdin.close()
+
+    def wait(self) -> dict[str, dict]:
+        if self.results is None:
+            self.start()
+            assert self.proc is not None
+            out = self.proc.stdout.read()
+            err = self.proc.stderr.read()
+            if self.proc.wait(timeout=3600) != 0:
+                raise RuntimeError(f"interpreter worker failed:\n{err[-4000:]}")
+            self.results = {r["id"]: r for r in json.loads(out)}
+        return self.results
+
+
+# The fixture each suite's tests read, and its worker (conftest.py starts those a run needs).
+WORKERS = {
+    "default_results": Worker(DEFAULT_CASES),
+    "variant_results": Worker([RANGES_CASE, *VARIANT_CASES]),
+    "slow_results": Worker(SLOW_CASES),
+}
 
 
 @pytest.fixture(scope="module")
 def default_results() -> dict[str, dict]:
-    return _run_worker(DEFAULT_CASES)
+    return WORKERS["default_results"].wait()
 
 
 @pytest.fixture(scope="module")
 def variant_results() -> dict[str, dict]:
-    return _run_worker([RANGES_CASE, *VARIANT_CASES])
+    return WORKERS["variant_results"].wait()
 
 
 @pytest.fixture(scope="module")
 def slow_results() -> dict[str, dict]:
-    return _run_worker(SLOW_CASES)
+    return WORKERS["slow_results"].wait()
 
 
 def _check(c: dict, r: dict) -> None:

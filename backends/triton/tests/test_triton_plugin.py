@@ -15,16 +15,11 @@ import attn_dispatch as ad
 
 
 @pytest.fixture(autouse=True)
-def triton_sdpa_and_reference(monkeypatch):
+def triton_sdpa_and_reference(isolated_plugins):
     """Selection among triton, torch_sdpa (cuDNN: the rank these tests compare against) and the
     reference alone, whatever else is installed."""
-    monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "triton,torch_sdpa,reference")
-    for name in ("ATTN_DISPATCH_BACKEND", "ATTN_DISPATCH_DISABLE", "ATTN_DISPATCH_ARCH"):
-        monkeypatch.delenv(name, raising=False)
-    ad.reload()
-    yield
-    monkeypatch.undo()
-    ad.reload()
+    isolated_plugins.set(ATTN_DISPATCH_PLUGINS="triton,torch_sdpa,reference")
+    return isolated_plugins
 
 
 def meta_inputs(*, dtype=torch.bfloat16, b=1, s=256, h=16, hk=4, d=128, dv=None, varlen=False):
@@ -191,3 +186,30 @@ def test_gluon_range_needs_tensors_the_gluon_kernels_read() -> None:
     report = ad.explain(*args, **flags, causal=True, arch="sm_90")
     (cand,) = [c for c in report.candidates if c.name == "triton:fused"]
     assert cand.priority == GLUON
+
+
+def test_window_and_softcap_are_accepted_and_explained_on_sm90():
+    args, _ = meta_inputs(s=1024, h=8, hk=8, d=128)
+    for tensors in (args, args[:3]):  # backward, forward
+        report = ad.explain(
+            *tensors, window=(128, None), softcap=30.0, arch="sm_90", backend="triton"
+        )
+        assert report.selected == "triton:fused", str(report)
+        assert "window=(128, None) softcap=30.0" in report.inputs
+        assert "torch_sdpa:cudnn" not in {c.name for c in report.candidates if not c.reasons}
+
+
+def test_window_and_softcap_run_on_meta_through_dispatch(triton_sdpa_and_reference):
+    triton_sdpa_and_reference.set(ATTN_DISPATCH_ARCH="sm_90")
+    tensors, _ = meta_inputs(s=512, h=8, hk=8, d=64)
+    grads = ad.backward(*tensors, window=(32, 0), softcap=10.0, backend="triton")
+    assert grads.dq.device.type == "meta" and grads.dq.shape == tensors[0].shape
+    choice = ad.decide(*tensors, window=(32, 0), softcap=10.0, backend="triton")
+    assert choice.name == "triton:fused"
+    assert choice.inputs.window == (32, 0) and choice.inputs.softcap == 10.0
+
+
+def test_declares_window_and_softcap():
+    (info,) = [b for b in ad.backends() if b.name == "triton"]
+    fused = next(i for i in info.implementations if i.name == "triton:fused")
+    assert fused.to_dict()["window"] is True and fused.softcap

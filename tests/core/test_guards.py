@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import make_inputs
+from dispatch_helpers import make_inputs
 
 import attn_dispatch as ad
 from attn_dispatch import _dispatch, _guards
@@ -166,3 +166,22 @@ def test_max_seqlen_on_a_dense_call_is_validated_after_caching(env):
         ad.backward(*inputs)
     with pytest.raises(ValueError, match="max_seqlen_k"):
         ad.backward(*inputs, max_seqlen_k=999)
+
+
+def test_cache_eviction_keeps_the_hot_signature_guarded(env, monkeypatch):
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    monkeypatch.setattr(_dispatch, "MAX_CACHED_DECISIONS", 8)
+    hot = make_inputs(sq=4)
+    for _ in range(2):
+        ad.backward(*hot)
+    # batches of new signatures overflow the dictionary, then want the guard slots before the
+    # hot signature is called again
+    for batch in range(4):
+        for sq in range(5 + 6 * batch, 11 + 6 * batch):
+            ad.backward(*make_inputs(sq=sq))
+            ad.backward(*make_inputs(sq=sq))
+        ad.backward(*hot)
+        settings = ad._settings.current()
+        assert len(settings.decisions) <= 8
+        (entries,) = settings.guarded.values()
+        assert _guards.match(entries, hot) is not None, f"batch {batch}"

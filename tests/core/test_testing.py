@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from dispatch_helpers import DeclinesVariants, IgnoresVariants
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
@@ -16,8 +17,10 @@ from attn_dispatch.testing import (
     FLOAT32,
     FLOAT64,
     Case,
+    Unsupported,
     check_backward,
     check_forward,
+    declared_capabilities,
     error_metrics,
     make_conformance_tests,
     oracle,
@@ -27,6 +30,9 @@ from attn_dispatch.testing import (
     variant_cases,
 )
 from attn_dispatch.testing.oracle import visible_mask
+
+# Random cases that carry windows and caps (variants=True), as a backend's suite draws them.
+RANDOM = random_cases(14, seed=26, max_seqlen=64, variants=True)
 
 # ---------------------------------------------------------------------------------------------
 # the oracle
@@ -454,3 +460,93 @@ def test_registered_wrong_backend_fails_and_rejection_is_unsupported(toys):
 def test_backend_whose_supports_raises_is_a_failure_not_a_skip(toys):
     with pytest.raises(AssertionError, match="failed while evaluating"):
         check_backward("broken_supports", GQA)
+
+
+def test_visible_mask_follows_the_contract():
+    sq, sk = 5, 9
+    for align, offset in (("top_left", 0), ("bottom_right", sk - sq)):
+        for causal in (False, True):
+            for window in ((2, 1), (None, 3), (0, None), (1, 0), (0, 0), None):
+                got = visible_mask(sq, sk, causal, align, window=window)
+                left, right = window or (None, None)
+                if causal:
+                    right = 0 if right is None else min(right, 0)
+                for i in range(sq):
+                    d = i + offset
+                    for j in range(sk):
+                        want = (left is None or j >= d - left) and (right is None or j <= d + right)
+                        assert bool(got[i, j]) == want, (align, causal, window, i, j)
+
+
+def test_oracle_soft_cap_is_the_tanh_of_the_scores():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 6, 2, 8), torch.randn(1, 7, 2, 8), torch.randn(1, 7, 2, 8)
+    res = oracle(q, k, v, softcap=1.3, scale=0.5)
+    s = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) * 0.5
+    s = 1.3 * torch.tanh(s / 1.3)
+    torch.testing.assert_close(res.lse, torch.logsumexp(s, -1))
+    want = torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v.double())
+    torch.testing.assert_close(res.out, want)
+
+
+def test_variant_cases_cover_what_the_contract_names():
+    cases = variant_cases()
+    tags = {t for c in cases for t in c.tags}
+    for feature in ("window", "softcap", "varlen", "gqa", "masked_rows", "sq>sk", "sq<sk"):
+        assert feature in tags, feature
+    windows = [c.window for c in cases if c.window]
+    assert any(w[0] is None for w in windows) and any(w[1] is None for w in windows)
+    assert any(None not in w for w in windows)  # two-sided
+    assert {c.causal_align for c in cases if c.window} == {"top_left", "bottom_right"}
+    assert any(c.window and c.softcap for c in cases)
+    assert any(c.softcap and not c.window for c in cases)
+    assert any(c.needs == ("softcap",) for c in RANDOM) and any("window" in c.needs for c in RANDOM)
+
+
+def test_windows_and_caps_change_the_result():
+    """The variant cases are not accidentally the plain ones: the oracle differs."""
+    for case in variant_cases():
+        inp = case.make_inputs(torch.float64)
+        flags = inp.flags()
+        plain = {k: v for k, v in flags.items() if k not in ("window", "softcap")}
+        plain.pop("max_seqlen_q", None), plain.pop("max_seqlen_k", None)
+        flags.pop("max_seqlen_q", None), flags.pop("max_seqlen_k", None)
+        a = oracle(inp.q, inp.k, inp.v, inp.grad_out, **flags)
+        b = oracle(inp.q, inp.k, inp.v, inp.grad_out, **plain)
+        assert not torch.allclose(a.dq, b.dq), case.id
+
+
+def test_declared_capabilities_are_listed(env):
+    infos = {i.name: i for b in ad.backends() for i in b.implementations}
+    assert infos["reference:chunked"].window and infos["reference:chunked"].softcap
+    assert declared_capabilities("reference") == {"window", "softcap"}
+    assert declared_capabilities("no_such_backend") is None
+
+
+def test_conformance_catches_a_backend_that_ignores_the_window(env):
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    impls = ad._settings.current().registry.implementations
+    impls["reference:liar"], impls["reference:plain"] = IgnoresVariants(), DeclinesVariants()
+    window_case, cap_case = variant_cases()[0], variant_cases()[6]
+    assert window_case.needs == ("window",) and cap_case.needs == ("softcap",)
+    for case in (window_case, cap_case):
+        with pytest.raises(AssertionError, match="does not match the float64 oracle"):
+            check_backward("reference:liar", case, dtype=torch.float64)
+        with pytest.raises(AssertionError, match="does not match the float64 oracle"):
+            check_forward("reference:liar", case, dtype=torch.float64)
+        with pytest.raises(Unsupported, match="not supported by this implementation"):
+            check_backward("reference:plain", case, dtype=torch.float64)
+    check_backward("reference:liar", Case((16,), (16,), seed=3), dtype=torch.float64)
+
+
+def conformance_case_ids(backend: str) -> list[Case]:
+    """The cases ``make_conformance_tests`` parametrises its backward test with."""
+    fn = make_conformance_tests(backend, checks=("backward",))
+    (mark,) = [m for m in fn.pytestmark if m.name == "parametrize"]
+    return [p.values[2] for p in mark.args[1]]
+
+
+def test_conformance_suite_collects_variant_cases_only_where_declared(env):
+    reference = conformance_case_ids("reference")
+    assert {n for c in reference for n in c.needs} == {"window", "softcap"}
+    assert len(reference) > len([c for c in reference if c.needs])

@@ -15,7 +15,7 @@ import pytest
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "tests" / "plugins"
 # `pip install ...` up to the end of the line, a backtick, a parenthesis or a shell separator
 # (double-quoted words such as "attn-dispatch[x]" are part of the line).

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 BACKENDS = ("reference", "torch_sdpa", "triton", "flydsl_rocm")
 
 

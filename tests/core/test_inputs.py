@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import make_inputs
+from dispatch_helpers import make_inputs
 
 import attn_dispatch as ad
 from attn_dispatch._validation import build_inputs
@@ -295,3 +295,27 @@ def test_numpy_bool_flag_is_refused_with_its_qualified_type(env):
     for name in ("causal", "deterministic"):
         with pytest.raises(TypeError, match=f"argument '{name}': expected a bool.*got numpy.bool"):
             ad.forward(q, k, v, **{name: np.bool_(True)})
+
+
+def test_inputs_repr_and_describe_carry_the_variants():
+    q, k, v, out, lse, do = make_inputs(sq=6, h=2, hkv=1, d=8)
+    from attn_dispatch._validation import build_inputs
+
+    inp = build_inputs(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        do,
+        causal=False,
+        causal_align="top_left",
+        scale=None,
+        deterministic=False,
+        window=[3, None],
+        softcap=7,
+    )
+    assert inp.window == (3, None) and inp.softcap == 7.0 and isinstance(inp.softcap, float)
+    assert "window=(3, None), softcap=7.0" in repr(inp)
+    assert "window=(3, None) softcap=7.0" in inp.describe()
+    assert math.isclose(inp.scale, 8**-0.5)

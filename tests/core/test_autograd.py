@@ -516,3 +516,85 @@ def test_numpy_ints_are_taken_as_in_forward() -> None:
     torch.testing.assert_close(ad.attention(t, t, t, **flags), ad.forward(t, t, t, **flags)[0])
     with pytest.raises(TypeError, match="argument 'max_seqlen_q'"):
         ad.attention(t, t, t, **dict(flags, max_seqlen_q=np.bool_(True)))
+
+
+def test_attention_window_softcap_matches_the_oracle_varlen_gqa():
+    case = Case(
+        (9, 0, 14),
+        (11, 4, 14),
+        heads=4,
+        kv_heads=2,
+        head_dim=8,
+        varlen=True,
+        window=(3, 1),
+        softcap=1.7,
+        causal_align="bottom_right",
+        seed=5,
+    )
+    inp = case.make_inputs(torch.float32)
+    q, k, v = (t.requires_grad_(True) for t in (inp.q, inp.k, inp.v))
+    out = ad.attention(q, k, v, **inp.flags())
+    grads = torch.autograd.grad(out, (q, k, v), inp.grad_out)
+    flags = {k: v for k, v in inp.flags().items() if not k.startswith("max_seqlen")}
+    ref = oracle(q, k, v, inp.grad_out, **flags)
+    tol = tolerance_for(torch.float32)
+    for name, got, want in zip(
+        ("out", "dq", "dk", "dv"), (out, *grads), (ref.out, ref.dq, ref.dk, ref.dv)
+    ):
+        max_err, rel_l2 = error_metrics(got, want)
+        assert max_err <= tol.max_err and rel_l2 <= tol.rel_l2, (name, max_err, rel_l2)
+
+
+def test_attention_flags_reach_both_passes(monkeypatch):
+    seen = []
+    for name, real in (("_dispatch_forward", ad.forward), ("_dispatch_backward", ad.backward)):
+
+        def spy(*args, _real=real, **kwargs):
+            seen.append((kwargs["window"], kwargs["softcap"]))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(f"attn_dispatch._autograd.{name}", spy)
+    q = torch.randn(1, 5, 2, 4, requires_grad=True)
+    ad.attention(q, q, q, window=[2, None], softcap=3).sum().backward()
+    assert seen == [((2, None), 3.0), ((2, None), 3.0)]
+    seen.clear()
+    ad.attention(q, q, q, window=(None, None)).sum().backward()
+    assert seen == [(None, None), (None, None)]
+
+
+def _block_step(fn, q, k, v, grad_out):
+    out = fn(q, k, v)
+    return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
+
+
+def test_compile_fullgraph_with_window_and_softcap_matches_eager():
+    torch.compiler.reset()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.backends.registry.lookup_backend("aot_eager")(gm, example_inputs)
+
+    def attn(q, k, v):
+        return ad.attention(
+            q, k, v, causal=True, causal_align="bottom_right", window=(4, None), softcap=2.5
+        )
+
+    compiled = torch.compile(attn, backend=counting, fullgraph=True)
+    torch.manual_seed(3)
+    q = torch.randn(2, 10, 4, 8, requires_grad=True)
+    k, v = (torch.randn(2, 13, 2, 8, requires_grad=True) for _ in range(2))
+    grad_out = torch.randn(2, 10, 4, 8)
+    want = _block_step(attn, q, k, v, grad_out)
+    got = _block_step(compiled, q, k, v, grad_out)
+    assert len(graphs) == 1
+    nodes = [n for n in graphs[0].graph.nodes if "attn_dispatch.fwd" in str(n.target)]
+    assert nodes and (4, None, 2.5) == tuple(nodes[0].args[-3:])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    ref = oracle(
+        q, k, v, grad_out, causal=True, causal_align="bottom_right", window=(4, None), softcap=2.5
+    )
+    for a, b in zip(got, (ref.out, ref.dq, ref.dk, ref.dv)):
+        torch.testing.assert_close(a, b.float(), atol=1e-5, rtol=1e-4)
+    torch.compiler.reset()

@@ -1,4 +1,5 @@
-"""use_backend isolation across threads and tasks; no kernel runtime imported by the core."""
+"""Settings: the ATTN_DISPATCH_* variables as read, use_backend scoped to its thread or task, and
+no kernel runtime imported by the core or its selection."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import subprocess
 import sys
 import threading
 
-from conftest import make_inputs, tag_of
+import pytest
+from dispatch_helpers import make_inputs, tag_of
 
 import attn_dispatch as ad
 
@@ -85,3 +87,36 @@ def test_core_and_selection_import_no_kernel_runtime():
     assert done.returncode == 0, done.stderr
     assert "HEAVY:\n" in done.stdout, done.stdout
     assert "reference" in done.stdout
+
+
+def test_a_bad_arch_variable_is_named(env):
+    with pytest.raises(ValueError, match="ATTN_DISPATCH_ARCH"):
+        env.set(ATTN_DISPATCH_ARCH="bogus")
+
+
+def test_arch_variable_is_read_with_the_settings(env, monkeypatch):
+    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    ad.backward(*make_inputs())
+    monkeypatch.setenv("ATTN_DISPATCH_ARCH", "sm_90")
+    assert ad.explain(*make_inputs(sq=12)).arch.name == "cpu"
+    ad.reload()
+    assert ad.explain(*make_inputs(sq=12)).arch.name == "sm_90"
+
+
+@pytest.mark.parametrize(
+    "value, on", [("false", False), ("0", False), ("off", False), ("1", True), ("TRUE", True)]
+)
+def test_debug_variable_is_a_boolean(env, value, on):
+    env.set(ATTN_DISPATCH_DEBUG=value)
+    assert ad._settings.current().debug is on
+
+
+def test_debug_variable_garbage_is_warned_about_and_off(env):
+    with pytest.warns(UserWarning, match="ATTN_DISPATCH_DEBUG='maybe' is not a boolean"):
+        env.set(ATTN_DISPATCH_DEBUG="maybe")
+    assert ad._settings.current().debug is False
+
+
+def test_backend_variable_is_stripped(toys):
+    toys.set(ATTN_DISPATCH_BACKEND=" toy:slow ")
+    assert tag_of(ad.backward(*make_inputs())) == 2.0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_tiny_transformer.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_tiny_transformer.py"
 
 
 @pytest.fixture

@@ -4,13 +4,17 @@ broken plugins and explain, with the third-party-style plugins in tests/plugins.
 from __future__ import annotations
 
 import json
+import logging
+import sys
+import threading
 import warnings
 
 import pytest
 import torch
-from conftest import make_inputs, tag_of
+from dispatch_helpers import make_inputs, tag_of
 
 import attn_dispatch as ad
+from attn_dispatch import _selection
 from attn_dispatch import backend as adb
 
 FAST, SLOW, NONDET, EXPERIMENTAL, GPU_ONLY, GRAPH_ONLY = 1.0, 2.0, 3.0, 4.0, 5.0, 7.0
@@ -350,3 +354,66 @@ def test_forced_project_backend_not_installed_says_how_to_install(env, monkeypat
     with pytest.raises(ad.UnknownBackendError, match="unknown backend 'tritonn'"):
         with ad.use_backend("tritonn"):
             pass
+
+
+GATE = """
+import threading
+
+ENTERED, RELEASE = threading.Event(), threading.Event()
+
+
+class Normal(Tagged):
+    name, tag, priority = "normal", 1.0, {"*": 10}
+
+    def supports(self, inp, arch):
+        if not ENTERED.is_set():  # the first selection waits for the test
+            ENTERED.set()
+            assert RELEASE.wait(60)
+        return []
+
+
+class Better(Tagged):
+    name, tag, priority, opt_in = "better", 2.0, {"*": 100}, True
+"""
+
+
+def test_enable_during_a_selection_invalidates_its_decision(plugins, env):
+    plugins.backend("gate", GATE, "[Normal(), Better()]")
+    env.set(ATTN_DISPATCH_PLUGINS="gate")
+    gate = sys.modules["rel_gate"]
+    inputs = make_inputs()
+    results = []
+    worker = threading.Thread(target=lambda: results.append(ad.backward(*inputs)))
+    worker.start()
+    assert gate.ENTERED.wait(60)
+    ad.enable("gate:better")
+    gate.RELEASE.set()
+    worker.join(60)
+    assert tag_of(results[0]) == 1.0  # that call began before the change
+    assert ad.explain(*inputs).selected == "gate:better"
+    for _ in range(3):
+        assert tag_of(ad.backward(*inputs)) == 2.0
+
+
+SLEEPY = """
+import time
+
+
+class Slow(Tagged):
+    name, tag, priority = "slow", 1.0, {"*": 10}
+
+    def supports(self, inp, arch):
+        time.sleep(1.5)
+        return []
+"""
+
+
+def test_a_slow_supports_is_named_while_it_runs(plugins, env, monkeypatch, caplog):
+    plugins.backend("sleepy", SLEEPY, "[Slow()]")
+    env.set(ATTN_DISPATCH_PLUGINS="sleepy")
+    monkeypatch.setattr(_selection, "SLOW_HOOK_S", 0.3)
+    monkeypatch.setattr(_selection, "WATCH_INTERVAL_S", 0.05)
+    caplog.set_level(logging.WARNING, logger="attn_dispatch")
+    with pytest.warns(UserWarning, match=r"sleepy:slow supports\(\) took 1\.\d s"):
+        ad.backward(*make_inputs())
+    assert "sleepy:slow supports() has been running for" in caplog.text
