@@ -13,10 +13,11 @@ import torch
 
 from . import _settings
 from ._arch import Arch
+from ._call import parse
 from ._dispatch import BACKWARD, FORWARD, dispatch, select
-from ._execution import check_execution, current_execution
+from ._execution import check_execution
 from ._implementation import Gradients, Implementation, lookup_priority
-from ._inputs import BackwardInputs, ForwardInputs
+from ._inputs import ForwardInputs
 from ._registry import BackendRecord, _declaration_problems
 from ._report import Report
 from ._selection import no_backend_error
@@ -53,6 +54,10 @@ def backward(
     Raises ``TypeError``/``ValueError`` for malformed input and ``NoBackendError`` when no
     implementation (or not the forced one) accepts the inputs.
     """
+    settings = _settings.current()
+    call = parse(
+        "backward", causal, causal_align, scale, deterministic, backend, window, softcap, settings
+    )
     return dispatch(
         BACKWARD,
         (q, k, v, out, lse, grad_out),
@@ -60,13 +65,9 @@ def backward(
         cu_seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
+        call,
         backend,
-        window,
-        softcap,
+        settings,
     )
 
 
@@ -88,6 +89,10 @@ def forward(
     softcap=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of attention by the best (or forced) implementation that has a forward."""
+    settings = _settings.current()
+    call = parse(
+        "forward", causal, causal_align, scale, deterministic, backend, window, softcap, settings
+    )
     return dispatch(
         FORWARD,
         (q, k, v),
@@ -95,13 +100,9 @@ def forward(
         cu_seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
+        call,
         backend,
-        window,
-        softcap,
+        settings,
     )
 
 
@@ -137,23 +138,10 @@ def explain(
     rejection; malformed input still raises. The report is ``decide(...).report`` where an
     implementation is chosen.
     """
-    report, _, _ = _decision(
-        (q, k, v, out, lse, grad_out),
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        deterministic=deterministic,
-        backend=backend,
-        window=window,
-        softcap=softcap,
-        arch=arch,
-        execution=execution,
-        debug=False,
-    )
+    tensors = (q, k, v, out, lse, grad_out)
+    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    flags = (causal, causal_align, scale, deterministic, backend, window, softcap)
+    report, _, _ = _decision(None, tensors, seqlens, flags, arch, execution, debug=False)
     return report
 
 
@@ -213,55 +201,40 @@ def decide(
     if mode == "forward" and (out is not None or lse is not None or grad_out is not None):
         raise TypeError("decide(mode='forward') takes q, k and v only, not out, lse or grad_out")
     tensors = (q, k, v, out, lse, grad_out) if mode == "backward" else (q, k, v)
-    report, impl, inp = _decision(
-        tensors,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        deterministic=deterministic,
-        backend=backend,
-        window=window,
-        softcap=softcap,
-        arch=arch,
-        execution=execution,
-        debug=_settings.current().debug,
-        mode=mode,
-    )
+    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    flags = (causal, causal_align, scale, deterministic, backend, window, softcap)
+    debug = _settings.current().debug
+    report, impl, inp = _decision(mode, tensors, seqlens, flags, arch, execution, debug)
     if impl is None:
         raise no_backend_error(report)
     return Choice(impl.full_name, impl, inp, report)
 
 
 def _decision(
+    mode: str | None,
     tensors: tuple,
-    *,
-    deterministic,
-    backend,
+    seqlens: tuple,
+    flags: tuple,
     arch,
     execution,
     debug: bool,
-    mode: str | None = None,
-    **flags,
 ) -> tuple[Report, Implementation | None, ForwardInputs]:
     """Validate a call's arguments and decide it as the dispatcher does (``_dispatch.select``).
 
-    ``flags`` are ``build_inputs``'s keywords; ``mode``: ``None`` infers it from the tensors
+    ``seqlens``: cu_seqlens_q/_k, max_seqlen_q/_k; ``flags``: causal, causal_align, scale,
+    deterministic, backend, window, softcap. ``mode``: ``None`` infers it from the tensors
     (backward when any of out/lse/grad_out is given, as ``explain`` does); ``debug``: also
     check cu_seqlens values on a GPU, as the dispatcher does in debug mode."""
     settings = _settings.current()
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
+    if mode is None:
+        mode = "forward" if all(t is None for t in tensors[3:]) else "backward"
+    call = parse(mode, *flags, settings)
+    if execution is not None:
+        call = call._replace(execution=check_execution(execution))
     if arch is not None and not isinstance(arch, Arch):
         arch = Arch.parse(arch)
-    inp = build_inputs(*tensors, deterministic=deterministic, debug=debug, **flags)
-    if mode is None:
-        mode = "backward" if isinstance(inp, BackwardInputs) else "forward"
-    execution = current_execution() if execution is None else check_execution(execution)
-    report, impl, _ = select(settings, inp, mode, backend, execution, arch)
+    inp = build_inputs(call, tensors, *seqlens, debug)
+    report, impl, _ = select(settings, inp, mode, flags[4], call.execution, arch)
     return report, impl, inp
 
 

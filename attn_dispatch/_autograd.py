@@ -3,9 +3,13 @@
 Two custom operators carry the work, so ``torch.compile`` sees them as opaque nodes whose output
 shapes come from fake (meta) implementations:
 
-* ``attn_dispatch::fwd(q, k, v, ...) -> (out, lse)`` calls :func:`attn_dispatch.forward`;
-* ``attn_dispatch::bwd(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)`` calls
+* ``attn_dispatch::fwd(q, k, v, ...) -> (out, lse)`` dispatches as :func:`attn_dispatch.forward`;
+* ``attn_dispatch::bwd(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)`` dispatches as
   :func:`attn_dispatch.backward`.
+
+``attention`` checks its flags once; the operators build the dispatcher's ``Call`` from their
+schema-typed flags without checking them again (``_call.of_schema``), and a signature's first
+call validates their values with the tensors, as for any call.
 
 Autograd links them: the forward saves ``q, k, v, out, lse`` (and the cu_seqlens) and the
 backward of ``fwd`` calls ``bwd``. Selection happens inside the operators, in Python, cached per
@@ -21,8 +25,9 @@ import numbers
 import torch
 from torch import Tensor
 
-from ._api import backward as _dispatch_backward
-from ._api import forward as _dispatch_forward
+from . import _settings
+from ._call import of_schema, unforced
+from ._dispatch import BACKWARD, FORWARD, Mode, dispatch
 from ._inputs import INT64_MAX, lse_dtype, lse_shape
 from ._validation import (
     _require_tensor,
@@ -46,10 +51,13 @@ BWD_SCHEMA = (
 )
 
 
-def _window(left, right):
-    """The window of the operators' two optional sides: none when both are unbounded, which is
-    what ``window=None`` and ``window=(None, None)`` both mean."""
-    return None if left is None and right is None else (left, right)
+def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: tuple):
+    """Dispatch an operator's call: ``seqlens`` (cu_seqlens_q/_k, max_seqlen_q/_k) and
+    ``flags`` (causal, causal_align, scale, deterministic, backend, window_left, window_right,
+    softcap) as its schema passes them."""
+    settings = _settings.current()
+    call = of_schema(mode.name, *flags, settings)
+    return dispatch(mode, tensors, *seqlens, call, flags[4], settings)
 
 
 def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
@@ -78,22 +86,9 @@ def _fwd(
     window_right,
     softcap,
 ):
-    out, lse = _dispatch_forward(
-        q,
-        k,
-        v,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        deterministic=deterministic,
-        backend=backend,
-        window=_window(window_left, window_right),
-        softcap=softcap,
-    )
+    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    flags = (causal, causal_align, scale, deterministic, backend, window_left, window_right)
+    out, lse = _dispatched(FORWARD, (q, k, v), seqlens, (*flags, softcap))
     inputs = (q, k, v)
     return _fresh(out, inputs), _fresh(lse, inputs)
 
@@ -126,25 +121,10 @@ def _bwd(
     window_right,
     softcap,
 ):
-    dq, dk, dv = _dispatch_backward(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        deterministic=deterministic,
-        backend=backend,
-        window=_window(window_left, window_right),
-        softcap=softcap,
-    )
+    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    flags = (causal, causal_align, scale, deterministic, backend, window_left, window_right)
+    tensors = (q, k, v, out, lse, grad_out)
+    dq, dk, dv = _dispatched(BACKWARD, tensors, seqlens, (*flags, softcap))
     inputs = (grad_out, q, k, v, out, lse)
     return _fresh(dq, inputs), _fresh(dk, inputs), _fresh(dv, inputs)
 
@@ -243,19 +223,14 @@ def attention(
     if any(isinstance(m, int) and m > INT64_MAX for m in (max_seqlen_q, max_seqlen_k)):
         # Dense or malformed varlen inputs: the schema cannot carry the value, so the
         # dispatcher's validation names what is wrong before the operator would.
-        build_inputs(
-            q,
-            k,
-            v,
+        call = unforced(
+            "forward",
             causal=causal,
             causal_align=causal_align,
             scale=scale,
             deterministic=deterministic,
-            cu_seqlens_q=cu_seqlens_q,
-            cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k,
         )
+        build_inputs(call, (q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"argument 'backend': expected a str or None, got {type(backend).__name__}")
     if torch.compiler.is_compiling():

@@ -17,24 +17,16 @@ from typing import NamedTuple
 
 import torch
 
-from . import _execution, _guards, _settings
+from . import _guards, _settings
 from ._arch import Arch, resolve_arch
 from ._call import Call
 from ._implementation import Gradients, Implementation
 from ._inputs import BackwardInputs, Facts, ForwardInputs, lse_dtype, lse_shape
 from ._report import Report
 from ._selection import POINTER_RESIDUE, evaluate, no_backend_error
-from ._validation import (
-    build_inputs,
-    check_cu_seqlens,
-    check_flags,
-    check_softcap,
-    check_window,
-    resolve_scale,
-)
+from ._validation import build_inputs, check_cu_seqlens
 
 log = logging.getLogger("attn_dispatch")
-_new_call = tuple.__new__  # builds a Call from a tuple, skipping NamedTuple's Python __new__
 # More signatures than this (shape-varying workloads) restart the cache rather than grow it.
 MAX_CACHED_DECISIONS = 4096
 
@@ -180,13 +172,6 @@ def _cu_key(cu: torch.Tensor | None):
     return None if cu is None else (cu.shape, cu.dtype, cu.device)
 
 
-def _normalized(causal, deterministic, scale):
-    """Validate what the cache key cannot tell apart (``1 == True``, ``True == 1.0``) and
-    return the scale as a float. Only calls with unusual flag types get here."""
-    check_flags(causal, "top_left", deterministic)
-    return scale if scale is None else resolve_scale(scale, 1)
-
-
 def dispatch(
     mode: Mode,
     tensors: Tensors,
@@ -194,53 +179,27 @@ def dispatch(
     cu_k,
     max_q,
     max_k,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
-    backend,
-    window=None,
-    softcap=None,
+    call: Call,
+    backend_arg,
+    settings: _settings.Settings,
 ):
-    """Run ``tensors`` (q, k, v[, out, lse, grad_out]) by the cached or a new decision."""
-    settings = _settings.current()
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    if (
-        (causal is not True and causal is not False)
-        or (deterministic is not True and deterministic is not False)
-        or (scale is not None and scale.__class__ is not float)
-    ):
-        scale = _normalized(causal, deterministic, scale)
-    # Checked on every call, not by the cache: (True, 1) and (1, 1) are equal keys, as are
-    # softcap=True and softcap=1.0. The checked values are plain ints/floats (or None).
-    if window is not None:
-        window = check_window(window)
-    if softcap is not None:
-        softcap = check_softcap(softcap)
-    backend_arg = backend
-    backend = _settings.forced_name(backend, settings)
-    call = _new_call(
-        Call,
-        (
-            mode.name,
-            causal,
-            causal_align,
-            scale,
-            deterministic,
-            backend,
-            window,
-            softcap,
-            _execution.current_execution(),
-        ),
-    )
+    """Run ``tensors`` (q, k, v[, out, lse, grad_out]) by the cached or a new decision.
+
+    ``call`` holds the flags (``_call.parse`` / ``of_schema``), ``backend_arg`` the ``backend``
+    argument as given (a first call checks the forced name and says where it came from)."""
     if cu_q is None and cu_k is None and max_q is None and max_k is None:
         entries = settings.guarded.get(call)
         if entries and (decision := _guards.match(entries, tensors)) is not None:
             if decision.pointers is None and not decision.grad:
                 # the hottest path, inlined: a guarded signature, no pointer or grad concerns
                 inp = mode.inputs(
-                    *tensors, None, None, causal, causal_align, deterministic, decision.facts
+                    *tensors,
+                    None,
+                    None,
+                    call.causal,
+                    call.causal_align,
+                    call.deterministic,
+                    decision.facts,
                 )
                 try:
                     return decision.run(inp)
@@ -363,7 +322,7 @@ def _first_call(
     backend_arg,
 ):
     """Validate, select, run, check the outputs, then cache the decision."""
-    inp = inputs_of(call, tensors, cu_q, cu_k, max_q, max_k, settings.debug)
+    inp = build_inputs(call, tensors, cu_q, cu_k, max_q, max_k, settings.debug)
     report, impl, read_pointers = select(settings, inp, mode.name, backend_arg, call.execution)
     if impl is None:
         raise no_backend_error(report)
@@ -389,21 +348,3 @@ def _first_call(
         if guard_call is not None:
             _remember_guard(settings, guard_call, tensors, decision)
     return result
-
-
-def inputs_of(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k, debug: bool):
-    """The validated inputs of ``call`` on ``tensors`` (q, k, v[, out, lse, grad_out])."""
-    return build_inputs(
-        *tensors,
-        causal=call.causal,
-        causal_align=call.causal_align,
-        scale=call.scale,
-        deterministic=call.deterministic,
-        cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k,
-        max_seqlen_q=max_q,
-        max_seqlen_k=max_k,
-        window=call.window,
-        softcap=call.softcap,
-        debug=debug,
-    )

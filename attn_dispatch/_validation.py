@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,67 +26,28 @@ from ._inputs import (
     lse_dtype,
 )
 
+if TYPE_CHECKING:
+    from ._call import Call  # _call imports this module's checks
+
 
 def build_inputs(
-    q,
-    k,
-    v,
-    out=None,
-    lse=None,
-    grad_out=None,
-    *,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
+    call: Call,
+    tensors: tuple,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
     max_seqlen_q=None,
     max_seqlen_k=None,
-    window=None,
-    softcap=None,
     debug: bool = False,
 ) -> ForwardInputs:
-    """Validate a call and wrap it: ``BackwardInputs`` when any of out/lse/grad_out is given,
-    else ``ForwardInputs``. Flags are keywords, named as in ``attn_dispatch.backward``;
-    ``debug``: also check the values of cu_seqlens on a GPU (which waits for the device)."""
-    facts = validate(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        deterministic=deterministic,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        window=window,
-        softcap=softcap,
-        debug=debug,
-    )
+    """Validate a call and wrap it: ``BackwardInputs`` when any of out/lse/grad_out is given
+    (``tensors``: q, k, v[, out, lse, grad_out]), else ``ForwardInputs``; ``debug``: also
+    check the values of cu_seqlens on a GPU (which waits for the device)."""
+    facts = validate(call, tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, debug)
+    q, k, v, out, lse, grad_out = (*tensors, None, None, None)[:6]
+    flags = (call.causal, call.causal_align, call.deterministic, facts)
     if out is None and lse is None and grad_out is None:
-        return ForwardInputs(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts
-        )
-    return BackwardInputs(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        causal,
-        causal_align,
-        deterministic,
-        facts,
-    )
+        return ForwardInputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *flags)
+    return BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, *flags)
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -261,29 +223,22 @@ def check_cap_ratio(scale: float, softcap: float | None) -> None:
 
 
 def validate(
-    q,
-    k,
-    v,
-    out=None,
-    lse=None,
-    grad_out=None,
-    *,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
+    call: Call,
+    tensors: tuple,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
     max_seqlen_q=None,
     max_seqlen_k=None,
-    window=None,
-    softcap=None,
     debug: bool = False,
 ) -> Facts:
-    """Check every argument of a forward (``out``/``lse``/``grad_out`` None) or backward call.
+    """Check ``call``'s flags with its tensors (q, k, v for a forward; q, k, v, out, lse,
+    grad_out for a backward, where any of the last three given makes it one).
 
     Raises ``TypeError``/``ValueError`` naming the argument, the expectation and what was given.
     """
+    q, k, v, out, lse, grad_out = (*tensors, None, None, None)[:6]
+    causal, causal_align, scale = call.causal, call.causal_align, call.scale
+    deterministic, window, softcap = call.deterministic, call.window, call.softcap
     backward = out is not None or lse is not None or grad_out is not None
     q = _require_tensor("q", q)
     k = _require_tensor("k", k)

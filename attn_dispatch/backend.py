@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ._arch import Arch
+from ._call import unforced
 from ._hookspecs import ENTRY_POINT_GROUP, hookimpl
 from ._implementation import Gradients, Implementation
 from ._inputs import (
@@ -73,21 +74,15 @@ def make_inputs(
     ``attn_dispatch.backward``), so a backend's tests can ask ``supports(make_inputs(...), arch)``
     exactly what dispatch would ask. Tensors may live on the ``meta`` device.
     """
-    return build_inputs(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
+    backward = out is not None or lse is not None or grad_out is not None
+    call = unforced(
+        "backward" if backward else "forward",
         causal=causal,
         causal_align=causal_align,
         scale=scale,
         deterministic=deterministic,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
         window=window,
         softcap=softcap,
     )
+    tensors = (q, k, v, out, lse, grad_out)
+    return build_inputs(call, tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import _autograd, _call, _validation
 from attn_dispatch._autograd import _bwd, _fwd
 from attn_dispatch.testing.cases import Case
 from attn_dispatch.testing.oracle import oracle
@@ -203,15 +204,29 @@ def test_opcheck_custom_ops(case: Case) -> None:
     torch.library.opcheck(_bwd, bwd_args)
 
 
+def _spy_calls(monkeypatch) -> list:
+    """The ``Call`` of every dispatch the operators make, in order."""
+    seen = []
+    real_dispatch = _autograd.dispatch
+
+    def spy(mode, tensors, cu_q, cu_k, max_q, max_k, call, backend_arg, settings):
+        seen.append(call)
+        return real_dispatch(mode, tensors, cu_q, cu_k, max_q, max_k, call, backend_arg, settings)
+
+    monkeypatch.setattr(_autograd, "dispatch", spy)
+    return seen
+
+
 def test_outputs_are_fresh_contiguous_tensors(monkeypatch) -> None:
     """An implementation may return views of its inputs; the op hands out copies."""
     q = torch.randn(1, 4, 2, 8).transpose(1, 2).contiguous().transpose(1, 2)  # [B,S,H,D] view
     k, v = q[:, :, :1].clone(), torch.randn(1, 4, 1, 8)
 
-    def aliasing_forward(q, k, v, **_):
+    def aliasing_dispatch(mode, tensors, *_):
+        q = tensors[0]
         return q, q.new_zeros(q.shape[0], q.shape[2], q.shape[1])
 
-    monkeypatch.setattr("attn_dispatch._autograd._dispatch_forward", aliasing_forward)
+    monkeypatch.setattr(_autograd, "dispatch", aliasing_dispatch)
     out, lse = _fwd(
         q, k, v, None, None, None, None, False, "top_left", None, False, None, None, None, None
     )
@@ -221,14 +236,7 @@ def test_outputs_are_fresh_contiguous_tensors(monkeypatch) -> None:
 
 
 def test_lse_is_not_differentiated_and_flags_reach_dispatch(monkeypatch) -> None:
-    seen = {}
-    real_backward = ad.backward
-
-    def spy(*args, **kwargs):
-        seen.update(kwargs)
-        return real_backward(*args, **kwargs)
-
-    monkeypatch.setattr("attn_dispatch._autograd._dispatch_backward", spy)
+    seen = _spy_calls(monkeypatch)
     q = torch.randn(1, 5, 2, 4, requires_grad=True)
     k = torch.randn(1, 7, 1, 4, requires_grad=True)
     v = torch.randn(1, 7, 1, 4, requires_grad=True)
@@ -243,10 +251,39 @@ def test_lse_is_not_differentiated_and_flags_reach_dispatch(monkeypatch) -> None
         backend="reference",
     )
     out.sum().backward()  # grad_out is a broadcast (stride 0): made contiguous before dispatch
-    assert seen["causal"] and seen["causal_align"] == "bottom_right" and seen["scale"] == 0.5
-    assert seen["deterministic"] is True and seen["backend"] == "reference"
+    assert [call.kind for call in seen] == ["forward", "backward"]
+    for call in seen:
+        assert call.causal is True and call.causal_align == "bottom_right" and call.scale == 0.5
+        assert call.deterministic is True and call.backend == "reference"
+        assert call.window is None and call.softcap is None
     ref = oracle(q, k, v, torch.ones_like(out), causal=True, causal_align="bottom_right", scale=0.5)
     torch.testing.assert_close(q.grad, ref.dq.float(), atol=1e-5, rtol=1e-4)
+
+
+def test_window_and_softcap_are_checked_once_per_call(monkeypatch) -> None:
+    """attention checks them; the operators and the cached dispatch do not check them again."""
+    counts = {"window": 0, "softcap": 0}
+
+    def counted(name, check):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return check(*args, **kwargs)
+
+        return wrapper
+
+    q = torch.randn(1, 6, 2, 4, requires_grad=True)
+
+    def step():
+        ad.attention(q, q, q, window=(2, 0), softcap=5.0, backend="reference").sum().backward()
+
+    step()  # the first call of each signature validates everything with the tensors
+    for module in (_autograd, _call, _validation):
+        for name in counts:
+            check = getattr(module, f"check_{name}", None)
+            if check is not None:
+                monkeypatch.setattr(module, f"check_{name}", counted(name, check))
+    step()
+    assert counts == {"window": 1, "softcap": 1}
 
 
 def test_errors_are_the_dispatchers() -> None:
@@ -378,14 +415,7 @@ def test_compile_dynamic_varlen_is_one_graph() -> None:
 
 
 def test_compiled_op_follows_deterministic_mode(monkeypatch) -> None:
-    seen = []
-    real_forward = ad.forward
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs["deterministic"])
-        return real_forward(*args, **kwargs)
-
-    monkeypatch.setattr("attn_dispatch._autograd._dispatch_forward", spy)
+    calls = _spy_calls(monkeypatch)
     torch.compiler.reset()
     fn = torch.compile(lambda q: ad.attention(q, q, q), backend="aot_eager", fullgraph=True)
     q = torch.randn(1, 4, 2, 8)
@@ -397,7 +427,7 @@ def test_compiled_op_follows_deterministic_mode(monkeypatch) -> None:
     finally:
         torch.use_deterministic_algorithms(was)
     torch.compiler.reset()
-    assert seen == [was, True]
+    assert [call.deterministic for call in calls] == [was, True]
 
 
 @pytest.mark.slow
@@ -546,20 +576,13 @@ def test_attention_window_softcap_matches_the_oracle_varlen_gqa():
 
 
 def test_attention_flags_reach_both_passes(monkeypatch):
-    seen = []
-    for name, real in (("_dispatch_forward", ad.forward), ("_dispatch_backward", ad.backward)):
-
-        def spy(*args, _real=real, **kwargs):
-            seen.append((kwargs["window"], kwargs["softcap"]))
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(f"attn_dispatch._autograd.{name}", spy)
+    calls = _spy_calls(monkeypatch)
     q = torch.randn(1, 5, 2, 4, requires_grad=True)
     ad.attention(q, q, q, window=[2, None], softcap=3).sum().backward()
-    assert seen == [((2, None), 3.0), ((2, None), 3.0)]
-    seen.clear()
+    assert [(c.window, c.softcap) for c in calls] == [((2, None), 3.0), ((2, None), 3.0)]
+    calls.clear()
     ad.attention(q, q, q, window=(None, None)).sum().backward()
-    assert seen == [(None, None), (None, None)]
+    assert [(c.window, c.softcap) for c in calls] == [(None, None), (None, None)]
 
 
 def _block_step(fn, q, k, v, grad_out):

@@ -9,7 +9,6 @@ from dispatch_helpers import DeclinesVariants, make_inputs
 import attn_dispatch as ad
 from attn_dispatch import _capabilities, _registry
 from attn_dispatch import backend as adb
-from attn_dispatch._validation import build_inputs
 
 
 def _inputs(
@@ -28,7 +27,9 @@ def _inputs(
     q = tensors.get("q", torch.empty(1, sq, h, d, dtype=dtype, device=device))
     k = torch.empty(1, sk, hkv, d, dtype=dtype, device=device)
     v = torch.empty(1, sk, hkv, dv or d, dtype=dtype, device=device)
-    return build_inputs(q, k, v, causal=causal, causal_align=align, scale=None, deterministic=False)
+    return adb.make_inputs(
+        q, k, v, causal=causal, causal_align=align, scale=None, deterministic=False
+    )
 
 
 def _reasons(impl: adb.Implementation, inp: adb.ForwardInputs, arch: str) -> list[str]:

@@ -10,7 +10,7 @@ import torch
 from dispatch_helpers import make_inputs
 
 import attn_dispatch as ad
-from attn_dispatch._validation import build_inputs
+from attn_dispatch import backend as adb
 
 
 def _dense_call(**changes):
@@ -202,7 +202,7 @@ def test_deterministic_none_follows_torch(env, toys):
 def test_window_side_that_reaches_every_key_is_unbounded(env, sq, sk, align, window, expected):
     """Backends see such a side as None, so none does band arithmetic near the int64 limit."""
     q, k, v, *_ = make_inputs(sq=sq, sk=sk)
-    inp = build_inputs(
+    inp = adb.make_inputs(
         q, k, v, causal=False, causal_align=align, scale=None, deterministic=False, window=window
     )
     assert inp.window == expected
@@ -210,7 +210,7 @@ def test_window_side_that_reaches_every_key_is_unbounded(env, sq, sk, align, win
 
 def test_varlen_window_reach_is_taken_from_the_longest_sequences(env):
     args, flags = _varlen_call()  # max_seqlen_q=4, max_seqlen_k=5
-    inp = build_inputs(
+    inp = adb.make_inputs(
         args["q"],
         args["k"],
         args["v"],
@@ -299,9 +299,8 @@ def test_numpy_bool_flag_is_refused_with_its_qualified_type(env):
 
 def test_inputs_repr_and_describe_carry_the_variants():
     q, k, v, out, lse, do = make_inputs(sq=6, h=2, hkv=1, d=8)
-    from attn_dispatch._validation import build_inputs
 
-    inp = build_inputs(
+    inp = adb.make_inputs(
         q,
         k,
         v,
