@@ -14,6 +14,8 @@ import attn_dispatch as ad
 from attn_dispatch import _dispatch, _guards
 
 NAMES = ("q", "k", "v", "out", "lse", "grad_out")
+# the toy backends alone (what they return is their tag, the same for every call)
+TOYS = {"ATTN_DISPATCH_TEST_PLUGINS": "1", "ATTN_DISPATCH_PLUGINS": "toy"}
 
 pytestmark = pytest.mark.skipif(
     _guards._guard_class() is None, reason="this torch has no usable TensorGuards"
@@ -36,7 +38,7 @@ def _served_by_guard_only(monkeypatch, call):
 
 
 def test_repeated_dense_call_is_served_by_a_guard(env, monkeypatch):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**TOYS)
     inputs = make_inputs(h=4, hkv=2)
     expected = ad.backward(*inputs)
     assert sum(len(v) for v in ad._settings.current().guarded.values()) == 1
@@ -54,7 +56,7 @@ def test_repeated_dense_call_is_served_by_a_guard(env, monkeypatch):
 @pytest.mark.parametrize("index", range(6), ids=NAMES)
 def test_changed_metadata_is_validated_again(env, index):
     """After a cached decision, a wrong dtype, device or shape in any tensor still raises."""
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**TOYS)
     inputs = list(make_inputs(h=4, hkv=2))
     for _ in range(2):
         ad.backward(*inputs)
@@ -73,7 +75,7 @@ def test_changed_metadata_is_validated_again(env, index):
 
 
 def test_changed_strides_and_flags_are_new_signatures(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**TOYS)
     q, k, v, out, lse, do = make_inputs(sq=8)
     ad.backward(q, k, v, out, lse, do)
     wide = torch.randn(1, 8, 4, 32)[..., :16]
@@ -85,7 +87,7 @@ def test_changed_strides_and_flags_are_new_signatures(env):
 
 
 def test_guards_keep_no_tensor_alive_and_are_forgotten(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**TOYS)
     inputs = make_inputs()
     ad.backward(*inputs)
     refs = [weakref.ref(t) for t in inputs]
@@ -94,13 +96,13 @@ def test_guards_keep_no_tensor_alive_and_are_forgotten(env):
     assert all(ref() is None for ref in refs)
     settings = ad._settings.current()
     assert settings.guarded
-    ad.enable("reference")  # installs new settings: the old caches are never read again
+    ad.enable("toy")  # installs new settings: the old caches are never read again
     fresh = ad._settings.current()
     assert fresh is not settings and not fresh.guarded and not fresh.decisions
 
 
 def test_guards_per_flags_are_bounded(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**TOYS)
     for sq in range(4, 4 + _guards.MAX_GUARDS_PER_FLAGS + 3):
         ad.backward(*make_inputs(sq=sq))
     settings = ad._settings.current()
@@ -121,7 +123,7 @@ def _weird(kind: str, like: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("index", [0, 5], ids=["q", "grad_out"])
 def test_non_dense_tensors_are_rejected_after_a_cached_decision(env, kind, index):
     """A nested tensor must not reach the C++ guard (reading its strides aborts the process)."""
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**TOYS)
     inputs = list(make_inputs())
     for _ in range(2):
         ad.backward(*inputs)
@@ -136,8 +138,10 @@ def test_non_dense_tensors_are_rejected_after_a_cached_decision(env, kind, index
 
 
 def test_an_implementation_error_on_a_guarded_call_propagates_once(env, monkeypatch):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
-    impl = ad._settings.current().registry.implementations["reference:chunked"]
+    env.set(**TOYS)
+    inputs = make_inputs()
+    chosen = ad.explain(*inputs).selected
+    impl = ad._settings.current().registry.implementations[chosen]
     calls, broken = [], []
     works = impl.backward
 
@@ -148,7 +152,6 @@ def test_an_implementation_error_on_a_guarded_call_propagates_once(env, monkeypa
         return works(inp)
 
     monkeypatch.setattr(impl, "backward", backward)  # before the decision caches the method
-    inputs = make_inputs()
     for _ in range(2):
         ad.backward(*inputs)
     assert ad._settings.current().guarded
@@ -160,7 +163,7 @@ def test_an_implementation_error_on_a_guarded_call_propagates_once(env, monkeypa
 
 
 def test_max_seqlen_on_a_dense_call_is_validated_after_caching(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**TOYS)
     inputs = make_inputs()
     for _ in range(2):
         ad.backward(*inputs)
@@ -169,7 +172,7 @@ def test_max_seqlen_on_a_dense_call_is_validated_after_caching(env):
 
 
 def test_cache_eviction_keeps_the_hot_signature_guarded(env, monkeypatch):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**TOYS)
     monkeypatch.setattr(_dispatch, "MAX_CACHED_DECISIONS", 8)
     hot = make_inputs(sq=4)
     for _ in range(2):
