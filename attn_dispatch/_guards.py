@@ -83,6 +83,10 @@ def remember(table: dict, flags: tuple, tensors: Sequence[torch.Tensor], decisio
     cls = _guard_class()
     if cls is None or not all(type(t) is torch.Tensor for t in tensors):
         return
+    if len({id(t) for t in tensors}) != len(tensors):
+        # a guard rejects one tensor passed twice (ad.backward(q, q, q, ...)): such calls stay
+        # on the dictionary, without building a guard on every call only to discard it
+        return
     try:
         guard = _build(cls, tensors)
         if guard.check(*tensors) is not True:

@@ -188,3 +188,19 @@ def test_cache_eviction_keeps_the_hot_signature_guarded(env, monkeypatch):
         assert len(settings.decisions) <= 8
         (entries,) = settings.guarded.values()
         assert _guards.match(entries, hot) is not None, f"batch {batch}"
+
+
+def test_a_tensor_passed_twice_is_served_by_the_dictionary_without_new_guards(env, monkeypatch):
+    """A guard cannot take one tensor object in two places; building one per call to find that
+    out cost more than the whole dictionary path."""
+    env.set(**TOYS)
+    q, k, v, out, lse, do = make_inputs(hkv=4)
+    aliased = (q, q, q, out, lse, do)
+    for _ in range(2):
+        ad.backward(*aliased)
+    built = []
+    real_build = _guards._build
+    monkeypatch.setattr(_guards, "_build", lambda *a: built.append(1) or real_build(*a))
+    for _ in range(3):
+        ad.backward(*aliased)
+    assert built == [] and not ad._settings.current().guarded
