@@ -27,7 +27,8 @@ def env(isolated_plugins: IsolatedEnv) -> IsolatedEnv:
 
 @pytest.fixture
 def toys(env: IsolatedEnv) -> IsolatedEnv:
-    """The test plugins active (toy backends plus three broken ones) and the reference."""
+    """The test plugins active (the toy backends, exact:oracle and four broken ones) beside the
+    installed backends."""
     # An inactive earlier import of the broken module is cached; make it import afresh.
     sys.modules.pop("attn_dispatch_test_plugins.broken_import", None)
     with pytest.warns(UserWarning, match="failed to load"):

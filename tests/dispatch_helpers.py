@@ -132,3 +132,7 @@ class DeclinesVariants(IgnoresVariants):
 
     name = "plain"
     window = softcap = False
+
+
+# The exact:oracle test plugin alone: real numbers from the float64 oracle, no real backend.
+EXACT = {"ATTN_DISPATCH_TEST_PLUGINS": "1", "ATTN_DISPATCH_PLUGINS": "exact"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dispatch_helpers import EXACT
 
 import attn_dispatch as ad
 from attn_dispatch import _autograd, _call, _validation
@@ -19,6 +20,9 @@ from attn_dispatch.testing.tolerances import error_metrics, tolerance_for
 
 @pytest.fixture(autouse=True)
 def one_thread(env):
+    """The exact:oracle test plugin computes every call (the CUDA-graph test asks for the
+    installed backends); one CPU thread."""
+    env.set(**EXACT)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -75,7 +79,7 @@ CASES = [
     ),
     Case((20,), (20,), heads=4, kv_heads=2, head_dim=16, layout="transposed", seed=9),
     Case((12,), (12,), heads=2, kv_heads=1, head_dim=8, layout="strided", scale=0.3, seed=10),
-    # sliding windows and soft caps (the reference declares both)
+    # sliding windows and soft caps (exact:oracle declares both)
     Case((24,), (40,), heads=4, kv_heads=2, head_dim=16, window=(4, 2), seed=31),
     Case(
         (40,),
@@ -116,7 +120,7 @@ def _oracle_flags(flags: dict) -> dict:
     return {k: v for k, v in flags.items() if not k.startswith("max_seqlen")}
 
 
-@pytest.mark.parametrize("backend", [None, "reference"])
+@pytest.mark.parametrize("backend", [None, "exact"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_gradients_match_oracle(case: Case, backend: str | None) -> None:
     out, (dq, dk, dv), ref = _run(case, torch.float32, backend)
@@ -157,7 +161,7 @@ def test_gradcheck_float64(case: Case) -> None:
     flags = inp.flags()
 
     def fn(q, k, v):
-        return ad.attention(q, k, v, backend="reference", **flags)
+        return ad.attention(q, k, v, backend="exact", **flags)
 
     assert torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-8)
 
@@ -179,7 +183,7 @@ def _fwd_args(case: Case, dtype=torch.float64, requires_grad=True):
         inp.causal_align,
         scale,
         False,
-        "reference",
+        "exact",
         *(inp.window or (None, None)),
         inp.softcap,
     )
@@ -248,13 +252,13 @@ def test_lse_is_not_differentiated_and_flags_reach_dispatch(monkeypatch) -> None
         causal_align="bottom_right",
         scale=0.5,
         deterministic=True,
-        backend="reference",
+        backend="exact",
     )
     out.sum().backward()  # grad_out is a broadcast (stride 0): made contiguous before dispatch
     assert [call.kind for call in seen] == ["forward", "backward"]
     for call in seen:
         assert call.causal is True and call.causal_align == "bottom_right" and call.scale == 0.5
-        assert call.deterministic is True and call.backend == "reference"
+        assert call.deterministic is True and call.backend == "exact"
         assert call.window is None and call.softcap is None
     ref = oracle(q, k, v, torch.ones_like(out), causal=True, causal_align="bottom_right", scale=0.5)
     torch.testing.assert_close(q.grad, ref.dq.float(), atol=1e-5, rtol=1e-4)
@@ -274,7 +278,7 @@ def test_window_and_softcap_are_checked_once_per_call(monkeypatch) -> None:
     q = torch.randn(1, 6, 2, 4, requires_grad=True)
 
     def step():
-        ad.attention(q, q, q, window=(2, 0), softcap=5.0, backend="reference").sum().backward()
+        ad.attention(q, q, q, window=(2, 0), softcap=5.0, backend="exact").sum().backward()
 
     step()  # the first call of each signature validates everything with the tensors
     for module in (_autograd, _call, _validation):
@@ -442,8 +446,9 @@ def test_compile_inductor_trains_like_eager() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
-def test_cuda_graph_replay_matches_eager() -> None:
+def test_cuda_graph_replay_matches_eager(env) -> None:
     """A forward+backward step captured after warm-up replays to the eager gradients."""
+    env.unset("ATTN_DISPATCH_TEST_PLUGINS", "ATTN_DISPATCH_PLUGINS")  # the GPU's own backends
     dev = "cuda"
     torch.manual_seed(0)
     dtype = torch.bfloat16

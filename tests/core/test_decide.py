@@ -101,7 +101,7 @@ def test_errors_are_the_dispatchers(toys, flags, error):
 
 
 def test_no_eligible_implementation_raises_no_backend_error(toys):
-    toys.set(ATTN_DISPATCH_DISABLE="toy,reference")
+    toys.set(ATTN_DISPATCH_DISABLE="toy,exact,reference")
     inputs = make_inputs()
     raised = _raised(ad.decide, *inputs)
     assert isinstance(raised, ad.NoBackendError)

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from dispatch_helpers import make_inputs, tag_of
+from dispatch_helpers import EXACT, make_inputs, tag_of
 
 import attn_dispatch as ad
 from attn_dispatch import _selection
@@ -186,8 +186,8 @@ def test_meta_inputs_run_no_kernel(plugins, env):
     assert sys.modules["rel_rec"].CALLS == []
 
 
-def test_meta_backward_of_the_reference_costs_only_shape_logic(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+def test_meta_backward_costs_only_shape_logic(env):
+    env.set(**EXACT)
     s, h, d = 2**21, 64, 128
     q, out = _meta(1, s, h, d), _meta(1, s, h, d)
     start = time.perf_counter()
@@ -224,7 +224,7 @@ def test_a_backend_error_names_the_implementation(plugins, env):
 
 
 def test_backends_run_without_grad_recording(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     q, k, v, out, lse, do = make_inputs()
     for t in (q, k, v):
         t.requires_grad_(True)
@@ -237,7 +237,7 @@ def test_backends_run_without_grad_recording(env):
 
 
 def test_no_warning_from_a_plain_session(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ad.backward(*make_inputs())

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from dispatch_helpers import make_inputs
+from dispatch_helpers import EXACT, make_inputs
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
@@ -145,7 +145,7 @@ def test_forward_and_explain_validate_too(env):
 
 def test_bad_input_is_rejected_after_a_good_call_with_the_same_metadata(env):
     """The decision cache must not skip the CPU cu_seqlens value check."""
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     args, flags = _varlen_call()
     ad.backward(*args.values(), **flags)
     flags["cu_seqlens_q"] = torch.tensor([0, 5, 4], dtype=torch.int32)
@@ -167,7 +167,7 @@ def test_gpu_cu_seqlens_values_checked_only_in_debug_mode(env, monkeypatch):
 
 
 def test_scale_default_and_resolution(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     q, k, v, out, lse, do = make_inputs(d=16)
     report = ad.explain(q, k, v, out, lse, do)
     assert "scale=0.25" in report.inputs
@@ -239,10 +239,10 @@ def test_window_sides_near_and_beyond_int64_are_unbounded_in_every_call(
     """Any side at least the sequence length, up to beyond int64, computes exactly what an
     unbounded side does: forward, backward, attention (its operator schema is int64) and
     explain."""
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     torch.manual_seed(0)
     q, k, v, _, _, do = make_inputs(sq=sq, sk=sk, d=8)
-    flags = dict(causal_align=align, backend="reference")
+    flags = dict(causal_align=align, backend="exact")
     out, lse = ad.forward(q, k, v, window=huge, **flags)
     want_out, want_lse = ad.forward(q, k, v, window=bounded, **flags)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
@@ -266,7 +266,7 @@ def test_scale_and_softcap_outside_float32_range_are_refused_in_every_call(env, 
 def test_varlen_max_seqlen_beyond_the_tokens_means_the_token_count(env, max_seqlen):
     """No sequence is longer than its packed tensor; backends never see a larger max_seqlen
     (grid sizes, int32 kernel arguments), and the operator schema never one beyond int64."""
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     args, flags = _varlen_call()  # Tq=7, Tk=9
     q, k, v = args["q"], args["k"], args["v"]
     want = ad.forward(q, k, v, **flags)

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from dispatch_helpers import make_inputs, tag_of
+from dispatch_helpers import EXACT, make_inputs, tag_of
 
 import attn_dispatch as ad
 from attn_dispatch import _selection
@@ -32,6 +32,7 @@ def test_discovery_lists_every_plugin_with_versions(toys):
     infos = {b.name: b for b in ad.backends()}
     assert {
         "toy",
+        "exact",
         "reference",
         "broken_import",
         "broken_hook",
@@ -120,10 +121,11 @@ def test_blocking_wins_over_forcing(toys):
     with pytest.raises(ad.NoBackendError, match="blocked"):
         run(backend="toy:fast")
     toys.set(ATTN_DISPATCH_DISABLE="toy")
-    assert run() == 0.0 or True  # the reference runs: real gradients, not a tag
     report = ad.explain(*make_inputs())
-    assert report.selected == "reference:chunked"
+    assert report.selected == "exact:oracle"  # the next by priority once every toy is blocked
     assert statuses(report)["toy:fast"] == "blocked"
+    with pytest.raises(ad.NoBackendError, match="blocked"):
+        run(backend="toy:slow")
 
 
 def test_allowlist_loads_only_named_plugins(env):
@@ -312,16 +314,16 @@ def test_cache_key_includes_strides(toys):
 
 def test_implementation_returning_wrong_shapes_is_reported(env, tmp_path):
     class Wrong(adb.Implementation):
-        backend, name = "reference", "wrong"
+        backend, name = "exact", "wrong"
 
         def backward(self, inp):
             return ad.Gradients(inp.q, inp.k, inp.q)  # dv has q's shape
 
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     registry = ad._settings.current().registry
-    registry.implementations["reference:wrong"] = Wrong()
-    with pytest.raises(ValueError, match="reference:wrong returned dv"):
-        ad.backward(*make_inputs(h=4, hkv=2), backend="reference:wrong")
+    registry.implementations["exact:wrong"] = Wrong()
+    with pytest.raises(ValueError, match="exact:wrong returned dv"):
+        ad.backward(*make_inputs(h=4, hkv=2), backend="exact:wrong")
 
 
 def test_no_warnings_without_test_plugins(env):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dispatch_helpers import make_inputs
+from dispatch_helpers import EXACT, make_inputs
 
 import attn_dispatch as ad
 from attn_dispatch.tools import cli
@@ -149,7 +149,7 @@ def test_cli_rejects_malformed_variants(extra, message, capsys):
     ],
 )
 def test_validation_does_not_depend_on_the_cache(env, bad, error):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     inputs = make_inputs()
     good = {
         "causal": dict(causal=True),
@@ -167,7 +167,7 @@ def test_validation_does_not_depend_on_the_cache(env, bad, error):
 
 
 def test_max_seqlen_type_is_checked_after_caching(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     for _ in range(2):

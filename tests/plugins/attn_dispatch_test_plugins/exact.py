@@ -1,0 +1,101 @@
+"""``exact:oracle``: attention in float64 by the textbook formulas, for the core's tests that
+need real numbers (autograd, torch.compile, variants) without depending on a real backend.
+
+The gradients are written out rather than taken with autograd: the dispatcher runs inside a
+custom operator, below autograd, where nothing records a graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import attn_dispatch as ad
+from attn_dispatch import backend as adb
+from attn_dispatch.testing.oracle import visible_mask
+
+from . import active
+
+
+class Oracle(adb.Implementation):
+    backend, name = "exact", "oracle"
+    priority = {"*": 1}
+    window = softcap = True
+
+    def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = [], []
+        for q, k, v, _ in _sequences(inp, None):
+            o, m, _ = _attend(inp, q, k, v)
+            out.append(o.to(inp.dtype))
+            lse.append(m.to(adb.lse_dtype(inp.dtype)))
+        if inp.is_varlen:
+            return torch.cat(out, 1).squeeze(0), torch.cat(lse, 2).squeeze(0)
+        return out[0], lse[0]
+
+    def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
+        grads = [[], [], []]
+        for q, k, v, do in _sequences(inp, inp.grad_out):
+            for acc, g in zip(grads, _gradients(inp, q, k, v, do)):
+                acc.append(g.to(inp.dtype))
+        if inp.is_varlen:
+            return ad.Gradients(*(torch.cat(g, 1).squeeze(0) for g in grads))
+        return ad.Gradients(*(g[0] for g in grads))
+
+
+def _sequences(inp: adb.ForwardInputs, grad_out: torch.Tensor | None):
+    """(q, k, v, grad_out) as dense [B, S, H, D] batches: the whole call, or one per sequence."""
+    tensors = (inp.q, inp.k, inp.v, grad_out if grad_out is not None else inp.q)
+    if not inp.is_varlen:
+        yield tensors
+        return
+    cu_q, cu_k = inp.cu_seqlens_q.tolist(), inp.cu_seqlens_k.tolist()
+    for i in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        q, k, v, do = tensors
+        yield q[rows][None], k[keys][None], v[keys][None], do[rows][None]
+
+
+def _heads_first(t: torch.Tensor, group: int) -> torch.Tensor:
+    return t.double().repeat_interleave(group, dim=2).permute(0, 2, 1, 3)
+
+
+def _attend(inp, q, k, v):
+    """(out [B, S, H, Dv], lse [B, H, S], probabilities, and what the backward needs)."""
+    group = inp.heads // inp.kv_heads
+    qh, kh, vh = _heads_first(q, 1), _heads_first(k, group), _heads_first(v, group)
+    scores = qh @ kh.transpose(-1, -2) * inp.scale
+    tanh = None
+    if inp.softcap is not None:
+        tanh = torch.tanh(scores / inp.softcap)
+        scores = inp.softcap * tanh
+    mask = visible_mask(q.shape[1], k.shape[1], inp.causal, inp.causal_align, q.device, inp.window)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    out = (probs @ vh).permute(0, 2, 1, 3)
+    return out, lse, (qh, kh, vh, probs, tanh)
+
+
+def _gradients(inp, q, k, v, grad_out):
+    out, _, (qh, kh, vh, probs, tanh) = _attend(inp, q, k, v)
+    do = _heads_first(grad_out, 1)
+    dv = probs.transpose(-1, -2) @ do
+    dp = do @ vh.transpose(-1, -2)
+    delta = (do * out.permute(0, 2, 1, 3)).sum(-1, keepdim=True)
+    ds = probs * (dp - delta)
+    if tanh is not None:
+        ds = ds * (1 - tanh * tanh)
+    dq = (ds @ kh * inp.scale).permute(0, 2, 1, 3)
+    dk = (ds.transpose(-1, -2) @ qh * inp.scale).permute(0, 2, 1, 3)
+    dv = dv.permute(0, 2, 1, 3)
+    return dq, _per_kv_head(dk, inp.kv_heads), _per_kv_head(dv, inp.kv_heads)
+
+
+def _per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[B, S, H, D] summed over each key/value head's group of query heads: [B, S, Hkv, D]."""
+    b, s, h, d = grad.shape
+    return grad.reshape(b, s, kv_heads, h // kv_heads, d).sum(3)
+
+
+@adb.hookimpl
+def attn_dispatch_implementations():
+    return [Oracle()] if active() else []
