@@ -97,7 +97,7 @@ class Plugins:
 class IgnoresVariants(adb.Implementation):
     """Declares both capabilities but computes plain attention: a wrong claim."""
 
-    backend, name = "reference", "liar"
+    backend, name = "exact", "liar"
     window = softcap = True
 
     def forward(self, inp):

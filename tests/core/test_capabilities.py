@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dispatch_helpers import DeclinesVariants, make_inputs
+from dispatch_helpers import EXACT, DeclinesVariants, make_inputs
 
 import attn_dispatch as ad
 from attn_dispatch import _capabilities, _registry
@@ -158,13 +158,13 @@ def test_a_capability_property_that_raises_fails_the_plugin():
 
 def test_forced_backend_that_cannot_raises_from_attention(env):
     """Through the op (CPU tensors: a meta call would only run its fake implementation)."""
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
-    ad._settings.current().registry.implementations["reference:plain"] = DeclinesVariants()
+    env.set(**EXACT)
+    ad._settings.current().registry.implementations["exact:plain"] = DeclinesVariants()
     q = torch.randn(1, 6, 2, 8)
     for flags in ({"softcap": 2.0}, {"window": (1, 1)}):
         with pytest.raises(ad.NoBackendError, match="not supported by this implementation"):
-            ad.attention(q, q, q, backend="reference:plain", **flags)
-    ad.attention(q, q, q, backend="reference:plain")
+            ad.attention(q, q, q, backend="exact:plain", **flags)
+    ad.attention(q, q, q, backend="exact:plain")
 
 
 def _candidate_reasons(report: ad.Report, name: str) -> tuple[str, ...]:
@@ -176,20 +176,20 @@ def test_the_window_diagonal_needs_a_declared_alignment(env):
     Sq != Sk (its diagonal differs), even without causal; it can where the two agree."""
 
     class TopLeft(adb.Implementation):
-        backend, name = "reference", "top_left_band"
+        backend, name = "exact", "top_left_band"
         priority = {"*": 1}
         causal_aligns = ("top_left",)
         window = True
 
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
-    ad._settings.current().registry.implementations["reference:top_left_band"] = TopLeft()
+    env.set(**EXACT)
+    ad._settings.current().registry.implementations["exact:top_left_band"] = TopLeft()
     tensors = make_inputs(sq=6, sk=9, h=2, hkv=1, d=8)
     report = ad.explain(*tensors, window=(2, 2), causal_align="bottom_right")
-    (reason,) = _candidate_reasons(report, "reference:top_left_band")
+    (reason,) = _candidate_reasons(report, "exact:top_left_band")
     assert "causal_align='bottom_right' with Sq=6 != Sk=9" in reason
     assert "diagonal of window=(2, 2) is top_left only" in reason
-    assert not _candidate_reasons(ad.explain(*tensors, window=(2, 2)), "reference:top_left_band")
+    assert not _candidate_reasons(ad.explain(*tensors, window=(2, 2)), "exact:top_left_band")
     square = make_inputs(sq=6, sk=6, h=2, hkv=1, d=8)
     assert not _candidate_reasons(
-        ad.explain(*square, window=(2, 2), causal_align="bottom_right"), "reference:top_left_band"
+        ad.explain(*square, window=(2, 2), causal_align="bottom_right"), "exact:top_left_band"
     )

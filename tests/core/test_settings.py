@@ -9,7 +9,7 @@ import sys
 import threading
 
 import pytest
-from dispatch_helpers import make_inputs, tag_of
+from dispatch_helpers import EXACT, make_inputs, tag_of
 
 import attn_dispatch as ad
 
@@ -95,7 +95,7 @@ def test_a_bad_arch_variable_is_named(env):
 
 
 def test_arch_variable_is_read_with_the_settings(env, monkeypatch):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     ad.backward(*make_inputs())
     monkeypatch.setenv("ATTN_DISPATCH_ARCH", "sm_90")
     assert ad.explain(*make_inputs(sq=12)).arch.name == "cpu"

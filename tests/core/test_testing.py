@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from dispatch_helpers import DeclinesVariants, IgnoresVariants
+from dispatch_helpers import EXACT, DeclinesVariants, IgnoresVariants
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
@@ -517,26 +517,27 @@ def test_windows_and_caps_change_the_result():
 
 
 def test_declared_capabilities_are_listed(env):
+    env.set(**EXACT)
     infos = {i.name: i for b in ad.backends() for i in b.implementations}
-    assert infos["reference:chunked"].window and infos["reference:chunked"].softcap
-    assert declared_capabilities("reference") == {"window", "softcap"}
+    assert infos["exact:oracle"].window and infos["exact:oracle"].softcap
+    assert declared_capabilities("exact") == {"window", "softcap"}
     assert declared_capabilities("no_such_backend") is None
 
 
 def test_conformance_catches_a_backend_that_ignores_the_window(env):
-    env.set(ATTN_DISPATCH_PLUGINS="reference")
+    env.set(**EXACT)
     impls = ad._settings.current().registry.implementations
-    impls["reference:liar"], impls["reference:plain"] = IgnoresVariants(), DeclinesVariants()
+    impls["exact:liar"], impls["exact:plain"] = IgnoresVariants(), DeclinesVariants()
     window_case, cap_case = variant_cases()[0], variant_cases()[6]
     assert window_case.needs == ("window",) and cap_case.needs == ("softcap",)
     for case in (window_case, cap_case):
         with pytest.raises(AssertionError, match="does not match the float64 oracle"):
-            check_backward("reference:liar", case, dtype=torch.float64)
+            check_backward("exact:liar", case, dtype=torch.float64)
         with pytest.raises(AssertionError, match="does not match the float64 oracle"):
-            check_forward("reference:liar", case, dtype=torch.float64)
+            check_forward("exact:liar", case, dtype=torch.float64)
         with pytest.raises(Unsupported, match="not supported by this implementation"):
-            check_backward("reference:plain", case, dtype=torch.float64)
-    check_backward("reference:liar", Case((16,), (16,), seed=3), dtype=torch.float64)
+            check_backward("exact:plain", case, dtype=torch.float64)
+    check_backward("exact:liar", Case((16,), (16,), seed=3), dtype=torch.float64)
 
 
 def conformance_case_ids(backend: str) -> list[Case]:
@@ -547,6 +548,7 @@ def conformance_case_ids(backend: str) -> list[Case]:
 
 
 def test_conformance_suite_collects_variant_cases_only_where_declared(env):
-    reference = conformance_case_ids("reference")
-    assert {n for c in reference for n in c.needs} == {"window", "softcap"}
-    assert len(reference) > len([c for c in reference if c.needs])
+    env.set(**EXACT)
+    declared = conformance_case_ids("exact")
+    assert {n for c in declared for n in c.needs} == {"window", "softcap"}
+    assert len(declared) > len([c for c in declared if c.needs])
