@@ -21,7 +21,7 @@ from ._inputs import ForwardInputs
 from ._registry import BackendRecord, _declaration_problems
 from ._report import Report
 from ._selection import no_backend_error
-from ._validation import build_inputs
+from ._validation import build_inputs, kind_of
 
 
 def backward(
@@ -226,15 +226,17 @@ def _decision(
     (backward when any of out/lse/grad_out is given, as ``explain`` does); ``debug``: also
     check cu_seqlens values on a GPU, as the dispatcher does in debug mode."""
     settings = _settings.current()
-    if mode is None:
-        mode = "forward" if all(t is None for t in tensors[3:]) else "backward"
-    call = parse(mode, *flags, settings)
+    causal, causal_align, scale, deterministic, backend, window, softcap = flags
+    mode = mode or kind_of(tensors)
+    call = parse(
+        mode, causal, causal_align, scale, deterministic, backend, window, softcap, settings
+    )
     if execution is not None:
         call = call._replace(execution=check_execution(execution))
     if arch is not None and not isinstance(arch, Arch):
         arch = Arch.parse(arch)
     inp = build_inputs(call, tensors, *seqlens, debug)
-    report, impl, _ = select(settings, inp, mode, flags[4], call.execution, arch)
+    report, impl, _ = select(settings, inp, mode, backend, call.execution, arch)
     return report, impl, inp
 
 

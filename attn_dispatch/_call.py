@@ -65,10 +65,9 @@ def parse(
         window = check_window(window)
     if softcap is not None:
         softcap = check_softcap(softcap)
-    forced = _settings.forced_name(backend, settings)
-    execution = _execution.current_execution()
-    flags = (kind, causal, causal_align, scale, deterministic, forced, window, softcap, execution)
-    return _new_call(Call, flags)
+    return _in_context(
+        kind, causal, causal_align, scale, deterministic, backend, window, softcap, settings
+    )
 
 
 def of_schema(
@@ -87,6 +86,16 @@ def of_schema(
     checked them before the operator ran, so nothing is checked again (values still are, with
     the tensors, on a signature's first call). Both unbounded sides mean no window."""
     window = None if window_left is None and window_right is None else (window_left, window_right)
+    return _in_context(
+        kind, causal, causal_align, scale, deterministic, backend, window, softcap, settings
+    )
+
+
+def _in_context(
+    kind, causal, causal_align, scale, deterministic, backend, window, softcap, settings
+) -> Call:
+    """The ``Call`` of checked flags with what the calling context adds: the forced name
+    (argument, ``use_backend``, environment) and the execution mode."""
     forced = _settings.forced_name(backend, settings)
     execution = _execution.current_execution()
     flags = (kind, causal, causal_align, scale, deterministic, forced, window, softcap, execution)

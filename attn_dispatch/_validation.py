@@ -30,6 +30,12 @@ if TYPE_CHECKING:
     from ._call import Call  # _call imports this module's checks
 
 
+def kind_of(tensors: tuple) -> str:
+    """``"backward"`` when any of out/lse/grad_out (after q, k, v in ``tensors``) is given, else
+    ``"forward"``: what a call is, for validation and the callers that need to know first."""
+    return "forward" if all(t is None for t in tensors[3:]) else "backward"
+
+
 def build_inputs(
     call: Call,
     tensors: tuple,
@@ -43,11 +49,10 @@ def build_inputs(
     (``tensors``: q, k, v[, out, lse, grad_out]), else ``ForwardInputs``; ``debug``: also
     check the values of cu_seqlens on a GPU (which waits for the device)."""
     facts = validate(call, tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, debug)
-    q, k, v, out, lse, grad_out = (*tensors, None, None, None)[:6]
     flags = (call.causal, call.causal_align, call.deterministic, facts)
-    if out is None and lse is None and grad_out is None:
-        return ForwardInputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *flags)
-    return BackwardInputs(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, *flags)
+    if kind_of(tensors) == "forward":
+        return ForwardInputs(*tensors[:3], cu_seqlens_q, cu_seqlens_k, *flags)
+    return BackwardInputs(*tensors, cu_seqlens_q, cu_seqlens_k, *flags)
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -239,7 +244,7 @@ def validate(
     q, k, v, out, lse, grad_out = (*tensors, None, None, None)[:6]
     causal, causal_align, scale = call.causal, call.causal_align, call.scale
     deterministic, window, softcap = call.deterministic, call.window, call.softcap
-    backward = out is not None or lse is not None or grad_out is not None
+    backward = kind_of(tensors) == "backward"
     q = _require_tensor("q", q)
     k = _require_tensor("k", k)
     v = _require_tensor("v", v)

@@ -28,7 +28,7 @@ from ._inputs import (
     lse_shape,
 )
 from ._requirements import missing_requirement
-from ._validation import build_inputs
+from ._validation import build_inputs, kind_of
 
 __all__ = [
     "CAUSAL_ALIGNS",
@@ -74,9 +74,9 @@ def make_inputs(
     ``attn_dispatch.backward``), so a backend's tests can ask ``supports(make_inputs(...), arch)``
     exactly what dispatch would ask. Tensors may live on the ``meta`` device.
     """
-    backward = out is not None or lse is not None or grad_out is not None
+    tensors = (q, k, v, out, lse, grad_out)
     call = unforced(
-        "backward" if backward else "forward",
+        kind_of(tensors),
         causal=causal,
         causal_align=causal_align,
         scale=scale,
@@ -84,5 +84,4 @@ def make_inputs(
         window=window,
         softcap=softcap,
     )
-    tensors = (q, k, v, out, lse, grad_out)
     return build_inputs(call, tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

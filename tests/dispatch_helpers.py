@@ -134,5 +134,7 @@ class DeclinesVariants(IgnoresVariants):
     window = softcap = False
 
 
-# The exact:oracle test plugin alone: real numbers from the float64 oracle, no real backend.
+# The toy backends alone (each returns its tag), and the exact:oracle test plugin alone (real
+# numbers in float64, no real backend): ``env.set(**TOYS)``.
+TOYS = {"ATTN_DISPATCH_TEST_PLUGINS": "1", "ATTN_DISPATCH_PLUGINS": "toy"}
 EXACT = {"ATTN_DISPATCH_TEST_PLUGINS": "1", "ATTN_DISPATCH_PLUGINS": "exact"}

@@ -8,14 +8,12 @@ import weakref
 
 import pytest
 import torch
-from dispatch_helpers import make_inputs
+from dispatch_helpers import TOYS, make_inputs
 
 import attn_dispatch as ad
 from attn_dispatch import _dispatch, _guards
 
 NAMES = ("q", "k", "v", "out", "lse", "grad_out")
-# the toy backends alone (what they return is their tag, the same for every call)
-TOYS = {"ATTN_DISPATCH_TEST_PLUGINS": "1", "ATTN_DISPATCH_PLUGINS": "toy"}
 
 pytestmark = pytest.mark.skipif(
     _guards._guard_class() is None, reason="this torch has no usable TensorGuards"

@@ -1,8 +1,9 @@
-"""``exact:oracle``: attention in float64 by the textbook formulas, for the core's tests that
-need real numbers (autograd, torch.compile, variants) without depending on a real backend.
+"""``exact:oracle``: attention in float64, for the core's tests that need real numbers
+(autograd, torch.compile, variants) without depending on a real backend.
 
-The gradients are written out rather than taken with autograd: the dispatcher runs inside a
-custom operator, below autograd, where nothing records a graph.
+The forward is the testing oracle's. The gradients are written out by the textbook formulas
+rather than taken with the oracle's autograd: the dispatcher runs inside a custom operator,
+below autograd, where nothing records a graph.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
-from attn_dispatch.testing.oracle import visible_mask
+from attn_dispatch.testing.oracle import oracle, visible_mask
 
 from . import active
 
@@ -22,14 +23,20 @@ class Oracle(adb.Implementation):
     window = softcap = True
 
     def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = [], []
-        for q, k, v, _ in _sequences(inp, None):
-            o, m, _ = _attend(inp, q, k, v)
-            out.append(o.to(inp.dtype))
-            lse.append(m.to(adb.lse_dtype(inp.dtype)))
-        if inp.is_varlen:
-            return torch.cat(out, 1).squeeze(0), torch.cat(lse, 2).squeeze(0)
-        return out[0], lse[0]
+        """The float64 oracle's (its forward needs no autograd)."""
+        result = oracle(
+            inp.q,
+            inp.k,
+            inp.v,
+            causal=inp.causal,
+            causal_align=inp.causal_align,
+            scale=inp.scale,
+            cu_seqlens_q=inp.cu_seqlens_q,
+            cu_seqlens_k=inp.cu_seqlens_k,
+            window=inp.window,
+            softcap=inp.softcap,
+        )
+        return result.out.to(inp.dtype), result.lse.to(adb.lse_dtype(inp.dtype))
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         grads = [[], [], []]
@@ -41,9 +48,9 @@ class Oracle(adb.Implementation):
         return ad.Gradients(*(g[0] for g in grads))
 
 
-def _sequences(inp: adb.ForwardInputs, grad_out: torch.Tensor | None):
+def _sequences(inp: adb.BackwardInputs, grad_out: torch.Tensor):
     """(q, k, v, grad_out) as dense [B, S, H, D] batches: the whole call, or one per sequence."""
-    tensors = (inp.q, inp.k, inp.v, grad_out if grad_out is not None else inp.q)
+    tensors = (inp.q, inp.k, inp.v, grad_out)
     if not inp.is_varlen:
         yield tensors
         return
@@ -59,7 +66,8 @@ def _heads_first(t: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def _attend(inp, q, k, v):
-    """(out [B, S, H, Dv], lse [B, H, S], probabilities, and what the backward needs)."""
+    """The output [B, H, S, Dv] and what the gradients need: q, k, v heads first (k and v
+    repeated per query head), the probabilities and, with a soft cap, tanh of the scores."""
     group = inp.heads // inp.kv_heads
     qh, kh, vh = _heads_first(q, 1), _heads_first(k, group), _heads_first(v, group)
     scores = qh @ kh.transpose(-1, -2) * inp.scale
@@ -71,16 +79,15 @@ def _attend(inp, q, k, v):
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
-    out = (probs @ vh).permute(0, 2, 1, 3)
-    return out, lse, (qh, kh, vh, probs, tanh)
+    return probs @ vh, (qh, kh, vh, probs, tanh)
 
 
 def _gradients(inp, q, k, v, grad_out):
-    out, _, (qh, kh, vh, probs, tanh) = _attend(inp, q, k, v)
+    out, (qh, kh, vh, probs, tanh) = _attend(inp, q, k, v)
     do = _heads_first(grad_out, 1)
     dv = probs.transpose(-1, -2) @ do
     dp = do @ vh.transpose(-1, -2)
-    delta = (do * out.permute(0, 2, 1, 3)).sum(-1, keepdim=True)
+    delta = (do * out).sum(-1, keepdim=True)
     ds = probs * (dp - delta)
     if tanh is not None:
         ds = ds * (1 - tanh * tanh)
