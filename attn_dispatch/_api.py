@@ -54,7 +54,7 @@ def backward(
     Raises ``TypeError``/``ValueError`` for malformed input and ``NoBackendError`` when no
     implementation (or not the forced one) accepts the inputs.
     """
-    settings = _settings.current()
+    settings = _settings.installed or _settings.current()
     call = parse(
         "backward", causal, causal_align, scale, deterministic, backend, window, softcap, settings
     )
@@ -89,7 +89,7 @@ def forward(
     softcap=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of attention by the best (or forced) implementation that has a forward."""
-    settings = _settings.current()
+    settings = _settings.installed or _settings.current()
     call = parse(
         "forward", causal, causal_align, scale, deterministic, backend, window, softcap, settings
     )

@@ -55,7 +55,7 @@ def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: tuple):
     """Dispatch an operator's call: ``seqlens`` (cu_seqlens_q/_k, max_seqlen_q/_k) and
     ``flags`` as its schema passes them."""
     causal, causal_align, scale, deterministic, backend, left, right, softcap = flags
-    settings = _settings.current()
+    settings = _settings.installed or _settings.current()
     call = of_schema(
         mode.name,
         causal,

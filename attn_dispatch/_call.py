@@ -34,6 +34,8 @@ class Call(NamedTuple):
 
 # Builds a Call from a tuple without NamedTuple's Python-level __new__ (the hot path).
 _new_call = tuple.__new__
+# What torch.are_deterministic_algorithms_enabled() returns, without its Python frame.
+_deterministic_default = torch._C._get_deterministic_algorithms
 
 
 def parse(
@@ -53,7 +55,7 @@ def parse(
     the flags whose type decides validity are checked here on every call (cheap identity tests
     first); their values are validated with the tensors on a signature's first call."""
     if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
+        deterministic = _deterministic_default()
     if (
         (causal is not True and causal is not False)
         or (deterministic is not True and deterministic is not False)
@@ -95,8 +97,11 @@ def _in_context(
     kind, causal, causal_align, scale, deterministic, backend, window, softcap, settings
 ) -> Call:
     """The ``Call`` of checked flags with what the calling context adds: the forced name
-    (argument, ``use_backend``, environment) and the execution mode."""
-    forced = _settings.forced_name(backend, settings)
+    (argument, ``use_backend``, environment) and the execution mode.
+
+    On every call's hot path, where each Python frame counts (the more so after a kernel's own
+    host code has pushed this code out of the CPU's caches): ``_settings.forced_name`` inline."""
+    forced = backend if backend is not None else _settings._forced.get() or settings.forced_env
     execution = _execution.current_execution()
     flags = (kind, causal, causal_align, scale, deterministic, forced, window, softcap, execution)
     return _new_call(Call, flags)

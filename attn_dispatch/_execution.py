@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -24,9 +25,19 @@ import torch
 EAGER, GRAPH = "eager", "graph"
 EXECUTIONS = (EAGER, GRAPH)
 
-_cuda_initialized = torch.cuda.is_initialized
+# torch.cuda.is_initialized() without its Python frame: the module flag and the C check it reads
+# (a child forked after CUDA was initialised must not touch CUDA).
+_cuda_state = torch.cuda
+_cuda_bad_fork = getattr(torch._C, "_cuda_isInBadFork", lambda: False)
 _cuda_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-_compiling = torch.compiler.is_compiling
+# torch.compiler.is_compiling() returns this flag (outside TorchScript, which never runs this
+# code); reading it from C spares the hot path two Python frames. Torch holds it while it
+# compiles (tracing, AOTAutograd's fake-tensor pass).
+_compiling = (
+    functools.partial(getattr, torch.compiler, "_is_compiling_flag")
+    if hasattr(torch.compiler, "_is_compiling_flag")
+    else torch.compiler.is_compiling
+)
 _declared: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "attn_dispatch_execution", default=None
 )
@@ -40,7 +51,12 @@ def current_execution() -> str:
         return declared
     if _compiling():
         return GRAPH
-    if _cuda_capturing is not None and _cuda_initialized() and _cuda_capturing():
+    if (
+        _cuda_capturing is not None
+        and _cuda_state._initialized
+        and not _cuda_bad_fork()
+        and _cuda_capturing()
+    ):
         return GRAPH
     return EAGER
 

@@ -98,7 +98,9 @@ class Settings:
 
 # Reentrant: enable() and reload() may be reached from code that already holds it.
 _lock = threading.RLock()
-_settings: Settings | None = None
+# The settings in force (None until first use); the public calls read it directly on their hot
+# path and call current() only while it is None.
+installed: Settings | None = None
 _programmatic_enabled: set[str] = set()
 # Set while this thread discovers plugins: a plugin that calls back into the library from its
 # import or hook would otherwise wait for itself, or start discovery again.
@@ -152,20 +154,20 @@ def _load() -> Settings:
 
 def current() -> Settings:
     """The settings, loading plugins and reading the environment on first use."""
-    settings = _settings
+    settings = installed
     if settings is None:
         if getattr(_loading, "active", False):
             raise RuntimeError(REENTRANT_LOAD)
         with _lock:
-            if _settings is None:
+            if installed is None:
                 _install(_load())
-            settings = _settings
+            settings = installed
     return settings  # type: ignore[return-value]
 
 
 def _install(settings: Settings) -> None:
-    global _settings
-    _settings = settings
+    global installed
+    installed = settings
 
 
 def reload(*, reset_enabled: bool = False) -> None:

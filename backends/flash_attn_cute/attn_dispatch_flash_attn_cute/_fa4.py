@@ -157,7 +157,9 @@ _plans: dict[tuple, Plan] = {}
 MAX_PLANS = 4096
 # Variants whose kernels this process already has: their first calls compile nothing.
 _variants_ready: set[str] = set()
-_current_device = torch.cuda.current_device
+# The current CUDA device, from C (which initialises CUDA itself when it must), with no Python
+# frame; torch.cuda.current_device where this torch has no CUDA.
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
 def plan_for(kind: str, inp: adb.ForwardInputs) -> Plan:
@@ -270,38 +272,37 @@ def empty_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-# The hot path's front: a dense call whose signature already ran is found by the identity of
-# its ``Facts`` (one object per cached decision of the dispatcher, so no hashing of the facts'
-# fields) and its flags, and goes straight to FA4 with the plan's keyword arguments.
-_ready: dict[tuple, tuple[object, Plan]] = {}
+# The hot path's front: a dense call whose signature already ran on the current device is found
+# by the identity of its ``Facts`` (one object per cached decision of the dispatcher, so no
+# hashing of the facts' fields) and the flags the facts do not hold, and goes straight to FA4
+# with the plan's keyword arguments. One dictionary per direction, entries (facts, kwargs); the
+# two functions below read them inline, since every Python frame counts at this point.
+_ready_forward: dict[tuple, tuple[object, dict]] = {}
+_ready_backward: dict[tuple, tuple[object, dict]] = {}
+_new_gradients = tuple.__new__
 
 
-def _ready_plan(kind: str, inp: adb.ForwardInputs) -> Plan | None:
-    """The plan of a dense call whose signature's first call ran on the current device."""
-    entry = _ready.get((kind, id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
-    if entry is None or entry[0] is not inp.facts or inp.cu_seqlens_q is not None:
-        return None
-    if inp.q.get_device() != _current_device():
-        return None
-    return entry[1]
-
-
-def _remember(kind: str, inp: adb.ForwardInputs, plan: Plan) -> None:
+def _remember(ready: dict, inp: adb.ForwardInputs, plan: Plan) -> None:
     if inp.cu_seqlens_q is not None or is_fake(inp.q) or not plan.first_done:
         return
-    if len(_ready) >= MAX_PLANS:
-        _ready.clear()
-    _ready[(kind, id(inp.facts), inp.causal, inp.causal_align, inp.deterministic)] = (
+    if len(ready) >= MAX_PLANS:
+        ready.clear()
+    ready[(id(inp.facts), inp.causal, inp.causal_align, inp.deterministic)] = (
         inp.facts,
-        plan,
+        plan.kwargs,
     )
 
 
 def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` in our layout from FA4's forward."""
-    plan = _ready_plan("forward", inp)
-    if plan is not None:
-        out, lse, *_ = _interface._flash_attn_fwd(inp.q, inp.k, inp.v, **plan.kwargs)
+    entry = _ready_forward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
+    if (
+        entry is not None
+        and entry[0] is inp.facts
+        and inp.cu_seqlens_q is None
+        and inp.q.get_device() == _current_device()
+    ):
+        out, lse, *_ = _interface._flash_attn_fwd(inp.q, inp.k, inp.v, **entry[1])
         return out, lse
     if has_no_work(inp):
         return empty_forward(inp)
@@ -309,18 +310,23 @@ def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     plan = plan_for("forward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
     out, lse, *_ = _run(plan, inp.q, fa._flash_attn_fwd, inp.q, inp.k, inp.v, **kwargs)
-    _remember("forward", inp, plan)
+    _remember(_ready_forward, inp, plan)
     return out, lse
 
 
 def backward(inp: adb.BackwardInputs) -> ad.Gradients:
     """``(dq, dk, dv)`` from FA4's backward on the caller's out and lse."""
-    plan = _ready_plan("backward", inp)
-    if plan is not None:
+    entry = _ready_backward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
+    if (
+        entry is not None
+        and entry[0] is inp.facts
+        and inp.cu_seqlens_q is None
+        and inp.q.get_device() == _current_device()
+    ):
         grads = _interface._flash_attn_bwd(
-            inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse, **plan.kwargs
+            inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse, **entry[1]
         )
-        return _gradients(grads)
+        return _new_gradients(ad.Gradients, grads)
     if has_no_work(inp):
         return ad.Gradients(
             torch.zeros_like(inp.q), torch.zeros_like(inp.k), torch.zeros_like(inp.v)
@@ -330,9 +336,5 @@ def backward(inp: adb.BackwardInputs) -> ad.Gradients:
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
     tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
     dq, dk, dv = _run(plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs)
-    _remember("backward", inp, plan)
+    _remember(_ready_backward, inp, plan)
     return ad.Gradients(dq, dk, dv)
-
-
-def _gradients(grads: tuple) -> ad.Gradients:
-    return tuple.__new__(ad.Gradients, grads)

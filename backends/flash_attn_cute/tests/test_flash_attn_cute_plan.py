@@ -110,7 +110,8 @@ class RecordingFA4:
 def recording_fa4(monkeypatch):
     fa4 = RecordingFA4()
     monkeypatch.setattr(_fa4, "_interface", fa4)
-    monkeypatch.setattr(_fa4, "_ready", {})
+    monkeypatch.setattr(_fa4, "_ready_forward", {})
+    monkeypatch.setattr(_fa4, "_ready_backward", {})
     monkeypatch.setattr(_fa4, "_current_device", lambda: -1)  # CPU tensors: get_device() is -1
     return fa4
 
