@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from dispatch_helpers import EXACT, make_inputs, tag_of
+from dispatch_helpers import EXACT, TOYS, make_inputs, tag_of
 
 import attn_dispatch as ad
 from attn_dispatch import _selection
@@ -267,3 +267,42 @@ def test_same_shapes_with_other_windows_are_other_signatures(env):
     for i in results:
         for j in range(i):
             assert not torch.allclose(results[i], results[j]), (variants[i], variants[j])
+
+
+def _python_frames(fn) -> list[str]:
+    """The Python functions one call of ``fn`` enters (C functions not counted)."""
+    entered: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            entered.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return entered[1:]  # the lambda itself
+
+
+def test_a_repeated_call_enters_few_python_functions(env):
+    """The hot path's cost grows with the Python frames it enters (more so after a kernel's own
+    host code has taken the CPU's caches): a guarded repeat enters the shell, the flag parsing,
+    the execution probe, the dispatcher and its guard match, the inputs object and the
+    implementation, nothing else."""
+    env.set(**TOYS)
+    inputs = make_inputs()
+    for _ in range(3):
+        ad.backward(*inputs, backend="toy:trivial")
+    frames = _python_frames(lambda: ad.backward(*inputs, backend="toy:trivial"))
+    assert frames == [
+        "_api.py:backward",
+        "_call.py:parse",
+        "_call.py:_in_context",
+        "_execution.py:current_execution",
+        "_dispatch.py:dispatch",
+        "_guards.py:match",
+        "_inputs.py:__init__",
+        "toy.py:backward",
+        "<string>:<lambda>",  # the toy's Gradients(...): NamedTuple's generated constructor
+    ], frames

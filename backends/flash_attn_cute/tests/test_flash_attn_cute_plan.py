@@ -8,6 +8,8 @@ and run in test_flash_attn_cute_gpu.py); ``first_call`` is given the call to tim
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 
 import pytest
 import torch
@@ -171,3 +173,28 @@ def test_forward_hot_path_returns_out_and_lse(recording_fa4):
     again = _fa4.forward(inp)
     assert len(first) == len(again) == 2 and len(recording_fa4.calls) == 2
     assert recording_fa4.calls[0] == recording_fa4.calls[1]
+
+
+def test_a_ready_call_enters_no_python_function_of_ours_but_one(recording_fa4, monkeypatch):
+    """The implementation's ``backward`` is ``_fa4.backward`` itself, which finds the plan inline
+    and reads the current device from C: a repeated call enters that one function, then FA4."""
+    from attn_dispatch_flash_attn_cute.plugin import Sm90
+
+    monkeypatch.setattr(_fa4, "_current_device", functools.partial(int, -1))  # C, as torch's
+    inp = cpu_backward_inputs()
+    impl = Sm90()
+    impl.backward(inp)
+    entered = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            entered.append(frame.f_code.co_name)
+
+    again = cpu_backward_inputs(facts=inp.facts)
+    sys.setprofile(profile)
+    try:
+        impl.backward(again)
+    finally:
+        sys.setprofile(None)
+    assert entered == ["backward", "_flash_attn_bwd"], entered
+    assert len(recording_fa4.calls) == 2
