@@ -97,11 +97,9 @@ def _in_context(
     kind, causal, causal_align, scale, deterministic, backend, window, softcap, settings
 ) -> Call:
     """The ``Call`` of checked flags with what the calling context adds: the forced name
-    (argument, ``use_backend``, environment) and the execution mode.
-
-    On every call's hot path, where each Python frame counts (the more so after a kernel's own
-    host code has pushed this code out of the CPU's caches): ``_settings.forced_name`` inline."""
-    forced = backend if backend is not None else _settings._forced.get() or settings.forced_env
+    (argument, else ``use_backend``, else environment; unchecked, it goes into the decision key)
+    and the execution mode."""
+    forced = backend if backend is not None else _settings.forced_var.get() or settings.forced_env
     execution = _execution.current_execution()
     flags = (kind, causal, causal_align, scale, deterministic, forced, window, softcap, execution)
     return _new_call(Call, flags)

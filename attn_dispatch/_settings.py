@@ -30,7 +30,10 @@ ENABLE_ENV = "ATTN_DISPATCH_ENABLE"
 DISABLE_ENV = "ATTN_DISPATCH_DISABLE"
 PLUGINS_ENV = "ATTN_DISPATCH_PLUGINS"
 
-_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+# The name use_backend() forces in this context. A call's forced name is its ``backend``
+# argument, else this, else ``ATTN_DISPATCH_BACKEND``: ``_call`` reads it so on every call, and
+# resolve_forced checks it on a signature's first call.
+forced_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "attn_dispatch_forced", default=None
 )
 
@@ -210,19 +213,12 @@ def check_name(name: object, argument: str) -> str:
     return name
 
 
-def forced_name(backend: str | None, settings: Settings) -> str | None:
-    """The name forced for a call, unchecked (it goes into the decision key): the ``backend``
-    argument, else ``use_backend()``, else ``ATTN_DISPATCH_BACKEND``."""
-    if backend is not None:
-        return backend
-    return _forced.get() or settings.forced_env
-
-
 def resolve_forced(backend: object, settings: Settings) -> str | None:
-    """:func:`forced_name`, checked: an unknown name raises listing the known ones."""
+    """The name forced for a call (the ``backend`` argument, else ``use_backend()``, else
+    ``ATTN_DISPATCH_BACKEND``), checked: an unknown name raises listing the known ones."""
     if backend is not None:
         return check_name(backend, "backend")
-    name = _forced.get()
+    name = forced_var.get()
     if name is not None:
         return name
     if settings.forced_env is not None:
@@ -246,8 +242,8 @@ def use_backend(name: str) -> Iterator[None]:
     """Force ``name`` (``backend`` or ``backend:impl``) for calls in this context (contextvars:
     threads and asyncio tasks do not see each other's choice)."""
     check_name(name, "name")
-    token = _forced.set(name)
+    token = forced_var.set(name)
     try:
         yield
     finally:
-        _forced.reset(token)
+        forced_var.reset(token)
