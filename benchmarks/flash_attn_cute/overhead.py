@@ -20,13 +20,15 @@ synchronisations, per call (what a loop of these calls alone takes; device-bound
 kernel outlasts the host's work). ``host``: the same calls enqueued behind a long sleep kernel,
 so no launch waits for the device: the host's own cost per call. The wrapper's tax is the host
 difference to the direct FA4 call; the budget is 5 us (exit status 1 above it, or when a
-gradient check fails).
+gradient check fails). The process runs pinned to one CPU (``--cpu``, default the last one it
+may use): a call migrated between cores mid-sample adds tens of microseconds to that sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -158,17 +160,33 @@ def measure(
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def pin(cpu: int | None) -> int:
+    """Pin this process to ``cpu`` (default: the last CPU it may run on); return it."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpu is None:
+        cpu = allowed[-1]
+    if cpu not in allowed:
+        raise SystemExit(f"argument --cpu: {cpu} is not among this process's CPUs {allowed}")
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--calls", type=int, default=50, help="calls per sample")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--cpu", type=int, default=None, help="the CPU to pin the process to")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  eager, MHA 8 1K D=128 bf16")
+    cpu = pin(args.cpu)
+    print(
+        f"{torch.cuda.get_device_name()}  torch {torch.__version__}  eager, MHA 8 1K D=128 bf16, "
+        f"pinned to CPU {cpu}"
+    )
     failed = False
     results = []
     for causal in (False, True):
