@@ -25,7 +25,8 @@ import pytest
 from .. import _settings
 from .._requirements import missing_requirement
 
-# Every variable the library reads, and the one the project's test plugins are gated on.
+# Every variable the core reads (what selection sees), and the one the project's test plugins
+# are gated on; a backend's own variables (its caches, its toolchain) are left as they are.
 ENV_VARS = (
     "ATTN_DISPATCH_BACKEND",
     "ATTN_DISPATCH_ENABLE",
