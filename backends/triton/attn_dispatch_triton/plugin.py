@@ -12,7 +12,8 @@ Capabilities (class attributes; the core rejects what they exclude, with a reaso
 only (fp32 accumulation inside); head dims 32-256, any value (tiles padded to a power of two); D
 may differ from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native;
 sliding windows (``inp.band``) and logit soft-capping (``inp.softcap``) in forward and
-backward, in the portable ``tl`` kernels and the Gluon sm_90 kernels (see ``_band``). Non-goals: dropout, bias, float32 inputs.
+backward, in the portable ``tl`` kernels and the Gluon sm_90 kernels (see ``_band``).
+Non-goals: dropout, bias, float32 inputs.
 
 ``triton:fused`` is deterministic (split dQ kernel, no atomics anywhere); ``triton:fused_atomic``
 computes dQ in the dK/dV kernel and adds it with fp32 atomics or TMA reductions (5 tile products
