@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -48,6 +50,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
 
+from . import _replay
 from ._support import mask_args
 
 log = logging.getLogger("attn_dispatch.flash_attn_cute")
@@ -142,12 +145,14 @@ def variant_of(inp: adb.ForwardInputs, kind: str) -> str:
 @dataclasses.dataclass
 class Plan:
     """What every call of one signature passes to FA4, worked out on its first call: the
-    keyword arguments fixed by the signature (scale, mask, soft cap, determinism) and whether
-    the first call, the only one that can compile kernels, has run."""
+    keyword arguments fixed by the signature (scale, mask, soft cap, determinism), whether its
+    calls may be replayed (``ATTN_DISPATCH_FA4_REPLAY``, read then) and whether the first call,
+    the only one that can compile kernels, has run."""
 
     kind: str
     variant: str
     kwargs: dict
+    replay: bool = True
     first_done: bool = False
 
 
@@ -176,7 +181,8 @@ def plan_for(kind: str, inp: adb.ForwardInputs) -> Plan:
     if plan is None:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
-        plan = _plans[key] = Plan(kind, variant_of(inp, kind), _fixed_kwargs(kind, inp))
+        kwargs = _fixed_kwargs(kind, inp)
+        plan = _plans[key] = Plan(kind, variant_of(inp, kind), kwargs, replay_enabled())
     return plan
 
 
@@ -274,12 +280,39 @@ def empty_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 # The hot path's front: a dense call whose signature already ran on the current device is found
 # by the identity of its ``Facts`` (one object per cached decision of the dispatcher, so no
-# hashing of the facts' fields) and the flags the facts do not hold, and goes straight to FA4
-# with the plan's keyword arguments. One dictionary per direction, entries (facts, kwargs); the
+# hashing of the facts' fields) and the flags the facts do not hold. Its entry holds the plan
+# and, once two recorded calls did the same work, the replay of FA4's host code (_replay); the
 # two functions below read them inline, since every Python frame counts at this point.
-_ready_forward: dict[tuple, tuple[object, dict]] = {}
-_ready_backward: dict[tuple, tuple[object, dict]] = {}
+_ready_forward: dict[tuple, Ready] = {}
+_ready_backward: dict[tuple, Ready] = {}
 _new_gradients = tuple.__new__
+# One recording at a time: a recording swaps FA4's compile caches for the process.
+_recording = threading.Lock()
+
+
+class Ready:
+    """A signature whose kernels exist: its plan, and how far its replay has come."""
+
+    __slots__ = ("facts", "plan", "replay", "recorded", "learning")
+
+    def __init__(self, facts: object, plan: Plan):
+        self.facts = facts
+        self.plan = plan
+        self.replay: Callable[[tuple], tuple] | None = None
+        self.recorded: _replay.Trace | None = None  # the first recording, until the second
+        self.learning = plan.replay
+
+
+def replay_enabled() -> bool:
+    """``ATTN_DISPATCH_FA4_REPLAY``: ``1`` (the default) replays FA4's host code per signature,
+    ``0`` runs it on every call."""
+    value = os.environ.get(REPLAY_VARIABLE, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{REPLAY_VARIABLE}={value!r}: expected '0' or '1'")
+    return value == "1"
+
+
+REPLAY_VARIABLE = "ATTN_DISPATCH_FA4_REPLAY"
 
 
 def _remember(ready: dict, inp: adb.ForwardInputs, plan: Plan) -> None:
@@ -287,22 +320,64 @@ def _remember(ready: dict, inp: adb.ForwardInputs, plan: Plan) -> None:
         return
     if len(ready) >= MAX_PLANS:
         ready.clear()
-    ready[(id(inp.facts), inp.causal, inp.causal_align, inp.deterministic)] = (
-        inp.facts,
-        plan.kwargs,
-    )
+    key = (id(inp.facts), inp.causal, inp.causal_align, inp.deterministic)
+    ready[key] = Ready(inp.facts, plan)
+
+
+def _learn(r: Ready, fn: Callable, tensors: tuple, keep: tuple[int, ...]) -> tuple:
+    """Call FA4 while recording it; two recordings that agree make the signature's replay."""
+    if not _recording.acquire(blocking=False):
+        result = fn(*tensors, **r.plan.kwargs)
+        return tuple([result[i] for i in keep])
+    try:
+        owners = [
+            fn
+            for fn in (getattr(_interface, name, None) for name in _CACHED_FUNCTIONS)
+            if hasattr(fn, "compile_cache")
+        ]
+        with _replay.recording(tensors, owners) as recorder:
+            result = fn(*tensors, **r.plan.kwargs)
+    finally:
+        _recording.release()
+    try:
+        trace = recorder.trace(result, keep)
+    except _replay.Unreplayable as exc:
+        _stop_learning(r, str(exc))
+    else:
+        if r.recorded is None:
+            r.recorded = trace
+        elif r.recorded == trace:
+            r.replay = _replay.replayer(trace)
+            r.learning = False
+            r.recorded = None
+        else:
+            _stop_learning(r, "two calls did different work")
+    return tuple([result[i] for i in keep])
+
+
+def _stop_learning(r: Ready, reason: str) -> None:
+    r.learning = False
+    r.recorded = None
+    log.info("FA4 %s: host code runs on every call (%s)", r.plan.variant, reason)
 
 
 def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` in our layout from FA4's forward."""
-    entry = _ready_forward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
+    r = _ready_forward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
     if (
-        entry is not None
-        and entry[0] is inp.facts
+        r is not None
+        and r.facts is inp.facts
         and inp.cu_seqlens_q is None
         and inp.q.get_device() == _current_device()
     ):
-        out, lse, *_ = _interface._flash_attn_fwd(inp.q, inp.k, inp.v, **entry[1])
+        tensors = (inp.q, inp.k, inp.v)
+        # FA4 copies an input whose pointer is not 16-byte aligned: such calls are not replayed
+        if not (tensors[0].data_ptr() | tensors[1].data_ptr() | tensors[2].data_ptr()) & 15:
+            if r.replay is not None:
+                return r.replay(tensors)
+            if r.learning:
+                return _learn(r, _interface._flash_attn_fwd, tensors, (0, 1))
+        out, lse, *_ = _interface._flash_attn_fwd(*tensors, **r.plan.kwargs)
         return out, lse
     if has_no_work(inp):
         return empty_forward(inp)
@@ -316,17 +391,25 @@ def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 def backward(inp: adb.BackwardInputs) -> ad.Gradients:
     """``(dq, dk, dv)`` from FA4's backward on the caller's out and lse."""
-    entry = _ready_backward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
+    r = _ready_backward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
     if (
-        entry is not None
-        and entry[0] is inp.facts
+        r is not None
+        and r.facts is inp.facts
         and inp.cu_seqlens_q is None
         and inp.q.get_device() == _current_device()
     ):
-        grads = _interface._flash_attn_bwd(
-            inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse, **entry[1]
-        )
-        return _new_gradients(ad.Gradients, grads)
+        tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
+        pointers = 0
+        for t in tensors:
+            pointers |= t.data_ptr()
+        if not pointers & 15:
+            if r.replay is not None:
+                return _new_gradients(ad.Gradients, r.replay(tensors))
+            if r.learning:
+                return _new_gradients(
+                    ad.Gradients, _learn(r, _interface._flash_attn_bwd, tensors, (0, 1, 2))
+                )
+        return _new_gradients(ad.Gradients, _interface._flash_attn_bwd(*tensors, **r.plan.kwargs))
     if has_no_work(inp):
         return ad.Gradients(
             torch.zeros_like(inp.q), torch.zeros_like(inp.k), torch.zeros_like(inp.v)

@@ -177,10 +177,12 @@ def test_forward_hot_path_returns_out_and_lse(recording_fa4):
 
 def test_a_ready_call_enters_no_python_function_of_ours_but_one(recording_fa4, monkeypatch):
     """The implementation's ``backward`` is ``_fa4.backward`` itself, which finds the plan inline
-    and reads the current device from C: a repeated call enters that one function, then FA4."""
+    and reads the current device from C: a repeated call that runs FA4's host code (replay off;
+    test_flash_attn_cute_replay covers the replay) enters that one function, then FA4."""
     from attn_dispatch_flash_attn_cute.plugin import Sm90
 
     monkeypatch.setattr(_fa4, "_current_device", functools.partial(int, -1))  # C, as torch's
+    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, "0")
     inp = cpu_backward_inputs()
     impl = Sm90()
     impl.backward(inp)

@@ -1,0 +1,259 @@
+"""The replay of FA4's host code, on the CPU against a stand-in shaped like it (toy_fa4).
+
+A recording watches one call; its trace, replayed on fresh inputs, must give what the oracle
+gives for those inputs while FA4's Python is not entered. A call that does anything a replay
+would not reproduce is refused with the reason. Through the backend: two recorded calls that
+agree make the replay, and the calls after them use it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+
+import pytest
+import torch
+from attn_dispatch_flash_attn_cute import _fa4, _replay
+from toy_fa4 import ToyFA4
+
+from attn_dispatch.backend import make_inputs
+from attn_dispatch.testing.oracle import oracle
+from attn_dispatch.testing.tolerances import error_metrics, tolerance_for
+
+B, S, H, HKV, D = 2, 24, 4, 2, 16
+
+
+def qkv(seed: int, dtype=torch.bfloat16) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, S, H, D, generator=gen).to(dtype)
+    k, v = (torch.randn(B, S + 8, HKV, D, generator=gen).to(dtype) for _ in range(2))
+    return q, k, v
+
+
+def backward_tensors(seed: int) -> tuple[torch.Tensor, ...]:
+    q, k, v = qkv(seed)
+    ref = oracle(q, k, v, causal=True, causal_align="bottom_right")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(q.dtype)
+    return q, k, v, ref.out.to(q.dtype), dout, ref.lse.float()
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    tol = tolerance_for(torch.bfloat16)
+    max_err, rel_l2 = error_metrics(got, want)
+    assert max_err <= tol.max_err and rel_l2 <= tol.rel_l2, (max_err, rel_l2)
+
+
+def owners(fa4: ToyFA4) -> list:
+    return [fa4._flash_attn_fwd, fa4._flash_attn_bwd, fa4._bwd_preprocess]
+
+
+def record(fa4: ToyFA4, fn, tensors: tuple, keep: tuple, **kwargs) -> _replay.Trace:
+    with _replay.recording(tensors, owners(fa4)) as recorder:
+        result = fn(*tensors, **kwargs)
+    return recorder.trace(result, keep)
+
+
+def test_a_recorded_forward_replays_on_new_inputs_without_the_host_code():
+    fa4 = ToyFA4()
+    fa4._flash_attn_fwd(*qkv(0), softmax_scale=0.3, causal=True)  # compiles
+    trace = record(fa4, fa4._flash_attn_fwd, qkv(1), (0, 1), softmax_scale=0.3, causal=True)
+    assert [step[0] for step in trace.steps] == ["empty", "empty", "call"]
+    replay = _replay.replayer(trace)
+    for seed in (2, 3):
+        q, k, v = qkv(seed)
+        out, lse = replay((q, k, v))
+        want = oracle(q, k, v, causal=True, causal_align="bottom_right", scale=0.3)
+        assert_close(out, want.out)
+        torch.testing.assert_close(lse.double(), want.lse, atol=1e-5, rtol=1e-5)
+    assert fa4.host_calls == ["fwd", "fwd"] and fa4.launches == ["fwd"] * 4
+
+
+def test_a_recorded_backward_replays_its_fills_views_and_three_kernels():
+    fa4 = ToyFA4()
+    fa4._flash_attn_bwd(*backward_tensors(0), causal=True)
+    trace = record(fa4, fa4._flash_attn_bwd, backward_tensors(1), (0, 1, 2), causal=True)
+    kinds = [step[0] for step in trace.steps]
+    assert kinds == ["empty", "empty", "fill", "empty", "empty", "empty", "call", "call", "call"]
+    pre = trace.steps[6]
+    assert pre[3][2][1] is not None  # dpsum passed as a transposed view of its allocation
+    replay = _replay.replayer(trace)
+    for seed in (2, 4):
+        tensors = backward_tensors(seed)
+        q, k, v, _, dout, _ = tensors
+        dq, dk, dv = replay(tensors)
+        want = oracle(q, k, v, dout, causal=True, causal_align="bottom_right")
+        for got, ref in ((dq, want.dq), (dk, want.dk), (dv, want.dv)):
+            assert_close(got, ref)
+    assert fa4.host_calls == ["bwd", "bwd"]
+    assert fa4.launches == ["pre", "bwd", "post"] * 4
+
+
+def test_recordings_of_the_same_work_are_equal_and_of_other_work_are_not():
+    fa4 = ToyFA4()
+    fwd = fa4._flash_attn_fwd
+    fwd(*qkv(0), softmax_scale=0.3)
+    fwd(*qkv(0), softmax_scale=0.3, causal=True)
+    first = record(fa4, fwd, qkv(1), (0, 1), softmax_scale=0.3)
+    assert record(fa4, fwd, qkv(2), (0, 1), softmax_scale=0.3) == first
+    assert record(fa4, fwd, qkv(2), (0, 1), softmax_scale=0.5) != first
+    assert record(fa4, fwd, qkv(2), (0, 1), softmax_scale=0.3, causal=True) != first
+
+
+FOREIGN = torch.zeros(4)
+
+
+@pytest.mark.parametrize(
+    "host, reason",
+    [
+        (lambda q, launch: launch(q.clone()), "FA4 ran aten.clone"),
+        (lambda q, launch: launch(q, FOREIGN), "neither an input nor made here"),
+        (lambda q, launch: launch(q, object()), "kernel argument 1 is a object"),
+        (lambda q, launch: launch((q, None)), "kernel argument 0 holds a tensor"),
+        (lambda q, launch: launch(q.view(torch.int16)), "a view with another dtype"),
+        (lambda q, launch: q.new_empty(3), "launched no kernel"),
+    ],
+    ids=["other-op", "foreign-tensor", "object", "tensor-in-tuple", "dtype-view", "no-kernel"],
+)
+def test_a_call_a_replay_would_not_reproduce_is_refused_with_the_reason(host, reason):
+    def entry(q):
+        host(q, entry.compile_cache["kernel"])
+        return (q,)
+
+    entry.compile_cache = {"kernel": lambda *args: None}
+    q = torch.zeros(2, 3, dtype=torch.bfloat16)
+    with _replay.recording((q,), [entry]) as recorder:
+        result = entry(q)
+    with pytest.raises(_replay.Unreplayable, match=reason):
+        recorder.trace(result, (0,))
+
+
+# Through the backend: _fa4 with the stand-in as its FA4.
+
+
+@pytest.fixture
+def toy_fa4(monkeypatch):
+    fa4 = ToyFA4()
+    monkeypatch.setattr(_fa4, "_interface", fa4)
+    monkeypatch.setattr(_fa4, "_plans", {})
+    monkeypatch.setattr(_fa4, "_variants_ready", set())
+    monkeypatch.setattr(_fa4, "_records", [])
+    monkeypatch.setattr(_fa4, "_ready_forward", {})
+    monkeypatch.setattr(_fa4, "_ready_backward", {})
+    # CPU tensors (get_device() is -1), read from C as torch's own
+    monkeypatch.setattr(_fa4, "_current_device", functools.partial(int, -1))
+    monkeypatch.delenv(_fa4.REPLAY_VARIABLE, raising=False)
+    return fa4
+
+
+def signature_inputs(tensors: tuple, like=None):
+    """Backend inputs of ``tensors`` (q, k, v[, out, dout, lse]: FA4's order), bottom-right
+    causal; with ``like``, sharing its facts, as the dispatcher's calls of one signature do."""
+    if len(tensors) == 6:
+        q, k, v, out, dout, lse = tensors
+        tensors = (q, k, v, out, lse, dout)
+    flags = dict(causal=True, causal_align="bottom_right", scale=None, deterministic=False)
+    inp = make_inputs(*tensors, **flags)
+    if like is None:
+        return inp
+    fields = tuple(tensors) + (None, None, True, "bottom_right", False, like.facts)
+    return type(inp)(*fields)
+
+
+def test_the_backend_replays_a_signature_after_two_agreeing_recordings(toy_fa4):
+    first = signature_inputs(backward_tensors(0))
+    for seed in range(5):
+        inp = first if seed == 0 else signature_inputs(backward_tensors(seed), like=first)
+        grads = _fa4.backward(inp)
+        want = oracle(inp.q, inp.k, inp.v, inp.grad_out, causal=True, causal_align="bottom_right")
+        for got, ref in zip(grads, (want.dq, want.dk, want.dv), strict=True):
+            assert_close(got, ref)
+    # the first call plans, the next two are recorded; the last two are replays
+    assert toy_fa4.host_calls == ["bwd"] * 3
+    assert toy_fa4.launches == ["pre", "bwd", "post"] * 5
+
+
+def test_the_backend_replays_forward_calls_too(toy_fa4, capsys):
+    first = signature_inputs(qkv(0))
+    for seed in range(4):
+        inp = first if seed == 0 else signature_inputs(qkv(seed), like=first)
+        out, lse = _fa4.forward(inp)
+        want = oracle(inp.q, inp.k, inp.v, causal=True, causal_align="bottom_right")
+        assert_close(out, want.out)
+    assert toy_fa4.host_calls == ["fwd"] * 3 and toy_fa4.launches == ["fwd"] * 4
+
+
+def misaligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values at the same shape and strides, its pointer 2 bytes off 16-byte alignment."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype)[1:]
+    return flat.view(t.shape).copy_(t)
+
+
+def test_a_misaligned_input_runs_the_host_code(toy_fa4):
+    first = signature_inputs(qkv(0))
+    for seed in range(3):
+        _fa4.forward(first if seed == 0 else signature_inputs(qkv(seed), like=first))
+    q, k, v = qkv(7)
+    inp = signature_inputs((misaligned(q), k, v), like=first)
+    assert inp.q.data_ptr() % 16
+    out, _ = _fa4.forward(inp)
+    assert_close(out, oracle(q, k, v, causal=True, causal_align="bottom_right").out)
+    assert toy_fa4.host_calls == ["fwd"] * 4
+
+
+def test_recordings_that_disagree_leave_the_host_code_on(toy_fa4, monkeypatch, caplog):
+    calls = iter(range(100))
+    host = toy_fa4._flash_attn_fwd
+
+    def varying(q, k, v, **kwargs):  # passes its call count to the kernel: no two alike
+        out, lse, *_ = host(q, k, v, **kwargs)
+        toy_fa4._flash_attn_fwd.compile_cache["count"](out, next(calls))
+        return out, lse, None, None, None
+
+    varying.compile_cache = {"count": lambda out, n: None}
+    monkeypatch.setattr(toy_fa4, "_flash_attn_fwd", varying)
+    first = signature_inputs(qkv(0))
+    caplog.set_level(logging.INFO, logger="attn_dispatch.flash_attn_cute")
+    for seed in range(5):
+        _fa4.forward(first if seed == 0 else signature_inputs(qkv(seed), like=first))
+    assert toy_fa4.host_calls == ["fwd"] * 5
+    assert "host code runs on every call (two calls did different work)" in caplog.text
+
+
+def test_replay_can_be_switched_off(toy_fa4, monkeypatch):
+    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, "0")
+    first = signature_inputs(qkv(0))
+    for seed in range(4):
+        _fa4.forward(first if seed == 0 else signature_inputs(qkv(seed), like=first))
+    assert toy_fa4.host_calls == ["fwd"] * 4
+
+
+def test_a_bad_replay_setting_is_named(toy_fa4, monkeypatch):
+    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, "yes")
+    with pytest.raises(ValueError, match="ATTN_DISPATCH_FA4_REPLAY='yes': expected '0' or '1'"):
+        _fa4.forward(signature_inputs(qkv(0)))
+    assert toy_fa4.host_calls == []
+
+
+def test_a_replayed_call_enters_no_function_of_fa4s_host_code(toy_fa4):
+    from attn_dispatch_flash_attn_cute.plugin import Sm90
+
+    impl = Sm90()
+    first = signature_inputs(backward_tensors(0))
+    for seed in range(3):
+        impl.backward(first if seed == 0 else signature_inputs(backward_tensors(seed), like=first))
+    again = signature_inputs(backward_tensors(9), like=first)
+    entered = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            entered.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        impl.backward(again)
+    finally:
+        sys.setprofile(None)
+    assert entered[:2] == ["backward", "replay"], entered
+    assert "entry" not in entered and "_backward" not in entered
+    assert entered.count("kernel") == 3  # the three launches, nothing of the host code
