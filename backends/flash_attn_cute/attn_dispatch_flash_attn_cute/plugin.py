@@ -31,10 +31,10 @@ choice measured within 2% of the fastest implementation at all 20 seed shapes un
 on an H200. Where its backward measured slower it ranks 49, below those, in every execution
 mode: GQA, dense D = 128, Sk <= 1024 with B*H <= 64 (triton:fused_atomic leads), causal MHA
 with B*H <= 8 at 2048 < Sk <= 4096 (triton's Gluon kernel leads), and any soft cap (triton
-leads; window-only calls stay with FA4, 7% faster). In eager execution FA4's host cost decides
-short problems: a backward with B*H <= 8 and Sk <= 2048 ranks 42, below every other GPU
-implementation (MHA 8 1K: FA4 142 us against triton:fused_atomic's 84). 60 on sm_100/sm_103,
-opt-in: FA4 is written for Blackwell; not run or measured by this project there.
+leads; window-only calls stay with FA4, 7% faster). The same rules hold in eager execution:
+FA4's host code is replayed per signature (``_replay``), so a call costs less host time than
+any other GPU implementation's and short problems need no rule of their own. 60 on
+sm_100/sm_103, opt-in: FA4 is written for Blackwell; not run or measured by this project there.
 """
 
 from __future__ import annotations
@@ -61,25 +61,6 @@ SMALL_SK = 1024  # dense D=128 GQA backward: FA4 behind triton:fused_atomic at 1
 SMALL_SK_HEADS = 64  # ... measured with B*H = 64 (GQA 64/8)
 MHA_CAUSAL_SK = (2049, 4096)  # causal MHA, B*H <= 8: behind triton:fused_atomic's Gluon kernel
 MHA_CAUSAL_HEADS = 8
-# Eager execution on sm_90: where FA4's host cost (its Python launch path, a few tens of us per
-# call) dominates, a backward ranks below every other GPU implementation (cuDNN 50, triton 43-56),
-# so the one with the lowest measured end-to-end latency runs. Measured on an H200, eager, bf16,
-# D=128, B=1 (docs/benchmarks.md section 6): at MHA 8 1K/2K FA4's kernel is the fastest (46 us
-# at 1K) but its host time per call is 88-92 us against 55-60 us for cuDNN and triton:fused,
-# and a loop of such calls ran FA4 through the backend at 60 us per call against cuDNN's 53.
-# Under CUDA graphs the host cost is gone and this rule does not apply.
-EAGER_HOST_BOUND_PRIORITY = 42
-EAGER_HOST_BOUND_HEADS = 8  # B*H at most this ...
-EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
-
-
-def host_bound_sm90(inp: adb.ForwardInputs) -> bool:
-    """Whether ``inp`` is a backward small enough that FA4's host cost decides its eager
-    end-to-end latency (B*H <= 8 and Sk <= 2048; see ``EAGER_HOST_BOUND_PRIORITY``)."""
-    if not isinstance(inp, adb.BackwardInputs):
-        return False
-    small_heads = inp.batch * inp.heads <= EAGER_HOST_BOUND_HEADS
-    return small_heads and inp.max_seqlen_k <= EAGER_HOST_BOUND_SK
 
 
 def measured_slower_sm90(inp: adb.ForwardInputs) -> bool:
@@ -148,16 +129,6 @@ class Sm90(FlashAttnCute):
         if arch.name == "sm_90" and measured_slower_sm90(inp):
             return SLOWER_PRIORITY
         return self.priority_for(arch)
-
-    def priority_for_execution(
-        self, inp: adb.ForwardInputs, arch: ad.Arch, execution: str
-    ) -> int | None:
-        """In eager execution, ``EAGER_HOST_BOUND_PRIORITY`` where :func:`host_bound_sm90`;
-        else :meth:`priority_for_inputs` (under CUDA graphs and torch.compile alike)."""
-        priority = self.priority_for_inputs(inp, arch)
-        if execution == "eager" and arch.name == "sm_90" and host_bound_sm90(inp):
-            return min(EAGER_HOST_BOUND_PRIORITY, priority) if priority is not None else None
-        return priority
 
 
 class Sm100(FlashAttnCute):

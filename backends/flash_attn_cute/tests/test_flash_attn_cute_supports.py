@@ -186,16 +186,16 @@ def test_sm90_default_choice_with_every_gpu_backend(
     assert report.selected == expected, str(report)
 
 
-def test_sm90_eager_short_mha_goes_to_triton_or_cudnn(monkeypatch):
+def test_sm90_short_mha_goes_to_fa4_eager_and_under_graphs(monkeypatch):
+    """FA4's replayed host code costs less than any other GPU implementation's: MHA 8 1K runs
+    FA4 eager as under CUDA graphs."""
     monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "flash_attn_cute,torch_sdpa,triton,reference")
     monkeypatch.delenv("ATTN_DISPATCH_ENABLE")
     ad.reload(reset_enabled=True)
     for causal in (False, True):
-        args = dense(1024, h=8, hkv=8)
-        eager = explain(args, "sm_90", causal=causal, execution="eager")
-        assert eager.selected in ("triton:fused", "triton:fused_atomic", "torch_sdpa:cudnn")
-        graph = explain(args, "sm_90", causal=causal, execution="graph")
-        assert graph.selected == "flash_attn_cute:sm90"
+        for execution in ("eager", "graph"):
+            report = explain(dense(1024, h=8, hkv=8), "sm_90", causal=causal, execution=execution)
+            assert report.selected == "flash_attn_cute:sm90", str(report)
 
 
 @pytest.mark.parametrize("arch", ["sm_100", "sm_103"])
@@ -456,27 +456,21 @@ def test_sm90_backward_priority_by_measurement(shape, causal, expected):
 @pytest.mark.parametrize(
     ("shape", "causal", "expected"),
     [
-        (dict(sq=1024, h=8, hkv=8), False, 42),  # MHA 8 1K eager: FA4 142 us, triton 84
-        (dict(sq=1024, h=8, hkv=8), True, 42),  # 1.75x slower eager
-        (dict(sq=2048, h=8, hkv=8), False, 42),  # 1.27x slower eager
-        (dict(sq=2048, h=8, hkv=1), True, 42),  # MQA 8/1: B*H = 8 as well
-        (dict(sq=1024, h=4, hkv=4, b=2), False, 42),
-        (dict(sq=4096, h=8, hkv=8), False, 60),  # Sk > 2048: kernel time dominates
-        (dict(sq=2048, h=8, hkv=8, b=2), False, 60),  # B*H = 16
+        (dict(sq=1024, h=8, hkv=8), False, 60),  # MHA 8 1K: FA4 fastest eager too
+        (dict(sq=1024, h=8, hkv=8), True, 60),
+        (dict(sq=2048, h=8, hkv=8), False, 60),
+        (dict(sq=2048, h=8, hkv=1), True, 60),
         (dict(sq=1024), False, 49),  # GQA 64/8 1K: the graph rule holds eager too
         (dict(sq=4096, h=8, hkv=8), True, 49),
         (dict(sq=16384), True, 60),
     ],
 )
-def test_sm90_backward_priority_in_eager_execution(shape, causal, expected):
-    """Eager: FA4's host cost puts short problems with B*H <= 8 below every other GPU
-    implementation; the graph decision of the same signature is unaffected."""
+def test_sm90_backward_priority_is_the_same_eager_and_under_graphs(shape, causal, expected):
+    """FA4 has no eager rule of its own: the kernels' measured times decide in every mode."""
     args = dense(**shape)
-    report = explain(args, "sm_90", causal=causal, execution="eager")
-    assert verdicts(report)["flash_attn_cute:sm90"].priority == expected
-    assert (report.selected == "flash_attn_cute:sm90") == (expected == 60)
-    graph = explain(args, "sm_90", causal=causal, execution="graph")
-    assert verdicts(graph)["flash_attn_cute:sm90"].priority == (49 if expected == 49 else 60)
+    for execution in ("eager", "graph"):
+        report = explain(args, "sm_90", causal=causal, execution=execution)
+        assert verdicts(report)["flash_attn_cute:sm90"].priority == expected, execution
 
 
 def test_sm90_forward_keeps_the_arch_priority_at_small_shapes():
