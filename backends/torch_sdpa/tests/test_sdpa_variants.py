@@ -143,7 +143,7 @@ def _reasons(report: ad.Report, name: str) -> tuple[str, ...]:
 
 def test_cached_decision_is_not_reused_for_a_window_the_choice_rejects(isolated_plugins):
     """A decision made for plain inputs (cuDNN on sm_90) must not run a windowed call."""
-    isolated_plugins.set(ATTN_DISPATCH_ARCH="sm_90")
+    isolated_plugins.set(ATTN_DISPATCH_ARCH="sm_90", ATTN_DISPATCH_PLUGINS="torch_sdpa,reference")
     tensors = _meta_args(d=128)
     assert ad.explain(*tensors).selected == "torch_sdpa:cudnn"
     ad.backward(*tensors)
