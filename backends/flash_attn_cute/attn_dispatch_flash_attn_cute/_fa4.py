@@ -327,8 +327,12 @@ def _remember(ready: dict, inp: adb.ForwardInputs, plan: Plan) -> None:
 
 
 def _learn(r: Ready, fn: Callable, tensors: tuple, keep: tuple[int, ...]) -> tuple:
-    """Call FA4 while recording it; two recordings that agree make the signature's replay."""
-    if not _recording.acquire(blocking=False):
+    """Call FA4 while recording it; two recordings that agree make the signature's replay.
+
+    A call that passes one tensor in two places is not recorded: its trace would name one
+    input where the signature's other calls pass two (the dispatcher gives both the same
+    decision)."""
+    if len({id(t) for t in tensors}) < len(tensors) or not _recording.acquire(blocking=False):
         result = fn(*tensors, **r.plan.kwargs)
         return tuple([result[i] for i in keep])
     try:

@@ -201,6 +201,21 @@ def test_a_misaligned_input_runs_the_host_code(toy_fa4):
     assert toy_fa4.host_calls == ["fwd"] * 4
 
 
+def test_a_call_passing_one_tensor_twice_is_not_recorded(toy_fa4):
+    """Self-attention written as ``(x, x, x)`` shares its signature with distinct q, k, v of
+    the same shapes: a trace recorded from it would pass q where k and v belong."""
+    gen = torch.Generator().manual_seed(5)
+    same = [torch.randn(B, S, H, D, generator=gen).to(torch.bfloat16) for _ in range(6)]
+    first = signature_inputs((same[0],) * 3)
+    for x in same[:3]:
+        _fa4.forward(first if x is same[0] else signature_inputs((x, x, x), like=first))
+    q, k, v = same[3:]
+    for _ in range(3):
+        out, _lse = _fa4.forward(signature_inputs((q, k, v), like=first))
+        assert_close(out, oracle(q, k, v, causal=True, causal_align="bottom_right").out)
+    assert toy_fa4.host_calls == ["fwd"] * 5  # the distinct calls recorded twice, then replayed
+
+
 def test_recordings_that_disagree_leave_the_host_code_on(toy_fa4, monkeypatch, caplog):
     calls = iter(range(100))
     host = toy_fa4._flash_attn_fwd
