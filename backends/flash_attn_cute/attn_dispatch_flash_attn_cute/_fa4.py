@@ -3,8 +3,8 @@
 FA4's private entry points are used, as FA4's own autograd function uses them:
 ``_flash_attn_fwd(q, k, v, ...) -> (out, lse, p, row_max, o_lo)`` and
 ``_flash_attn_bwd(q, k, v, out, dout, lse, ...) -> (dq, dk, dv)``, every argument but the
-tensors by keyword. Both run on the current CUDA device and stream, so each call sets the
-device of ``q``.
+tensors by keyword. Both run on the current CUDA device and stream, so a call on another device
+than the current one switches to ``q``'s for its duration.
 
 Layouts need no conversion: FA4's tensors are ours (BSHD / THD, dK/dV with Hkv heads) and so
 is its lse (float32, natural log, [B, H, Sq] dense and [H, Tq] varlen, contiguous; FA4 copies
@@ -305,6 +305,9 @@ class Ready:
         self.learning = plan.replay
 
 
+REPLAY_VARIABLE = "ATTN_DISPATCH_FA4_REPLAY"
+
+
 def replay_enabled() -> bool:
     """``ATTN_DISPATCH_FA4_REPLAY``: ``1`` (the default) replays FA4's host code per signature,
     ``0`` runs it on every call."""
@@ -314,16 +317,15 @@ def replay_enabled() -> bool:
     return value == "1"
 
 
-REPLAY_VARIABLE = "ATTN_DISPATCH_FA4_REPLAY"
-
-
 def _remember(ready: dict, inp: adb.ForwardInputs, plan: Plan) -> None:
     if inp.cu_seqlens_q is not None or is_fake(inp.q) or not plan.first_done:
         return
     if len(ready) >= MAX_PLANS:
         ready.clear()
     key = (id(inp.facts), inp.causal, inp.causal_align, inp.deterministic)
-    ready[key] = Ready(inp.facts, plan)
+    known = ready.get(key)
+    if known is None or known.facts is not inp.facts:  # keep what a known entry has learned
+        ready[key] = Ready(inp.facts, plan)
 
 
 def _learn(r: Ready, fn: Callable, tensors: tuple, keep: tuple[int, ...]) -> tuple:
@@ -336,11 +338,9 @@ def _learn(r: Ready, fn: Callable, tensors: tuple, keep: tuple[int, ...]) -> tup
         result = fn(*tensors, **r.plan.kwargs)
         return tuple([result[i] for i in keep])
     try:
-        owners = [
-            fn
-            for fn in (getattr(_interface, name, None) for name in _CACHED_FUNCTIONS)
-            if hasattr(fn, "compile_cache")
-        ]
+        # every compile cache FA4 has, not only _CACHED_FUNCTIONS': a launch through one the
+        # recording did not swap would be missing from the trace
+        owners = [obj for obj in vars(_interface).values() if hasattr(obj, "compile_cache")]
         with _replay.recording(tensors, owners) as recorder:
             result = fn(*tensors, **r.plan.kwargs)
     finally:
@@ -377,8 +377,12 @@ def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         and inp.q.get_device() == _current_device()
     ):
         tensors = (inp.q, inp.k, inp.v)
-        # FA4 copies an input whose pointer is not 16-byte aligned: such calls are not replayed
-        if not (tensors[0].data_ptr() | tensors[1].data_ptr() | tensors[2].data_ptr()) & 15:
+        # FA4 copies an input whose pointer is not 16-byte aligned: such calls are not replayed;
+        # nor are fake tensors (same facts as real ones), for which FA4 launches nothing
+        if not (
+            isinstance(tensors[0], FakeTensor)
+            or (tensors[0].data_ptr() | tensors[1].data_ptr() | tensors[2].data_ptr()) & 15
+        ):
             if r.replay is not None:
                 return r.replay(tensors)
             if r.learning:
@@ -405,10 +409,14 @@ def backward(inp: adb.BackwardInputs) -> ad.Gradients:
         and inp.q.get_device() == _current_device()
     ):
         tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
-        pointers = 0
-        for t in tensors:
-            pointers |= t.data_ptr()
-        if not pointers & 15:
+        # as in forward: aligned pointers, real tensors
+        replayable = not isinstance(tensors[0], FakeTensor)
+        if replayable:
+            pointers = 0
+            for t in tensors:
+                pointers |= t.data_ptr()
+            replayable = not pointers & 15
+        if replayable:
             if r.replay is not None:
                 return _new_gradients(ad.Gradients, r.replay(tensors))
             if r.learning:

@@ -12,15 +12,19 @@ does the same work on new inputs of the same signature, in a few microseconds.
 
 What a trace cannot see, the caller must hold fixed: the signature (shapes, strides, dtypes,
 device, flags) and the 16-byte alignment of the inputs' data pointers (FA4 copies an input whose
-pointer is not aligned). Anything else, an operation of another kind, a tensor argument the
-recording cannot trace back to an input or an allocation, a tensor inside a container argument,
-makes the call unreplayable, with the reason.
+pointer is not aligned). A recording refuses, with the reason: an operation of another kind, a
+tensor argument it cannot trace back to an input or an allocation, a tensor inside a container
+argument, an argument that is not a plain value, an allocation on another device than the
+inputs'. It cannot see launches through a compile cache it was not given (the caller passes
+every one FA4 has) nor reads of tensor values that bypass PyTorch's dispatch, which is one more
+reason the backend trusts it only with the FA4 release its tests ran on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -58,7 +62,7 @@ class Trace:
     each tensor replaced by ``None`` and listed in ``fills`` as ``(position, ref)``.
     ``outputs``: a ref (or ``None``) per returned item kept."""
 
-    inputs: int
+    n_inputs: int
     steps: tuple
     outputs: tuple
 
@@ -68,7 +72,12 @@ class Recorder(TorchDispatchMode):
 
     def __init__(self, inputs: Sequence[torch.Tensor]):
         super().__init__()
-        self.inputs = len(inputs)
+        if len({id(t) for t in inputs}) < len(inputs):
+            # its trace would name one input where other calls pass two
+            raise ValueError("inputs: one tensor passed in two places cannot be recorded")
+        self.n_inputs = len(inputs)
+        self.device = inputs[0].device
+        self.thread = threading.get_ident()
         self.slots: list[torch.Tensor] = list(inputs)
         self.refs: dict[int, Ref] = {}
         self.alive: list[torch.Tensor] = list(inputs)  # keeps every id in ``refs`` unique
@@ -76,7 +85,7 @@ class Recorder(TorchDispatchMode):
         self.problem: str | None = None
         self.in_kernel = False
         for slot, t in enumerate(inputs):
-            self.refs.setdefault(id(t), (slot, None))
+            self.refs[id(t)] = (slot, None)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -86,6 +95,8 @@ class Recorder(TorchDispatchMode):
                 self._note(func, args, out)
             except Unreplayable as exc:
                 self.problem = str(exc)
+            except Exception as exc:  # noting must never fail a call FA4 completes
+                self.problem = f"recording {func} failed: {exc!r}"
         return out
 
     def _note(self, func, args: tuple, out: Any) -> None:
@@ -105,6 +116,9 @@ class Recorder(TorchDispatchMode):
             raise Unreplayable(f"FA4 ran {func}")
 
     def _new_slot(self, t: torch.Tensor) -> Ref:
+        if t.device != self.device:
+            # e.g. a host tensor whose values FA4 would read outside the dispatcher's sight
+            raise Unreplayable(f"FA4 allocated a tensor on {t.device}")
         self.steps.append(("empty", tuple(t.shape), t.stride(), t.dtype, t.device))
         self.slots.append(t)
         self.alive.append(t)
@@ -140,6 +154,8 @@ class Recorder(TorchDispatchMode):
                 self._note_kernel(fn, args, kwargs)
             except Unreplayable as exc:
                 self.problem = str(exc)
+            except Exception as exc:
+                self.problem = f"recording a kernel launch failed: {exc!r}"
         self.in_kernel = True  # what the launch does is the kernel's, replayed with it
         try:
             return fn(*args, **kwargs)
@@ -166,7 +182,7 @@ class Recorder(TorchDispatchMode):
         if not any(step[0] == "call" for step in self.steps):
             raise Unreplayable("FA4 launched no kernel through its compile caches")
         outputs = tuple(None if result[i] is None else self.ref(result[i]) for i in keep)
-        return Trace(self.inputs, tuple(self.steps), outputs)
+        return Trace(self.n_inputs, tuple(self.steps), outputs)
 
 
 # Plain values a kernel argument may hold: anything else (a stream, a device pointer, an object
@@ -194,7 +210,10 @@ class _RecordingCache:
         self._recorder = recorder
 
     def __getitem__(self, key: Any) -> Callable:
-        return functools.partial(self._recorder.kernel, self._cache[key])
+        kernel = self._cache[key]
+        if threading.get_ident() != self._recorder.thread:
+            return kernel  # another thread's call: not part of the recording
+        return functools.partial(self._recorder.kernel, kernel)
 
     def __contains__(self, key: Any) -> bool:
         return key in self._cache
@@ -208,12 +227,15 @@ class _RecordingCache:
 
 @contextmanager
 def recording(inputs: Sequence[torch.Tensor], owners: Sequence[Any]) -> Iterator[Recorder]:
-    """Record what runs inside the block; ``owners``: FA4's functions with a ``compile_cache``."""
+    """Record what runs inside the block; ``owners``: FA4's functions with a ``compile_cache``.
+
+    The caches are swapped for the whole process while the block runs: one recording at a time
+    (the caller's lock), and launches from other threads pass through unrecorded."""
     recorder = Recorder(inputs)
     saved = [(owner, owner.compile_cache) for owner in owners]
-    for owner, cache in saved:
-        owner.compile_cache = _RecordingCache(cache, recorder)
     try:
+        for owner, cache in saved:
+            owner.compile_cache = _RecordingCache(cache, recorder)
         with recorder:
             yield recorder
     finally:
@@ -228,6 +250,8 @@ def replayer(trace: Trace) -> Callable[[tuple], tuple]:
     outputs = trace.outputs
 
     def replay(inputs: tuple) -> tuple:
+        if len(inputs) != trace.n_inputs:
+            raise ValueError(f"inputs: expected {trace.n_inputs} tensors, got {len(inputs)}")
         slots = list(inputs)
         for step in steps:
             step(slots)
@@ -257,7 +281,7 @@ def _step(step: tuple) -> Callable[[list], None]:
         return allocate
     if kind == "fill":
         _, ref, value = step
-        if value == 0:
+        if type(value) is int and value == 0:  # not -0.0, whose sign a fill keeps
             return lambda slots: _resolve(slots, ref).zero_()
         return lambda slots: _resolve(slots, ref).fill_(value)
     _, kernel, template, fills, kwargs = step

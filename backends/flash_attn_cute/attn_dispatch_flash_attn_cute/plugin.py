@@ -31,10 +31,12 @@ choice measured within 2% of the fastest implementation at all 20 seed shapes un
 on an H200. Where its backward measured slower it ranks 49, below those, in every execution
 mode: GQA, dense D = 128, Sk <= 1024 with B*H <= 64 (triton:fused_atomic leads), causal MHA
 with B*H <= 8 at 2048 < Sk <= 4096 (triton's Gluon kernel leads), and any soft cap (triton
-leads; window-only calls stay with FA4, 7% faster). The same rules hold in eager execution:
-FA4's host code is replayed per signature (``_replay``), so a call costs less host time than
-any other GPU implementation's and short problems need no rule of their own. 60 on
-sm_100/sm_103, opt-in: FA4 is written for Blackwell; not run or measured by this project there.
+leads; window-only calls stay with FA4, 7% faster). The same rules hold in eager execution for
+dense calls: FA4's host code is replayed per signature (``_replay``), so a call costs less host
+time than any other GPU implementation's. Where it runs on every call (varlen, or the replay
+switched off) a short eager backward (B*H <= 8, Sk <= 2048) ranks 42, below every other GPU
+implementation. 60 on sm_100/sm_103, opt-in: FA4 is written for Blackwell; not run or measured
+by this project there.
 """
 
 from __future__ import annotations
@@ -61,6 +63,26 @@ SMALL_SK = 1024  # dense D=128 GQA backward: FA4 behind triton:fused_atomic at 1
 SMALL_SK_HEADS = 64  # ... measured with B*H = 64 (GQA 64/8)
 MHA_CAUSAL_SK = (2049, 4096)  # causal MHA, B*H <= 8: behind triton:fused_atomic's Gluon kernel
 MHA_CAUSAL_HEADS = 8
+# Eager execution on sm_90 where FA4's host code runs on every call (varlen calls, which are
+# not replayed, or the replay switched off): a short backward ranks below every other GPU
+# implementation (cuDNN 50, triton 43-56), the one whose end-to-end latency is lower. Measured
+# on an H200 with FA4's host code on every call (2026-12-03, bf16, D=128, B=1, eager): at MHA 8
+# 1K/2K FA4's host time per call was 88-92 us against 55-60 us for cuDNN and triton:fused, and
+# its kernel 46 us at 1K. Replayed dense calls need no such rule (docs/benchmarks.md section 6).
+EAGER_HOST_BOUND_PRIORITY = 42
+EAGER_HOST_BOUND_HEADS = 8  # B*H at most this ...
+EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
+
+
+def host_bound_sm90(inp: adb.ForwardInputs) -> bool:
+    """Whether ``inp`` is a short backward (B*H <= 8, Sk <= 2048) whose every call runs FA4's
+    host code: varlen, or ``ATTN_DISPATCH_FA4_REPLAY=0``."""
+    if not isinstance(inp, adb.BackwardInputs):
+        return False
+    if not inp.is_varlen and _fa4.replay_enabled():
+        return False
+    small_heads = inp.batch * inp.heads <= EAGER_HOST_BOUND_HEADS
+    return small_heads and inp.max_seqlen_k <= EAGER_HOST_BOUND_SK
 
 
 def measured_slower_sm90(inp: adb.ForwardInputs) -> bool:
@@ -129,6 +151,16 @@ class Sm90(FlashAttnCute):
         if arch.name == "sm_90" and measured_slower_sm90(inp):
             return SLOWER_PRIORITY
         return self.priority_for(arch)
+
+    def priority_for_execution(
+        self, inp: adb.ForwardInputs, arch: ad.Arch, execution: str
+    ) -> int | None:
+        """In eager execution, ``EAGER_HOST_BOUND_PRIORITY`` where :func:`host_bound_sm90`;
+        else :meth:`priority_for_inputs` (under CUDA graphs and torch.compile alike)."""
+        priority = self.priority_for_inputs(inp, arch)
+        if execution == "eager" and arch.name == "sm_90" and host_bound_sm90(inp):
+            return min(EAGER_HOST_BOUND_PRIORITY, priority) if priority is not None else None
+        return priority
 
 
 class Sm100(FlashAttnCute):

@@ -8,9 +8,11 @@ agree make the replay, and the calls after them use it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
+import threading
 
 import pytest
 import torch
@@ -112,8 +114,17 @@ FOREIGN = torch.zeros(4)
         (lambda q, launch: launch((q, None)), "kernel argument 0 holds a tensor"),
         (lambda q, launch: launch(q.view(torch.int16)), "a view with another dtype"),
         (lambda q, launch: q.new_empty(3), "launched no kernel"),
+        (lambda q, launch: launch(q, torch.empty(2, device="meta")), "a tensor on meta"),
     ],
-    ids=["other-op", "foreign-tensor", "object", "tensor-in-tuple", "dtype-view", "no-kernel"],
+    ids=[
+        "other-op",
+        "foreign-tensor",
+        "object",
+        "tensor-in-tuple",
+        "dtype-view",
+        "no-kernel",
+        "other-device",
+    ],
 )
 def test_a_call_a_replay_would_not_reproduce_is_refused_with_the_reason(host, reason):
     def entry(q):
@@ -126,6 +137,29 @@ def test_a_call_a_replay_would_not_reproduce_is_refused_with_the_reason(host, re
         result = entry(q)
     with pytest.raises(_replay.Unreplayable, match=reason):
         recorder.trace(result, (0,))
+
+
+def test_one_tensor_in_two_input_places_cannot_be_recorded():
+    q = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="one tensor passed in two places"):
+        _replay.Recorder((q, q))
+
+
+def test_launches_from_another_thread_are_not_recorded():
+    kernel = ToyFA4()._flash_attn_fwd  # any callable stands for a compiled kernel here
+
+    def entry(q):
+        return (q,)
+
+    entry.compile_cache = {"kernel": kernel}
+    handed = []
+    with _replay.recording((torch.zeros(2),), [entry]):
+        assert entry.compile_cache["kernel"] is not kernel  # this thread: through the recorder
+        other = threading.Thread(target=lambda: handed.append(entry.compile_cache["kernel"]))
+        other.start()
+        other.join()
+    assert handed == [kernel]
+    assert entry.compile_cache == {"kernel": kernel}  # restored
 
 
 # Through the backend: _fa4 with the stand-in as its FA4.
@@ -214,6 +248,39 @@ def test_a_call_passing_one_tensor_twice_is_not_recorded(toy_fa4):
         out, _lse = _fa4.forward(signature_inputs((q, k, v), like=first))
         assert_close(out, oracle(q, k, v, causal=True, causal_align="bottom_right").out)
     assert toy_fa4.host_calls == ["fwd"] * 5  # the distinct calls recorded twice, then replayed
+
+
+def learned_forward(toy_fa4) -> object:
+    """The inputs of a signature whose forward replays (after four calls)."""
+    first = signature_inputs(qkv(0))
+    for seed in range(4):
+        _fa4.forward(first if seed == 0 else signature_inputs(qkv(seed), like=first))
+    assert toy_fa4.host_calls == ["fwd"] * 3
+    return first
+
+
+def test_fake_tensors_of_a_replayed_signature_run_the_host_code(toy_fa4):
+    """Fake tensors have the facts of real ones; FA4 launches nothing for them, so a replay
+    (which launches) must not serve them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    first = learned_forward(toy_fa4)
+    with FakeTensorMode() as mode:
+        fake = tuple(mode.from_tensor(t) for t in qkv(8))
+        _fa4.forward(signature_inputs(fake, like=first))
+    assert toy_fa4.host_calls == ["fwd"] * 4
+
+
+def test_a_call_on_the_planned_path_keeps_the_learned_replay(toy_fa4, monkeypatch):
+    first = learned_forward(toy_fa4)
+    monkeypatch.setattr(_fa4, "_current_device", functools.partial(int, 0))  # not q's device
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    _fa4.forward(signature_inputs(qkv(5), like=first))
+    monkeypatch.setattr(_fa4, "_current_device", functools.partial(int, -1))
+    q, k, v = qkv(6)
+    out, _ = _fa4.forward(signature_inputs((q, k, v), like=first))
+    assert_close(out, oracle(q, k, v, causal=True, causal_align="bottom_right").out)
+    assert toy_fa4.host_calls == ["fwd"] * 4  # the planned call only; then the replay
 
 
 def test_recordings_that_disagree_leave_the_host_code_on(toy_fa4, monkeypatch, caplog):

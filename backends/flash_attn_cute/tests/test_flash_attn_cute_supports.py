@@ -466,11 +466,28 @@ def test_sm90_backward_priority_by_measurement(shape, causal, expected):
     ],
 )
 def test_sm90_backward_priority_is_the_same_eager_and_under_graphs(shape, causal, expected):
-    """FA4 has no eager rule of its own: the kernels' measured times decide in every mode."""
+    """Dense calls are replayed: the kernels' measured times decide in every mode."""
     args = dense(**shape)
     for execution in ("eager", "graph"):
         report = explain(args, "sm_90", causal=causal, execution=execution)
         assert verdicts(report)["flash_attn_cute:sm90"].priority == expected, execution
+
+
+def test_sm90_short_backward_whose_host_code_runs_every_call_ranks_low_eager(monkeypatch):
+    """Varlen calls are not replayed (nor any with the replay off): a short eager backward
+    ranks below every other GPU implementation; under graphs the kernels decide."""
+    args, flags = varlen(True, h=2, hkv=2)  # 3 sequences: B*H = 6
+    eager = explain(args, "sm_90", causal=True, execution="eager", **flags)
+    assert verdicts(eager)["flash_attn_cute:sm90"].priority == 42
+    graph = explain(args, "sm_90", causal=True, execution="graph", **flags)
+    assert verdicts(graph)["flash_attn_cute:sm90"].priority == 60
+    forward = explain(args[:3], "sm_90", causal=True, execution="eager", **flags)
+    assert verdicts(forward)["flash_attn_cute:sm90"].priority == 60
+    monkeypatch.setenv("ATTN_DISPATCH_FA4_REPLAY", "0")
+    ad.reload()
+    dense_eager = explain(dense(1024, h=8, hkv=8), "sm_90", causal=True, execution="eager")
+    assert verdicts(dense_eager)["flash_attn_cute:sm90"].priority == 42
+    assert dense_eager.selected == "torch_sdpa:cudnn"
 
 
 def test_sm90_forward_keeps_the_arch_priority_at_small_shapes():
