@@ -290,7 +290,10 @@ def _step(step: tuple) -> Callable[[list], None]:
     def launch(slots: list) -> None:
         args = list(template)
         for position, ref in fills:
-            args[position] = _resolve(slots, ref)
+            t = _resolve(slots, ref)
+            # FA4 hands its kernels detached tensors; a detached view of the same geometry is
+            # recorded as the input itself, so an input that requires grad is detached here
+            args[position] = t.detach() if t.requires_grad else t
         kernel(*args, **keywords)
 
     return launch

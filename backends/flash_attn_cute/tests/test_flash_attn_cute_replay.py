@@ -235,6 +235,20 @@ def test_a_misaligned_input_runs_the_host_code(toy_fa4):
     assert toy_fa4.host_calls == ["fwd"] * 4
 
 
+def test_inputs_that_require_grad_reach_the_kernels_detached(toy_fa4):
+    """As FA4 does (its kernels' DLPack export refuses tensors that require grad): the trace
+    records ``q.detach()`` as q itself, so the replay detaches."""
+    first = None
+    with torch.no_grad():  # as the dispatcher runs an implementation
+        for seed in range(5):
+            q, k, v = (t.requires_grad_() for t in qkv(seed))
+            inp = signature_inputs((q, k, v), like=first)
+            first = first or inp
+            out, _ = _fa4.forward(inp)
+            assert_close(out, oracle(q, k, v, causal=True, causal_align="bottom_right").out)
+    assert toy_fa4.host_calls == ["fwd"] * 3
+
+
 def test_a_call_passing_one_tensor_twice_is_not_recorded(toy_fa4):
     """Self-attention written as ``(x, x, x)`` shares its signature with distinct q, k, v of
     the same shapes: a trace recorded from it would pass q where k and v belong."""

@@ -24,6 +24,19 @@ class Aux(NamedTuple):
     scalars: tuple | None = None
 
 
+def _no_grad_arguments(kernel):
+    """A kernel that refuses tensors requiring grad, as a DLPack export does: FA4 detaches
+    what it hands its kernels."""
+
+    def launch(*args):
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                raise RuntimeError("Can't export tensors that require gradient")
+        return kernel(*args)
+
+    return launch
+
+
 class ToyFA4:
     """``_flash_attn_fwd`` / ``_flash_attn_bwd`` (and ``_bwd_preprocess``'s cache) on the CPU."""
 
@@ -44,7 +57,7 @@ class ToyFA4:
 
     def _kernel(self, owner, key, make):
         if key not in owner.compile_cache:
-            owner.compile_cache[key] = make()
+            owner.compile_cache[key] = _no_grad_arguments(make())
         return owner.compile_cache[key]
 
     def _forward(self, q, k, v, softmax_scale=None, causal=False, return_lse=False, **_):
@@ -55,7 +68,7 @@ class ToyFA4:
         kernel = self._kernel(
             self._flash_attn_fwd, ("fwd", q.dtype, causal), lambda: self._fwd(causal)
         )
-        kernel(q.detach(), k.detach(), v, out.detach(), lse, softmax_scale, None, Aux())
+        kernel(q.detach(), k.detach(), v.detach(), out.detach(), lse, softmax_scale, None, Aux())
         return out, lse, None, None, None
 
     def _fwd(self, causal):
@@ -74,9 +87,20 @@ class ToyFA4:
         dq_accum = torch.zeros(b, h, s * d, dtype=torch.float32)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         pre = self._kernel(self._bwd_preprocess, ("pre",), self._pre)
-        pre(out, dout, dpsum.transpose(1, 2))
+        pre(out.detach(), dout.detach(), dpsum.transpose(1, 2))
         main = self._kernel(self._flash_attn_bwd, ("bwd", causal), lambda: self._main(causal))
-        main(q.detach(), k.detach(), v.detach(), dout, lse, dpsum, dq_accum, dk, dv, softmax_scale)
+        main(
+            q.detach(),
+            k.detach(),
+            v.detach(),
+            dout.detach(),
+            lse.detach(),
+            dpsum,
+            dq_accum,
+            dk,
+            dv,
+            softmax_scale,
+        )
         post = self._kernel(self._flash_attn_bwd, ("post",), self._post)
         post(dq_accum, dq)
         return dq, dk, dv
