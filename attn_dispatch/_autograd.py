@@ -51,24 +51,17 @@ BWD_SCHEMA = (
 )
 
 
+# Where ``backend`` stands among an operator's flags (the schema's order: causal, causal_align,
+# scale, deterministic, backend, window_left, window_right, softcap).
+_BACKEND_FLAG = 4
+
+
 def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: tuple):
     """Dispatch an operator's call: ``seqlens`` (cu_seqlens_q/_k, max_seqlen_q/_k) and
     ``flags`` as its schema passes them."""
-    causal, causal_align, scale, deterministic, backend, left, right, softcap = flags
     settings = _settings.installed or _settings.current()
-    call = of_schema(
-        mode.name,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        left,
-        right,
-        softcap,
-        settings,
-    )
-    return dispatch(mode, tensors, *seqlens, call, backend, settings)
+    call = of_schema(mode.name, *flags, settings)
+    return dispatch(mode, tensors, *seqlens, call, flags[_BACKEND_FLAG], settings)
 
 
 def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
@@ -98,17 +91,8 @@ def _fwd(
     softcap,
 ):
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = (
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        window_left,
-        window_right,
-        softcap,
-    )
-    out, lse = _dispatched(FORWARD, (q, k, v), seqlens, flags)
+    flags = (causal, causal_align, scale, deterministic, backend, window_left, window_right)
+    out, lse = _dispatched(FORWARD, (q, k, v), seqlens, (*flags, softcap))
     inputs = (q, k, v)
     return _fresh(out, inputs), _fresh(lse, inputs)
 
@@ -142,17 +126,9 @@ def _bwd(
     softcap,
 ):
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = (
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        window_left,
-        window_right,
-        softcap,
-    )
-    dq, dk, dv = _dispatched(BACKWARD, (q, k, v, out, lse, grad_out), seqlens, flags)
+    flags = (causal, causal_align, scale, deterministic, backend, window_left, window_right)
+    tensors = (q, k, v, out, lse, grad_out)
+    dq, dk, dv = _dispatched(BACKWARD, tensors, seqlens, (*flags, softcap))
     inputs = (grad_out, q, k, v, out, lse)
     return _fresh(dq, inputs), _fresh(dk, inputs), _fresh(dv, inputs)
 

@@ -30,8 +30,8 @@ from torch import Tensor
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
 
-from .cases import Case, CaseInputs, place
-from .oracle import OracleResult, oracle
+from .cases import Case, place
+from .oracle import oracle_of
 from .tolerances import Tolerance, error_metrics, tolerance_for
 
 Backend = str | Callable[..., Any]
@@ -43,22 +43,6 @@ class Unsupported(Exception):  # noqa: N818 - reads as "the backend says: unsupp
     def __init__(self, backend: str, reasons: list[str]) -> None:
         self.reasons = reasons
         super().__init__(f"{backend} rejects this case: " + "; ".join(reasons))
-
-
-def _oracle_for(inputs: CaseInputs) -> OracleResult:
-    return oracle(
-        inputs.q,
-        inputs.k,
-        inputs.v,
-        inputs.grad_out,
-        causal=inputs.causal,
-        causal_align=inputs.causal_align,
-        scale=inputs.scale,
-        cu_seqlens_q=inputs.cu_seqlens_q,
-        cu_seqlens_k=inputs.cu_seqlens_k,
-        window=inputs.window,
-        softcap=inputs.softcap,
-    )
 
 
 def _require_supported(backend: str, args: tuple, flags: dict) -> None:
@@ -269,7 +253,7 @@ def check_backward(
     device = torch.device(device)
     tol = tol or tolerance_for(dtype)
     inputs = case.make_inputs(dtype, device)
-    ref = _oracle_for(inputs)
+    ref = oracle_of(inputs, inputs.grad_out)
     out = place(ref.out, case.layout, dtype, device)
     lse = place(ref.lse, case.layout, adb.lse_dtype(dtype), device)
     args = (inputs.q, inputs.k, inputs.v, out, lse, inputs.grad_out)
@@ -318,7 +302,7 @@ def check_forward(
     device = torch.device(device)
     tol = tol or tolerance_for(dtype)
     inputs = case.make_inputs(dtype, device)
-    ref = _oracle_for(inputs)
+    ref = oracle_of(inputs, inputs.grad_out)
     args = (inputs.q, inputs.k, inputs.v)
     flags = inputs.flags()
     if isinstance(backend, str):
@@ -356,7 +340,7 @@ def check_deterministic(
     """With ``deterministic=True``, repeated backward calls must agree bit for bit."""
     device = torch.device(device)
     inputs = case.make_inputs(dtype, device)
-    ref = _oracle_for(inputs)
+    ref = oracle_of(inputs, inputs.grad_out)
     out = place(ref.out, case.layout, dtype, device)
     lse = place(ref.lse, case.layout, adb.lse_dtype(dtype), device)
     args = (inputs.q, inputs.k, inputs.v, out, lse, inputs.grad_out)

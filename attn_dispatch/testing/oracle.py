@@ -125,6 +125,25 @@ def oracle(
     return OracleResult(out.detach(), lse.detach(), *grads)
 
 
+def oracle_of(inputs, grad_out: Tensor | None = None) -> OracleResult:
+    """:func:`oracle` on the call an inputs object describes: anything with ``q``, ``k``, ``v``,
+    ``causal``, ``causal_align``, ``scale``, ``cu_seqlens_q`` / ``_k``, ``window`` and
+    ``softcap`` (a case's ``CaseInputs``, an implementation's ``ForwardInputs``)."""
+    return oracle(
+        inputs.q,
+        inputs.k,
+        inputs.v,
+        grad_out,
+        causal=inputs.causal,
+        causal_align=inputs.causal_align,
+        scale=inputs.scale,
+        cu_seqlens_q=inputs.cu_seqlens_q,
+        cu_seqlens_k=inputs.cu_seqlens_k,
+        window=inputs.window,
+        softcap=inputs.softcap,
+    )
+
+
 def _varlen(
     q: Tensor,
     k: Tensor,

@@ -57,19 +57,6 @@ from ._support import mask_args
 
 log = logging.getLogger("attn_dispatch.flash_attn_cute")
 
-# FA4's functions that keep a compile cache (``fn.compile_cache.cache``: key -> kernel) and that
-# a forward or backward call of ours can reach.
-_CACHED_FUNCTIONS = (
-    "_flash_attn_fwd",
-    "_flash_attn_bwd",
-    "_bwd_preprocess",
-    "_bwd_postprocess_convert",
-    "_flash_attn_fwd_combine",
-    "_compute_tile_cumsum",
-    "_compute_blocks_to_batch",
-    "_get_scheduler_metadata",
-)
-
 _interface: ModuleType | None = None
 _import_seconds: float | None = None
 
@@ -110,14 +97,20 @@ def compile_log() -> list[CompileRecord]:
     return list(_records)
 
 
+def compile_cache_owners() -> list:
+    """FA4's functions that keep a compile cache (``fn.compile_cache``; its ``.cache`` maps a
+    compile key to a kernel): every one of its interface module, since our calls reach several
+    through FA4's helpers and a recording must see each ([] before FA4 is imported)."""
+    if _interface is None:
+        return []
+    return [obj for obj in vars(_interface).values() if hasattr(obj, "compile_cache")]
+
+
 def kernel_count() -> int:
     """Kernels in FA4's in-process compile caches (0 before FA4 is imported)."""
-    if _interface is None:
-        return 0
     total = 0
-    for name in _CACHED_FUNCTIONS:
-        cache = getattr(getattr(_interface, name, None), "compile_cache", None)
-        entries = getattr(cache, "cache", None)
+    for owner in compile_cache_owners():
+        entries = getattr(owner.compile_cache, "cache", None)
         if isinstance(entries, dict):
             total += len(entries)
     return total
@@ -334,14 +327,11 @@ def _learn(r: Ready, fn: Callable, tensors: tuple, keep: tuple[int, ...]) -> tup
     A call that passes one tensor in two places is not recorded: its trace would name one
     input where the signature's other calls pass two (the dispatcher gives both the same
     decision)."""
-    if len({id(t) for t in tensors}) < len(tensors) or not _recording.acquire(blocking=False):
+    if not _replay.distinct(tensors) or not _recording.acquire(blocking=False):
         result = fn(*tensors, **r.plan.kwargs)
         return tuple([result[i] for i in keep])
     try:
-        # every compile cache FA4 has, not only _CACHED_FUNCTIONS': a launch through one the
-        # recording did not swap would be missing from the trace
-        owners = [obj for obj in vars(_interface).values() if hasattr(obj, "compile_cache")]
-        with _replay.recording(tensors, owners) as recorder:
+        with _replay.recording(tensors, compile_cache_owners()) as recorder:
             result = fn(*tensors, **r.plan.kwargs)
     finally:
         _recording.release()
@@ -409,14 +399,19 @@ def backward(inp: adb.BackwardInputs) -> ad.Gradients:
         and inp.q.get_device() == _current_device()
     ):
         tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
-        # as in forward: aligned pointers, real tensors
-        replayable = not isinstance(tensors[0], FakeTensor)
-        if replayable:
-            pointers = 0
-            for t in tensors:
-                pointers |= t.data_ptr()
-            replayable = not pointers & 15
-        if replayable:
+        # as in forward: real tensors, 16-byte-aligned pointers
+        if not (
+            isinstance(tensors[0], FakeTensor)
+            or (
+                tensors[0].data_ptr()
+                | tensors[1].data_ptr()
+                | tensors[2].data_ptr()
+                | tensors[3].data_ptr()
+                | tensors[4].data_ptr()
+                | tensors[5].data_ptr()
+            )
+            & 15
+        ):
             if r.replay is not None:
                 return _new_gradients(ad.Gradients, r.replay(tensors))
             if r.learning:

@@ -67,12 +67,17 @@ class Trace:
     outputs: tuple
 
 
+def distinct(inputs: Sequence[torch.Tensor]) -> bool:
+    """Whether no tensor object is passed in two places (only such calls can be recorded)."""
+    return len({id(t) for t in inputs}) == len(inputs)
+
+
 class Recorder(TorchDispatchMode):
     """Watches one call of FA4's host code; :meth:`trace` says what it did."""
 
     def __init__(self, inputs: Sequence[torch.Tensor]):
         super().__init__()
-        if len({id(t) for t in inputs}) < len(inputs):
+        if not distinct(inputs):
             # its trace would name one input where other calls pass two
             raise ValueError("inputs: one tensor passed in two places cannot be recorded")
         self.n_inputs = len(inputs)

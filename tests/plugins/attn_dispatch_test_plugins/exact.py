@@ -12,7 +12,7 @@ import torch
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
-from attn_dispatch.testing.oracle import oracle, visible_mask
+from attn_dispatch.testing.oracle import oracle_of, visible_mask
 
 from . import active
 
@@ -24,18 +24,7 @@ class Oracle(adb.Implementation):
 
     def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The float64 oracle's (its forward needs no autograd)."""
-        result = oracle(
-            inp.q,
-            inp.k,
-            inp.v,
-            causal=inp.causal,
-            causal_align=inp.causal_align,
-            scale=inp.scale,
-            cu_seqlens_q=inp.cu_seqlens_q,
-            cu_seqlens_k=inp.cu_seqlens_k,
-            window=inp.window,
-            softcap=inp.softcap,
-        )
+        result = oracle_of(inp)
         return result.out.to(inp.dtype), result.lse.to(adb.lse_dtype(inp.dtype))
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
