@@ -115,6 +115,13 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def largest_divisor(n: int, most: int) -> int:
+    """The largest divisor of ``n`` that is at most ``most`` (at least 1)."""
+    if most < 1:
+        raise ValueError(f"config SPLIT must be >= 1, got {most}")
+    return next(d for d in range(min(most, n), 0, -1) if n % d == 0)
+
+
 def query_blocks(p: Problem, block_m: int) -> int:
     return cdiv(max(p.seqlen_q, 1), block_m)
 
@@ -138,12 +145,16 @@ def heavy_first(p: Problem, config: dict, blocks: int) -> bool:
 def group_split(p: Problem, config: dict, block_n: int, sms: int | None) -> int:
     """Slices of each kv head's GQA group (config ``SPLIT``, else a heuristic).
 
+    Every slice walks ``group // split`` query heads, so the split always divides the group: a
+    configured ``SPLIT`` is lowered to the largest divisor of the group it does not exceed (a
+    table entry is per shape class, and one class holds every group size).
+
     Splitting pays when the key blocks alone leave SMs idle: the group is halved while the
     programs stay within about one per SM (``CAUSAL_PROGRAMS_PER_SM`` per SM with a causal
     mask, whose programs differ in work); docs/experiments.md has the measurements.
     """
     if "SPLIT" in config:
-        return config["SPLIT"]
+        return largest_divisor(p.group, int(config["SPLIT"]))
     if p.group == 1 or not p.on_gpu or not p.has_keys or sms is None:
         return 1
     programs = key_blocks(p, block_n) * p.batch * p.kv_heads

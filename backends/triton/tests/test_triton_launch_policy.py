@@ -43,6 +43,23 @@ def test_split_from_the_config_wins() -> None:
 
 
 @pytest.mark.parametrize(
+    ("heads", "kv_heads", "configured", "split"),
+    [(28, 4, 4, 1), (24, 8, 2, 1), (40, 8, 4, 1), (8, 4, 4, 2), (12, 2, 4, 3), (16, 1, 4, 4)],
+)
+def test_configured_split_divides_the_group(heads, kv_heads, configured, split) -> None:
+    # Each slice walks group // split heads: a split that does not divide the group dropped
+    # query heads (wrong dQ, and dK/dV missing their contributions).
+    p = Problem(1, heads, kv_heads, 1024, 1024, True)
+    got = policy.group_split(p, {"SPLIT": configured}, 128, 132)
+    assert got == split and p.group % got == 0
+
+
+def test_configured_split_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="SPLIT"):
+        policy.group_split(gqa(1024), {"SPLIT": 0}, 128, 132)
+
+
+@pytest.mark.parametrize(
     "problem",
     [
         Problem(1, 8, 8, 1024, 1024, False),  # MHA: group of 1

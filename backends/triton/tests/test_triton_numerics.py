@@ -198,6 +198,28 @@ DEFAULT_CASES = [
         atomic=True,
         config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "SPLIT": 2}},
     ),
+    # A configured split that does not divide the GQA group (group 3 with SPLIT 2, group 2
+    # with SPLIT 4; a table entry covers every group of its class): every head still counts.
+    case(
+        "atomic-gqa3-causal-bf16-d96-split-not-dividing",
+        sq=41,
+        sk=41,
+        heads=6,
+        kv_heads=2,
+        d=96,
+        causal=True,
+        atomic=True,
+        config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "SPLIT": 2}},
+    ),
+    case(
+        "atomic-gqa2-full-bf16-split-over-group",
+        sq=33,
+        sk=33,
+        heads=4,
+        kv_heads=2,
+        atomic=True,
+        config={**SMALL_TILES, "dkdvq": {**SMALL_TILES["dkdvq"], "SPLIT": 4}},
+    ),
     case(
         "atomic-mha-causal-br-f16-sq<sk-d80-dv48-strided",
         dtype="float16",
