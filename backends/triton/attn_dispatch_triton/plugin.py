@@ -23,6 +23,8 @@ is requested.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 import attn_dispatch as ad
@@ -33,13 +35,49 @@ TRITON_REQUIREMENT = ">=3.2"
 # as "pytorch-triton-rocm" / "pytorch-triton".
 TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton")
 MAX_GRID_Y = 65535  # programs along grid axis 1 (batch * heads)
-# Where triton:fused outranks cuDNN on sm_90 (measured: B*H = 8, D = 128, causal MHA): up to
-# SMALL_CAUSAL_MHA_SK keys (dQ beside dK/dV), and in GLUON_CAUSAL_MHA_SK where the Gluon kernels
-# run (4096 / 8192 measured; at 2048 and 16384 cuDNN stays faster; the tl kernels alone were
-# slower than cuDNN at 4K-8K).
-SMALL_CAUSAL_MHA_SK, GLUON_CAUSAL_MHA_SK = 1024, (2049, 8192)
-SMALL_CAUSAL_MHA_HEADS, SMALL_CAUSAL_MHA_PRIORITY = 8, 55
-GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic where gluon_fused_atomic_fastest
+SMALL_CAUSAL_MHA_PRIORITY = 55  # triton:fused inside SMALL_CAUSAL_MHA / GLUON_CAUSAL_MHA
+GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic inside GLUON_ATOMIC_FASTEST
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where an H200 benchmark measured an implementation ahead of cuDNN and the randomized
+    conformance sweep found it correct: the only inputs whose priority it raises (a dense
+    backward on sm_90 without window or soft cap, D = Dv = ``head_dim``, Sq = Sk). Outside,
+    the arch's priority holds: a shape nobody measured is not assumed fast."""
+
+    head_dim: int
+    groups: tuple[int, ...]  # heads // kv_heads
+    batch_heads: tuple[int, int]  # B * H, inclusive
+    seqlen: tuple[int, int]  # Sq = Sk, inclusive
+    causal: tuple[bool, ...]
+
+    def contains(self, inp: adb.BackwardInputs) -> bool:
+        return (
+            not inp.is_varlen
+            and inp.window is None
+            and inp.softcap is None
+            and inp.head_dim == inp.head_dim_v == self.head_dim
+            and inp.heads // inp.kv_heads in self.groups
+            and self.batch_heads[0] <= inp.batch * inp.heads <= self.batch_heads[1]
+            and inp.seqlen_q == inp.seqlen_k
+            and self.seqlen[0] <= inp.seqlen_k <= self.seqlen[1]
+            and inp.causal in self.causal
+        )
+
+
+# docs/benchmarks.md: MHA 8 (B=1, D=128) causal, triton:fused 49 us against cuDNN's 57 us at 1K
+# (dQ beside dK/dV); 4K and 8K with the Gluon kernels, 217 / 727 us against 269 / 756 us (at
+# 2K and 16K cuDNN stays faster).
+SMALL_CAUSAL_MHA = Region(128, (1,), (8, 8), (1024, 1024), (True,))
+GLUON_CAUSAL_MHA = Region(128, (1,), (8, 8), (4096, 8192), (True,))
+# GQA 64/8 (B=1, D=128), fused-atomic with the Gluon kernel against cuDNN: without a mask
+# 1.10x / 1.06x / 1.02x / 1.02x / 1.01x faster at 1K-16K, causal 1.18x / 1.09x / 1.05x / 1.03x /
+# 1.01x; and MHA 8 causal at 4K and 8K as above.
+GLUON_ATOMIC_FASTEST = (
+    Region(128, (8,), (64, 64), (1024, 16384), (False, True)),
+    GLUON_CAUSAL_MHA,
+)
 
 
 def gluon_kernels_apply(inp: adb.BackwardInputs) -> bool:
@@ -55,24 +93,6 @@ def gluon_kernels_apply(inp: adb.BackwardInputs) -> bool:
             rows_view(t, inp.is_varlen) is not None for t in (inp.q, inp.k, inp.v, inp.grad_out)
         )
     )
-
-
-def small_dense_causal_mha(inp: adb.ForwardInputs) -> bool:
-    """A dense causal MHA call (no window, no soft cap) with B*H <= ``SMALL_CAUSAL_MHA_HEADS``:
-    the case where a triton implementation outranks cuDNN on sm_90 at some key lengths."""
-    return (
-        inp.causal
-        and inp.window is None
-        and inp.softcap is None
-        and not inp.is_varlen
-        and inp.heads == inp.kv_heads
-        and inp.batch * inp.heads <= SMALL_CAUSAL_MHA_HEADS
-    )
-
-
-def in_gluon_causal_mha_range(inp: adb.ForwardInputs) -> bool:
-    """Key length within ``GLUON_CAUSAL_MHA_SK``."""
-    return GLUON_CAUSAL_MHA_SK[0] <= inp.seqlen_k <= GLUON_CAUSAL_MHA_SK[1]
 
 
 def triton_missing() -> str | None:
@@ -118,25 +138,20 @@ class Fused(adb.Implementation):
         return reasons
 
     def priority_for_inputs(self, inp: adb.ForwardInputs, arch: ad.Arch) -> int | None:
-        """Above cuDNN (50) for a dense causal MHA backward with B*H <= 8 on sm_90 at the key
-        lengths where an H200 measured it fastest (MHA 8, B=1, D=128: 1K, where dQ runs beside
-        dK/dV, 49 us against cuDNN's 57 us; 4K and 8K when the Gluon kernels run, 217 / 727 us
-        against 269 / 756 us; docs/benchmarks.md); the arch's priority elsewhere."""
-        base = self.priority_for(arch)
+        """Above cuDNN (50) inside :data:`SMALL_CAUSAL_MHA`, and inside
+        :data:`GLUON_CAUSAL_MHA` where the Gluon kernels run; the arch's priority elsewhere."""
         if (
             type(self) is Fused
             and isinstance(inp, adb.BackwardInputs)
             and arch.name == "sm_90"
-            and small_dense_causal_mha(inp)
-            and 64 < inp.head_dim <= 128
             and (
-                inp.seqlen_k <= SMALL_CAUSAL_MHA_SK
-                or in_gluon_causal_mha_range(inp)
+                SMALL_CAUSAL_MHA.contains(inp)
+                or GLUON_CAUSAL_MHA.contains(inp)
                 and gluon_kernels_apply(inp)
             )
         ):
             return SMALL_CAUSAL_MHA_PRIORITY
-        return base
+        return self.priority_for(arch)
 
     @staticmethod
     def _flags(inp: adb.ForwardInputs) -> dict:
@@ -174,16 +189,13 @@ class Fused(adb.Implementation):
 
 
 def gluon_fused_atomic_fastest(inp: adb.BackwardInputs, arch: ad.Arch) -> bool:
-    """Where ``triton:fused_atomic`` runs the Gluon dK/dV kernel with dQ by TMA reductions and an
-    H200 measured it ahead of cuDNN: a dense D=128 backward on sm_90, GQA (with or without a
-    causal mask), or causal MHA with B*H <= 8 in ``GLUON_CAUSAL_MHA_SK``."""
-    if not (arch.name == "sm_90" and not inp.is_varlen and gluon_kernels_apply(inp)):
-        return False
-    # GQA 64/8, B=1 (docs/benchmarks.md, the GQA sweep): without a mask 1.10x / 1.06x
-    # / 1.02x / 1.02x / 1.01x cuDNN at 1K-16K, causal 1.18x / 1.09x / 1.05x / 1.03x / 1.01x
-    # (under CUDA graphs 1.05x / 1.03x / 1.03x at 4K-16K causal): every length, causal or not.
-    gqa = inp.kv_heads < inp.heads
-    return gqa or (small_dense_causal_mha(inp) and in_gluon_causal_mha_range(inp))
+    """Inside :data:`GLUON_ATOMIC_FASTEST` on sm_90, where ``triton:fused_atomic`` runs the
+    Gluon dK/dV kernel with dQ by TMA reductions."""
+    return (
+        arch.name == "sm_90"
+        and any(region.contains(inp) for region in GLUON_ATOMIC_FASTEST)
+        and gluon_kernels_apply(inp)
+    )
 
 
 class FusedAtomic(Fused):
@@ -191,10 +203,9 @@ class FusedAtomic(Fused):
 
     Priorities: per arch, just below ``triton:fused`` (45 / 60) and above FA2 (40), so where
     ``triton:fused`` runs it is chosen only if that one is disabled or rejects the call. The
-    exception is sm_90 with the Gluon kernel (dQ by TMA reductions, D = 128): there an H200
-    measured it ahead of cuDNN at GQA (every seed length, causal or not) and dense causal
-    MHA with B*H <= 8 and 2K < Sk <= 8K, where it takes 56
-    (:func:`gluon_fused_atomic_fastest`, docs/benchmarks.md). The `tl` kernel it runs
+    exception is sm_90 with the Gluon kernel (dQ by TMA reductions, D = 128), inside the
+    measured regions of :data:`GLUON_ATOMIC_FASTEST` (GQA 64/8 at 1K-16K, causal or not; MHA 8
+    causal at 4K-8K), where it takes 56 (docs/benchmarks.md). The `tl` kernel it runs
     elsewhere was 1.00-1.13x ``triton:fused``'s time at the seed shapes on an H200. On AMD it is
     compile-tested only (never run). Not deterministic: a call asking for determinism rules it
     out.

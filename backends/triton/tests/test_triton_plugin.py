@@ -113,6 +113,9 @@ ATOMIC = 56 if gluon_triton_installed() else 43  # triton:fused_atomic with the 
     ("kw", "fused", "atomic"),
     [
         ({"s": 1024, "h": 8, "hk": 8, "causal": True}, 55, 43),  # measured: above cuDNN (50)
+        ({"s": 512, "h": 8, "hk": 8, "causal": True}, 45, 43),  # unmeasured length
+        ({"s": 1024, "h": 4, "hk": 4, "causal": True}, 45, 43),  # unmeasured B*H
+        ({"s": 1024, "h": 8, "hk": 8, "d": 96, "causal": True}, 45, 43),  # unmeasured D
         ({"s": 1024, "h": 8, "hk": 8, "causal": False}, 45, 43),
         ({"s": 2048, "h": 8, "hk": 8, "causal": True}, 45, 43),
         ({"s": 4096, "h": 8, "hk": 8, "causal": True}, GLUON, ATOMIC),  # Gluon: above cuDNN
@@ -121,15 +124,16 @@ ATOMIC = 56 if gluon_triton_installed() else 43  # triton:fused_atomic with the 
         ({"s": 4096, "h": 8, "hk": 8, "causal": False}, 45, 43),
         ({"s": 4096, "h": 8, "hk": 8, "d": 96, "causal": True}, 45, 43),  # Gluon needs D = 128
         ({"s": 1024, "h": 16, "hk": 16, "causal": True}, 45, 43),
-        ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),  # GQA: Gluon fused-atomic
-        ({"s": 2048, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
-        ({"s": 4096, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
-        ({"s": 8192, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),  # every length, causal too
-        ({"s": 16384, "h": 8, "hk": 2, "causal": True}, 45, ATOMIC),
-        ({"s": 16384, "h": 8, "hk": 2, "causal": True, "d": 64}, 45, 43),  # Gluon needs D = 128
-        ({"s": 2048, "h": 8, "hk": 2, "causal": False}, 45, ATOMIC),
-        ({"s": 16384, "h": 8, "hk": 2, "causal": False}, 45, ATOMIC),  # every length, no mask
-        ({"s": 4096, "h": 8, "hk": 2, "d": 64, "causal": False}, 45, 43),
+        ({"s": 1024, "h": 64, "hk": 8, "causal": True}, 45, ATOMIC),  # GQA 64/8: measured
+        ({"s": 4096, "h": 64, "hk": 8, "causal": True}, 45, ATOMIC),
+        ({"s": 16384, "h": 64, "hk": 8, "causal": True}, 45, ATOMIC),  # every length, causal too
+        ({"s": 2048, "h": 64, "hk": 8, "causal": False}, 45, ATOMIC),
+        ({"s": 16384, "h": 64, "hk": 8, "causal": False}, 45, ATOMIC),  # every length, no mask
+        ({"s": 512, "h": 64, "hk": 8, "causal": False}, 45, 43),  # unmeasured length
+        ({"s": 1024, "h": 28, "hk": 4, "causal": True}, 45, 43),  # other groups: unmeasured
+        ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45, 43),
+        ({"s": 4096, "h": 64, "hk": 8, "b": 2, "causal": True}, 45, 43),  # unmeasured B*H
+        ({"s": 16384, "h": 64, "hk": 8, "causal": True, "d": 64}, 45, 43),  # Gluon needs D = 128
         ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45, 43),
     ],
 )

@@ -1,0 +1,389 @@
+"""Randomized conformance sweep: every installed implementation, forced, and the automatic
+choice, on shapes drawn at random, against the float64 oracle.
+
+Fixed matrices test what their authors thought of; a kernel admitted beyond them can still be
+wrong on a shape nobody listed (an odd GQA group, a head dim between the usual ones). The sweep
+draws realistic training shapes from :func:`draw_cases` (the distribution is documented there
+and in docs/testing_kit.md), runs forward and backward of each implementation on NaN-poisoned
+memory through :func:`~attn_dispatch.testing.check_forward` /
+:func:`~attn_dispatch.testing.check_backward`, and counts per implementation what it ran,
+refused (a legitimate answer, with its reasons) and got wrong (never legitimate). A failure names
+the seed and the case, and ``draw_cases(n, seed)`` draws the same cases again.
+
+From Python::
+
+    from attn_dispatch.testing import sweep
+    report = sweep.run(sweep.draw_cases(300, seed=7), device="cuda")
+    print(report.table())
+
+From a shell: ``python -m attn_dispatch.testing.sweep --cases 300 --device cuda`` (a fresh seed
+unless ``--seed``; exit status 1 when anything was wrong).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+import attn_dispatch as ad
+from attn_dispatch import backend as adb
+
+from .cases import Case, CaseInputs, place
+from .conformance import Unsupported, check_backward, check_forward
+from .oracle import OracleResult, oracle_of
+
+AUTO = "auto"  # the automatic choice, counted beside the forced implementations
+# Head dims models use, drawn half the time so their kernels compile once and stay covered; the
+# other half is any multiple of 8 up to 256, and an occasional head dim that is none.
+COMMON_HEAD_DIMS = (32, 64, 72, 80, 96, 112, 128, 256)
+MAX_SCORES = 1 << 25  # B * H * Sq * Sk of one case: keeps the float64 oracle small and fast
+DTYPES = (torch.bfloat16, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class SweepCase:
+    """One drawn problem: the case, its dtype and whether determinism is requested."""
+
+    case: Case
+    dtype: torch.dtype
+    deterministic: bool | None
+    index: int
+    seed: int
+
+    def describe(self) -> str:
+        det = "" if self.deterministic is None else f" deterministic={self.deterministic}"
+        return f"seed={self.seed} case#{self.index} {self.case.id} {self.dtype}{det}"
+
+
+def _length(rng: random.Random, longest: int) -> int:
+    """A sequence length: 1, short, a power of two off by a little, mid or long."""
+    kind, third = rng.random(), max(2, longest // 3)
+    if kind < 0.06:
+        return 1
+    if kind < 0.3:
+        return rng.randint(2, min(64, longest))
+    if kind < 0.45:
+        power = rng.choice([p for p in (16, 64, 128, 256, 512) if p < longest] or [longest])
+        return max(1, min(longest, power + rng.choice((-1, 1, 3))))
+    if kind < 0.85:
+        return rng.randint(2, third)
+    return rng.randint(third, longest)
+
+
+def _head_dim(rng: random.Random, largest: int) -> int:
+    kind = rng.random()
+    if kind < 0.5:
+        return rng.choice([d for d in COMMON_HEAD_DIMS if d <= largest])
+    if kind < 0.95:
+        return 8 * rng.randint(1, largest // 8)
+    return rng.randint(8, largest)
+
+
+def _side(rng: random.Random, longest: int) -> int | None:
+    return rng.choice((None, 0, rng.randint(1, 64), rng.randint(1, longest)))
+
+
+def _lengths(rng: random.Random, batch: int, varlen: bool, longest: int):
+    """``(seqlens_q, seqlens_k)``: varlen with empty and length-1 sequences among the others;
+    dense with Sq != Sk two times in five."""
+    if varlen:
+        one = (lambda: rng.choice((0, 1, _length(rng, longest)))) if rng.random() < 0.4 else None
+
+        def draw() -> int:
+            return one() if one else _length(rng, longest)
+
+        sq = tuple(draw() for _ in range(batch))
+        sk = sq if rng.random() < 0.5 else tuple(draw() for _ in range(batch))
+        if not any(sq) or not any(sk):  # at least one token on each side
+            sq, sk = (max(1, sq[0]), *sq[1:]), (max(1, sk[0]), *sk[1:])
+        return sq, sk
+    a = _length(rng, longest)
+    b = a if rng.random() < 0.6 else _length(rng, longest)
+    return (a,) * batch, (b,) * batch
+
+
+def _fit(case_args: dict) -> dict:
+    """Shrink the lengths until B * H * Sq * Sk is at most :data:`MAX_SCORES`."""
+    while True:
+        sq, sk = case_args["seqlens_q"], case_args["seqlens_k"]
+        scores = case_args["heads"] * sum(a * b for a, b in zip(sq, sk))
+        if scores <= MAX_SCORES:
+            return case_args
+        case_args["seqlens_q"] = tuple(max(1, a // 2) if a > 1 else a for a in sq)
+        case_args["seqlens_k"] = tuple(max(1, b // 2) if b > 1 else b for b in sk)
+
+
+def draw_cases(
+    n: int,
+    seed: int,
+    *,
+    longest: int = 2048,
+    largest_head_dim: int = 256,
+    max_group: int = 16,
+) -> list[SweepCase]:
+    """``n`` cases drawn from ``seed`` (the same arguments always draw the same cases).
+
+    The distribution: batch 1-4; dense (70%) or varlen (30%, some sequences empty or of length
+    1); lengths 1 (6%), 2-64 (24%), a power of two 16-512 off by -1/+1/+3 (15%), up to a third
+    of ``longest`` (40%), from there to ``longest`` (15%), Sq != Sk in 40% of dense cases; kv
+    heads 1-4 and a GQA group drawn uniformly from 1-``max_group``; head dim one of
+    :data:`COMMON_HEAD_DIMS` (50%), any multiple of 8 up to ``largest_head_dim`` (45%) or any
+    value 8-``largest_head_dim``; Dv != D in 15%;
+    causal 50% (both alignments); a sliding window in 20% (each side unbounded, 0, up to 64 or
+    up to ``longest``); a soft cap in 15%; a custom scale in 20%; a sliced or transposed layout
+    in 25%; ``deterministic=True`` in 10%; bf16 (2/3) or f16. B * H * Sq * Sk is capped at
+    :data:`MAX_SCORES` by halving the lengths.
+    """
+    rng = random.Random(seed)
+    drawn = []
+    for index in range(n):
+        batch = rng.randint(1, 4)
+        varlen = rng.random() < 0.3
+        sq, sk = _lengths(rng, batch, varlen, longest)
+        kv = rng.randint(1, 4)
+        d = _head_dim(rng, largest_head_dim)
+        dv = _head_dim(rng, largest_head_dim) if rng.random() < 0.15 else d
+        causal = rng.random() < 0.5
+        args = _fit(
+            dict(
+                seqlens_q=sq,
+                seqlens_k=sk,
+                heads=kv * rng.randint(1, max_group),
+                kv_heads=kv,
+                head_dim=d,
+                head_dim_v=dv,
+                causal=causal,
+                causal_align=rng.choice(("top_left", "bottom_right")),
+                varlen=varlen,
+                layout=rng.choice(("contiguous",) * 6 + ("sliced", "transposed")),
+                scale=None if rng.random() < 0.8 else round(rng.uniform(0.3, 2.0) / d**0.5, 4),
+                window=(_side(rng, longest), _side(rng, longest)) if rng.random() < 0.2 else None,
+                softcap=round(rng.uniform(5.0, 50.0), 1) if rng.random() < 0.15 else None,
+                seed=seed * 1_000_003 + index,
+                tags=("sweep",),
+            )
+        )
+        if args["window"] == (None, None):
+            args["window"] = None
+        deterministic = True if rng.random() < 0.1 else None
+        drawn.append(SweepCase(Case(**args), rng.choice(DTYPES), deterministic, index, seed))
+    return drawn
+
+
+def implementations() -> list[str]:
+    """Every implementation of every loaded backend (``"backend:impl"``)."""
+    return sorted(i.name for b in ad.backends() if b.error is None for i in b.implementations)
+
+
+@dataclass
+class Outcome:
+    """What one implementation did on one case: ``ok``, ``refused`` or ``wrong`` (an answer
+    outside the tolerance, or an error raised while running a case it accepted)."""
+
+    status: str
+    detail: str = ""
+
+
+@dataclass
+class Report:
+    """Counts per implementation, and every wrong answer with its case."""
+
+    seed: int
+    cases: int = 0
+    seconds: float = 0.0
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    wrong: list[str] = field(default_factory=list)
+    chosen: dict[str, int] = field(default_factory=dict)  # the automatic choice's picks
+
+    def add(self, name: str, outcome: Outcome, where: SweepCase) -> None:
+        row = self.counts.setdefault(name, {"ok": 0, "refused": 0, "wrong": 0})
+        row[outcome.status] += 1
+        if outcome.status == "wrong":
+            self.wrong.append(f"{name} on {where.describe()}:\n{outcome.detail}")
+
+    @property
+    def total_wrong(self) -> int:
+        return sum(row["wrong"] for row in self.counts.values())
+
+    def table(self) -> str:
+        lines = [
+            f"sweep seed={self.seed}: {self.cases} cases in {self.seconds:.0f} s",
+            f"{'implementation':<28} {'ran':>5} {'refused':>8} {'wrong':>6}",
+        ]
+        for name in sorted(self.counts, key=lambda n: (n == AUTO, n)):
+            row = self.counts[name]
+            ran = row["ok"] + row["wrong"]
+            lines.append(f"{name:<28} {ran:>5} {row['refused']:>8} {row['wrong']:>6}")
+        if self.chosen:
+            picks = ", ".join(f"{k} {v}" for k, v in sorted(self.chosen.items()))
+            lines.append(f"automatic choice picked: {picks}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "seed": self.seed,
+            "cases": self.cases,
+            "seconds": self.seconds,
+            "counts": self.counts,
+            "wrong": self.wrong,
+            "chosen": self.chosen,
+        }
+
+
+def _auto(api: Callable) -> Callable:
+    def auto(*args, **flags):
+        return api(*args, **flags)
+
+    auto.__name__ = AUTO
+    return auto
+
+
+def _outcome(run: Callable[[], object]) -> Outcome:
+    try:
+        run()
+    except Unsupported as exc:
+        return Outcome("refused", "; ".join(exc.reasons))
+    except AssertionError as exc:
+        return Outcome("wrong", str(exc))
+    except Exception as exc:  # an accepted case that raises is a failure too
+        return Outcome("wrong", f"raised {type(exc).__name__}: {exc}")
+    return Outcome("ok")
+
+
+def check_case(
+    drawn: SweepCase, name: str, device: torch.device, reference: OracleResult | None = None
+) -> Outcome:
+    """Backward, then forward, of ``name`` (or :data:`AUTO`) on one drawn case. The forward is
+    skipped where determinism is requested (it has no such flag) or the backward was wrong."""
+    case, dtype = drawn.case, drawn.dtype
+    fwd = _auto(ad.forward) if name == AUTO else name
+    bwd = _auto(ad.backward) if name == AUTO else name
+    kw = dict(dtype=dtype, device=device, reference=reference)
+    backward = _outcome(lambda: check_backward(bwd, case, deterministic=drawn.deterministic, **kw))
+    if backward.status == "wrong" or drawn.deterministic:
+        return backward
+    forward = _outcome(lambda: check_forward(fwd, case, **kw))
+    if forward.status == "wrong" or backward.status == "refused" and forward.status == "ok":
+        return forward
+    return backward
+
+
+def auto_choice(drawn: SweepCase, inputs: CaseInputs, reference: OracleResult) -> str:
+    """The implementation the automatic choice takes for this case's backward."""
+    layout, dtype, device = drawn.case.layout, drawn.dtype, inputs.q.device
+    out = place(reference.out, layout, dtype, device)
+    lse = place(reference.lse, layout, adb.lse_dtype(dtype), device)
+    flags = inputs.flags() | {"deterministic": drawn.deterministic}
+    report = ad.explain(inputs.q, inputs.k, inputs.v, out, lse, inputs.grad_out, **flags)
+    return report.selected or "none"
+
+
+def check_all(drawn: SweepCase, names: Sequence[str], device: torch.device, report: Report) -> str:
+    """Every name in ``names`` on one case (the oracle computed once), into ``report``;
+    returns the automatic choice's pick."""
+    inputs = drawn.case.make_inputs(drawn.dtype, device)
+    reference = oracle_of(inputs, inputs.grad_out)
+    for name in names:
+        report.add(name, check_case(drawn, name, device, reference), drawn)
+    return auto_choice(drawn, inputs, reference)
+
+
+def run(
+    cases: Sequence[SweepCase],
+    *,
+    device: str | torch.device = "cuda",
+    names: Iterable[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Run every implementation in ``names`` (default: all installed) and the automatic choice
+    on each case; ``progress`` gets one line per case."""
+    device = torch.device(device)
+    names = [*(implementations() if names is None else names), AUTO]
+    report = Report(seed=cases[0].seed if cases else 0)
+    start = time.perf_counter()
+    for drawn in cases:
+        chosen = check_all(drawn, names, device, report)
+        report.chosen[chosen] = report.chosen.get(chosen, 0) + 1
+        report.cases += 1
+        if progress is not None:
+            progress(f"[{report.cases}/{len(cases)}] {drawn.describe()} -> auto: {chosen}")
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def merge(reports: Iterable[dict]) -> Report:
+    """One report from several (``Report.to_dict`` of shards of one sweep)."""
+    merged: Report | None = None
+    for part in reports:
+        if merged is None:
+            merged = Report(seed=part["seed"])
+        merged.cases += part["cases"]
+        merged.seconds = max(merged.seconds, part["seconds"])
+        merged.wrong += part["wrong"]
+        for name, row in part["counts"].items():
+            mine = merged.counts.setdefault(name, {"ok": 0, "refused": 0, "wrong": 0})
+            for key, value in row.items():
+                mine[key] += value
+        for name, count in part["chosen"].items():
+            merged.chosen[name] = merged.chosen.get(name, 0) + count
+    return merged or Report(seed=0)
+
+
+def _read_reports(paths: Sequence[str]) -> list[dict]:
+    """Reports from JSON files (one report each) or JSON-lines files (one per line)."""
+    found = []
+    for path in paths:
+        with open(path) as f:
+            text = f.read().strip()
+        if text.startswith("{") and "\n{" not in text:
+            found.append(json.loads(text))
+        else:
+            found += [json.loads(line) for line in text.splitlines() if line.strip()]
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attn_dispatch.testing.sweep", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--cases", type=int, default=300, help="cases to draw (default 300)")
+    parser.add_argument("--seed", type=int, default=None, help="default: a fresh one")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--longest", type=int, default=2048, help="longest sequence drawn")
+    parser.add_argument("--shard", default="0/1", help="i/n: run every n-th case from the i-th")
+    parser.add_argument("--json", default=None, help="also write the report here")
+    parser.add_argument(
+        "--merge", nargs="+", default=None, help="merge JSON (or JSON-lines) reports, print"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no per-case progress line")
+    args = parser.parse_args(argv)
+    if args.merge:
+        report = merge(_read_reports(args.merge))
+    else:
+        i, n = (int(x) for x in args.shard.split("/"))
+        if not 0 <= i < n:
+            parser.error(f"--shard: expected i/n with 0 <= i < n, got {args.shard}")
+        seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+        cases = draw_cases(args.cases, seed, longest=args.longest)[i::n]
+        print(f"sweep: seed {seed}, {len(cases)} cases on {args.device}", flush=True)
+        say = None if args.quiet else (lambda line: print(line, flush=True))
+        report = run(cases, device=args.device, progress=say)
+        report.seed = seed
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=1)
+    for failure in report.wrong:
+        print("WRONG", failure, file=sys.stderr)
+    print(report.table())
+    return 1 if report.total_wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The randomized conformance sweep (attn_dispatch.testing.sweep) on the test plugins."""
+
+import json
+
+import pytest
+import torch
+
+from attn_dispatch.testing import sweep
+
+SMALL = dict(longest=24, largest_head_dim=32)
+
+
+def test_the_same_seed_draws_the_same_cases_and_another_seed_others() -> None:
+    first, again = sweep.draw_cases(30, seed=11, **SMALL), sweep.draw_cases(30, seed=11, **SMALL)
+    assert [c.describe() for c in first] == [c.describe() for c in again]
+    other = sweep.draw_cases(30, seed=12, **SMALL)
+    assert [c.describe() for c in first] != [c.describe() for c in other]
+
+
+def test_the_distribution_covers_what_it_promises() -> None:
+    drawn = sweep.draw_cases(800, seed=3)
+    cases = [d.case for d in drawn]
+    groups = {c.heads // c.kv_heads for c in cases}
+    assert groups == set(range(1, 17))
+    assert {c.causal_align for c in cases if c.causal} == {"top_left", "bottom_right"}
+    assert any(c.head_dim % 8 for c in cases) and any(c.head_dim != c.dv for c in cases)
+    assert {c.head_dim for c in cases} >= set(sweep.COMMON_HEAD_DIMS)
+    assert any(1 in c.seqlens_q for c in cases) and any(c.window for c in cases)
+    assert any(c.softcap for c in cases) and any(c.varlen and 0 in c.seqlens_q for c in cases)
+    assert any(not c.varlen and c.seqlens_q != c.seqlens_k for c in cases)
+    assert any(d.deterministic for d in drawn)
+    assert {d.dtype for d in drawn} == {torch.bfloat16, torch.float16}
+    assert all(
+        c.heads * sum(a * b for a, b in zip(c.seqlens_q, c.seqlens_k)) <= sweep.MAX_SCORES
+        for c in cases
+    )
+
+
+def test_correct_implementations_pass_and_wrong_ones_are_named_with_the_seed(toys) -> None:
+    cases = sweep.draw_cases(4, seed=5, **SMALL)
+    report = sweep.run(cases, device="cpu", names=["exact:oracle", "toy:nondet", "toy:fast"])
+    assert report.counts["exact:oracle"] == {"ok": 4, "refused": 0, "wrong": 0}
+    assert report.counts["toy:nondet"]["wrong"] > 0  # fills every output with its tag
+    # toy:fast refuses head dims over 64 and is wrong wherever it runs; deterministic cases
+    # refuse the non-deterministic toy
+    assert sum(report.counts["toy:fast"].values()) == 4
+    assert report.counts[sweep.AUTO]["ok"] + report.counts[sweep.AUTO]["wrong"] == 4
+    assert report.total_wrong == len(report.wrong) > 0
+    assert all("seed=5 case#" in w for w in report.wrong)
+    assert "exact:oracle" in report.table() and "seed=5" in report.table()
+
+
+def test_a_refusal_is_counted_not_failed(toys) -> None:
+    (drawn,) = [d for d in sweep.draw_cases(40, seed=8, **SMALL) if d.deterministic][:1]
+    report = sweep.run([drawn], device="cpu", names=["toy:nondet"])
+    assert report.counts["toy:nondet"] == {"ok": 0, "refused": 1, "wrong": 0}
+
+
+def test_an_error_in_an_accepted_case_counts_as_wrong(toys, monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(sweep, "check_backward", broken)
+    outcome = sweep.check_case(sweep.draw_cases(1, seed=2, **SMALL)[0], "exact:oracle", "cpu")
+    assert outcome.status == "wrong" and "kernel exploded" in outcome.detail
+
+
+def test_the_command_line_reports_shards_and_merges_them(toys, tmp_path, capsys) -> None:
+    parts = []
+    for shard in ("0/2", "1/2"):
+        path = tmp_path / f"{shard[0]}.json"
+        args = ["--cases", "3", "--seed", "4", "--device", "cpu", "--longest", "16"]
+        sweep.main([*args, "--shard", shard, "--json", str(path), "--quiet"])
+        parts.append(str(path))
+    assert sum(json.loads(open(p).read())["cases"] for p in parts) == 3
+    status = sweep.main(["--merge", *parts])
+    out = capsys.readouterr().out
+    assert "sweep seed=4: 3 cases" in out and "exact:oracle" in out
+    assert status == 1  # the toys are wrong wherever they run
+
+
+def test_a_bad_shard_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        sweep.main(["--shard", "2/2"])
