@@ -201,6 +201,7 @@ class Report:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     wrong: list[str] = field(default_factory=list)
     chosen: dict[str, int] = field(default_factory=dict)  # the automatic choice's picks
+    busy: dict[str, float] = field(default_factory=dict)  # seconds spent per implementation
 
     def add(self, name: str, outcome: Outcome, where: SweepCase) -> None:
         row = self.counts.setdefault(name, {"ok": 0, "refused": 0, "wrong": 0})
@@ -215,12 +216,12 @@ class Report:
     def table(self) -> str:
         lines = [
             f"sweep seed={self.seed}: {self.cases} cases in {self.seconds:.0f} s",
-            f"{'implementation':<28} {'ran':>5} {'refused':>8} {'wrong':>6}",
+            f"{'implementation':<28} {'ran':>5} {'refused':>8} {'wrong':>6} {'seconds':>8}",
         ]
         for name in sorted(self.counts, key=lambda n: (n == AUTO, n)):
-            row = self.counts[name]
+            row, busy = self.counts[name], self.busy.get(name, 0.0)
             ran = row["ok"] + row["wrong"]
-            lines.append(f"{name:<28} {ran:>5} {row['refused']:>8} {row['wrong']:>6}")
+            lines.append(f"{name:<28} {ran:>5} {row['refused']:>8} {row['wrong']:>6} {busy:>8.1f}")
         if self.chosen:
             picks = ", ".join(f"{k} {v}" for k, v in sorted(self.chosen.items()))
             lines.append(f"automatic choice picked: {picks}")
@@ -234,6 +235,7 @@ class Report:
             "counts": self.counts,
             "wrong": self.wrong,
             "chosen": self.chosen,
+            "busy": self.busy,
         }
 
 
@@ -291,7 +293,9 @@ def check_all(drawn: SweepCase, names: Sequence[str], device: torch.device, repo
     inputs = drawn.case.make_inputs(drawn.dtype, device)
     reference = oracle_of(inputs, inputs.grad_out)
     for name in names:
+        start = time.perf_counter()
         report.add(name, check_case(drawn, name, device, reference), drawn)
+        report.busy[name] = report.busy.get(name, 0.0) + time.perf_counter() - start
     return auto_choice(drawn, inputs, reference)
 
 
@@ -333,6 +337,8 @@ def merge(reports: Iterable[dict]) -> Report:
                 mine[key] += value
         for name, count in part["chosen"].items():
             merged.chosen[name] = merged.chosen.get(name, 0) + count
+        for name, busy in part.get("busy", {}).items():
+            merged.busy[name] = merged.busy.get(name, 0.0) + busy
     return merged or Report(seed=0)
 
 

@@ -104,6 +104,21 @@ def _window_reasons(inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
     return reasons + ops_problems(FLASH_FWD_WINDOW, FLASH_BWD_WINDOW)
 
 
+def _empty_query_sequence_reasons(inp: adb.ForwardInputs) -> list[str]:
+    """With max_seqlen_q = 1 and GQA, the op folds the group into the query rows assuming one
+    query per sequence; a varlen call with fewer query tokens than sequences (some are empty)
+    then fails inside it (seen with torch 2.11: "shape '[4, 3, 6, 32]' is invalid")."""
+    if not (inp.is_varlen and inp.max_seqlen_q == 1 and inp.heads > inp.kv_heads):
+        return []
+    sequences, tokens = inp.cu_seqlens_q.shape[0] - 1, inp.q.shape[0]
+    if tokens >= sequences:
+        return []
+    return [
+        f"varlen with max_seqlen_q=1, GQA and {tokens} query tokens for {sequences} "
+        "sequences (some empty): the op assumes one query per sequence"
+    ]
+
+
 def _varlen_args(inp: adb.ForwardInputs) -> tuple:
     """cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, as both ops take them."""
     return inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k
@@ -159,6 +174,7 @@ class Flash(adb.Implementation):
             )
         if rocm and inp.is_varlen:
             reasons.append("varlen on ROCm: not supported by this backend")
+        reasons += _empty_query_sequence_reasons(inp)
         reasons += _window_reasons(inp, arch)
         return reasons + ops_problems(FLASH_FWD, FLASH_BWD)
 

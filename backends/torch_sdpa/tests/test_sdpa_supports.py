@@ -284,3 +284,19 @@ def test_flash_window_sides_near_int64_are_passed_as_unbounded(huge, bounded):
 
     assert kwargs(huge) == kwargs(bounded)
     assert all(-1 <= side < 2**31 for side in kwargs(huge).values())
+
+
+@pytest.mark.parametrize(
+    ("tokens", "heads", "refused"), [(1, 18, True), (4, 18, False), (1, 3, False)]
+)
+def test_flash_refuses_single_query_varlen_gqa_with_empty_sequences(tokens, heads, refused):
+    # 4 sequences, max_seqlen_q = 1: PyTorch's flash op folds the GQA group into the query rows,
+    # assuming one query per sequence, and failed inside when some sequences were empty.
+    q = torch.empty(tokens, heads, 32, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(8, 3, 32, dtype=torch.bfloat16, device="meta")
+    out, lse = torch.empty_like(q), torch.empty(heads, tokens, device="meta")
+    cu_q, cu_k = (torch.empty(5, dtype=torch.int32, device="meta") for _ in range(2))
+    flags = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1, max_seqlen_k=5)
+    report = ad.explain(q, k, k, out, lse, out, **flags, arch="sm_90")
+    reasons = _reasons(report, "torch_sdpa:flash")
+    assert ("one query per sequence" in reasons) == refused, reasons

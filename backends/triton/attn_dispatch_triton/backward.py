@@ -114,7 +114,12 @@ def attention_backward(
         from .tuning import get_backward_config
 
         config = get_backward_config(
-            q.device, launch.d, launch.band.limited, launch.group, launch.seqlen_k
+            q.device,
+            launch.d,
+            launch.band.limited,
+            launch.group,
+            launch.seqlen_k,
+            head_dim_v=launch.d_v,
         )
     grads = launch.run(config)
     plan = strategy.plan(launch.plan_extra)  # (None when direct: nothing recorded)

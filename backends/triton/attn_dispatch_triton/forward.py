@@ -305,7 +305,8 @@ def attention_forward(
     if config is None:
         from .tuning import get_config
 
-        config = get_config("fwd", q.device, d, band.limited, heads // kv_heads, seqlen_k)
+        group = heads // kv_heads
+        config = get_config("fwd", q.device, d, band.limited, group, seqlen_k, head_dim_v=dv)
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
     cu_k = cu_seqlens_k if varlen else q

@@ -342,6 +342,15 @@ def _bucket(seqlen_k: int) -> int:
     return 1 << 30
 
 
+def configs_for(
+    arch: str, head_dim: int, head_dim_v: int, causal: bool, group: int, seqlen_k: int
+) -> dict[str, Config]:
+    """Every kernel's configuration for a call, its tiles sized for the wider of D and Dv (the
+    kernels hold tiles of both in shared memory and registers, so D = 112 with Dv = 184 needs
+    the D = 256 budget)."""
+    return lookup(arch, max(head_dim, head_dim_v), causal, group, _bucket(seqlen_k))
+
+
 def get_config(
     kernel: str,
     device: torch.device,
@@ -349,16 +358,25 @@ def get_config(
     causal: bool,
     group: int,
     seqlen_k: int = 1 << 30,
+    head_dim_v: int | None = None,
 ) -> Config:
-    """The configuration of one kernel."""
-    return lookup(_arch_of(device), head_dim, causal, group, _bucket(seqlen_k))[kernel]
+    """The configuration of one kernel (``head_dim_v``: Dv, when it differs from D)."""
+    dv = head_dim_v or head_dim
+    return configs_for(_arch_of(device), head_dim, dv, causal, group, seqlen_k)[kernel]
 
 
 def get_backward_config(
-    device: torch.device, head_dim: int, causal: bool, group: int, seqlen_k: int = 1 << 30
+    device: torch.device,
+    head_dim: int,
+    causal: bool,
+    group: int,
+    seqlen_k: int = 1 << 30,
+    head_dim_v: int | None = None,
 ) -> dict[str, Config]:
-    """The configurations of the three backward kernels."""
-    return lookup(_arch_of(device), head_dim, causal, group, _bucket(seqlen_k))
+    """The configurations of the three backward kernels (``head_dim_v`` as in
+    :func:`get_config`)."""
+    dv = head_dim_v or head_dim
+    return configs_for(_arch_of(device), head_dim, dv, causal, group, seqlen_k)
 
 
 def save_tuned(arch: str, key: str, configs: dict[str, Config]) -> Path:

@@ -31,7 +31,7 @@ from attn_dispatch_triton._common import (  # noqa: E402
     padded_dim,
 )
 from attn_dispatch_triton.forward import _attn_fwd  # noqa: E402
-from attn_dispatch_triton.tuning import lookup  # noqa: E402
+from attn_dispatch_triton.tuning import configs_for, lookup  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -83,6 +83,7 @@ def compile_kernel(
     *,
     dtype: str = "bf16",
     d: int = 128,
+    dv: int | None = None,
     causal: bool = True,
     bottom_right: bool = False,
     varlen: bool = False,
@@ -99,12 +100,13 @@ def compile_kernel(
     right one); ``softcap``: the soft-capped scores."""
     target = TARGETS[arch][0]
     fn = KERNELS[kernel_name]
-    cfg = cfg or lookup(arch, d, causal, group, seqlen_k)[kernel_name]
+    dv = dv or d
+    cfg = cfg or configs_for(arch, d, dv, causal, group, seqlen_k)[kernel_name]
     load_tma = bool(cfg.get("LOAD_TMA")) and arch == "sm_90"
     tile_rows = cfg["BLOCK_M"] if kernel_name.startswith("dkdv") else cfg["BLOCK_N"]
     consts = {
         "D": d,
-        "DV": d,
+        "DV": dv,
         "LIMIT_LEFT": window_left,
         "LIMIT_RIGHT": causal or window_right,
         "SOFTCAP": softcap_mode(softcap, arch),
@@ -117,7 +119,7 @@ def compile_kernel(
         "BLOCK_M": cfg["BLOCK_M"],
         "BLOCK_N": cfg["BLOCK_N"],
         "BLOCK_D": padded_dim(d),
-        "BLOCK_DV": padded_dim(d),
+        "BLOCK_DV": padded_dim(dv),
         "LOAD_TMA": load_tma,
         # the convert pass after the Gluon fused-atomic kernel (sm_90, D = 128) reads
         # the scratch in WIDE_STORE's column order
@@ -133,7 +135,8 @@ def compile_kernel(
         elif name == "DQA" and consts["DQ_TMA"]:  # the fp32 dQ scratch as a TMA descriptor
             signature[name] = f"tensordesc<fp32[{cfg['BLOCK_M']}, {padded_dim(d)}]>"
         elif name in TILE_DESCRIPTORS and load_tma:  # [B, S, H, D] with [1, rows, 1, D] tiles
-            signature[name] = f"tensordesc<{dtype}[1, {tile_rows}, 1, {padded_dim(d)}]>"
+            width = padded_dim(dv if name in ("DODESC", "VDESC") else d)
+            signature[name] = f"tensordesc<{dtype}[1, {tile_rows}, 1, {width}]>"
         elif name in FLOATS:
             signature[name] = "fp32"
         elif name.startswith(("stride_", "seqlen_")) or name in (
@@ -177,6 +180,14 @@ def _check(compiled, kernel_name: str, arch: str) -> None:
 
 
 DEFAULT = [(k, a) for k in KERNELS for a in ("sm_90", "gfx942", "gfx950")]
+
+
+@pytest.mark.parametrize("kernel_name", ["fwd", "dkdv", "dq", "dkdvq"])
+@pytest.mark.parametrize(("d", "dv"), [(112, 184), (48, 240)])
+def test_tiles_fit_shared_memory_when_dv_is_wider_than_d(kernel_name, d, dv) -> None:
+    # Tiles sized for D alone (D <= 128) overflowed sm_90's shared memory once Dv > 128.
+    compiled = compile_kernel(kernel_name, "sm_90", d=d, dv=dv, causal=False, group=2)
+    _check(compiled, kernel_name, "sm_90")
 
 
 @pytest.mark.parametrize(("kernel_name", "arch"), DEFAULT)
