@@ -157,11 +157,10 @@ class ReadsFlag(Tagged):
 """
 
 
-@pytest.mark.parametrize(
-    "hook, result", [("supports", "[]"), ("priority_for_execution", "50")]
-)
+@pytest.mark.parametrize("hook, result", [("supports", "[]"), ("priority_for_execution", "50")])
 def test_a_bad_variable_read_by_a_plugin_hook_is_the_callers_error(plugins, env, hook, result):
-    plugins.backend("flagged", READS_FLAG.format(hook=hook, result=result), "[ReadsFlag(), Fallback()]")
+    body = READS_FLAG.format(hook=hook, result=result)
+    plugins.backend("flagged", body, "[ReadsFlag(), Fallback()]")
     env.set(ATTN_DISPATCH_PLUGINS="flagged")
     assert tag_of(ad.backward(*make_inputs())) == 1.0
     env.set(ATTN_DISPATCH_FLAGGED_FAST="maybe")

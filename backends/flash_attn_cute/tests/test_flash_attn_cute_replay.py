@@ -349,7 +349,8 @@ def test_replay_switched_off_then_reloaded_stops_a_learned_replay(toy_fa4, monke
     reloaded = signature_inputs(qkv(10))  # the facts a decision made after the reload holds
     for seed in range(10, 15):
         q, k, v = qkv(seed)
-        out, _ = _fa4.forward(reloaded if seed == 10 else signature_inputs((q, k, v), like=reloaded))
+        inp = reloaded if seed == 10 else signature_inputs((q, k, v), like=reloaded)
+        out, _ = _fa4.forward(inp)
         assert_close(out, oracle(q, k, v, causal=True, causal_align="bottom_right").out)
     assert toy_fa4.host_calls == ["fwd"] * (3 + 5)  # every call after the reload runs FA4's
     monkeypatch.setenv(_fa4.REPLAY_VARIABLE, "1")

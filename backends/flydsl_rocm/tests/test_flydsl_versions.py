@@ -56,7 +56,8 @@ def test_unset_is_not_required():
 
 @pytest.mark.parametrize("value", ["maybe", ""])
 def test_bad_value_is_named(value):
-    with pytest.raises(ValueError, match=f"ATTN_DISPATCH_REQUIRE_FLYDSL={value!r} is not a boolean"):
+    message = f"ATTN_DISPATCH_REQUIRE_FLYDSL={value!r} is not a boolean"
+    with pytest.raises(ValueError, match=message):
         flydsl_required({REQUIRE_FLYDSL_ENV: value})
 
 

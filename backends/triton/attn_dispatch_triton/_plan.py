@@ -21,7 +21,8 @@ The launcher call relies on the signatures of triton's ``CompiledKernel.run``,
 ``CudaLauncher.launch`` and its descriptor wrapper (``wrap_handle_tensordesc``,
 ``make_tensordesc_arg``), checked on the versions in :data:`VERIFIED_TRITON` on NVIDIA GPUs;
 elsewhere, under the interpreter, with launch hooks installed (profilers), or with
-``ATTN_DISPATCH_TRITON_PLANS`` off (a boolean: ``0``/``false``/``no``/``off``), every call takes the normal ``kernel[grid]`` path.
+``ATTN_DISPATCH_TRITON_PLANS`` off (a boolean: ``0``/``false``/``no``/``off``), every call
+takes the normal ``kernel[grid]`` path.
 """
 
 from __future__ import annotations
