@@ -222,12 +222,13 @@ def check_name(name: object, argument: str) -> str:
 
 def resolve_forced(backend: object, settings: Settings) -> str | None:
     """The name forced for a call (the ``backend`` argument, else ``use_backend()``, else
-    ``ATTN_DISPATCH_BACKEND``), checked: an unknown name raises listing the known ones."""
+    ``ATTN_DISPATCH_BACKEND``), checked: an unknown name raises listing the known ones (a
+    ``use_backend`` name too: a reload since its ``with`` began may have dropped it)."""
     if backend is not None:
         return check_name(backend, "backend")
     name = forced_var.get()
     if name is not None:
-        return name
+        return check_name(name, "use_backend")
     if settings.forced_env is not None:
         check_name(settings.forced_env, BACKEND_ENV)
     return settings.forced_env

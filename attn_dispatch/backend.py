@@ -65,7 +65,7 @@ def make_inputs(
     causal: bool = False,
     causal_align: str = "top_left",
     scale: float | None = None,
-    deterministic: bool = False,
+    deterministic: bool | None = False,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None,
@@ -79,7 +79,11 @@ def make_inputs(
     Validation is the dispatcher's own (the same ``TypeError``/``ValueError`` as
     ``attn_dispatch.backward``), so a backend's tests can ask ``supports(make_inputs(...), arch)``
     exactly what dispatch would ask. Tensors may live on the ``meta`` device.
+    ``deterministic=None`` follows ``torch.are_deterministic_algorithms_enabled()``, as in
+    dispatch.
     """
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
     tensors = (q, k, v, out, lse, grad_out)
     call = unforced(
         kind_of(tensors),

@@ -196,6 +196,19 @@ def test_explain_command_exits_with_a_bad_variable_named(plugins, env, capsys):
     assert captured.out == ""
 
 
+def test_use_backend_name_dropped_by_a_reload_is_unknown(plugins, env):
+    """A reload inside the ``with`` that no longer loads the named backend: the next call says
+    the name is unknown (with the known ones), not that the backend cannot run the inputs."""
+    plugins.backend("gone", "", "[Fallback()]")
+    env.set(ATTN_DISPATCH_PLUGINS="gone")
+    with ad.use_backend("gone"):
+        assert tag_of(ad.backward(*make_inputs())) == 9.0
+        env.set(**EXACT)
+        for call in (ad.backward, ad.explain, ad.decide):
+            with pytest.raises(ad.UnknownBackendError, match="unknown backend 'gone'; known: "):
+                call(*make_inputs())
+
+
 def test_backend_variable_is_stripped(toys):
     toys.set(ATTN_DISPATCH_BACKEND=" toy:slow ")
     assert tag_of(ad.backward(*make_inputs())) == 2.0
