@@ -23,7 +23,7 @@ from ._api import (
 )
 from ._arch import Arch, detect_arch
 from ._autograd import attention
-from ._errors import NoBackendError, UnknownBackendError
+from ._errors import NoBackendError, SettingError, UnknownBackendError
 from ._execution import execution_mode
 from ._implementation import Gradients
 from ._report import Candidate, Report
@@ -44,6 +44,7 @@ __all__ = [
     "ImplementationInfo",
     "NoBackendError",
     "Report",
+    "SettingError",
     "UnknownBackendError",
     "Varlen",
     "attention",

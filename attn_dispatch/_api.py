@@ -132,9 +132,9 @@ def explain(
 
     ``arch`` (``"gfx950"``, ``"sm_90"`` or an ``Arch``) evaluates a hypothetical target; the
     tensors may then live on the ``meta`` device. Without ``out``/``lse``/``grad_out`` the
-    forward is explained. ``execution`` (``"eager"`` or ``"graph"``: captured into a CUDA
-    graph or traced by ``torch.compile``) asks for the decision of that execution mode, whose
-    priorities may differ; default: the mode of the calling context. Never raises for a
+    forward is explained. ``execution`` (``"eager"``, also what a ``torch.compile``d program
+    runs, or ``"graph"``: captured into a CUDA graph) asks for the decision of that execution
+    mode, whose priorities may differ; default: the mode of the calling context. Never raises for a
     rejection; malformed input still raises. The report is ``decide(...).report`` where an
     implementation is chosen.
     """

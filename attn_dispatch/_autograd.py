@@ -12,7 +12,11 @@ schema-typed flags without checking them again (``_call.of_schema``), and a sign
 call validates their values with the tensors, as for any call.
 
 Autograd links them: the forward saves ``q, k, v, out, lse`` (and the cu_seqlens) and the
-backward of ``fwd`` calls ``bwd``. Selection happens inside the operators, in Python, cached per
+backward of ``fwd`` calls ``bwd``. The backward decides under the scope its forward ran in
+(``use_backend``, ``execution_mode``: the context variables a call reads), which the forward
+records on the node: autograd runs a CUDA backward on its own device thread, whose context is
+not the caller's, and a backward run outside the caller's ``with`` block would otherwise decide
+by another scope than its forward. Selection happens inside the operators, in Python, cached per
 input signature, so nothing in the hot path waits for the device: varlen lengths travel as
 Python ints and no tensor value is read on the host (CUDA-graph capturable once warmed up).
 
@@ -20,12 +24,14 @@ Outputs are always fresh, contiguous tensors. The fake implementations promise e
 and a compiler plans the following kernels on the promised strides.
 """
 
+import contextlib
 import numbers
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
-from . import _settings
+from . import _execution, _settings
 from ._call import of_schema, unforced
 from ._dispatch import BACKWARD, FORWARD, Mode, dispatch
 from ._inputs import INT64_MAX, lse_dtype, lse_shape
@@ -146,11 +152,31 @@ def _bwd_fake(grad_out, q, k, v, *rest):  # shapes only: out, lse and the flags 
 _INTS = (numbers.Integral, torch.SymInt)
 
 
+def scope() -> tuple[str | None, str | None]:
+    """The calling context's scope: the name ``use_backend`` forces and the mode
+    ``execution_mode`` declares (``None`` where none is set). A backward records its
+    forward's and decides in it (:func:`in_scope`)."""
+    return _settings.forced_var.get(), _execution._declared.get()
+
+
+@contextlib.contextmanager
+def in_scope(recorded: tuple[str | None, str | None]) -> Iterator[None]:
+    """Calls inside decide under ``recorded`` (a :func:`scope`), whatever scope encloses them."""
+    forced = _settings.forced_var.set(recorded[0])
+    declared = _execution._declared.set(recorded[1])
+    try:
+        yield
+    finally:
+        _execution._declared.reset(declared)
+        _settings.forced_var.reset(forced)
+
+
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, cu_seqlens_q, cu_seqlens_k, *flags = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     ctx.flags = flags
+    ctx.scope = scope()
     ctx.set_materialize_grads(False)
 
 
@@ -161,7 +187,12 @@ def _backward(ctx, grad_out, grad_lse):
     # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
     # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
     grad_out = grad_out.contiguous()
-    dq, dk, dv = _bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.flags)
+    tensors = (grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    if ctx.scope == scope():  # the usual case: backward in the forward's scope, nothing to set
+        dq, dk, dv = _bwd(*tensors, *ctx.flags)
+    else:
+        with in_scope(ctx.scope):
+            dq, dk, dv = _bwd(*tensors, *ctx.flags)
     return (dq, dk, dv) + (None,) * (4 + len(ctx.flags))
 
 
@@ -190,9 +221,11 @@ def attention(
 
     Layouts and flags are those of :func:`backward` (dense BSHD, or THD with ``cu_seqlens`` and
     ``max_seqlen`` as Python ints), ``window`` and ``softcap`` included. Works under autograd,
-    ``torch.compile(fullgraph=True)`` and CUDA graph capture. ``backend`` (or ``use_backend``)
-    forces both passes; the latter is read where each pass runs. ``lse`` is not returned and
-    carries no gradient.
+    ``torch.compile(fullgraph=True)`` and CUDA graph capture. ``backend`` forces both passes.
+    The scope (``use_backend``, ``execution_mode``) is read when the forward runs, and the
+    backward decides under the same scope wherever and whenever it runs (eager autograd; a
+    compiled backward reads the scope it runs in). ``lse`` is not returned and carries no
+    gradient.
 
     ``layout="bhsd"`` takes dense q/k/v as [B, H, S, D] (Hugging Face's order) and returns the
     output as [B, H, Sq, Dv]: the tensors are used through transposed views, never copied. The

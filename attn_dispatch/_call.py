@@ -56,6 +56,9 @@ def parse(
     first); their values are validated with the tensors on a signature's first call."""
     if deterministic is None:
         deterministic = _deterministic_default()
+    if causal_align.__class__ is not str:
+        # the flags are a cache key: an unhashable value must fail as a bad argument first
+        check_flags(False, causal_align, False)
     if (
         (causal is not True and causal is not False)
         or (deterministic is not True and deterministic is not False)

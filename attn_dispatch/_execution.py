@@ -6,18 +6,23 @@ graph (the replay skips the host code). So the decision of a call is made and ca
 execution mode, and implementations may rank themselves per mode
 (:meth:`Implementation.priority_for_execution`).
 
-The mode is ``"graph"`` while the current CUDA stream is capturing
-(``torch.cuda.is_current_stream_capturing()``) or while ``torch.compile`` traces the call
-(``torch.compiler.is_compiling()``: the traced call's decision is the one the compiled program
-keeps), else ``"eager"``. The probe costs two C calls; it touches no CUDA state when CUDA was
-never initialised (then nothing can be capturing).
+The mode is the one :func:`execution_mode` declares, else ``"graph"`` while the current CUDA
+stream is capturing (``torch.cuda.is_current_stream_capturing()``), else ``"eager"``. The probe
+costs two C calls; it touches no CUDA state when CUDA was never initialised (then nothing can be
+capturing).
+
+``torch.compile`` is no graph execution of its own: a compiled program calls ``ad.attention``'s
+operators (whose bodies the compiler never traces: it sees their fake implementations) when it
+runs, and it cannot trace ``ad.forward`` / ``ad.backward`` (a graph break), so every
+decision is made at run time and each call pays its host cost, as an eager call does. A
+compiled program captured into a CUDA graph (``mode="reduce-overhead"``) decides its captured
+calls as ``"graph"``, as any capture does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 from collections.abc import Iterator
 
 import torch
@@ -30,14 +35,6 @@ EXECUTIONS = (EAGER, GRAPH)
 _cuda_state = torch.cuda
 _cuda_bad_fork = getattr(torch._C, "_cuda_isInBadFork", lambda: False)
 _cuda_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-# torch.compiler.is_compiling() returns this flag (outside TorchScript, which never runs this
-# code); reading it from C spares the hot path two Python frames. Torch holds it while it
-# compiles (tracing, AOTAutograd's fake-tensor pass).
-_compiling = (
-    functools.partial(getattr, torch.compiler, "_is_compiling_flag")
-    if hasattr(torch.compiler, "_is_compiling_flag")
-    else torch.compiler.is_compiling
-)
 _declared: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "attn_dispatch_execution", default=None
 )
@@ -45,12 +42,10 @@ _declared: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 def current_execution() -> str:
     """The mode declared by :func:`execution_mode`, else ``"graph"`` when the call is being
-    captured or compiled, else ``"eager"``."""
+    captured into a CUDA graph, else ``"eager"``."""
     declared = _declared.get()
     if declared is not None:
         return declared
-    if _compiling():
-        return GRAPH
     if (
         _cuda_capturing is not None
         and _cuda_state._initialized

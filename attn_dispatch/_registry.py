@@ -17,6 +17,7 @@ import pluggy
 
 from . import _hookspecs
 from ._capabilities import declaration_problems
+from ._errors import SettingError
 from ._implementation import Implementation
 
 log = logging.getLogger("attn_dispatch")
@@ -125,6 +126,8 @@ def _load_one(
         others = [p for p in manager.get_plugins() if p is not module]
         call = manager.subset_hook_caller("attn_dispatch_implementations", remove_plugins=others)
         provided = [impl for batch in call() for impl in (batch or [])]
+    except SettingError:  # a bad variable the plugin read: the user's to fix, never a skip
+        raise
     except Exception as exc:  # a broken plugin costs only itself
         record.error = describe_error(exc)
         _report_failure(f"backend plugin {ep.name!r} failed to load: {record.error}")

@@ -25,7 +25,7 @@ import torch
 
 from ._arch import Arch
 from ._capabilities import input_reasons, where_reasons
-from ._errors import NoBackendError
+from ._errors import NoBackendError, SettingError
 from ._execution import EAGER
 from ._implementation import Implementation
 from ._inputs import BackwardInputs, ForwardInputs
@@ -173,11 +173,15 @@ def _verdict(
     try:
         # ``priority`` may have been changed since the plugin loaded, or priority_for overridden
         priority = _checked_priority("priority_for()", impl.priority_for(arch))
+    except SettingError:  # the user's setting is wrong, not the plugin: never another kernel
+        raise
     except Exception as exc:  # a broken plugin costs only itself
         reason = f"its priority for {arch.name}: {describe_error(exc)}"
         return Candidate(name, None, False, FAILED, (reason,))
     try:
         reasons = _reasons(impl, inp, probe, arch, mode)
+    except SettingError:
+        raise
     except Exception as exc:
         return Candidate(
             name, priority, impl.opt_in, FAILED, (f"supports() raised {describe_error(exc)}",)
@@ -186,6 +190,8 @@ def _verdict(
         what = f"{name} priority_for_execution()"
         priority_in = _watchdog.call(what, impl.priority_for_execution, probe, arch, execution)
         priority = _checked_priority("priority_for_execution()", priority_in)
+    except SettingError:
+        raise
     except Exception as exc:
         return Candidate(
             name,

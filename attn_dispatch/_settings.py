@@ -15,11 +15,11 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ._arch import ARCH_ENV, Arch
-from ._errors import UnknownBackendError
+from ._errors import SettingError, UnknownBackendError
 from ._registry import Registry, discover
 
 log = logging.getLogger("attn_dispatch")
@@ -38,25 +38,32 @@ forced_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
+# The one spelling of a boolean variable's values, for the core and every backend (env_flag).
+BOOLEAN_VALUES = {
+    **dict.fromkeys(("1", "true", "yes", "on"), True),
+    **dict.fromkeys(("0", "false", "no", "off"), False),
+}
 
 
 def _split(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
-def _flag(variable: str) -> bool:
-    """A boolean variable: 1/true/yes/on or 0/false/no/off (any case); anything else is warned
-    about and means off."""
-    text = os.environ.get(variable, "").strip().lower()
-    if text in _TRUE:
-        return True
-    if text not in _FALSE:
-        message = f"{variable}={text!r} is not a boolean (1/true/yes/on or 0/false/no/off): off"
-        log.warning("attn_dispatch: %s", message)
-        warnings.warn(message, stacklevel=4)
-    return False
+def env_flag(variable: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """The boolean environment variable ``variable`` (of ``environ``, default ``os.environ``):
+    ``default`` when unset, else ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``
+    in any case, surrounding whitespace ignored. Any other value, the empty string included,
+    raises :class:`SettingError` naming the variable and the accepted values."""
+    raw = (os.environ if environ is None else environ).get(variable)
+    if raw is None:
+        return default
+    value = BOOLEAN_VALUES.get(raw.strip().lower())
+    if value is None:
+        raise SettingError(
+            f"{variable}={raw!r} is not a boolean: expected 1, true, yes, on or 0, false, no, "
+            "off (any case), or the variable unset"
+        )
+    return value
 
 
 def _arch_from_env() -> Arch | None:
@@ -66,7 +73,7 @@ def _arch_from_env() -> Arch | None:
     try:
         return Arch.parse(text)
     except ValueError as exc:
-        raise ValueError(f"{ARCH_ENV}: {exc}") from None
+        raise SettingError(f"{ARCH_ENV}: {exc}") from None
 
 
 @dataclass
@@ -151,7 +158,7 @@ def _load() -> Settings:
         enabled=frozenset(enabled) | frozenset(_programmatic_enabled),
         disabled=frozenset(disabled),
         arch_override=arch_override,
-        debug=_flag(DEBUG_ENV),
+        debug=env_flag(DEBUG_ENV, False),
     )
 
 
@@ -215,12 +222,13 @@ def check_name(name: object, argument: str) -> str:
 
 def resolve_forced(backend: object, settings: Settings) -> str | None:
     """The name forced for a call (the ``backend`` argument, else ``use_backend()``, else
-    ``ATTN_DISPATCH_BACKEND``), checked: an unknown name raises listing the known ones."""
+    ``ATTN_DISPATCH_BACKEND``), checked: an unknown name raises listing the known ones (a
+    ``use_backend`` name too: a reload since its ``with`` began may have dropped it)."""
     if backend is not None:
         return check_name(backend, "backend")
     name = forced_var.get()
     if name is not None:
-        return name
+        return check_name(name, "use_backend")
     if settings.forced_env is not None:
         check_name(settings.forced_env, BACKEND_ENV)
     return settings.forced_env

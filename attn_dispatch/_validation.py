@@ -174,21 +174,33 @@ def check_window(window, ints: tuple[type, ...] = (numbers.Integral,)) -> Window
 
 
 def effective_window(
-    window: Window | None, causal_align: str, seqlen_q: int, seqlen_k: int
+    window: Window | None,
+    causal_align: str,
+    seqlen_q: int,
+    seqlen_k: int,
+    causal: bool = False,
 ) -> Window | None:
     """``window`` (validated) with every side that excludes no key at these lengths set to
     ``None`` (unbounded); ``None`` when neither side bounds anything.
 
-    Row ``i``'s diagonal is ``i`` (top-left) or ``i + Sk - Sq`` (bottom-right), so ``left``
-    reaches every key once ``left >= Sq`` (top-left) or ``>= Sk`` (bottom-right), and ``right``
-    once ``right >= Sk`` (top-left) or ``>= Sq`` (bottom-right). With varlen inputs the lengths
-    are the longest sequences, which bound every sequence's reach. Kernels thus never see a side
-    larger than a sequence length (no int32/int64 overflow in their band arithmetic).
+    Row ``i`` (``0 <= i < Sq``) sees key ``j`` (``0 <= j < Sk``) from ``d_i - left`` to
+    ``d_i + right``, where the diagonal ``d_i`` is ``i`` (top-left) or ``i + Sk - Sq``
+    (bottom-right). ``left`` excludes a key only if some row has ``d_i - left > 0``: it reaches
+    every key once ``left >= Sq - 1`` (top-left) or ``>= Sk - 1`` (bottom-right), the largest
+    diagonal. ``right`` excludes one only if some row has ``d_i + right < Sk - 1``: it reaches
+    every key once ``right >= Sk - 1`` (top-left) or ``>= Sq - 1`` (bottom-right). A ``causal``
+    call's mask already stops at the diagonal, so its right side (>= 0) excludes nothing more.
+    With varlen inputs the lengths are the longest sequences, which bound every sequence's
+    reach. Kernels thus never see a side of a sequence length or more (no int32/int64 overflow
+    in their band arithmetic).
     """
     if window is None:
         return None
-    reach = (seqlen_k, seqlen_q) if causal_align == "bottom_right" else (seqlen_q, seqlen_k)
+    last_q, last_k = seqlen_q - 1, seqlen_k - 1
+    reach = (last_k, last_q) if causal_align == "bottom_right" else (last_q, last_k)
     left, right = (None if s is None or s >= r else s for s, r in zip(window, reach))
+    if causal:
+        right = None
     return None if left is None and right is None else (left, right)
 
 
@@ -308,7 +320,7 @@ def validate(
         raise ValueError(f"argument 'q'/'v': expected non-empty head dims, got D={d}, Dv={dv}")
     scale = resolve_scale(scale, d)
     check_cap_ratio(scale, softcap)
-    window = effective_window(window, causal_align, msq, msk)
+    window = effective_window(window, causal_align, msq, msk, causal)
     return Facts(
         batch,
         sq,

@@ -7,7 +7,9 @@ group ``attn_dispatch.backends``. It receives :class:`ForwardInputs` / :class:`B
 (validated, read-only; ``inp.band`` is the call's :class:`Band`) and returns ``(out, lse)``
 (lse of :func:`lse_shape` and :func:`lse_dtype`) or :class:`Gradients`. :func:`make_inputs`
 builds validated inputs, e.g. on the ``meta`` device, for testing ``supports()`` without running
-anything; ``attn_dispatch.testing`` has the conformance kit and an isolated-plugins fixture.
+anything. A backend reads its boolean ``ATTN_DISPATCH_*`` variables with :func:`env_flag`, the
+core's own parser (a bad value raises :class:`SettingError`, which selection never takes for a
+broken plugin); ``attn_dispatch.testing`` has the conformance kit and an isolated-plugins fixture.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from ._arch import Arch
 from ._call import unforced
+from ._errors import SettingError
 from ._hookspecs import ENTRY_POINT_GROUP, hookimpl
 from ._implementation import Gradients, Implementation
 from ._inputs import (
@@ -28,6 +31,7 @@ from ._inputs import (
     lse_shape,
 )
 from ._requirements import missing_requirement
+from ._settings import env_flag
 from ._validation import build_inputs, kind_of
 
 __all__ = [
@@ -39,10 +43,12 @@ __all__ = [
     "ForwardInputs",
     "Gradients",
     "Implementation",
+    "SettingError",
     "Window",
     "hookimpl",
     "lse_dtype",
     "lse_shape",
+    "env_flag",
     "make_inputs",
     "missing_requirement",
 ]
@@ -59,7 +65,7 @@ def make_inputs(
     causal: bool = False,
     causal_align: str = "top_left",
     scale: float | None = None,
-    deterministic: bool = False,
+    deterministic: bool | None = False,
     cu_seqlens_q: torch.Tensor | None = None,
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int | None = None,
@@ -73,7 +79,11 @@ def make_inputs(
     Validation is the dispatcher's own (the same ``TypeError``/``ValueError`` as
     ``attn_dispatch.backward``), so a backend's tests can ask ``supports(make_inputs(...), arch)``
     exactly what dispatch would ask. Tensors may live on the ``meta`` device.
+    ``deterministic=None`` follows ``torch.are_deterministic_algorithms_enabled()``, as in
+    dispatch.
     """
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
     tensors = (q, k, v, out, lse, grad_out)
     call = unforced(
         kind_of(tensors),

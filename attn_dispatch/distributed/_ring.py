@@ -39,6 +39,7 @@ from torch import Tensor
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
+from attn_dispatch._autograd import in_scope, scope
 
 
 @dataclass(frozen=True)
@@ -216,10 +217,12 @@ class RingAttention(torch.autograd.Function):
         out, lse = ring_forward(ring, q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.ring = ring
+        ctx.scope = scope()  # the backward's blocks decide as ad.attention's backward does
         return out
 
     @staticmethod
     def backward(ctx, dout: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(ctx.ring, q, k, v, out, lse, dout.contiguous())
+        with in_scope(ctx.scope):
+            dq, dk, dv = ring_backward(ctx.ring, q, k, v, out, lse, dout.contiguous())
         return dq, dk, dv, None

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 import attn_dispatch as ad
+from attn_dispatch._autograd import in_scope, scope
 
 
 def _all_to_all(x: Tensor, group) -> Tensor:
@@ -79,10 +80,12 @@ class LocalAttention(torch.autograd.Function):
         out, lse = ad.forward(q, k, v, **flags)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.flags = flags
+        ctx.scope = scope()  # the backward decides as ad.attention's backward does
         return out
 
     @staticmethod
     def backward(ctx, dout: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ad.backward(q, k, v, out, lse, dout.contiguous(), **ctx.flags)
+        with in_scope(ctx.scope):
+            dq, dk, dv = ad.backward(q, k, v, out, lse, dout.contiguous(), **ctx.flags)
         return dq, dk, dv, None

@@ -266,8 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
-        help="explain the choice for a call captured into a CUDA graph (or traced by "
-        "torch.compile), whose priorities may differ from eager calls",
+        help="explain the choice for a call captured into a CUDA graph, whose priorities may "
+        "differ from eager calls (torch.compile alone runs the eager choice)",
     )
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("demo", help="pick, run and verify a GQA causal backward on this machine")

@@ -79,6 +79,16 @@ def test_make_inputs_raises_the_dispatchers_errors():
             call(q, q, q, q, lse, q, softcap=1e39)
 
 
+def test_make_inputs_deterministic_none_follows_torch_as_dispatch_does():
+    q = meta(1, 16, 2, 8)
+    assert adb.make_inputs(q, q, q, deterministic=None).deterministic is False
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert adb.make_inputs(q, q, q, deterministic=None).deterministic is True
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_make_inputs_band_has_sides_that_reach_every_key_unbounded():
     q = meta(1, 16, 2, 8)
     inp = adb.make_inputs(q, q, q, window=(sys.maxsize, 4), causal=True)

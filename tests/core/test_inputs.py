@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 
 import pytest
 import torch
-from dispatch_helpers import EXACT, make_inputs
+from dispatch_helpers import EXACT, TOYS, make_inputs, tag_of
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
+from attn_dispatch.testing import visible_mask
 
 
 def _dense_call(**changes):
@@ -188,13 +190,13 @@ def test_deterministic_none_follows_torch(env, toys):
 @pytest.mark.parametrize(
     ("sq", "sk", "align", "window", "expected"),
     [
-        # top-left: left reaches every key from Sq on, right from Sk on
-        (6, 5, "top_left", (6, 5), None),
-        (6, 5, "top_left", (5, 4), (5, 4)),
+        # top-left: left reaches every key from Sq - 1 on, right from Sk - 1 on
+        (6, 5, "top_left", (5, 4), None),
+        (6, 5, "top_left", (4, 3), (4, 3)),
         (6, 5, "top_left", (0, sys.maxsize), (0, None)),
-        # bottom-right: left from Sk on, right from Sq on
-        (6, 5, "bottom_right", (5, 6), None),
-        (6, 5, "bottom_right", (4, 5), (4, 5)),
+        # bottom-right: left from Sk - 1 on, right from Sq - 1 on
+        (6, 5, "bottom_right", (4, 5), None),
+        (6, 5, "bottom_right", (3, 4), (3, 4)),
         (6, 3, "bottom_right", (sys.maxsize, 4), (None, 4)),
         (6, 5, "top_left", (2**64, 0), (None, 0)),
     ],
@@ -208,6 +210,39 @@ def test_window_side_that_reaches_every_key_is_unbounded(env, sq, sk, align, win
     assert inp.window == expected
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_a_window_side_is_kept_exactly_when_it_hides_a_key(env, causal, align):
+    """Every side at every small length: dropped (None) exactly when the mask without it is the
+    same, so a kept side always hides a key the call's causal mask does not."""
+    for sq, sk in itertools.product(range(1, 6), repeat=2):
+        q, k, v, *_ = make_inputs(sq=sq, sk=sk)
+        for left, right in itertools.product([None, *range(7)], repeat=2):
+            window = (left, right)
+            inp = adb.make_inputs(q, k, v, causal=causal, causal_align=align, window=window)
+            mask = visible_mask(sq, sk, causal, align, window=window)
+            for side, name in ((0, "left"), (1, "right")):
+                if window[side] is None:
+                    continue
+                without = (None, right) if side == 0 else (left, None)
+                hides = not torch.equal(mask, visible_mask(sq, sk, causal, align, window=without))
+                kept = inp.window is not None and inp.window[side] is not None
+                assert kept == hides, (sq, sk, window, name, inp.window)
+
+
+def test_a_window_that_hides_nothing_beyond_causal_runs_without_window_support(env):
+    """transformers' ``sliding_window=S`` at length S is ``window=(S - 1, 0)``: plain causal
+    attention, which an implementation without windows takes."""
+    env.set(**TOYS)
+    inputs = make_inputs(sq=8)
+    assert adb.make_inputs(*inputs, causal=True, window=(7, 0)).window is None
+    report = ad.explain(*inputs, causal=True, window=(7, 0))
+    assert report.selected == "toy:nondet", str(report)
+    assert tag_of(ad.backward(*inputs, causal=True, window=(7, 0))) == 3.0
+    report = ad.explain(*inputs, causal=True, window=(6, 0))
+    assert report.selected is None  # no toy declares windows
+
+
 def test_varlen_window_reach_is_taken_from_the_longest_sequences(env):
     args, flags = _varlen_call()  # max_seqlen_q=4, max_seqlen_k=5
     inp = adb.make_inputs(
@@ -218,10 +253,10 @@ def test_varlen_window_reach_is_taken_from_the_longest_sequences(env):
         causal_align="top_left",
         scale=None,
         deterministic=False,
-        window=(4, 4),
+        window=(3, 3),
         **flags,
     )
-    assert inp.window == (None, 4)
+    assert inp.window == (None, 3)
 
 
 @pytest.mark.parametrize(

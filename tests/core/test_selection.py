@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import threading
+import types
 import warnings
 
 import pytest
@@ -168,17 +169,24 @@ def test_priority_can_depend_on_the_inputs(toys):
     assert report.selected == "toy:slow"
 
 
+def _capturing(monkeypatch, on: bool) -> None:
+    """What a CUDA stream capture looks like to the execution probe, without a GPU."""
+    monkeypatch.setattr(ad._execution, "_cuda_capturing", lambda: on)
+    monkeypatch.setattr(ad._execution, "_cuda_state", types.SimpleNamespace(_initialized=True))
+    monkeypatch.setattr(ad._execution, "_cuda_bad_fork", lambda: False)
+
+
 def test_priority_can_depend_on_the_execution_mode(toys, monkeypatch):
-    """toy:graph_only ranks first only for captured (or compiled) calls; the same signature
-    gets its own decision per mode, through the guard and the dictionary alike."""
+    """toy:graph_only ranks first only for captured calls; the same signature gets its own
+    decision per mode, through the guard and the dictionary alike."""
     inputs = make_inputs()
     assert tag_of(ad.backward(*inputs)) == NONDET
     assert tag_of(ad.backward(*inputs)) == NONDET  # now served by the guard
-    monkeypatch.setattr(ad._execution, "_compiling", lambda: True)
+    _capturing(monkeypatch, True)
     assert ad._execution.current_execution() == "graph"
     assert tag_of(ad.backward(*inputs)) == GRAPH_ONLY
     assert tag_of(ad.backward(*inputs)) == GRAPH_ONLY
-    monkeypatch.setattr(ad._execution, "_compiling", lambda: False)
+    _capturing(monkeypatch, False)
     assert tag_of(ad.backward(*inputs)) == NONDET
     assert len(ad._settings.current().decisions) == 2
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
@@ -186,7 +194,7 @@ def test_priority_can_depend_on_the_execution_mode(toys, monkeypatch):
     varlen.append(inputs[5][0])
     flags = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=5, max_seqlen_k=5)
     assert tag_of(ad.backward(*varlen, **flags)) == NONDET
-    monkeypatch.setattr(ad._execution, "_compiling", lambda: True)
+    _capturing(monkeypatch, True)
     assert tag_of(ad.backward(*varlen, **flags)) == GRAPH_ONLY
 
 
@@ -360,6 +368,7 @@ def test_forced_project_backend_not_installed_says_how_to_install(env, monkeypat
 
 GATE = """
 import threading
+import types
 
 ENTERED, RELEASE = threading.Event(), threading.Event()
 

@@ -12,6 +12,7 @@ import pytest
 from dispatch_helpers import EXACT, make_inputs, tag_of
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 
 
 def test_use_backend_does_not_leak_between_threads(toys):
@@ -111,10 +112,101 @@ def test_debug_variable_is_a_boolean(env, value, on):
     assert ad._settings.current().debug is on
 
 
-def test_debug_variable_garbage_is_warned_about_and_off(env):
-    with pytest.warns(UserWarning, match="ATTN_DISPATCH_DEBUG='maybe' is not a boolean"):
-        env.set(ATTN_DISPATCH_DEBUG="maybe")
-    assert ad._settings.current().debug is False
+@pytest.mark.parametrize("value", ["maybe", "", " ", "2", "tru", "on off"])
+def test_debug_variable_garbage_is_an_error_naming_it(env, value):
+    with pytest.raises(ad.SettingError, match=f"ATTN_DISPATCH_DEBUG={value!r} is not a boolean"):
+        env.set(ATTN_DISPATCH_DEBUG=value)
+
+
+@pytest.mark.parametrize(
+    "value, on",
+    [
+        *((v, True) for v in ("1", "true", "True", "YES", "on", " 1", "yes\n")),
+        *((v, False) for v in ("0", "false", "FALSE", "No", "off", " off ")),
+    ],
+)
+def test_env_flag_reads_every_spelling_of_a_boolean(value, on):
+    assert adb.env_flag("ATTN_DISPATCH_X", not on, {"ATTN_DISPATCH_X": value}) is on
+
+
+@pytest.mark.parametrize("default", [True, False])
+def test_env_flag_unset_is_its_default(default):
+    assert adb.env_flag("ATTN_DISPATCH_X", default, {}) is default
+
+
+@pytest.mark.parametrize("value", ["", "  ", "2", "y", "enable", "truee", "1 0"])
+def test_env_flag_refuses_anything_else_naming_the_variable_and_the_values(value):
+    with pytest.raises(ad.SettingError) as info:
+        adb.env_flag("ATTN_DISPATCH_X", True, {"ATTN_DISPATCH_X": value})
+    assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert message.startswith(f"ATTN_DISPATCH_X={value!r} is not a boolean")
+    assert "1, true, yes, on or 0, false, no, off" in message
+
+
+# A plugin whose implementation ranks itself by a boolean variable of its own (as FA4's replay
+# setting does) at the given place: a bad value must reach the caller, never demote the
+# implementation to "failed" so that another one runs.
+READS_FLAG = """
+class ReadsFlag(Tagged):
+    name, tag, priority = "reads", 1.0, {{"*": 50}}
+
+    def {hook}(self, inp, arch, *rest):
+        adb.env_flag("ATTN_DISPATCH_FLAGGED_FAST", True)
+        return {result}
+"""
+
+
+@pytest.mark.parametrize("hook, result", [("supports", "[]"), ("priority_for_execution", "50")])
+def test_a_bad_variable_read_by_a_plugin_hook_is_the_callers_error(plugins, env, hook, result):
+    body = READS_FLAG.format(hook=hook, result=result)
+    plugins.backend("flagged", body, "[ReadsFlag(), Fallback()]")
+    env.set(ATTN_DISPATCH_PLUGINS="flagged")
+    assert tag_of(ad.backward(*make_inputs())) == 1.0
+    env.set(ATTN_DISPATCH_FLAGGED_FAST="maybe")
+    match = "ATTN_DISPATCH_FLAGGED_FAST='maybe' is not a boolean"
+    with pytest.raises(ad.SettingError, match=match):
+        ad.backward(*make_inputs())
+    with pytest.raises(ad.SettingError, match=match):
+        ad.explain(*make_inputs())
+    with pytest.raises(ad.SettingError, match=match):
+        with ad.use_backend("flagged:fallback"):  # forcing another one does not hide it either
+            ad.backward(*make_inputs(sq=12))
+
+
+def test_a_bad_variable_read_by_a_plugin_at_load_is_the_callers_error(plugins, env):
+    # its hook reads the variable, on every discovery
+    provides = '[Fallback()] if adb.env_flag("ATTN_DISPATCH_FLAGGED_FAST", True) else []'
+    plugins.backend("flagged", "", provides)
+    env.set(ATTN_DISPATCH_PLUGINS="flagged", ATTN_DISPATCH_FLAGGED_FAST="1")
+    with pytest.raises(ad.SettingError, match="ATTN_DISPATCH_FLAGGED_FAST='' is not a boolean"):
+        env.set(ATTN_DISPATCH_FLAGGED_FAST="")
+
+
+def test_explain_command_exits_with_a_bad_variable_named(plugins, env, capsys):
+    from attn_dispatch.tools import cli
+
+    hook = READS_FLAG.format(hook="priority_for_execution", result="50")
+    plugins.backend("flagged", hook, "[ReadsFlag(), Fallback()]")
+    env.set(ATTN_DISPATCH_PLUGINS="flagged", ATTN_DISPATCH_FLAGGED_FAST="yes please")
+    argv = ["explain", "--seqlen", "16", "--heads", "8", "--head-dim", "64"]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert "ATTN_DISPATCH_FLAGGED_FAST='yes please' is not a boolean" in captured.err
+    assert captured.out == ""
+
+
+def test_use_backend_name_dropped_by_a_reload_is_unknown(plugins, env):
+    """A reload inside the ``with`` that no longer loads the named backend: the next call says
+    the name is unknown (with the known ones), not that the backend cannot run the inputs."""
+    plugins.backend("gone", "", "[Fallback()]")
+    env.set(ATTN_DISPATCH_PLUGINS="gone")
+    with ad.use_backend("gone"):
+        assert tag_of(ad.backward(*make_inputs())) == 9.0
+        env.set(**EXACT)
+        for call in (ad.backward, ad.explain, ad.decide):
+            with pytest.raises(ad.UnknownBackendError, match="unknown backend 'gone'; known: "):
+                call(*make_inputs())
 
 
 def test_backend_variable_is_stripped(toys):

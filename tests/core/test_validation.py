@@ -9,6 +9,7 @@ import torch
 from dispatch_helpers import EXACT, make_inputs
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 from attn_dispatch.tools import cli
 
 
@@ -164,6 +165,26 @@ def test_validation_does_not_depend_on_the_cache(env, bad, error):
         call(*inputs, **good)
         with pytest.raises(error):
             call(*inputs, **bad)
+
+
+@pytest.mark.parametrize("align", [["top_left"], {"top_left": 1}, None, 1])
+def test_a_causal_align_of_another_type_is_named_by_every_entry_point(env, align):
+    """An unhashable value too: the flags are a cache key, looked up before validation."""
+    env.set(**EXACT)
+    q, k, v, out, lse, grad_out = make_inputs()
+    calls = {
+        "backward": lambda **kw: ad.backward(q, k, v, out, lse, grad_out, **kw),
+        "forward": lambda **kw: ad.forward(q, k, v, **kw),
+        "attention": lambda **kw: ad.attention(q, k, v, **kw),
+        "explain": lambda **kw: ad.explain(q, k, v, out, lse, grad_out, **kw),
+        "decide": lambda **kw: ad.decide(q, k, v, out, lse, grad_out, **kw),
+        "make_inputs": lambda **kw: adb.make_inputs(q, k, v, **kw),
+    }
+    for name, call in calls.items():
+        call(causal=True)  # a cached signature first: the check must not depend on the cache
+        with pytest.raises(ValueError, match="argument 'causal_align': expected one of") as info:
+            call(causal=True, causal_align=align)
+        assert repr(align) in str(info.value), name
 
 
 def test_max_seqlen_type_is_checked_after_caching(env):

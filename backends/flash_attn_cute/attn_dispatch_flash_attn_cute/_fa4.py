@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 import threading
 import time
@@ -163,7 +162,13 @@ _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device
 
 
 def plan_for(kind: str, inp: adb.ForwardInputs) -> Plan:
-    """The cached :class:`Plan` of ``inp``'s signature (made on its first call)."""
+    """The cached :class:`Plan` of ``inp``'s signature (made on its first call).
+
+    The replay setting is part of the key: after ``ad.reload()`` the dispatcher's decisions
+    carry new facts, so no learned replay serves them, and their plans (equal facts) are found
+    again only under the setting in force now. The look-up runs on a signature's first call
+    and on varlen calls, which pay FA4's host code anyway."""
+    replay = replay_enabled()
     key = (
         kind,
         inp.facts,
@@ -171,13 +176,14 @@ def plan_for(kind: str, inp: adb.ForwardInputs) -> Plan:
         inp.causal_align,
         inp.deterministic,
         inp.cu_seqlens_q is inp.cu_seqlens_k,
+        replay,
     )
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
         kwargs = _fixed_kwargs(kind, inp)
-        plan = _plans[key] = Plan(kind, variant_of(inp, kind), kwargs, replay_enabled())
+        plan = _plans[key] = Plan(kind, variant_of(inp, kind), kwargs, replay)
     return plan
 
 
@@ -302,12 +308,9 @@ REPLAY_VARIABLE = "ATTN_DISPATCH_FA4_REPLAY"
 
 
 def replay_enabled() -> bool:
-    """``ATTN_DISPATCH_FA4_REPLAY``: ``1`` (the default) replays FA4's host code per signature,
-    ``0`` runs it on every call."""
-    value = os.environ.get(REPLAY_VARIABLE, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{REPLAY_VARIABLE}={value!r}: expected '0' or '1'")
-    return value == "1"
+    """``ATTN_DISPATCH_FA4_REPLAY``, a boolean (``adb.env_flag``): on (the default) replays
+    FA4's host code per signature, off runs it on every call; a bad value raises naming it."""
+    return adb.env_flag(REPLAY_VARIABLE, True)
 
 
 def _remember(ready: dict, inp: adb.ForwardInputs, plan: Plan) -> None:

@@ -19,6 +19,7 @@ import torch
 from attn_dispatch_flash_attn_cute import _fa4, _replay
 from toy_fa4 import ToyFA4
 
+from attn_dispatch import backend as adb
 from attn_dispatch.backend import make_inputs
 from attn_dispatch.testing.oracle import oracle
 from attn_dispatch.testing.tolerances import error_metrics, tolerance_for
@@ -316,19 +317,47 @@ def test_recordings_that_disagree_leave_the_host_code_on(toy_fa4, monkeypatch, c
     assert "host code runs on every call (two calls did different work)" in caplog.text
 
 
-def test_replay_can_be_switched_off(toy_fa4, monkeypatch):
-    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, "0")
+@pytest.mark.parametrize("off", ["0", "false", "OFF", "no"])
+def test_replay_can_be_switched_off(toy_fa4, monkeypatch, off):
+    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, off)
     first = signature_inputs(qkv(0))
     for seed in range(4):
         _fa4.forward(first if seed == 0 else signature_inputs(qkv(seed), like=first))
     assert toy_fa4.host_calls == ["fwd"] * 4
 
 
-def test_a_bad_replay_setting_is_named(toy_fa4, monkeypatch):
-    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, "yes")
-    with pytest.raises(ValueError, match="ATTN_DISPATCH_FA4_REPLAY='yes': expected '0' or '1'"):
+@pytest.mark.parametrize("on", ["1", "true", "Yes", "on"])
+def test_replay_is_on_for_every_spelling_of_true(toy_fa4, monkeypatch, on):
+    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, on)
+    learned_forward(toy_fa4)
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "2"])
+def test_a_bad_replay_setting_is_named(toy_fa4, monkeypatch, value):
+    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, value)
+    message = f"ATTN_DISPATCH_FA4_REPLAY={value!r} is not a boolean"
+    with pytest.raises(adb.SettingError, match=message):
         _fa4.forward(signature_inputs(qkv(0)))
     assert toy_fa4.host_calls == []
+
+
+def test_replay_switched_off_then_reloaded_stops_a_learned_replay(toy_fa4, monkeypatch):
+    """After ``ad.reload()`` the dispatcher's decisions carry new facts (equal values, another
+    object): the plan found for them is the one of the setting now in force."""
+    learned_forward(toy_fa4)
+    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, "0")
+    reloaded = signature_inputs(qkv(10))  # the facts a decision made after the reload holds
+    for seed in range(10, 15):
+        q, k, v = qkv(seed)
+        inp = reloaded if seed == 10 else signature_inputs((q, k, v), like=reloaded)
+        out, _ = _fa4.forward(inp)
+        assert_close(out, oracle(q, k, v, causal=True, causal_align="bottom_right").out)
+    assert toy_fa4.host_calls == ["fwd"] * (3 + 5)  # every call after the reload runs FA4's
+    monkeypatch.setenv(_fa4.REPLAY_VARIABLE, "1")
+    again = signature_inputs(qkv(20))
+    for seed in range(20, 24):
+        _fa4.forward(again if seed == 20 else signature_inputs(qkv(seed), like=again))
+    assert toy_fa4.host_calls == ["fwd"] * (3 + 5 + 3)  # on again: planned, recorded twice
 
 
 def test_a_replayed_call_enters_no_function_of_fa4s_host_code(toy_fa4):

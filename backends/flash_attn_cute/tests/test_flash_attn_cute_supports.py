@@ -490,6 +490,18 @@ def test_sm90_short_backward_whose_host_code_runs_every_call_ranks_low_eager(mon
     assert dense_eager.selected == "torch_sdpa:cudnn"
 
 
+@pytest.mark.parametrize("value", ["maybe", "", "2"])
+def test_a_bad_replay_setting_is_an_error_never_another_backend(monkeypatch, value):
+    """FA4's priority reads the setting: a bad value must reach the caller rather than mark FA4
+    failed and let cuDNN run."""
+    monkeypatch.setenv("ATTN_DISPATCH_FA4_REPLAY", value)
+    ad.reload()
+    args = dense(1024, h=8, hkv=8)
+    message = f"ATTN_DISPATCH_FA4_REPLAY={value!r} is not a boolean"
+    with pytest.raises(ad.SettingError, match=message):
+        explain(args, "sm_90", causal=True, execution="eager")
+
+
 def test_sm90_forward_keeps_the_arch_priority_at_small_shapes():
     q, k, v, *_ = dense(1024)
     report = ad.explain(q, k, v, arch="sm_90")

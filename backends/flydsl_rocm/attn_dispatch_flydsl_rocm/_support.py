@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 import torch
@@ -19,8 +18,6 @@ FLYDSL_REQUIREMENT = "flydsl>=0.4.2,<0.6"
 # Set to 1 where FlyDSL is installed on purpose (CI): a missing or out-of-range FlyDSL then fails
 # the compile tests instead of skipping them, so a green run always means they ran.
 REQUIRE_FLYDSL_ENV = "ATTN_DISPATCH_REQUIRE_FLYDSL"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 # Head dims the kernels' tiles are written for (D == Dv).
 HEAD_DIMS = range(32, 257, 32)
@@ -41,14 +38,9 @@ def oldest_flydsl() -> str:
 
 
 def flydsl_required(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``ATTN_DISPATCH_REQUIRE_FLYDSL`` asks for FlyDSL to be present and in range."""
-    raw = (os.environ if environ is None else environ).get(REQUIRE_FLYDSL_ENV, "")
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{REQUIRE_FLYDSL_ENV}={raw!r} is not a boolean (use 1 or 0)")
+    """Whether ``ATTN_DISPATCH_REQUIRE_FLYDSL`` (a boolean, ``adb.env_flag``) asks for FlyDSL
+    to be present and in range."""
+    return adb.env_flag(REQUIRE_FLYDSL_ENV, False, environ)
 
 
 def flydsl_test_gate(

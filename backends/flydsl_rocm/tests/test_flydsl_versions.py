@@ -28,7 +28,7 @@ def test_one_range_everywhere():
     assert spec.findall((BACKEND / "ci_setup.sh").read_text()) == [FLYDSL_REQUIREMENT]
 
 
-@pytest.mark.parametrize("value", ["", "0", "false", "no"])
+@pytest.mark.parametrize("value", ["0", "false", "no", " OFF"])
 def test_not_required_skips(value):
     env = {REQUIRE_FLYDSL_ENV: value}
     assert not flydsl_required(env)
@@ -50,9 +50,15 @@ def test_in_range_runs_either_way():
     assert flydsl_test_gate(None, {REQUIRE_FLYDSL_ENV: "1"}) == ("run", "")
 
 
-def test_bad_value_is_named():
-    with pytest.raises(ValueError, match="ATTN_DISPATCH_REQUIRE_FLYDSL='maybe' is not a boolean"):
-        flydsl_required({REQUIRE_FLYDSL_ENV: "maybe"})
+def test_unset_is_not_required():
+    assert not flydsl_required({})
+
+
+@pytest.mark.parametrize("value", ["maybe", ""])
+def test_bad_value_is_named(value):
+    message = f"ATTN_DISPATCH_REQUIRE_FLYDSL={value!r} is not a boolean"
+    with pytest.raises(ValueError, match=message):
+        flydsl_required({REQUIRE_FLYDSL_ENV: value})
 
 
 def _pytest_with_flydsl_060(tmp_path: Path, require: str) -> subprocess.CompletedProcess:

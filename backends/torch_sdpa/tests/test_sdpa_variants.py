@@ -81,10 +81,9 @@ def test_window_keywords_passed_to_the_ops(kwargs, expected):
     [
         dict(window=(64, 16)),
         dict(sq=128, sk=512, window=(64, 16)),
-        dict(sq=128, sk=512, window=(None, 3), causal=True),
+        dict(sq=128, sk=512, window=(64, 3), causal=True),
         dict(sq=301, sk=300, window=(10, None)),  # Sk >= Sq - 1: the clamp is exact
         dict(sq=400, sk=300, window=(10, 5)),  # a bounded right side below Sk is exact
-        dict(sq=400, sk=300, window=(None, 399)),  # unbounded for the kernel, 399 >= Sq - 1
         dict(window=(3, 3), align="top_left"),  # Sq == Sk: the alignments agree
         dict(sq=96, sk=128, window=(5, 1), varlen="distinct"),
         dict(sq=96, sk=96, window=(5, 1), align="top_left", varlen="same"),
@@ -94,6 +93,20 @@ def test_flash_accepts_windows_it_computes_exactly(kwargs):
     inp = _inputs(**kwargs)
     assert Flash().supports(inp, SM90) == []
     assert may_have_empty_rows(inp)  # a window may leave rows without keys
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(sq=400, sk=300, window=(None, 399)),  # 399 >= Sq - 1 reaches every key
+        dict(sq=128, sk=512, window=(None, 3), causal=True),  # causal hides more already
+        dict(sq=256, sk=256, window=(255, 0), causal=True),  # Sk - 1: plain causal
+    ],
+)
+def test_a_window_that_hides_no_key_reaches_flash_as_none(kwargs):
+    inp = _inputs(**kwargs)
+    assert inp.window is None
+    assert Flash().supports(inp, SM90) == [] and _window_kwargs(inp) == {}
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ The launcher call relies on the signatures of triton's ``CompiledKernel.run``,
 ``CudaLauncher.launch`` and its descriptor wrapper (``wrap_handle_tensordesc``,
 ``make_tensordesc_arg``), checked on the versions in :data:`VERIFIED_TRITON` on NVIDIA GPUs;
 elsewhere, under the interpreter, with launch hooks installed (profilers), or with
-``ATTN_DISPATCH_TRITON_PLANS=0``, every call takes the normal ``kernel[grid]`` path.
+``ATTN_DISPATCH_TRITON_PLANS`` off (a boolean: ``0``/``false``/``no``/``off``), every call
+takes the normal ``kernel[grid]`` path.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from attn_dispatch import backend as adb
+
+PLANS_VARIABLE = "ATTN_DISPATCH_TRITON_PLANS"
 VERIFIED_TRITON = ((3, 6),)
 MAX_PLANS = 512
 
@@ -43,10 +47,12 @@ N_VALUES = 16
 
 @functools.cache
 def plans_enabled() -> bool:
-    """Whether this triton and environment allow plans (NVIDIA, verified triton, no hooks)."""
+    """Whether this triton and environment allow plans (NVIDIA, verified triton, no hooks);
+    ``ATTN_DISPATCH_TRITON_PLANS`` is read once, with the core's boolean parser (a bad value
+    raises naming it, on every call until fixed: an exception is not cached)."""
     import triton
 
-    if os.environ.get("ATTN_DISPATCH_TRITON_PLANS", "1") == "0":
+    if not adb.env_flag(PLANS_VARIABLE, True):
         return False
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or torch.version.hip:
         return False

@@ -233,3 +233,32 @@ def test_every_launch_argument_of_the_launcher_has_a_plan_role(window, softcap, 
         assert recorder.launches, "no launch recorded"
         assert recorder.plan(launch.plan_extra) is not None
         recorder = _plan.Recorder()
+
+
+@pytest.fixture
+def plans_setting(monkeypatch):
+    """``plans_enabled`` read afresh, where nothing else turns plans off (no interpreter)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    _plan.plans_enabled.cache_clear()
+    yield monkeypatch
+    _plan.plans_enabled.cache_clear()
+
+
+@pytest.mark.parametrize("off", ["0", "false", "off", "no", "FALSE"])
+def test_plans_are_off_for_every_spelling_of_false(plans_setting, off):
+    import triton
+
+    plans_setting.setattr(triton, "__version__", "3.6.0")
+    plans_setting.setenv("ATTN_DISPATCH_TRITON_PLANS", off)
+    assert not _plan.plans_enabled()
+    plans_setting.setenv("ATTN_DISPATCH_TRITON_PLANS", "true")
+    _plan.plans_enabled.cache_clear()
+    assert _plan.plans_enabled()
+
+
+@pytest.mark.parametrize("value", ["", "2", "disabled"])
+def test_a_bad_plans_setting_is_named(plans_setting, value):
+    plans_setting.setenv("ATTN_DISPATCH_TRITON_PLANS", value)
+    with pytest.raises(adb.SettingError, match=f"ATTN_DISPATCH_TRITON_PLANS={value!r} is not"):
+        _plan.plans_enabled()

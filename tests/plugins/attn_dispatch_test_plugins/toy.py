@@ -77,7 +77,7 @@ class HostSync(_Tagged):
 
 
 class GraphOnly(_Tagged):
-    """Ranked first for calls captured into a CUDA graph (or traced by torch.compile), and not
+    """Ranked first for calls captured into a CUDA graph, and not
     ranked at all in eager calls (there it runs only when forced): a kernel whose host cost
     only a graph replay hides."""
 
