@@ -40,9 +40,12 @@ from .conformance import Unsupported, check_backward, check_forward
 from .oracle import OracleResult, oracle_of
 
 AUTO = "auto"  # the automatic choice, counted beside the forced implementations
-# Head dims models use, drawn half the time so their kernels compile once and stay covered; the
-# other half is any multiple of 8 up to 256, and an occasional head dim that is none.
+# Head dims models use, always in a run's pool of head dims (below).
 COMMON_HEAD_DIMS = (32, 64, 72, 80, 96, 112, 128, 256)
+# Each run draws its head dims from a pool: the common ones, this many other multiples of 8
+# and one value that is none. Every kernel compiles once per head dim, so a bounded pool keeps
+# a run's compile time bounded while the seeds, run after run, cover every head dim.
+OTHER_HEAD_DIMS = 5
 MAX_SCORES = 1 << 25  # B * H * Sq * Sk of one case: keeps the float64 oracle small and fast
 DTYPES = (torch.bfloat16, torch.bfloat16, torch.float16)
 
@@ -77,13 +80,13 @@ def _length(rng: random.Random, longest: int) -> int:
     return rng.randint(third, longest)
 
 
-def _head_dim(rng: random.Random, largest: int) -> int:
-    kind = rng.random()
-    if kind < 0.5:
-        return rng.choice([d for d in COMMON_HEAD_DIMS if d <= largest])
-    if kind < 0.95:
-        return 8 * rng.randint(1, largest // 8)
-    return rng.randint(8, largest)
+def head_dim_pool(rng: random.Random, largest: int) -> tuple[int, ...]:
+    """The head dims one run draws from (see :data:`OTHER_HEAD_DIMS`)."""
+    common = [d for d in COMMON_HEAD_DIMS if d <= largest]
+    others = [d for d in range(8, largest + 1, 8) if d not in common]
+    picked = rng.sample(others, min(OTHER_HEAD_DIMS, len(others)))
+    odd = rng.choice([d for d in range(8, largest + 1) if d % 8])
+    return tuple(sorted({*common, *picked, odd}))
 
 
 def _side(rng: random.Random, longest: int) -> int | None:
@@ -133,23 +136,25 @@ def draw_cases(
     The distribution: batch 1-4; dense (70%) or varlen (30%, some sequences empty or of length
     1); lengths 1 (6%), 2-64 (24%), a power of two 16-512 off by -1/+1/+3 (15%), up to a third
     of ``longest`` (40%), from there to ``longest`` (15%), Sq != Sk in 40% of dense cases; kv
-    heads 1-4 and a GQA group drawn uniformly from 1-``max_group``; head dim one of
-    :data:`COMMON_HEAD_DIMS` (50%), any multiple of 8 up to ``largest_head_dim`` (45%) or any
-    value 8-``largest_head_dim``; Dv != D in 15%;
+    heads 1-4 and a GQA group drawn uniformly from 1-``max_group``; head dim drawn uniformly
+    from :func:`head_dim_pool` (:data:`COMMON_HEAD_DIMS`, :data:`OTHER_HEAD_DIMS` other
+    multiples of 8 up to ``largest_head_dim`` and one value that is none, chosen by the seed);
+    Dv != D (from the same pool) in 15%;
     causal 50% (both alignments); a sliding window in 20% (each side unbounded, 0, up to 64 or
     up to ``longest``); a soft cap in 15%; a custom scale in 20%; a sliced or transposed layout
     in 25%; ``deterministic=True`` in 10%; bf16 (2/3) or f16. B * H * Sq * Sk is capped at
     :data:`MAX_SCORES` by halving the lengths.
     """
     rng = random.Random(seed)
+    pool = head_dim_pool(rng, largest_head_dim)
     drawn = []
     for index in range(n):
         batch = rng.randint(1, 4)
         varlen = rng.random() < 0.3
         sq, sk = _lengths(rng, batch, varlen, longest)
         kv = rng.randint(1, 4)
-        d = _head_dim(rng, largest_head_dim)
-        dv = _head_dim(rng, largest_head_dim) if rng.random() < 0.15 else d
+        d = rng.choice(pool)
+        dv = rng.choice(pool) if rng.random() < 0.15 else d
         causal = rng.random() < 0.5
         args = _fit(
             dict(

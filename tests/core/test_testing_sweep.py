@@ -24,7 +24,12 @@ def test_the_distribution_covers_what_it_promises() -> None:
     assert groups == set(range(1, 17))
     assert {c.causal_align for c in cases if c.causal} == {"top_left", "bottom_right"}
     assert any(c.head_dim % 8 for c in cases) and any(c.head_dim != c.dv for c in cases)
-    assert {c.head_dim for c in cases} >= set(sweep.COMMON_HEAD_DIMS)
+    dims = {c.head_dim for c in cases}
+    assert dims >= set(sweep.COMMON_HEAD_DIMS)
+    assert len(dims) == len(sweep.COMMON_HEAD_DIMS) + sweep.OTHER_HEAD_DIMS + 1
+    # other seeds, other head dims: every multiple of 8 up to 256 within a few runs
+    seen = {c.case.head_dim for seed in range(40) for c in sweep.draw_cases(60, seed)}
+    assert seen >= set(range(8, 257, 8))
     assert any(1 in c.seqlens_q for c in cases) and any(c.window for c in cases)
     assert any(c.softcap for c in cases) and any(c.varlen and 0 in c.seqlens_q for c in cases)
     assert any(not c.varlen and c.seqlens_q != c.seqlens_k for c in cases)
