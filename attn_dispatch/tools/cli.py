@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -240,18 +241,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="installed backends, implementations and priorities")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("explain", help="why each implementation would or would not run a shape")
-    p.add_argument("--arch", type=_arch, default=None, help="e.g. sm_90, gfx942, gfx950, cpu")
-    p.add_argument("--batch", type=nonnegative_int, default=1)
+    p.add_argument(
+        "--arch",
+        type=_arch,
+        default=None,
+        help="e.g. sm_90, gfx942, gfx950, cpu (default: this machine's: the current GPU's "
+        "arch, else cpu; ATTN_DISPATCH_ARCH overrides the detection)",
+    )
+    p.add_argument("--batch", type=nonnegative_int, default=1, help="default: 1")
     p.add_argument("--seqlen", type=nonnegative_int, required=True)
     p.add_argument("--seqlen-k", type=nonnegative_int, default=None, help="default: --seqlen")
     p.add_argument("--heads", type=positive_int, required=True)
     p.add_argument("--kv-heads", type=positive_int, default=None, help="default: --heads")
     p.add_argument("--head-dim", type=positive_int, required=True)
     p.add_argument("--head-dim-v", type=positive_int, default=None, help="default: --head-dim")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="default: bf16")
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--causal-align", choices=("top_left", "bottom_right"), default="top_left")
-    p.add_argument("--scale", type=float, default=None)
+    p.add_argument(
+        "--causal-align",
+        choices=("top_left", "bottom_right"),
+        default="top_left",
+        help="default: top_left",
+    )
+    p.add_argument("--scale", type=float, default=None, help="default: 1/sqrt(head dim)")
     p.add_argument(
         "--window",
         type=_window,
@@ -272,9 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("demo", help="pick, run and verify a GQA causal backward on this machine")
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even if a GPU is present")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None)
-    p.add_argument("--repeats", type=positive_int, default=5)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on a GPU, else f32"
+    )
+    p.add_argument("--repeats", type=positive_int, default=5, help="default: 5")
+    p.add_argument("--seed", type=int, default=0, help="default: 0")
     sub.add_parser(
         "bench",
         help="time every implementation on a shape sweep (see bench --help)",
@@ -290,6 +304,22 @@ def main(argv: list[str] | None = None) -> int:
     ``ATTN_DISPATCH_ARCH``, inputs no backend takes), are one line on stderr and status 2.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        status = _run(argv)
+        # Flushed here, inside the handler below: a pipe closed by its reader (`| head -1`)
+        # would otherwise fail at the interpreter's own flush, outside any handler.
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # The reader has all it wanted. Python's documented recipe: point stdout at devnull so
+        # the interpreter's last flush writes nowhere, and exit as a command cut short by a
+        # closed pipe does (1, without a traceback).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _run(argv: list[str]) -> int:
     try:
         if argv[:1] == ["bench"]:
             return bench.main(argv[1:])

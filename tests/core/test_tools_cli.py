@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -122,3 +123,26 @@ def test_explain_window_side_beyond_int64_is_unbounded(env, capsys):
     argv = ["explain", "--arch", "cpu", "--seqlen", "8", "--heads", "2", "--head-dim", "16"]
     assert cli.main(argv + ["--window", f"0,{2**64}", "--json"]) == 0
     assert "window=(0, None)" in "\n".join(json.loads(capsys.readouterr().out)["inputs"])
+
+
+def test_output_cut_short_by_the_reader_ends_quietly(env):
+    """`attn-dispatch list | head -1`: a reader that closes the pipe early gets no traceback."""
+    run_env = dict(os.environ, ATTN_DISPATCH_PLUGINS="reference")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attn_dispatch", "list"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=run_env,
+    )
+    proc.stdout.close()  # before the command writes anything: its first write meets a closed pipe
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err.decode()
+    assert err.decode() == ""
+
+
+def test_explain_help_shows_the_defaults(env, capsys):
+    assert cli.main(["explain", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--arch ARCH e.g. sm_90, gfx942, gfx950, cpu (default: this machine's" in text
+    assert "--batch BATCH default: 1" in text
+    assert "--dtype {bf16,f16,f32,f64,fp16,fp32} default: bf16" in text
