@@ -51,6 +51,12 @@ from ._args import PROG, Parser, nonnegative_int, positive_int
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
+# The sizes an option not given takes: the seed grid on a GPU; on the CPU, where the reference
+# backend is the only candidate and the seed grid would take hours, a sweep of seconds.
+SIZE_DEFAULTS = {
+    "cuda": {"seqlens": DEFAULT_SEQLENS, "heads": "64,8", "head_dim": "128", "dtype": "bf16"},
+    "cpu": {"seqlens": "128,256", "heads": "4", "head_dim": "64", "dtype": "fp32"},
+}
 L2_FALLBACK_BYTES = 60 * 2**20
 AUTO, DIRECT = "auto", "direct"
 
@@ -141,18 +147,19 @@ def _device(text: str) -> torch.device:
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=f"{PROG} bench", description=__doc__.split("\n")[0])
-    p.add_argument("--batch", type=positive_int, default=1)
+    gpu, cpu = SIZE_DEFAULTS["cuda"], SIZE_DEFAULTS["cpu"]
+    p.add_argument("--batch", type=positive_int, default=1, help="default: 1")
     p.add_argument(
         "--seqlens",
         type=_ints,
-        default=_ints(DEFAULT_SEQLENS),
-        help=f"comma list of Sq=Sk (default {DEFAULT_SEQLENS})",
+        default=None,
+        help=f"comma list of Sq=Sk (default {gpu['seqlens']}; on the CPU {cpu['seqlens']})",
     )
     p.add_argument(
         "--heads",
         type=_ints,
-        default=[64, 8],
-        help="comma list of query head counts (default 64,8)",
+        default=None,
+        help=f"comma list of query head counts (default {gpu['heads']}; on the CPU {cpu['heads']})",
     )
     p.add_argument(
         "--kv-heads",
@@ -160,8 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma list paired with --heads, or one value for all (default 8, or H when H < 8)",
     )
-    p.add_argument("--head-dim", type=positive_int, default=128)
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument(
+        "--head-dim",
+        type=positive_int,
+        default=None,
+        help=f"default: {gpu['head_dim']}; on the CPU {cpu['head_dim']}",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help=f"default: {gpu['dtype']}; on the CPU {cpu['dtype']}",
+    )
     causal = p.add_mutually_exclusive_group()
     causal.add_argument(
         "--causal",
@@ -213,6 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH", help="PNG of TFLOP/s vs seqlen (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
+
+
+def apply_size_defaults(args: argparse.Namespace, device: torch.device) -> list[str]:
+    """Give the size options left out (``None``) their defaults for ``device``'s type; returns
+    those options as command-line words (``["--heads", "8", ...]``)."""
+    parse = {"seqlens": _ints, "heads": _ints, "head_dim": positive_int, "dtype": str}
+    given = []
+    for name, text in SIZE_DEFAULTS["cuda" if device.type == "cuda" else "cpu"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, parse[name](text))
+            given += ["--" + name.replace("_", "-"), text]
+    return given
 
 
 def shapes_from(args: argparse.Namespace) -> list[Shape]:
@@ -798,11 +827,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.device is None:
         args.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = args.device
+    defaulted = apply_size_defaults(args, device)
     shapes = check_args(parser, args)
 
     def log(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
+
+    if device.type == "cpu" and defaulted:
+        gpu = " ".join(
+            f"--{name.replace('_', '-')} {text}" for name, text in SIZE_DEFAULTS["cuda"].items()
+        )
+        log(
+            f"on the CPU (the reference backend only) the sizes not given are CPU-sized: "
+            f"{' '.join(defaulted)} (the GPU sweep is {gpu})"
+        )
 
     env = environment(device)
     env["timing"] = "cuda-graphs" if args.cuda_graphs else "eager"

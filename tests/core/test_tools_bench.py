@@ -12,15 +12,40 @@ from dispatch_helpers import tag_of
 from attn_dispatch.tools import bench
 
 
+def _default_shapes(argv: list[str], device: str) -> list[bench.Shape]:
+    args = bench.build_parser().parse_args(argv)
+    bench.apply_size_defaults(args, torch.device(device))
+    return bench.shapes_from(args)
+
+
 def test_default_sweep_is_the_seed_grid():
-    shapes = bench.shapes_from(bench.build_parser().parse_args([]))
+    shapes = _default_shapes([], "cuda")
     assert len(shapes) == 20
     assert {(s.heads, s.kv_heads) for s in shapes} == {(64, 8), (8, 8)}
     assert sorted({s.seqlen for s in shapes}) == [1024, 2048, 4096, 8192, 16384]
     assert {s.causal for s in shapes} == {True, False}
     assert all(s.batch == 1 and s.head_dim == 128 and s.dtype == "bf16" for s in shapes)
-    only = bench.shapes_from(bench.build_parser().parse_args(["--causal", "--heads", "4"]))
+    only = _default_shapes(["--causal", "--heads", "4"], "cuda")
     assert all(s.causal and s.heads == 4 and s.kv_heads == 4 for s in only)
+
+
+def test_default_sweep_on_the_cpu_is_cpu_sized():
+    """The reference backend alone on a CPU: the seed grid (S up to 16384) would take hours."""
+    shapes = _default_shapes([], "cpu")
+    assert sorted({s.seqlen for s in shapes}) == [128, 256]
+    assert {(s.heads, s.kv_heads, s.head_dim, s.dtype) for s in shapes} == {(4, 4, 64, "fp32")}
+    assert len(shapes) == 4
+    given = _default_shapes(["--seqlens", "2048", "--dtype", "bf16"], "cpu")
+    assert {(s.seqlen, s.dtype, s.heads) for s in given} == {(2048, "bf16", 4)}
+
+
+def test_cpu_defaults_are_announced_in_one_line(capsys):
+    argv = ["--device", "cpu", "--seqlens", "16", "--causal", "--repeats", "2", "--warmup", "1"]
+    assert bench.main(argv + ["--no-matmul", "--no-check"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "CPU-sized" in line]
+    assert len(notes) == 1, notes
+    assert "--heads 4 --head-dim 64 --dtype fp32 " in notes[0] and "--seqlens 16" not in notes[0]
+    assert "--seqlens 128,256" not in notes[0]  # the length was given
 
 
 def test_flops_formula():
