@@ -140,12 +140,20 @@ def test_allowlist_loads_only_named_plugins(env):
 
 
 def test_unknown_names_in_lists_warn(env):
-    with pytest.warns(UserWarning, match="'nosuch'"):
-        env.set(ATTN_DISPATCH_PLUGINS="reference,nosuch")
-    with pytest.warns(UserWarning, match="ATTN_DISPATCH_DISABLE names 'gone'"):
-        env.set(ATTN_DISPATCH_DISABLE="gone")
-    with pytest.warns(UserWarning, match="ATTN_DISPATCH_ENABLE names 'ghost:impl'"):
-        env.set(ATTN_DISPATCH_ENABLE="ghost:impl")
+    """Each reload reads every variable again, so it warns about every unknown name set."""
+    plugins = "ATTN_DISPATCH_PLUGINS names 'nosuch'"
+    disable = "ATTN_DISPATCH_DISABLE names 'gone'"
+    enable = "ATTN_DISPATCH_ENABLE names 'ghost:impl'"
+    for values, expected in (
+        ({"ATTN_DISPATCH_PLUGINS": "reference,nosuch"}, [plugins]),
+        ({"ATTN_DISPATCH_DISABLE": "gone"}, [plugins, disable]),
+        ({"ATTN_DISPATCH_ENABLE": "ghost:impl"}, [plugins, disable, enable]),
+    ):
+        with pytest.warns(UserWarning) as caught:
+            env.set(**values)
+        messages = [str(w.message) for w in caught]
+        assert sorted(m for m in expected if any(m in got for got in messages)) == sorted(expected)
+        assert len(messages) == len(expected), messages
 
 
 def test_broken_plugins_cost_only_themselves(toys):
