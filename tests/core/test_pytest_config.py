@@ -1,10 +1,15 @@
-"""The project's pytest configuration: skips report their reasons without extra options."""
+"""The project's pytest configuration: skips report their reasons without extra options, the
+test plugins' deliberate failures stay out of the summary, caches stay in the clone."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,3 +66,45 @@ def test_only_the_on_purpose_plugin_failures_are_filtered(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 warnings" in done.stdout and "broken_hook" not in done.stdout, done.stdout
     assert "'mine' failed to load" in done.stdout and "something else" in done.stdout, done.stdout
+
+
+def _root_conftest():
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_caches_go_under_the_clone_unless_the_user_chose_a_place(tmp_path):
+    module = _root_conftest()
+    environ = {"TRITON_CACHE_DIR": str(tmp_path / "mine"), "XDG_CACHE_HOME": ""}
+    routed = module.route_caches(environ)
+    assert (
+        environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine") and "TRITON_CACHE_DIR" not in routed
+    )
+    # Every cache the tests were seen to leave outside the clone: Triton's (~/.triton), the
+    # CUTLASS DSL's (<tmp>/<user>/cutlass_python_cache), pytest's (<tmp>/pytest-of-<user>),
+    # torch.compile's, the backends' own (~/.cache/attn_dispatch_*).
+    for name in (
+        "TRITON_HOME",
+        "CUTE_DSL_CACHE_DIR",
+        "PYTEST_DEBUG_TEMPROOT",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "ATTN_DISPATCH_FLYDSL_CACHE",
+        "ATTN_DISPATCH_TRITON_CACHE",
+        "XDG_CACHE_HOME",
+    ):
+        path = Path(routed[name])
+        assert path.is_dir() and path.is_relative_to(ROOT / ".cache"), (name, path)
+    assert "/.cache/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_this_session_writes_its_temporary_files_in_the_clone(tmp_path):
+    if os.environ["PYTEST_DEBUG_TEMPROOT"] != str(ROOT / ".cache" / "pytest"):
+        pytest.skip("PYTEST_DEBUG_TEMPROOT was set outside the test session")
+    assert tmp_path.is_relative_to(ROOT / ".cache" / "pytest")
+
+
+def test_triton_reads_the_routed_cache_directory():
+    knobs = pytest.importorskip("triton.knobs")
+    assert Path(knobs.cache.dir) == Path(os.environ["TRITON_CACHE_DIR"])

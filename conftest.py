@@ -1,0 +1,49 @@
+"""The test session's files stay in the clone: every cache the tests fill goes under `.cache/`.
+
+Set before any test module imports a compiler (this file is the first conftest pytest loads), and
+inherited by the subprocesses the tests start. A variable the user set is kept.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CACHE = Path(__file__).resolve().parent / ".cache"
+
+# Each default location named is outside the clone (a user's home or the shared temp directory).
+CACHE_VARIABLES = {
+    # Triton's compiled kernels (~/.triton/cache, over 100 MB after the cross-compile tests), and
+    # its home for dumps and overrides.
+    "TRITON_CACHE_DIR": CACHE / "triton" / "cache",
+    "TRITON_HOME": CACHE / "triton",
+    # NVIDIA's CUTLASS DSL, under FlashAttention-4 (<tmp>/<user>/cutlass_python_cache).
+    "CUTE_DSL_CACHE_DIR": CACHE / "cutlass_python_cache",
+    # FA4's own disk cache, used when FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1.
+    "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": CACHE / "flash_attention_cute_dsl",
+    # torch.compile (<tmp>/torchinductor_<user>).
+    "TORCHINDUCTOR_CACHE_DIR": CACHE / "torchinductor",
+    # This project's backends (~/.cache/attn_dispatch_flydsl, ~/.cache/attn_dispatch_triton).
+    "ATTN_DISPATCH_FLYDSL_CACHE": CACHE / "attn_dispatch_flydsl",
+    "ATTN_DISPATCH_TRITON_CACHE": CACHE / "attn_dispatch_triton",
+    # Anything else that follows the XDG convention (~/.cache: Hugging Face's hub directory).
+    "XDG_CACHE_HOME": CACHE / "xdg",
+    # pytest's tmp_path directories (<tmp>/pytest-of-<user>): pytest numbers them, keeps the
+    # last three runs' and locks them, as in its default place.
+    "PYTEST_DEBUG_TEMPROOT": CACHE / "pytest",
+}
+
+
+def route_caches(environ: dict[str, str] = os.environ) -> dict[str, str]:  # noqa: B006
+    """Point each variable of CACHE_VARIABLES that ``environ`` does not set at its directory
+    (created); returns the variables set."""
+    routed = {}
+    for name, path in CACHE_VARIABLES.items():
+        if environ.get(name):
+            continue
+        path.mkdir(parents=True, exist_ok=True)
+        environ[name] = routed[name] = str(path)
+    return routed
+
+
+route_caches()
