@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Install attn_dispatch for development into the project environment `.venv` at the repository
 # root (created on the first run; the interpreter it is made from is never installed into, so a
-# PEP 668 "externally managed" system python3 works). Safe to run again.
+# PEP 668 "externally managed" system python3 works). Safe to run again: what is installed and
+# unchanged is not installed again.
 # Usage: bash scripts/setup.sh [--minimal] [--system-site-packages]
 #   --minimal               only the core and the reference backend (enough for `attn-dispatch demo`)
 #   --system-site-packages  let .venv see the base interpreter's packages, so an existing CUDA/ROCm
-#                           torch is used instead of the CPU build (also ATTN_DISPATCH_SYSTEM_SITE=1)
-# PYTHON names the interpreter .venv is made from (default python3). The test plugins under
-# tests/plugins are not installed: the test session puts them on its own path (tests/conftest.py).
+#                           torch is used instead of installing one (also ATTN_DISPATCH_SYSTEM_SITE=1)
+# PYTHON names the interpreter .venv is made from (default python3). TORCH_INDEX_URL picks the
+# index torch is installed from (default: chosen for the machine, see "PyTorch" below).
+# Output: one "setup: ..." line per step, and pip's own output (with its progress bars) only for
+# steps that download something large. Downloads are cached in .cache/pip (PIP_CACHE_DIR), so
+# nothing is written outside the clone. The test plugins under tests/plugins are not installed:
+# the test session puts them on its own path (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 minimal=0
@@ -22,6 +27,12 @@ for arg in "$@"; do
 done
 BASE="${PYTHON:-python3}"
 VENV=.venv
+TORCH_VERSION=2.13.0
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+# triton for a torch that brings none (the CPU build): the release the H200 measurements used, so
+# CI checks the same compiler. A CUDA or ROCm torch pins its own triton, which is kept.
+TRITON_FOR_CPU_TORCH=3.6.0
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$PWD/.cache/pip}"
 
 # Debian/Ubuntu ship python3 without venv/ensurepip (package python3-venv): add it where we may.
 ensure_venv_module() {
@@ -50,30 +61,118 @@ fi
 PY="$PWD/$VENV/bin/python"
 # Scripts called from here (backends/flydsl_rocm/ci_setup.sh) install into the same environment.
 export PYTHON="$PY"
-pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
+# Small steps: quiet. Large downloads: pip's own output, progress bars included.
+pip_quiet() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
+pip_loud() { "$PY" -m pip install --disable-pip-version-check --progress-bar on "$@"; }
+installed() { "$PY" scripts/setup_installed.py check "$@"; }
+# Editable installs of this checkout, skipped when installed from here with the same pyproject.toml.
+install_projects() {
+  installed "$@" && return 0
+  local args=()
+  for dir in "$@"; do args+=(-e "$dir"); done
+  pip_quiet "${args[@]}"
+  "$PY" scripts/setup_installed.py record "$@"
+}
 
-# PyTorch: keep one the environment already sees (a CUDA/ROCm build through
-# --system-site-packages); else torch 2.13.0 from TORCH_INDEX_URL when set (the CPU-only wheels,
-# about 200 MB: https://download.pytorch.org/whl/cpu), else from pip's configured index.
-if ! "$PY" -c "import torch" 2>/dev/null; then
-  echo "setup: installing torch 2.13.0${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}"
-  pip_install "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+# PyTorch: keep one the environment already sees (installed earlier, or a CUDA/ROCm build of the
+# base interpreter through --system-site-packages); else install torch $TORCH_VERSION, the build
+# chosen for the machine and said in one line.
+index_reachable() {
+  "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
+    "$1/torch/" 2>/dev/null
+}
+install_torch() {
+  local index="" why
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    index="$TORCH_INDEX_URL"
+    why="from $index (TORCH_INDEX_URL)"
+  elif [ "$(uname -s)" != Linux ]; then
+    why="from PyPI (this OS's build: no CUDA libraries)"
+  elif [ -e /proc/driver/nvidia/version ] || nvidia-smi -L >/dev/null 2>&1; then
+    # PyPI's Linux torch 2.13.0 is the CUDA 13.0 build: the driver must run CUDA 13.
+    local cuda
+    cuda="$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9]*' | grep -o '[0-9]*$' || true)"
+    if [ -n "$cuda" ] && [ "$cuda" -lt 13 ]; then
+      echo "setup: this NVIDIA driver runs CUDA $cuda, PyPI's torch $TORCH_VERSION needs CUDA 13:" \
+        "update the driver, or set TORCH_INDEX_URL to PyTorch's index of a build it runs" \
+        "(https://download.pytorch.org/whl/cu12x, see https://pytorch.org/get-started/locally/)" >&2
+      exit 1
+    fi
+    why="with CUDA from PyPI: an NVIDIA driver is present (CUDA 13 libraries, several GB)"
+  elif [ -e /dev/kfd ]; then
+    # PyTorch's ROCm builds are on its own index, one per ROCm release (rocmX.Y).
+    local rocm
+    rocm="$(grep -o '^[0-9]*\.[0-9]*' /opt/rocm/.info/version 2>/dev/null || true)"
+    if [ -z "$rocm" ]; then
+      echo "setup: an AMD GPU driver is present (/dev/kfd) but no ROCm release was found in" \
+        "/opt/rocm/.info/version: set TORCH_INDEX_URL to PyTorch's index for your ROCm" \
+        "(https://download.pytorch.org/whl/rocmX.Y), or keep a ROCm torch you have with" \
+        "ATTN_DISPATCH_SYSTEM_SITE=1" >&2
+      exit 1
+    fi
+    index="https://download.pytorch.org/whl/rocm$rocm"
+    why="for ROCm $rocm from $index: an AMD GPU driver is present (/dev/kfd)"
+  elif index_reachable "$TORCH_CPU_INDEX"; then
+    index="$TORCH_CPU_INDEX"
+    why="CPU-only from $index: no NVIDIA or AMD GPU driver found (about 200 MB)"
+  else
+    why="from pip's configured index: no GPU driver found, but PyTorch's CPU index is not"
+    why="$why reachable ($TORCH_CPU_INDEX; on Linux x86-64 PyPI's build is CUDA's)"
+  fi
+  echo "setup: installing torch $TORCH_VERSION $why"
+  pip_loud "torch==$TORCH_VERSION" ${index:+--index-url "$index"}
+}
+if "$PY" -c "import torch" 2>/dev/null; then
+  echo "setup: torch $("$PY" -c 'import torch; print(torch.__version__)') is installed: kept"
+else
+  install_torch
 fi
-echo "setup: installing the core and the reference backend (and numpy, which torch imports)"
-pip_install "numpy" -e . -e backends/reference
+echo "setup: the core and the reference backend (and numpy, which torch imports)"
+installed numpy || pip_quiet numpy
+install_projects . backends/reference
 if [ "$minimal" = 1 ]; then exit 0; fi
 
-echo "setup: installing the other backends and test tools"
-# triton pinned to the release the H200 measurements used, so CI checks the same compiler.
-pip_install "pytest>=7" "ruff" "triton==3.6.0"
+echo "setup: test tools (pytest, ruff)"
+installed "pytest>=7" ruff || pip_quiet "pytest>=7" "ruff"
+# A CUDA or ROCm torch requires its own triton (PyPI's torch 2.13.0: triton==3.7.1; ROCm builds:
+# pytorch-triton-rocm, whose module is also named triton); a second pin would conflict with it.
+torch_triton="$("$PY" scripts/setup_installed.py torch-triton)"
+triton_backend=(backends/triton)
+case "$torch_triton" in
+  "")
+    echo "setup: triton $TRITON_FOR_CPU_TORCH (this torch brings none; the release measured on the H200)"
+    installed "triton==$TRITON_FOR_CPU_TORCH" || pip_loud "triton==$TRITON_FOR_CPU_TORCH"
+    ;;
+  pytorch-triton-rocm*)
+    # attn-dispatch-triton requires "triton", which pytorch-triton-rocm provides under another
+    # name: its other requirements are installed here and the package itself without them.
+    echo "setup: triton from torch's $torch_triton (kept)"
+    triton_backend=()
+    if ! installed backends/triton; then
+      pip_quiet --no-deps -e backends/triton
+      "$PY" scripts/setup_installed.py record backends/triton
+    fi
+    ;;
+  *)
+    echo "setup: triton as torch requires it ($torch_triton)"
+    installed "$torch_triton" || pip_loud "$torch_triton"
+    ;;
+esac
 # transformers pinned for tests/integrations (tiny models built from configs, no downloads).
-pip_install "transformers==5.17.0"
-pip_install -e backends/torch_sdpa -e backends/triton
+echo "setup: transformers 5.17.0 (for tests/integrations)"
+installed "transformers==5.17.0" || pip_loud "transformers==5.17.0"
+echo "setup: the torch_sdpa and triton backends"
+install_projects backends/torch_sdpa "${triton_backend[@]}"
 # FlashAttention-4 with its real dependency (flash-attn-4 and the CUTLASS DSL): its CPU tests
 # check supports/explain and compile FA4's kernels in fake mode.
-pip_install -e backends/flash_attn_cute
+echo "setup: the flash_attn_cute backend (flash-attn-4 and NVIDIA's CUTLASS DSL, 265 MB)"
+if ! installed backends/flash_attn_cute; then
+  pip_loud -e backends/flash_attn_cute
+  "$PY" scripts/setup_installed.py record backends/flash_attn_cute
+fi
 bash backends/flydsl_rocm/ci_setup.sh
 # A test-plugin install left by an older set-up would list toy backends to the user.
 if "$PY" -m pip show -q attn-dispatch-test-plugins 2>/dev/null; then
+  echo "setup: removing an installed copy of the test plugins (the tests find them on their path)"
   "$PY" -m pip uninstall -y -q attn-dispatch-test-plugins
 fi
