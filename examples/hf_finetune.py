@@ -4,7 +4,12 @@ A randomly initialised model learns a padded batch of counting sequences. Every 
 runs ``attn_dispatch.attention``: the right-padded batch goes to the varlen kernels, with the
 sequence lengths computed once per step. Then greedy ``generate`` continues a left-padded prompt.
 
-    python examples/hf_finetune.py
+    python examples/hf_finetune.py      # needs transformers: bash scripts/setup.sh installs it
+
+What to expect (CPU, a few seconds): the loss falls from about 3.5 to below 0.05 in 60 steps, and
+the two prompts (3 4 5, and 10 11 12 13 14, which no training row starts with) are continued by
+counting on: 6 7 8 9 10 and 15 16 17 18 19. The tiny model gets most of these tokens right, not
+necessarily all; the last line says how many.
 """
 
 import torch
@@ -56,7 +61,11 @@ def main() -> None:
     out = model.generate(
         prompt, attention_mask=(prompt != 0).long(), max_new_tokens=5, do_sample=False
     )
-    print("generated:", out[:, prompt.shape[1] :].tolist())
+    got = out[:, prompt.shape[1] :].tolist()
+    want = [[row[-1] + i for i in range(1, 6)] for row in prompt.tolist()]
+    right = sum(g == w for got_row, want_row in zip(got, want) for g, w in zip(got_row, want_row))
+    print("generated:", got)
+    print(f"expected: {want} (each prompt counted on): {right} of {len(want) * 5} tokens match")
 
 
 if __name__ == "__main__":
