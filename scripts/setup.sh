@@ -159,8 +159,8 @@ case "$torch_triton" in
     ;;
 esac
 # transformers pinned for tests/integrations (tiny models built from configs, no downloads).
-echo "setup: transformers 5.17.0 (for tests/integrations)"
-installed "transformers==5.17.0" || pip_loud "transformers==5.17.0"
+echo "setup: transformers 5.17.0 (for tests/integrations; about 20 MB with its requirements)"
+installed "transformers==5.17.0" || pip_quiet "transformers==5.17.0"
 echo "setup: the torch_sdpa and triton backends"
 install_projects backends/torch_sdpa "${triton_backend[@]}"
 # FlashAttention-4 with its real dependency (flash-attn-4 and the CUTLASS DSL): its CPU tests
