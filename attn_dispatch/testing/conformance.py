@@ -30,7 +30,7 @@ from torch import Tensor
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
 
-from .cases import Case, place
+from .cases import Case, CaseInputs, place
 from .oracle import OracleResult, oracle_of
 from .tolerances import Tolerance, error_metrics, tolerance_for
 
@@ -244,18 +244,20 @@ def check_backward(
     tol: Tolerance | None = None,
     deterministic: bool | None = None,
     reference: OracleResult | None = None,
+    inputs: CaseInputs | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Run ``backend``'s backward on ``case`` and compare (dq, dk, dv) with the oracle.
 
     ``out`` and ``lse`` given to the backend are the oracle's (rounded to ``dtype`` / float32,
-    laid out like the case's other tensors). ``reference``: the oracle's result for this case,
-    dtype and device when the caller already has it (it is computed otherwise). Returns
+    laid out like the case's other tensors). ``inputs`` / ``reference``: the case's inputs
+    (``case.make_inputs(dtype, device)``) and the oracle's result on them when the caller
+    already has them (they are made otherwise). Returns
     ``{name: (max_err, rel_l2)}``; raises :class:`Unsupported` if the backend rejects the case,
     ``AssertionError`` on a mismatch.
     """
     device = torch.device(device)
     tol = tol or tolerance_for(dtype)
-    inputs = case.make_inputs(dtype, device)
+    inputs = inputs or case.make_inputs(dtype, device)
     ref = reference or oracle_of(inputs, inputs.grad_out)
     out = place(ref.out, case.layout, dtype, device)
     lse = place(ref.lse, case.layout, adb.lse_dtype(dtype), device)
@@ -298,15 +300,16 @@ def check_forward(
     device: str | torch.device = "cpu",
     tol: Tolerance | None = None,
     reference: OracleResult | None = None,
+    inputs: CaseInputs | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Run ``backend``'s forward on ``case`` and compare (out, lse) with the oracle
-    (``reference`` as in :func:`check_backward`).
+    (``inputs`` / ``reference`` as in :func:`check_backward`).
 
     Returns ``{"out": (max_err, rel_l2)}``; raises :class:`Unsupported` or ``AssertionError``.
     """
     device = torch.device(device)
     tol = tol or tolerance_for(dtype)
-    inputs = case.make_inputs(dtype, device)
+    inputs = inputs or case.make_inputs(dtype, device)
     ref = reference or oracle_of(inputs, inputs.grad_out)
     args = (inputs.q, inputs.k, inputs.v)
     flags = inputs.flags()

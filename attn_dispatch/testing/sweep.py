@@ -40,12 +40,13 @@ from .conformance import Unsupported, check_backward, check_forward
 from .oracle import OracleResult, oracle_of
 
 AUTO = "auto"  # the automatic choice, counted beside the forced implementations
-# Head dims models use, always in a run's pool of head dims (below).
+# Head dims models use, drawn more often than others into a run's pool of head dims (below).
 COMMON_HEAD_DIMS = (32, 64, 72, 80, 96, 112, 128, 256)
-# Each run draws its head dims from a pool: the common ones, this many other multiples of 8
-# and one value that is none. Every kernel compiles once per head dim, so a bounded pool keeps
-# a run's compile time bounded while the seeds, run after run, cover every head dim.
-OTHER_HEAD_DIMS = 5
+# Each run draws its head dims from a pool: this many of the common ones (128 always), this
+# many other multiples of 8 and one value that is none. Every kernel compiles once per head
+# dim, so a small pool keeps a run's compile time bounded while the seeds, run after run,
+# cover every head dim.
+POOL_COMMON, OTHER_HEAD_DIMS = 4, 3
 MAX_SCORES = 1 << 25  # B * H * Sq * Sk of one case: keeps the float64 oracle small and fast
 DTYPES = (torch.bfloat16, torch.bfloat16, torch.float16)
 
@@ -84,9 +85,12 @@ def head_dim_pool(rng: random.Random, largest: int) -> tuple[int, ...]:
     """The head dims one run draws from (see :data:`OTHER_HEAD_DIMS`)."""
     common = [d for d in COMMON_HEAD_DIMS if d <= largest]
     others = [d for d in range(8, largest + 1, 8) if d not in common]
+    first = [128] if 128 in common else common[:1]
+    rest = [d for d in common if d not in first]
+    chosen = first + rng.sample(rest, min(POOL_COMMON - 1, len(rest)))
     picked = rng.sample(others, min(OTHER_HEAD_DIMS, len(others)))
     odd = rng.choice([d for d in range(8, largest + 1) if d % 8])
-    return tuple(sorted({*common, *picked, odd}))
+    return tuple(sorted({*chosen, *picked, odd}))
 
 
 def _side(rng: random.Random, longest: int) -> int | None:
@@ -137,8 +141,9 @@ def draw_cases(
     1); lengths 1 (6%), 2-64 (24%), a power of two 16-512 off by -1/+1/+3 (15%), up to a third
     of ``longest`` (40%), from there to ``longest`` (15%), Sq != Sk in 40% of dense cases; kv
     heads 1-4 and a GQA group drawn uniformly from 1-``max_group``; head dim drawn uniformly
-    from :func:`head_dim_pool` (:data:`COMMON_HEAD_DIMS`, :data:`OTHER_HEAD_DIMS` other
-    multiples of 8 up to ``largest_head_dim`` and one value that is none, chosen by the seed);
+    from :func:`head_dim_pool` (:data:`POOL_COMMON` of :data:`COMMON_HEAD_DIMS`, 128 among them,
+    :data:`OTHER_HEAD_DIMS` other multiples of 8 up to ``largest_head_dim`` and one value that
+    is none, chosen by the seed);
     Dv != D (from the same pool) in 15%;
     causal 50% (both alignments); a sliding window in 20% (each side unbounded, 0, up to 64 or
     up to ``longest``); a soft cap in 15%; a custom scale in 20%; a sliced or transposed layout
@@ -265,14 +270,19 @@ def _outcome(run: Callable[[], object]) -> Outcome:
 
 
 def check_case(
-    drawn: SweepCase, name: str, device: torch.device, reference: OracleResult | None = None
+    drawn: SweepCase,
+    name: str,
+    device: torch.device,
+    inputs: CaseInputs | None = None,
+    reference: OracleResult | None = None,
 ) -> Outcome:
-    """Backward, then forward, of ``name`` (or :data:`AUTO`) on one drawn case. The forward is
+    """Backward, then forward, of ``name`` (or :data:`AUTO`) on one drawn case (``inputs`` /
+    ``reference`` as :func:`~attn_dispatch.testing.check_backward` takes them). The forward is
     skipped where determinism is requested (it has no such flag) or the backward was wrong."""
     case, dtype = drawn.case, drawn.dtype
     fwd = _auto(ad.forward) if name == AUTO else name
     bwd = _auto(ad.backward) if name == AUTO else name
-    kw = dict(dtype=dtype, device=device, reference=reference)
+    kw = dict(dtype=dtype, device=device, inputs=inputs, reference=reference)
     backward = _outcome(lambda: check_backward(bwd, case, deterministic=drawn.deterministic, **kw))
     if backward.status == "wrong" or drawn.deterministic:
         return backward
@@ -292,14 +302,23 @@ def auto_choice(drawn: SweepCase, inputs: CaseInputs, reference: OracleResult) -
     return report.selected or "none"
 
 
-def check_all(drawn: SweepCase, names: Sequence[str], device: torch.device, report: Report) -> str:
-    """Every name in ``names`` on one case (the oracle computed once), into ``report``;
-    returns the automatic choice's pick."""
+def check_all(
+    drawn: SweepCase,
+    names: Sequence[str],
+    device: torch.device,
+    report: Report,
+    starting: Callable[[str], None] | None = None,
+) -> str:
+    """Every name in ``names`` on one case (inputs and oracle made once), into ``report``;
+    returns the automatic choice's pick. ``starting`` gets each name before it runs (a crash
+    that ends the process then leaves the name and case it was running)."""
     inputs = drawn.case.make_inputs(drawn.dtype, device)
     reference = oracle_of(inputs, inputs.grad_out)
     for name in names:
+        if starting is not None:
+            starting(f"{name} on {drawn.describe()}")
         start = time.perf_counter()
-        report.add(name, check_case(drawn, name, device, reference), drawn)
+        report.add(name, check_case(drawn, name, device, inputs, reference), drawn)
         report.busy[name] = report.busy.get(name, 0.0) + time.perf_counter() - start
     return auto_choice(drawn, inputs, reference)
 

@@ -5,11 +5,13 @@ A new seed each run (``ATTN_DISPATCH_SWEEP_SEED`` replays one); every case is on
 ``pytest -n`` spreads them. The default run draws 300 cases; ``-m slow`` adds cases up to 3000.
 With ``ATTN_DISPATCH_SWEEP_LOG=<dir>`` each case's counts are appended to ``<dir>`` (one JSON
 line per case), and ``python -m attn_dispatch.testing.sweep --merge <dir>/*.jsonl`` prints the
-table per implementation.
+table per implementation; a process that crashes leaves ``<dir>/<worker>-<pid>.running``
+naming the implementation and case it was running.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
@@ -57,9 +59,33 @@ def _record(report: sweep.Report) -> None:
             f.write(json.dumps(report.to_dict()) + "\n")
 
 
+def _running_file() -> str | None:
+    """``<log>/<worker>-<pid>.running``: what this process runs now. Removed at a normal exit,
+    so one left behind names the implementation and case a crashed process was running."""
+    log = os.environ.get("ATTN_DISPATCH_SWEEP_LOG")
+    if not log:
+        return None
+    os.makedirs(log, exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    path = os.path.join(log, f"{worker}-{os.getpid()}.running")
+    atexit.register(lambda: os.path.exists(path) and os.remove(path))
+    return path
+
+
+RUNNING = _running_file()
+
+
+def _starting(what: str) -> None:
+    if RUNNING:
+        with open(RUNNING, "w") as f:
+            f.write(what + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def _check(one: sweep.SweepCase, names: list[str]) -> None:
     report = sweep.Report(seed=one.seed, cases=1)
-    chosen = sweep.check_all(one, names, torch.device("cuda"), report)
+    chosen = sweep.check_all(one, names, torch.device("cuda"), report, _starting)
     report.chosen[chosen] = 1
     _record(report)
     assert not report.wrong, "\n\n".join(report.wrong)

@@ -73,10 +73,13 @@ class Cudnn(adb.Implementation):
     alignment = 16
 
     def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
-        """Beyond the declarations: at least one key, and the private ops' schemas."""
+        """Beyond the declarations: at least one key, not one query with one key, and the
+        private ops' schemas."""
         reasons = []
         if inp.seqlen_k == 0:
             reasons.append("Sk=0: cuDNN needs at least one key")
+        if inp.seqlen_q == inp.seqlen_k == 1:  # "cuDNN Frontend error: s_q = s_kv = 1"
+            reasons.append("Sq=Sk=1: cuDNN's frontend does not support one query and one key")
         return reasons + ops_problems(CUDNN_FWD, CUDNN_BWD)
 
     def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:

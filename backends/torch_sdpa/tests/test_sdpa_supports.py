@@ -300,3 +300,11 @@ def test_flash_refuses_single_query_varlen_gqa_with_empty_sequences(tokens, head
     report = ad.explain(q, k, k, out, lse, out, **flags, arch="sm_90")
     reasons = _reasons(report, "torch_sdpa:flash")
     assert ("one query per sequence" in reasons) == refused, reasons
+
+
+def test_cudnn_refuses_one_query_with_one_key():
+    # cuDNN's frontend raised "s_q = s_kv = 1 is not supported" on such a call.
+    report = ad.explain(*_dense(sq=1, sk=1, h=16, hkv=4, d=32), causal=True, arch="sm_90")
+    assert "Sq=Sk=1" in _reasons(report, "torch_sdpa:cudnn")
+    report = ad.explain(*_dense(sq=1, sk=2, h=16, hkv=4, d=32), arch="sm_90")
+    assert "Sq=Sk=1" not in _reasons(report, "torch_sdpa:cudnn")
