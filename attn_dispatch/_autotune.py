@@ -50,6 +50,7 @@ import logging
 import math
 import os
 import platform
+import sys
 import tempfile
 import threading
 import time
@@ -334,7 +335,7 @@ def store(config: Config, key: dict, entry: dict) -> None:
                 f"for this process only (set {CACHE_DIR_ENV} to a writable directory)"
             )
             log.warning("attn_dispatch: %s", message)
-            warnings.warn(message, stacklevel=2)
+            warnings.warn(message, stacklevel=_caller_level())
 
 
 def forget() -> None:
@@ -527,7 +528,19 @@ def _cross_check(
         timings.pop(name, None)
         message = f"autotune excluded {name}: {reason}"
         log.warning("attn_dispatch: %s", message)
-        warnings.warn(message, stacklevel=5)
+        warnings.warn(message, stacklevel=_caller_level())
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package (the
+    user's call, however deep the dispatch path)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _can_measure_now(inp: Any) -> str | None:

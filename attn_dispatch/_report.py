@@ -88,8 +88,9 @@ class Report:
 
     def to_dict(self) -> dict:
         """``arch``, ``selected``, ``candidates``, and what the text form heads them with:
-        ``mode``, ``forced`` and ``inputs`` (the lines describing tensors and flags)."""
-        return {
+        ``mode``, ``forced`` and ``inputs`` (the lines describing tensors and flags); with
+        autotune on, ``autotune`` (``Measurement.to_dict``)."""
+        data = {
             "arch": self.arch.name,
             "selected": self.selected,
             "candidates": [c.to_dict() for c in self.candidates],
@@ -97,8 +98,10 @@ class Report:
             "execution": self.execution,
             "forced": self.forced,
             "inputs": self.inputs.splitlines(),
-            "autotune": None if self.autotune is None else self.autotune.to_dict(),
         }
+        if self.autotune is not None:
+            data["autotune"] = self.autotune.to_dict()
+        return data
 
     def __str__(self) -> str:
         head = f"attn_dispatch {self.mode} on arch {self.arch.full}"

@@ -1,4 +1,4 @@
-"""The ``attn-dispatch`` command: ``list``, ``explain``, ``demo``, ``bench``."""
+"""The ``attn-dispatch`` command: ``list``, ``explain``, ``demo``, ``bench``, ``tune``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import attn_dispatch as ad
 from attn_dispatch import _settings
 from attn_dispatch import backend as adb
 
-from . import bench
+from . import bench, tune
 from ._args import PROG, Parser, nonnegative_int, positive_int
 
 DTYPES = {
@@ -280,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="time every implementation on a shape sweep (see bench --help)",
         add_help=False,
     )
+    sub.add_parser(
+        "tune",
+        help="autotune a list of shapes ahead of a run (see tune --help)",
+        add_help=False,
+    )
     return parser
 
 
@@ -293,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[:1] == ["bench"]:
             return bench.main(argv[1:])
+        if argv[:1] == ["tune"]:
+            _settings.current()  # a bad ATTN_DISPATCH_* variable is a usage error, up front
+            return tune.main(argv[1:])
         args = build_parser().parse_args(argv)
         _settings.current()  # a bad ATTN_DISPATCH_* variable is then a usage error, up front
         return {"list": _cmd_list, "explain": _cmd_explain, "demo": _cmd_demo}[args.command](args)

@@ -375,3 +375,58 @@ def test_meta_tensors_are_decided_by_priority(tuned):
     dq, _, _ = ad.backward(*meta, causal=True)
     assert dq.device.type == "meta" and sum(calls().values()) == 0
     assert ad.decide(*meta, causal=True).name == SLOW
+
+
+def tune(*argv: str) -> int:
+    from attn_dispatch.tools.cli import main
+
+    return main(["tune", *argv])
+
+
+def test_the_tune_command_measures_each_shape_once(timed_env, cache, capsys, tmp_path):
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("# a model's attention shapes\n1,16,4,2,16\n\n2,8,4,4,16,24  # cross\n")
+    flags = ("--dtype", "f32", "--causal", "--device", "cpu")
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        assert tune("--shapes", str(shapes), "--shape", "1,8,2,1,16", *flags) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"tuning 3 shape(s) on cpu, eager execution -> {cache / 'autotune'}"
+    assert lines[1].startswith("[1/3] B=1 S=8 H=2/1 D=16 f32 causal: forward timed:fast ")
+    assert lines[2].startswith("[2/3] B=1 S=16 H=4/2 D=16 f32 causal: forward timed:fast ")
+    assert lines[3].startswith("[3/3] B=2 S=8 Sk=24 H=4/4 D=16 f32 causal: forward timed:fast ")
+    for line in lines[1:]:
+        assert line.count("(3 timed, 1 excluded)") == 2, line
+    assert len(files(cache)) == 6
+    # a second run (here: after reload, as a new process would) times nothing
+    ad.reload()
+    _autotune.forget()
+    before = calls()
+    assert tune("--shape", "1,16,4,2,16", "--json", str(tmp_path / "r.json"), *flags) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.count("(measured before, 1 excluded)") == 2, line
+    assert calls()[SLOW] == before[SLOW]
+    (record,) = json.loads((tmp_path / "r.json").read_text())
+    assert record["backward"]["selected"] == FAST and record["backward"]["measured_now"] is False
+    assert ad._settings.current().autotune is None  # the command's switch is undone
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--shape", "1,2,3"), "argument --shape: expected B,S,H,HKV,D or B,S,H,HKV,D,SK"),
+        (("--shape", "1,8,3,2,16"), "H=3 is not a multiple of HKV=2"),
+        (("--shape", "1,0,2,2,16"), "expected an integer >= 1, got 0"),
+        ((), "no shape to tune: give --shape"),
+        (("--shape", "1,8,2,2,16", "--passes", "sideways"), "--passes: expected a comma list"),
+    ],
+)
+def test_the_tune_command_names_bad_arguments(timed_env, capsys, argv, message):
+    assert tune(*argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_tune_command_names_a_bad_line_of_its_file(timed_env, capsys, tmp_path):
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("1,8,2,2,16\n1,8,2,2\n")
+    assert tune("--shapes", str(shapes)) == 2
+    assert f"--shapes {shapes}, line 2: expected B,S,H,HKV,D" in capsys.readouterr().err
