@@ -61,7 +61,16 @@ from typing import Any
 
 import torch
 
-from ._report import SELECTED, SUPPORTED, Candidate, Measurement, Report, Timing
+from ._report import (
+    BLOCKED,
+    OPT_IN,
+    SELECTED,
+    SUPPORTED,
+    Candidate,
+    Measurement,
+    Report,
+    Timing,
+)
 
 log = logging.getLogger("attn_dispatch")
 
@@ -73,6 +82,8 @@ SAMPLE_SECONDS = 2e-3
 MAX_CALLS_PER_SAMPLE = 100
 # The files' layout; a file of another format is ignored (measured again).
 FORMAT = 1
+# The statuses of the implementations that accept a call (whose versions key its measurement).
+ACCEPTING = (SELECTED, SUPPORTED, BLOCKED, OPT_IN)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -595,7 +606,10 @@ def choose(
         note = "one implementation can run these inputs: nothing to measure"
         return dataclasses.replace(report, autotune=Measurement("single", (), note)), winner
     real = [t for t in tensors if t is not None]
-    key = signature_key(settings, mode.name, call, tuple(real), seqlens, inp, admitted)
+    # versions of every implementation that accepts the inputs, blocked or opt-in ones too:
+    # blocking or enabling one later changes what may run, not what was measured
+    accepting = [c.name for c in report.candidates if c.status in ACCEPTING]
+    key = signature_key(settings, mode.name, call, tuple(real), seqlens, inp, accepting)
     entry = lookup(settings.autotune, key)
     covered = entry is not None and all(
         n in entry["timings"] or n in entry["excluded"] for n in admitted
