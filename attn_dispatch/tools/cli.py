@@ -15,6 +15,7 @@ from attn_dispatch import backend as adb
 
 from . import bench, tune
 from ._args import PROG, Parser, nonnegative_int, positive_int
+from ._args import window_sides as _window
 
 DTYPES = {
     "bf16": torch.bfloat16,
@@ -32,21 +33,6 @@ def _arch(text: str) -> ad.Arch:
         return ad.Arch.parse(text)
     except ValueError as exc:  # argparse would replace the message with "invalid value"
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _window(text: str) -> tuple[int | None, int | None]:
-    """``L,R`` with ``none`` (or ``-``, as ``--window=-,64``) for an unbounded side."""
-    sides = text.split(",")
-    if len(sides) != 2:
-        raise argparse.ArgumentTypeError(f"expected L,R (e.g. 128,0 or none,64), got {text!r}")
-    parsed: list[int | None] = []
-    for side in sides:
-        side = side.strip()
-        if side.lower() in ("-", "none"):
-            parsed.append(None)
-        else:
-            parsed.append(nonnegative_int(side))
-    return parsed[0], parsed[1]
 
 
 # The archs of the priority table (README and `attn-dispatch list`): one per supported chip family.

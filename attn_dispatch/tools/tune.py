@@ -26,7 +26,7 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 
-from ._args import PROG, Parser, positive_int
+from ._args import PROG, Parser, positive_int, window_sides
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 PASSES = ("forward", "backward")
@@ -46,12 +46,6 @@ def shape(text: str) -> tuple[int, ...]:
             f"{text!r}: H={values[2]} is not a multiple of HKV={values[3]}"
         )
     return values
-
-
-def _window(text: str) -> tuple[int | None, int | None]:
-    from .cli import _window as parse
-
-    return parse(text)
 
 
 def shapes_of_file(path: str) -> list[tuple[int, ...]]:
@@ -85,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shapes", metavar="FILE", help="a file of shapes, one per line")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--window", type=_window, default=None, metavar="L,R")
+    parser.add_argument("--window", type=window_sides, default=None, metavar="L,R")
     parser.add_argument("--softcap", type=float, default=None, metavar="C")
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument(
