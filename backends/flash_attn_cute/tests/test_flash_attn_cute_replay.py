@@ -16,7 +16,7 @@ import threading
 
 import pytest
 import torch
-from attn_dispatch_flash_attn_cute import _fa4, _replay
+from attn_dispatch_flash_attn_cute import _fa4, _replay, _support
 from toy_fa4 import ToyFA4
 
 from attn_dispatch import backend as adb
@@ -181,6 +181,8 @@ def toy_fa4(monkeypatch):
     # CPU tensors (get_device() is -1), read from C as torch's own
     monkeypatch.setattr(_fa4, "_current_device", functools.partial(int, -1))
     monkeypatch.delenv(_fa4.REPLAY_VARIABLE, raising=False)
+    # a release the replay was proven on, whichever is installed (the stand-in is FA4 here)
+    monkeypatch.setattr(_support, "installed_version", lambda: "4.0.0b36")
     return fa4
 
 
@@ -390,8 +392,6 @@ def test_a_replayed_call_enters_no_function_of_fa4s_host_code(toy_fa4):
 def test_the_replay_is_refused_on_a_release_it_was_not_proven_on(toy_fa4, monkeypatch, caplog):
     """4.0.0b40's row says the replay was not tested on it: FA4's host code runs on every call,
     and the reason is logged once."""
-    from attn_dispatch_flash_attn_cute import _support
-
     monkeypatch.setattr(_support, "installed_version", lambda: "4.0.0b40")
     monkeypatch.setattr(_fa4, "_replay_refusals", set())
     caplog.set_level(logging.WARNING, logger="attn_dispatch.flash_attn_cute")
@@ -410,8 +410,6 @@ def test_the_replay_is_refused_on_a_release_it_was_not_proven_on(toy_fa4, monkey
 
 
 def test_the_replay_runs_on_a_release_it_was_proven_on(toy_fa4, monkeypatch):
-    from attn_dispatch_flash_attn_cute import _support
-
     monkeypatch.setattr(_support, "installed_version", lambda: "4.0.0b36")
     assert _fa4.replay_enabled() is True
     learned_forward(toy_fa4)

@@ -28,9 +28,11 @@ FA4_MODULES = ("flash_attn", "cutlass", "tvm_ffi", "quack")
 
 
 @pytest.fixture(autouse=True)
-def selection_env(isolated_plugins):
+def selection_env(isolated_plugins, monkeypatch):
     """This backend (enabled: its Blackwell implementation is opt-in), torch_sdpa (cuDNN at 50
-    on sm_90) and the reference only."""
+    on sm_90) and the reference only; the table read for FA4 4.0.0b36 whichever release is
+    installed (tests of another release say so with ``installed``)."""
+    monkeypatch.setattr(_support, "installed_version", lambda: "4.0.0b36")
     isolated_plugins.set(
         ATTN_DISPATCH_PLUGINS="flash_attn_cute,torch_sdpa,reference",
         ATTN_DISPATCH_ENABLE="flash_attn_cute",
