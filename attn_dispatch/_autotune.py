@@ -310,11 +310,25 @@ def lookup(config: Config, key: dict) -> dict | None:
     except (OSError, ValueError) as exc:
         log.warning("attn_dispatch: autotune: ignoring unreadable %s (%s)", path, exc)
         return None
-    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
+    if not _well_formed(entry, key):
+        log.warning("attn_dispatch: autotune: ignoring %s (another format or key)", path)
         return None
     with _lock:
         _memory[memo] = entry
     return entry
+
+
+def _well_formed(entry: object, key: dict) -> bool:
+    """Whether ``entry`` is a measurement of ``key`` in this format."""
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
+        return False
+    timings, excluded = entry.get("timings"), entry.get("excluded")
+    return (
+        isinstance(timings, dict)
+        and isinstance(excluded, dict)
+        and all(isinstance(t, (int, float)) and t >= 0 for t in timings.values())
+        and all(isinstance(r, str) for r in excluded.values())
+    )
 
 
 def store(config: Config, key: dict, entry: dict) -> None:

@@ -209,6 +209,31 @@ def test_a_new_process_reuses_the_measurement_without_timing(tmp_path):
     assert second["status"] == "reused" and second["warned"] == []
 
 
+def test_concurrent_processes_measuring_one_key_leave_one_whole_file(tmp_path):
+    cache = tmp_path / "shared"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_DISPATCH_")}
+    env.update(
+        ATTN_DISPATCH_TEST_PLUGINS="timed",
+        ATTN_DISPATCH_PLUGINS="timed",
+        ATTN_DISPATCH_AUTOTUNE="1",
+        ATTN_DISPATCH_CACHE_DIR=str(cache),
+    )
+    command = [sys.executable, "-c", SUBPROCESS]
+    running = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    for process in running:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err.decode()
+    names = files(cache)
+    assert len(names) == 2, names  # forward and backward; no temporary file left
+    for name in names:
+        entry = json.loads((cache / "autotune" / name).read_text())
+        assert set(entry["timings"]) == {SLOW, FAST} and set(entry["excluded"]) == {WRONG}
+    assert run_process(cache)["calls"] == {FAST: 2}
+
+
 def test_a_fresh_decision_still_decides_what_may_run_in_a_new_process(tmp_path):
     """Blocking the remembered fastest in a later process runs the fastest admitted one that
     agreed, without timing again; the wrong one is never chosen."""
@@ -333,12 +358,20 @@ def test_the_default_cache_directory(monkeypatch, tmp_path):
     assert _autotune.cache_directory() == tmp_path / "mine" / "autotune"
 
 
-def test_an_unreadable_file_is_measured_again(tuned, cache):
+@pytest.mark.parametrize("damage", ["cut short", "no timings", "negative time"])
+def test_an_unreadable_file_is_measured_again(tuned, cache, damage):
     args = inputs()
     with pytest.warns(UserWarning, match=EXCLUDED):
         ad.backward(*args, causal=True)
     (name,) = files(cache)
-    (cache / "autotune" / name).write_text('{"format": 1, "key": ')  # cut short
+    path = cache / "autotune" / name
+    entry = json.loads(path.read_text())
+    if damage == "cut short":
+        path.write_text(path.read_text()[:40])
+    elif damage == "no timings":
+        path.write_text(json.dumps({k: v for k, v in entry.items() if k != "timings"}))
+    else:
+        path.write_text(json.dumps(entry | {"timings": {FAST: -1.0}}))
     _autotune.forget()
     ad.reload()
     before = calls()[SLOW]
