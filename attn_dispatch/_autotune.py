@@ -32,10 +32,10 @@ The measurement:
   ``warnings.warn``. With two candidates that disagree, the higher-priority one is trusted.
   A candidate that raises, returns malformed results or cannot be captured is excluded too.
 
-Calls that cannot be measured now (being captured into a CUDA graph, traced by
-``torch.compile``, on ``meta`` tensors) use a remembered choice when there is one, else the
-priority decision. ``explain`` and ``decide`` never measure: they show the remembered
-measurement, or say that none exists yet.
+Calls that cannot be measured now (being captured into a CUDA graph, on ``meta`` or fake
+tensors) use a remembered choice when there is one, else the priority decision. ``explain``
+and ``decide`` never measure: they show the remembered measurement, or say that none exists
+yet.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ MAX_CALLS_PER_SAMPLE = 100
 FORMAT = 1
 # The statuses of the implementations that accept a call (whose versions key its measurement).
 ACCEPTING = (SELECTED, SUPPORTED, BLOCKED, OPT_IN)
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:

@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cuda-graphs",
         action="store_true",
-        help="tune for calls captured into CUDA graphs (or compiled): the graph-mode decision",
+        help="tune for calls captured into CUDA graphs: the graph-mode decision",
     )
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--seed", type=int, default=0)
