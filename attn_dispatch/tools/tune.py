@@ -175,13 +175,28 @@ def _pending(report: ad.Report) -> bool:
     return report.autotune is not None and report.autotune.status == "pending"
 
 
+def _device(text: str | None) -> torch.device:
+    """``--device``: a device torch knows and this machine has (default: CUDA when present)."""
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"--device: expected a device such as cuda or cpu, got {text!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text}: no CUDA device is available here")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--device {text}: expected cuda or cpu")
+    return device
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     passes = _passes(args.passes)
     shapes = list(args.shape) + (shapes_of_file(args.shapes) if args.shapes else [])
     if not shapes:
         raise ValueError("no shape to tune: give --shape B,S,H,HKV,D (repeatable) or --shapes FILE")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(args.device)
     execution = "graph" if args.cuda_graphs else "eager"
     records = []
     with ad.autotune(True), ad.execution_mode(execution):

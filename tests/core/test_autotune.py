@@ -451,6 +451,8 @@ def test_the_tune_command_measures_each_shape_once(timed_env, cache, capsys, tmp
         (("--shape", "1,0,2,2,16"), "expected an integer >= 1, got 0"),
         ((), "no shape to tune: give --shape"),
         (("--shape", "1,8,2,2,16", "--passes", "sideways"), "--passes: expected a comma list"),
+        (("--shape", "1,8,2,2,16", "--device", "warp"), "--device: expected a device such as"),
+        (("--shape", "1,8,2,2,16", "--device", "meta"), "--device meta: expected cuda or cpu"),
     ],
 )
 def test_the_tune_command_names_bad_arguments(timed_env, capsys, argv, message):
