@@ -21,7 +21,9 @@ The measurement:
   caller's tensors and nothing is recorded for autograd.
 * Each candidate runs once untimed (compilation and warm-up; its result is the one
   cross-checked), once more to choose how many calls make a sample of at least
-  ``SAMPLE_SECONDS``, then ``REPEATS`` samples; the time is the median per call. On CUDA the
+  ``SAMPLE_SECONDS``, then ``REPEATS`` samples; the time is the median per call. A candidate
+  whose second call already takes ``HOPELESS`` times the best median so far keeps that time
+  and is not sampled further (candidates run best priority first). On CUDA the
   samples are timed with events (which also see the host's launch cost: eager time); a call in
   ``"graph"`` mode (warm-up under ``ad.execution_mode("graph")``) is captured into a CUDA graph
   and its replays are timed. On other devices, ``time.perf_counter`` around synchronous calls.
@@ -80,6 +82,9 @@ CACHE_DIR_ENV = "ATTN_DISPATCH_CACHE_DIR"
 REPEATS = 5
 SAMPLE_SECONDS = 2e-3
 MAX_CALLS_PER_SAMPLE = 100
+# A candidate whose first warm call takes this many times the best median so far is not
+# sampled further (the reference backend at long sequences would cost seconds per call).
+HOPELESS = 10.0
 # The files' layout; a file of another format is ignored (measured again).
 FORMAT = 1
 # The statuses of the implementations that accept a call (whose versions key its measurement).
@@ -424,9 +429,12 @@ def _sample(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
     return (time.perf_counter() - begin) / calls
 
 
-def _timed(fn: Callable[[], Any], device: torch.device) -> float:
-    """The median seconds per call of ``REPEATS`` samples (see the module docstring)."""
+def _timed(fn: Callable[[], Any], device: torch.device, bound: float = math.inf) -> float:
+    """The median seconds per call of ``REPEATS`` samples (see the module docstring); a first
+    call slower than ``bound`` is the answer (it cannot win)."""
     first = _sample(fn, device, 1)
+    if first > bound:
+        return first
     calls = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(SAMPLE_SECONDS / max(first, 1e-9))))
     samples = sorted(_sample(fn, device, calls) for _ in range(REPEATS))
     return samples[len(samples) // 2]
@@ -507,7 +515,8 @@ def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) ->
             try:
                 fn = functools.partial(run, cand)
                 fn = _graph_replay(fn, device) if graph else fn
-                timings[name] = _timed(fn, device)
+                bound = HOPELESS * min(timings.values(), default=math.inf)
+                timings[name] = _timed(fn, device, bound)
             except Exception as exc:
                 what = "cannot be captured into a CUDA graph" if graph else "raised while timed"
                 excluded[name] = f"{what}: {_describe_error(exc)}"

@@ -465,3 +465,19 @@ def test_the_tune_command_names_a_bad_line_of_its_file(timed_env, capsys, tmp_pa
     shapes.write_text("1,8,2,2,16\n1,8,2,2\n")
     assert tune("--shapes", str(shapes)) == 2
     assert f"--shapes {shapes}, line 2: expected B,S,H,HKV,D" in capsys.readouterr().err
+
+
+def test_a_hopeless_candidate_is_not_sampled_further(timed_env):
+    """Measured after a much faster one, the slow implementation gets one timed call."""
+    from attn_dispatch._dispatch import BACKWARD
+    from attn_dispatch.backend import make_inputs
+
+    args = inputs()
+    inp = make_inputs(*args, causal=True, causal_align="top_left", scale=None, deterministic=False)
+    registry = ad._settings.current().registry
+    pool = [registry.implementations[FAST], registry.implementations[SLOW]]
+    found = _autotune._measure(BACKWARD, inp, args, pool, "eager")
+    assert calls()[SLOW] == 2  # the cross-checked run and one timed call
+    assert calls()[FAST] >= 1 + 1 + _autotune.REPEATS
+    assert found["timings"][SLOW] > _autotune.HOPELESS * found["timings"][FAST]
+    assert found["excluded"] == {}
