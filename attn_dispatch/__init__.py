@@ -23,10 +23,11 @@ from ._api import (
 )
 from ._arch import Arch, detect_arch
 from ._autograd import attention
+from ._autotune import autotune
 from ._errors import NoBackendError, SettingError, UnknownBackendError
 from ._execution import execution_mode
 from ._implementation import Gradients
-from ._report import Candidate, Report
+from ._report import Candidate, Measurement, Report, Timing
 from ._settings import enable, reload, use_backend
 from ._varlen import Varlen, varlen_from_key_mask, varlen_from_mask, varlen_from_position_ids
 
@@ -42,12 +43,15 @@ __all__ = [
     "Choice",
     "Gradients",
     "ImplementationInfo",
+    "Measurement",
     "NoBackendError",
     "Report",
     "SettingError",
+    "Timing",
     "UnknownBackendError",
     "Varlen",
     "attention",
+    "autotune",
     "backends",
     "backward",
     "decide",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _settings
+from . import _autotune, _settings
 from ._arch import Arch
 from ._call import parse
 from ._dispatch import BACKWARD, FORWARD, dispatch, select
@@ -237,6 +237,12 @@ def _decision(
         arch = Arch.parse(arch)
     inp = build_inputs(call, tensors, *seqlens, debug)
     report, impl, _ = select(settings, inp, mode, backend, call.execution, arch)
+    if settings.autotune is not None and report.forced is None and impl is not None:
+        if arch is None and inp.device.type != "meta":  # a measurement is of a real device
+            dispatch_mode = BACKWARD if mode == "backward" else FORWARD
+            report, impl = _autotune.choose(
+                settings, dispatch_mode, inp, call, tensors, seqlens, report, measure=False
+            )
     return report, impl, inp
 
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import _guards, _settings
+from . import _autotune, _guards, _settings
 from ._arch import Arch, resolve_arch
 from ._call import Call
 from ._implementation import Gradients, Implementation
@@ -326,6 +326,11 @@ def _first_call(
     report, impl, read_pointers = select(settings, inp, mode.name, backend_arg, call.execution)
     if impl is None:
         raise no_backend_error(report)
+    if settings.autotune is not None and report.forced is None and inp.device.type != "meta":
+        seqlens = (cu_q, cu_k, max_q, max_k)
+        report, impl = _autotune.choose(
+            settings, mode, inp, call, tensors, seqlens, report, measure=True
+        )
     log.info(
         "attn_dispatch: %s %r -> %s on %s, %s (%s)",
         mode.name,
@@ -333,7 +338,9 @@ def _first_call(
         impl.full_name,
         report.arch.full,
         call.execution,
-        f"forced {report.forced!r}" if report.forced else "automatic",
+        f"forced {report.forced!r}"
+        if report.forced
+        else ("measured" if report.autotune and report.autotune.measured else "automatic"),
     )
     run = mode.meta if inp.device.type == "meta" else getattr(impl, mode.name)
     pointers = pointer_residues(tensors, cu_q, cu_k) if read_pointers else None

@@ -31,6 +31,43 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """One candidate of an autotune measurement: its median time per call, or why it may not
+    be chosen (its results disagreed, it raised, it could not be captured)."""
+
+    name: str
+    seconds: float | None
+    excluded: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "seconds": self.seconds, "excluded": self.excluded}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What autotune did for a decision: ``status`` is ``"measured"`` (timed by this call),
+    ``"reused"`` (a remembered measurement), ``"pending"`` (not measured yet), ``"single"``
+    (one candidate: nothing to measure) or ``"failed"`` (no candidate passed); ``note`` says
+    more."""
+
+    status: str
+    timings: tuple[Timing, ...]
+    note: str
+
+    @property
+    def measured(self) -> bool:
+        """Whether the selection was made by a measurement."""
+        return self.status in ("measured", "reused")
+
+    def to_dict(self) -> dict:
+        return {
+            "status": self.status,
+            "note": self.note,
+            "timings": [t.to_dict() for t in self.timings],
+        }
+
+
+@dataclass(frozen=True)
 class Report:
     """What ``explain`` returns: the arch, the choice (or ``None``) and every candidate.
 
@@ -46,11 +83,14 @@ class Report:
     # "eager" or "graph" (captured into a CUDA graph or traced by torch.compile): priorities
     # may differ between them (see attn_dispatch._execution)
     execution: str = "eager"
+    # set when autotune took part in the decision (see attn_dispatch._autotune)
+    autotune: Measurement | None = None
 
     def to_dict(self) -> dict:
         """``arch``, ``selected``, ``candidates``, and what the text form heads them with:
-        ``mode``, ``forced`` and ``inputs`` (the lines describing tensors and flags)."""
-        return {
+        ``mode``, ``forced`` and ``inputs`` (the lines describing tensors and flags); with
+        autotune on, ``autotune`` (``Measurement.to_dict``)."""
+        data = {
             "arch": self.arch.name,
             "selected": self.selected,
             "candidates": [c.to_dict() for c in self.candidates],
@@ -59,6 +99,9 @@ class Report:
             "forced": self.forced,
             "inputs": self.inputs.splitlines(),
         }
+        if self.autotune is not None:
+            data["autotune"] = self.autotune.to_dict()
+        return data
 
     def __str__(self) -> str:
         head = f"attn_dispatch {self.mode} on arch {self.arch.full}"
@@ -67,8 +110,16 @@ class Report:
         lines = [head]
         if self.inputs:
             lines += ["inputs:"] + [f"  {line}" for line in self.inputs.splitlines()]
-        lines.append(f"selected: {self.selected or 'none'}")
+        how = (
+            " (measured: the fastest that agreed)"
+            if self.autotune and self.autotune.measured
+            else ""
+        )
+        lines.append(f"selected: {self.selected or 'none'}{how}")
         lines.append(format_table(self.candidates))
+        if self.autotune is not None:
+            lines.append(f"autotune: {self.autotune.note}")
+            lines += [f"  {line}" for line in _timing_lines(self.autotune.timings, self.selected)]
         return "\n".join(lines)
 
 
@@ -84,3 +135,14 @@ def format_table(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3]
         for row in rows
     ).rstrip()
+
+
+def _timing_lines(timings: tuple[Timing, ...], selected: str | None) -> list[str]:
+    """One line per measured candidate: name, time per call, chosen or why excluded."""
+    width = max((len(t.name) for t in timings), default=0)
+    lines = []
+    for t in timings:
+        took = "-" if t.seconds is None else f"{t.seconds * 1e6:.1f} us"
+        tail = "chosen" if t.name == selected else (f"excluded: {t.excluded}" if t.excluded else "")
+        lines.append(f"{t.name.ljust(width)}  {took:>12}  {tail}".rstrip())
+    return lines

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from . import _autotune
 from ._arch import ARCH_ENV, Arch
 from ._errors import SettingError, UnknownBackendError
 from ._registry import Registry, discover
@@ -87,6 +88,8 @@ class Settings:
     disabled: frozenset[str]
     arch_override: Arch | None
     debug: bool = False
+    # ``None``: autotune off; else where its measurements persist (see _autotune)
+    autotune: _autotune.Config | None = None
     # signature key -> Decision (see _dispatch).
     decisions: dict = field(default_factory=dict)
     # flags -> [(guard, Decision)]: the C-level front of ``decisions`` (see _guards).
@@ -159,6 +162,7 @@ def _load() -> Settings:
         disabled=frozenset(disabled),
         arch_override=arch_override,
         debug=env_flag(DEBUG_ENV, False),
+        autotune=_autotune.configured(_autotune.override),
     )
 
 

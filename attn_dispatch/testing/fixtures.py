@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .. import _settings
+from .. import _autotune, _settings
 from .._requirements import missing_requirement
 
 # Every variable the core reads (what selection sees), and the one the project's test plugins
@@ -34,6 +34,8 @@ ENV_VARS = (
     "ATTN_DISPATCH_PLUGINS",
     "ATTN_DISPATCH_ARCH",
     "ATTN_DISPATCH_DEBUG",
+    "ATTN_DISPATCH_AUTOTUNE",
+    "ATTN_DISPATCH_CACHE_DIR",
     "ATTN_DISPATCH_TEST_PLUGINS",
 )
 
@@ -57,7 +59,8 @@ class IsolatedEnv:
 
 @pytest.fixture
 def isolated_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[IsolatedEnv]:
-    """No ``ATTN_DISPATCH_*`` variable, no opt-in, fresh plugins and decisions; restored after."""
+    """No ``ATTN_DISPATCH_*`` variable, no opt-in or autotune switch, fresh plugins and
+    decisions; restored after."""
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     _forget_settings()
@@ -73,6 +76,7 @@ def _forget_settings() -> None:
     missing_requirement.cache_clear()
     with _settings._lock:
         _settings._programmatic_enabled.clear()
+        _autotune.override = None
         _settings._install(None)
 
 

@@ -33,3 +33,19 @@ def _int_at_least(text: str, low: int) -> int:
     if value < low:
         raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
     return value
+
+
+def window_sides(text: str) -> tuple[int | None, int | None]:
+    """argparse type: a window ``L,R`` with ``none`` (or ``-``, as ``--window=-,64``) for an
+    unbounded side."""
+    sides = text.split(",")
+    if len(sides) != 2:
+        raise argparse.ArgumentTypeError(f"expected L,R (e.g. 128,0 or none,64), got {text!r}")
+    parsed: list[int | None] = []
+    for side in sides:
+        side = side.strip()
+        if side.lower() in ("-", "none"):
+            parsed.append(None)
+        else:
+            parsed.append(nonnegative_int(side))
+    return parsed[0], parsed[1]

@@ -1,4 +1,4 @@
-"""The ``attn-dispatch`` command: ``list``, ``explain``, ``demo``, ``bench``."""
+"""The ``attn-dispatch`` command: ``list``, ``explain``, ``demo``, ``bench``, ``tune``."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import attn_dispatch as ad
 from attn_dispatch import _settings
 from attn_dispatch import backend as adb
 
-from . import bench
+from . import bench, tune
 from ._args import PROG, Parser, nonnegative_int, positive_int
+from ._args import window_sides as _window
 
 DTYPES = {
     "bf16": torch.bfloat16,
@@ -33,21 +34,6 @@ def _arch(text: str) -> ad.Arch:
         return ad.Arch.parse(text)
     except ValueError as exc:  # argparse would replace the message with "invalid value"
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _window(text: str) -> tuple[int | None, int | None]:
-    """``L,R`` with ``none`` (or ``-``, as ``--window=-,64``) for an unbounded side."""
-    sides = text.split(",")
-    if len(sides) != 2:
-        raise argparse.ArgumentTypeError(f"expected L,R (e.g. 128,0 or none,64), got {text!r}")
-    parsed: list[int | None] = []
-    for side in sides:
-        side = side.strip()
-        if side.lower() in ("-", "none"):
-            parsed.append(None)
-        else:
-            parsed.append(nonnegative_int(side))
-    return parsed[0], parsed[1]
 
 
 # The archs of the priority table (README and `attn-dispatch list`): one per supported chip family.
@@ -294,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="time every implementation on a shape sweep (see bench --help)",
         add_help=False,
     )
+    sub.add_parser(
+        "tune",
+        help="autotune a list of shapes ahead of a run (see tune --help)",
+        add_help=False,
+    )
     return parser
 
 
@@ -323,6 +314,9 @@ def _run(argv: list[str]) -> int:
     try:
         if argv[:1] == ["bench"]:
             return bench.main(argv[1:])
+        if argv[:1] == ["tune"]:
+            _settings.current()  # a bad ATTN_DISPATCH_* variable is a usage error, up front
+            return tune.main(argv[1:])
         args = build_parser().parse_args(argv)
         _settings.current()  # a bad ATTN_DISPATCH_* variable is then a usage error, up front
         return {"list": _cmd_list, "explain": _cmd_explain, "demo": _cmd_demo}[args.command](args)

@@ -52,7 +52,8 @@ import attn_dispatch as ad
 from attn_dispatch import backend as adb
 
 from . import _replay
-from ._support import mask_args
+from ._releases import RELEASES, tested_versions
+from ._support import installed_release, mask_args
 
 log = logging.getLogger("attn_dispatch.flash_attn_cute")
 
@@ -309,8 +310,36 @@ REPLAY_VARIABLE = "ATTN_DISPATCH_FA4_REPLAY"
 
 def replay_enabled() -> bool:
     """``ATTN_DISPATCH_FA4_REPLAY``, a boolean (``adb.env_flag``): on (the default) replays
-    FA4's host code per signature, off runs it on every call; a bad value raises naming it."""
-    return adb.env_flag(REPLAY_VARIABLE, True)
+    FA4's host code per signature, off runs it on every call; a bad value raises naming it.
+    The replay is also off, with the reason logged once, on an FA4 release it was not proven
+    on (``_releases``: ``replay_tested``)."""
+    if not adb.env_flag(REPLAY_VARIABLE, True):
+        return False
+    problem = replay_problem()
+    if problem is not None:
+        if problem not in _replay_refusals:
+            _replay_refusals.add(problem)
+            log.warning("FA4 host-code replay off: %s", problem)
+        return False
+    return True
+
+
+# The reasons replay_enabled has logged (once each per process).
+_replay_refusals: set[str] = set()
+
+
+def replay_problem() -> str | None:
+    """Why the installed FA4 release may not be replayed (``None``: it may)."""
+    release = installed_release()
+    if release is None:
+        return None  # the version gate refuses the backend itself, with its reason
+    if release.replay_tested:
+        return None
+    tested = ", ".join(v for v in tested_versions() if RELEASES[v].replay_tested)
+    return (
+        f"the replay was not proven on FA4 {release.version} (proven on: {tested}); FA4's host "
+        "code runs on every call"
+    )
 
 
 def _remember(ready: dict, inp: adb.ForwardInputs, plan: Plan) -> None:

@@ -1,9 +1,10 @@
 """What FlashAttention-4 runs, decided from installed metadata and the inputs alone.
 
 Nothing here imports FA4 or CUTLASS (``import flash_attn.cute.interface`` takes seconds): the
-version gate reads package metadata, and the support rules restate FA4 4.0.0b36's own checks
-(``flash_attn/cute/interface.py``: ``_validate_head_dims``, the arch asserts of
-``_flash_attn_fwd`` / ``_flash_attn_bwd``, ``_resolve_causal_local_window``).
+version gate reads package metadata against the table of tested releases (``_releases``), and
+the support rules restate FA4's own checks (``flash_attn/cute/interface.py`` of 4.0.0b36 and
+4.0.0b40: ``_validate_head_dims``, the arch asserts of ``_flash_attn_fwd`` /
+``_flash_attn_bwd``, ``_resolve_causal_local_window``).
 """
 
 from __future__ import annotations
@@ -16,28 +17,16 @@ from typing import NamedTuple
 
 from attn_dispatch import backend as adb
 
-FA4_DISTRIBUTION = "flash-attn-4"
-# The releases this backend was tested with. It calls FA4's private entry points
-# (_flash_attn_fwd returns a 5-tuple, _flash_attn_bwd takes out, dout, lse in that order), which
-# change between betas, and which head dims FA4 computes correctly changes with them
-# (SM90_CORRECT_HEAD_DIMS): widen the range only after the GPU suite and the head-dim test
-# (tests/test_flash_attn_cute_head_dims_gpu.py) have passed on the new release.
-FA4_SPECIFIER = ">=4.0.0b36,<4.0.0b37"
-FA4_REQUIREMENT = FA4_DISTRIBUTION + FA4_SPECIFIER
-FA4_TESTED = "4.0.0b36"
+from ._releases import Release, release_for, tested_versions
 
-# The (D, Dv, gqa) combinations for which FA4 4.0.0b36 on sm_90 computes the output and every
-# gradient correctly against the float64 oracle, as proven on an H200 by
-# backends/flash_attn_cute/tests/test_flash_attn_cute_head_dims_gpu.py (which runs every
-# D in 8..256 it covers, MHA and GQA). This table is the one place that admits head dims on
-# sm_90: change it only with that test's result on the installed FA4.
-SM90_CORRECT_HEAD_DIMS = frozenset(
-    (d, d, gqa) for d in (24, 32, 64, 96, 128, 160, 192, 256) for gqa in (False, True)
-)
-# Head dims at which that test found FA4 4.0.0b36's sm_90 backward wrong: dQ off by a relative
-# 0.87-0.99 and, with GQA, dK/dV by 0.5-0.75 (D = Dv, B=2, S=512, causal). The pattern fits its
-# dQ accumulator rounded to a multiple of 32 while the kernel rounds the head dim to 16.
-SM90_WRONG_BACKWARD_HEAD_DIMS = frozenset({8, 16, 40, 48, 72, 80, 104})
+FA4_DISTRIBUTION = "flash-attn-4"
+# The package's dependency (pyproject.toml), which pip resolves: the tested releases' span. The
+# gate itself is the table of tested releases (``_releases.RELEASES``): a release inside this
+# span without a row there (a beta between two tested ones) is refused all the same.
+FA4_SPECIFIER = ">=4.0.0b36,<=4.0.0b40"
+FA4_REQUIREMENT = FA4_DISTRIBUTION + FA4_SPECIFIER
+# Where the two refusals below that are not the dQ accumulator defect were observed.
+OBSERVED_ON = "4.0.0b36"
 # The module whose functions the backend calls; FlashAttention-2 ('flash-attn') ships an older
 # flash_attn/cute package of its own, and whichever distribution installs last owns the files.
 FA4_INTERFACE_FILE = "flash_attn/cute/interface.py"
@@ -47,16 +36,35 @@ FA4_INTERFACE_FILE = "flash_attn/cute/interface.py"
 SM100_LARGE_HEAD_DIMS = frozenset({(192, 128), (256, 256)})
 
 
+@functools.cache
+def installed_version() -> str | None:
+    """The installed ``flash-attn-4`` version (``None``: not installed). Reads metadata; cached
+    for the process."""
+    try:
+        return metadata.version(FA4_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def installed_release() -> Release | None:
+    """The row of the installed FA4 release (``None``: absent or untested)."""
+    version = installed_version()
+    return None if version is None else release_for(version)
+
+
 def fa4_problem() -> str | None:
-    """Why FA4 cannot be used here (absent, outside the tested range, or its files replaced by
-    another distribution), or ``None``. Reads metadata only; cached."""
-    missing = adb.missing_requirement(FA4_REQUIREMENT)
-    if missing is not None:
-        if "is not installed" in missing:
-            return missing
+    """Why FA4 cannot be used here (absent, a release without a row in the table of tested
+    releases, or its files replaced by another distribution), or ``None``. Reads metadata
+    only; cached."""
+    version = installed_version()
+    tested = ", ".join(tested_versions())
+    if version is None:
+        return f"{FA4_DISTRIBUTION} is not installed (tested releases: {tested})"
+    if release_for(version) is None:
         return (
-            f"{missing}: the backend stays off on another FA4 release until the head-dim GPU "
-            "test (tests/test_flash_attn_cute_head_dims_gpu.py) and the GPU suite pass on it"
+            f"{FA4_DISTRIBUTION} {version} is installed; tested releases: {tested}: the backend "
+            "stays off on another FA4 release until the head-dim GPU test "
+            "(tests/test_flash_attn_cute_head_dims_gpu.py) and the GPU suite pass on it"
         )
     return _interface_replaced(FA4_DISTRIBUTION)
 
@@ -88,39 +96,43 @@ def _interface_replaced(distribution: str) -> str | None:
     return None
 
 
-def sm90_head_dim_problem(head_dim: int, head_dim_v: int, gqa: bool) -> str | None:
-    """Why FA4 on sm_90 is not trusted with ``(head_dim, head_dim_v)`` (with GQA or not), naming
-    the FA4 defect where one is known, or ``None`` when :data:`SM90_CORRECT_HEAD_DIMS` admits
-    it."""
-    if (head_dim, head_dim_v, gqa) in SM90_CORRECT_HEAD_DIMS:
+def sm90_head_dim_problem(
+    head_dim: int, head_dim_v: int, gqa: bool, release: Release | None = None
+) -> str | None:
+    """Why FA4 ``release`` (default: the installed one) on sm_90 is not trusted with
+    ``(head_dim, head_dim_v)`` (with GQA or not), naming the FA4 defect where one is known, or
+    ``None`` when its row proves the head dims. ``None`` too without a row: the version gate
+    refuses such a release, with its own reason."""
+    release = release or installed_release()
+    if release is None:
+        return None
+    proven = release.sm90_head_dims
+    if head_dim == head_dim_v and head_dim in proven:
         return None
     kind = "GQA" if gqa else "MHA"
-    admitted = ", ".join(
-        f"{d}" if d == dv else f"({d}, {dv})"
-        for d, dv in sorted({(d, dv) for d, dv, g in SM90_CORRECT_HEAD_DIMS if g == gqa})
-    )
+    admitted = ", ".join(str(d) for d in sorted(proven))
     tail = f"; admitted for {kind} (D = Dv): {admitted}"
-    wrong = sorted({head_dim, head_dim_v} & SM90_WRONG_BACKWARD_HEAD_DIMS)
+    wrong = sorted({head_dim, head_dim_v} & release.sm90_wrong_backward)
     if wrong:
         grads = "dQ (and dK/dV with GQA)"
         return (
-            f"FA4 {FA4_TESTED}'s sm_90 backward returns wrong {grads} at head_dim="
+            f"FA4 {release.version}'s sm_90 backward returns wrong {grads} at head_dim="
             f"{wrong[0]}: its dQ accumulator is rounded to 32 while the kernel rounds the head "
             f"dim to 16{tail}"
         )
     if gqa and head_dim != head_dim_v:
         return (
-            f"head_dim={head_dim} != head_dim_v={head_dim_v} with GQA: FA4 {FA4_TESTED}'s sm_90 "
+            f"head_dim={head_dim} != head_dim_v={head_dim_v} with GQA: FA4 {OBSERVED_ON}'s sm_90 "
             f"backward asserts equal head dims{tail}"
         )
     if head_dim == 8 and head_dim_v > head_dim:
         return (
-            f"head_dim=8 < head_dim_v={head_dim_v}: FA4 {FA4_TESTED}'s sm_90 forward makes an "
+            f"head_dim=8 < head_dim_v={head_dim_v}: FA4 {OBSERVED_ON}'s sm_90 forward makes an "
             f"illegal memory access{tail}"
         )
     return (
         f"(head_dim, head_dim_v)=({head_dim}, {head_dim_v}) with {kind}: not proven correct on "
-        f"sm_90 by the head-dim GPU test{tail}"
+        f"sm_90 with FA4 {release.version} by the head-dim GPU test{tail}"
     )
 
 

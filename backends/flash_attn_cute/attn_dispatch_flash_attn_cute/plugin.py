@@ -13,15 +13,16 @@ Capabilities (class attributes; the core writes the reasons): CUDA only, bf16/f1
 varlen, GQA/MQA native (K/V read with Hkv heads, dK/dV returned with Hkv heads), both causal
 alignments: FA4's causal mask is bottom-right aligned, and a top-left mask with Sq != Sk is
 passed as FA4's window ``(None, Sq - Sk)``, which is exactly the top-left mask; sliding windows
-(the top-left diagonal shifted onto FA4's the same way) and soft caps. On sm_90 only the
-(D, Dv, GQA or not) combinations of ``_support.SM90_CORRECT_HEAD_DIMS``, the ones the head-dim
-GPU test (tests/test_flash_attn_cute_head_dims_gpu.py) proved correct for the output and every
-gradient: FA4 4.0.0b36's sm_90 backward returns wrong dQ (and dK/dV with GQA) at D = 8, 16,
-40, 48, 72, 80 and 104, asserts D == Dv with GQA, and its forward with D = 8 < Dv makes an
-illegal memory access; each refusal names its defect. ``supports`` adds what the attributes
-cannot say: the installed FA4 within the tested range (a newer FA4 keeps the backend off until
-that test passes on it), the sm_90 head-dim table, top-left varlen with distinct cu_seqlens
-(rejected: the window is one value per call), and Blackwell's (D, Dv) pairs. Deterministic:
+(the top-left diagonal shifted onto FA4's the same way) and soft caps. On sm_90 only the head
+dims D = Dv that the installed release's row of ``_releases.RELEASES`` proves (the head-dim
+GPU test, tests/test_flash_attn_cute_head_dims_gpu.py, showed the output and every gradient
+correct): FA4's sm_90 backward returns wrong dQ (and dK/dV with GQA) at D = 8, 16, 40, 48, 72,
+80, 104 and 112 in 4.0.0b36 and 4.0.0b40, 4.0.0b36 asserts D == Dv with GQA, and its forward
+with D = 8 < Dv makes an illegal memory access; each refusal names its defect. ``supports``
+adds what the attributes cannot say: the installed FA4 being a release with a row (any other
+keeps the backend off until that test and the GPU suite pass on it), the row's sm_90 head
+dims, top-left varlen with distinct cu_seqlens (rejected: the window is one value per call),
+and Blackwell's (D, Dv) pairs. Deterministic:
 FA4's backward has a deterministic mode (dQ/dK/dV reductions ordered by semaphores), used when
 the call asks for determinism; otherwise the faster atomic one runs.
 
@@ -33,10 +34,10 @@ mode: GQA, dense D = 128, Sk <= 1024 with B*H <= 64 (triton:fused_atomic leads),
 with B*H <= 8 at 2048 < Sk <= 4096 (triton's Gluon kernel leads), and any soft cap (triton
 leads; window-only calls stay with FA4, 7% faster). The same rules hold in eager execution for
 dense calls: FA4's host code is replayed per signature (``_replay``), so a call costs less host
-time than any other GPU implementation's. Where it runs on every call (varlen, or the replay
-switched off) a short eager backward (B*H <= 8, Sk <= 2048) ranks 42, below every other GPU
-implementation. 60 on sm_100/sm_103, opt-in: FA4 is written for Blackwell; not run or measured
-by this project there.
+time than any other GPU implementation's. Where it runs on every call (varlen, the replay
+switched off, or a release the replay was not proven on) a short eager backward (B*H <= 8,
+Sk <= 2048) ranks 42, below every other GPU implementation. 60 on sm_100/sm_103, opt-in: FA4
+is written for Blackwell; not run or measured by this project there.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
 
 def host_bound_sm90(inp: adb.ForwardInputs) -> bool:
     """Whether ``inp`` is a short backward (B*H <= 8, Sk <= 2048) whose every call runs FA4's
-    host code: varlen, or ``ATTN_DISPATCH_FA4_REPLAY=0``."""
+    host code: varlen, ``ATTN_DISPATCH_FA4_REPLAY=0``, or a release the replay was not proven on."""
     if not isinstance(inp, adb.BackwardInputs):
         return False
     if not inp.is_varlen and _fa4.replay_enabled():
@@ -132,7 +133,7 @@ class FlashAttnCute(adb.Implementation):
 
 class Sm90(FlashAttnCute):
     """FA4 on Hopper, on by default: FA4's own head dims (each of D and Dv a multiple of 8 in
-    8..256), of which ``supports`` admits only the combinations of ``SM90_CORRECT_HEAD_DIMS``."""
+    8..256), of which ``supports`` admits only those the installed release's row proves."""
 
     name = "sm90"
     priority = {"sm_90": PRIORITY}

@@ -11,8 +11,9 @@
 * Compilation: once per variant per process, not per shape; the first call of each variant is
   recorded with its time.
 
-On sm_90 the backend is on by default and its ``supports`` admits only the head dims of
-``_support.SM90_CORRECT_HEAD_DIMS`` (proven by test_flash_attn_cute_head_dims_gpu.py); on
+On sm_90 the backend is on by default and its ``supports`` admits only the head dims of the
+installed release's row in ``_releases.RELEASES`` (proven by
+test_flash_attn_cute_head_dims_gpu.py); on
 Blackwell it is opt-in. The kit skips refused cases with the reasons,
 ``test_rejections_on_this_gpu`` checks the reasons, and the ``test_fa4_*`` xfail tests call
 FA4 directly on the failing classes to document the failures (the illegal memory access in a

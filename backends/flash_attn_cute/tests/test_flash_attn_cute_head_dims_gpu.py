@@ -1,11 +1,18 @@
-"""Which head dims FA4's sm_90 kernels compute correctly: the evidence behind the admitted set.
+"""Which head dims FA4's sm_90 kernels compute correctly: the evidence behind the release table.
 
-For every head dim D = Dv in ``HEAD_DIMS``, MHA and GQA, FA4's forward and backward are called
-directly (past ``supports``) on fresh random bf16 inputs and compared with the float64 oracle:
-out, lse, dq, dk and dv, each within the kit's bf16 tolerance. Then the test asserts that the
-backend admits the combination exactly when FA4 computed it correctly: an admitted combination
-that FA4 gets wrong fails the test, and so does a correct one that the backend still refuses.
-Run this file on every FA4 release before widening ``FA4_SPECIFIER``.
+For every head dim D = Dv FA4 takes on sm_90 (multiples of 8 in 8..256), MHA and GQA, FA4's
+forward and backward are called directly (past ``supports``) on fresh random bf16 inputs and
+compared with the float64 oracle: out, lse, dq, dk and dv, each within the kit's bf16
+tolerance. The installed release's row in ``_releases.RELEASES`` must agree: a head dim the
+backend admits that FA4 gets wrong fails the test, and so does one the row records as wrong
+that FA4 now computes correctly. A correct head dim the row does not mention (not scanned on
+that release) passes, and the summary names it: add it to the row.
+
+Run it on every FA4 release before adding or widening its row; a release without a row is
+scanned against an empty one (the version gate does not stop the scan). As a script it prints
+the row the results make::
+
+    python backends/flash_attn_cute/tests/test_flash_attn_cute_head_dims_gpu.py
 
 The allocator is poisoned with NaN before each kernel call, so an element FA4 leaves unwritten
 cannot pass.
@@ -15,8 +22,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attn_dispatch_flash_attn_cute import _fa4
-from attn_dispatch_flash_attn_cute._support import fa4_problem
+from attn_dispatch_flash_attn_cute import _fa4, _releases, _support
 
 import attn_dispatch as ad
 from attn_dispatch.backend import make_inputs
@@ -25,7 +31,7 @@ from attn_dispatch.testing.tolerances import error_metrics, tolerance_for
 
 pytestmark = pytest.mark.gpu
 
-HEAD_DIMS = (8, 16, 24, 32, 40, 48, 64, 72, 80, 96, 104, 128, 160, 192, 256)
+HEAD_DIMS = tuple(range(8, 257, 8))
 # (heads, kv_heads): MHA and a GQA group of 4
 GROUPINGS = {"mha": (4, 4), "gqa": (8, 2)}
 BATCH, SEQLEN = 2, 512
@@ -36,7 +42,16 @@ def _why_not_here() -> str | None:
         return "needs an NVIDIA GPU"
     if ad.detect_arch(torch.device("cuda")).name != "sm_90":
         return "the head-dim evidence is for FA4's sm_90 kernels"
-    return fa4_problem()
+    if _support.installed_version() is None:
+        return "flash-attn-4 is not installed"
+    return None
+
+
+def _row() -> _releases.Release:
+    """The installed release's row, or an empty one for a release not in the table yet."""
+    version = _support.installed_version()
+    empty = _releases.Release(version, frozenset(), frozenset(), False, "not tested")
+    return _releases.release_for(version) or empty
 
 
 WHY_NOT = _why_not_here()
@@ -50,17 +65,8 @@ def _poison_allocator(nbytes: int) -> None:
 
 
 def _admitted(h: int, hkv: int, d: int) -> bool:
-    """Whether ``flash_attn_cute:sm90`` accepts these head dims (forced, so that an opt-in or a
-    priority rule does not hide the verdict of its capabilities and ``supports``)."""
-    shapes = [(BATCH, SEQLEN, h, d), (BATCH, SEQLEN, hkv, d), (BATCH, SEQLEN, hkv, d)]
-    q, k, v = (torch.empty(s, dtype=torch.bfloat16, device="meta") for s in shapes)
-    out = torch.empty(BATCH, SEQLEN, h, d, dtype=torch.bfloat16, device="meta")
-    lse = torch.empty(BATCH, h, SEQLEN, device="meta")
-    report = ad.explain(
-        q, k, v, out, lse, out, causal=True, arch="sm_90", backend="flash_attn_cute"
-    )
-    (cand,) = [c for c in report.candidates if c.name == "flash_attn_cute:sm90"]
-    return cand.status != "rejected"
+    """Whether the installed release's row admits these head dims on sm_90."""
+    return _support.sm90_head_dim_problem(d, d, h != hkv, _row()) is None
 
 
 def _fa4_errors(h: int, hkv: int, d: int, seed: int) -> dict[str, float]:
@@ -86,18 +92,50 @@ def _fa4_errors(h: int, hkv: int, d: int, seed: int) -> dict[str, float]:
     return {name: error_metrics(got[name], ref[name])[1] for name in got}
 
 
-@pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
-@pytest.mark.parametrize("grouping", sorted(GROUPINGS))
-@pytest.mark.parametrize("d", HEAD_DIMS)
-def test_admitted_exactly_where_fa4_is_correct(d, grouping):
+def _verdict(d: int, grouping: str) -> tuple[bool, str]:
+    """Whether FA4 computes D = Dv = ``d`` correctly with ``grouping``, and the errors."""
     h, hkv = GROUPINGS[grouping]
     tol = tolerance_for(torch.bfloat16).rel_l2
     errors = _fa4_errors(h, hkv, d, seed=1000 + d)
     correct = all(e <= tol for e in errors.values())
+    return correct, ", ".join(f"{n}={e:.2e}" for n, e in errors.items())
+
+
+@pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
+@pytest.mark.parametrize("grouping", sorted(GROUPINGS))
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_the_release_row_agrees_with_fa4(d, grouping):
+    row = _row()
+    h, hkv = GROUPINGS[grouping]
+    correct, table = _verdict(d, grouping)
     admitted = _admitted(h, hkv, d)
-    table = ", ".join(f"{n}={e:.2e}" for n, e in errors.items())
-    print(f"FA4 sm_90 D={d} {grouping}: correct={correct} admitted={admitted} ({table})")
-    assert admitted == correct, (
-        f"D={d} {grouping}: FA4 {'correct' if correct else 'wrong'} ({table}) but the backend "
-        f"{'admits' if admitted else 'refuses'} it"
+    print(
+        f"FA4 {row.version} sm_90 D={d} {grouping}: correct={correct} admitted={admitted} ({table})"
     )
+    assert correct or not admitted, f"D={d} {grouping}: FA4 wrong ({table}) but admitted"
+    assert not (correct and d in row.sm90_wrong_backward), (
+        f"D={d} {grouping}: FA4 {row.version} correct ({table}) but its row records it wrong"
+    )
+
+
+def main() -> None:
+    """Scan every head dim, MHA and GQA, and print the row the results make."""
+    if WHY_NOT is not None:
+        raise SystemExit(WHY_NOT)
+    row = _row()
+    correct, wrong = set(HEAD_DIMS), set()
+    for d in HEAD_DIMS:
+        for grouping in sorted(GROUPINGS):
+            ok, table = _verdict(d, grouping)
+            print(f"D={d:3d} {grouping}: {'correct' if ok else 'WRONG  '} {table}", flush=True)
+            if not ok:
+                correct.discard(d)
+                wrong.add(d)
+    print(f"\nflash-attn-4 {row.version} on {torch.cuda.get_device_name()}:")
+    print(f"  sm90_head_dims={sorted(correct)}")
+    print(f"  sm90_wrong_backward={sorted(wrong)}")
+    print(f"  the table's row: admitted {sorted(row.sm90_head_dims)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,7 @@ import threading
 
 import pytest
 import torch
-from attn_dispatch_flash_attn_cute import _fa4, _replay
+from attn_dispatch_flash_attn_cute import _fa4, _replay, _support
 from toy_fa4 import ToyFA4
 
 from attn_dispatch import backend as adb
@@ -72,8 +72,11 @@ def test_a_recorded_forward_replays_on_new_inputs_without_the_host_code():
     assert fa4.host_calls == ["fwd", "fwd"] and fa4.launches == ["fwd"] * 4
 
 
-def test_a_recorded_backward_replays_its_fills_views_and_three_kernels():
-    fa4 = ToyFA4()
+@pytest.mark.parametrize("lookup", ["index", "get"])
+def test_a_recorded_backward_replays_its_fills_views_and_three_kernels(lookup):
+    """Whether FA4 looks its kernels up as ``cache[key]`` (4.0.0b36) or ``cache.get(key)``
+    (4.0.0b40), each launch is recorded."""
+    fa4 = ToyFA4(lookup)
     fa4._flash_attn_bwd(*backward_tensors(0), causal=True)
     trace = record(fa4, fa4._flash_attn_bwd, backward_tensors(1), (0, 1, 2), causal=True)
     kinds = [step[0] for step in trace.steps]
@@ -178,6 +181,8 @@ def toy_fa4(monkeypatch):
     # CPU tensors (get_device() is -1), read from C as torch's own
     monkeypatch.setattr(_fa4, "_current_device", functools.partial(int, -1))
     monkeypatch.delenv(_fa4.REPLAY_VARIABLE, raising=False)
+    # a release the replay was proven on, whichever is installed (the stand-in is FA4 here)
+    monkeypatch.setattr(_support, "installed_version", lambda: "4.0.0b36")
     return fa4
 
 
@@ -382,3 +387,29 @@ def test_a_replayed_call_enters_no_function_of_fa4s_host_code(toy_fa4):
     assert entered[:2] == ["backward", "replay"], entered
     assert "entry" not in entered and "_backward" not in entered
     assert entered.count("kernel") == 3  # the three launches, nothing of the host code
+
+
+def test_the_replay_is_refused_on_a_release_it_was_not_proven_on(toy_fa4, monkeypatch, caplog):
+    """4.0.0b40's row says the replay was not tested on it: FA4's host code runs on every call,
+    and the reason is logged once."""
+    monkeypatch.setattr(_support, "installed_version", lambda: "4.0.0b40")
+    monkeypatch.setattr(_fa4, "_replay_refusals", set())
+    caplog.set_level(logging.WARNING, logger="attn_dispatch.flash_attn_cute")
+    first = signature_inputs(qkv(0))
+    for seed in range(5):
+        inp = first if seed == 0 else signature_inputs(qkv(seed), like=first)
+        out, _ = _fa4.forward(inp)
+        assert_close(out, oracle(inp.q, inp.k, inp.v, causal=True, causal_align="bottom_right").out)
+    assert toy_fa4.host_calls == ["fwd"] * 5
+    assert _fa4.replay_enabled() is False
+    refusals = [r.getMessage() for r in caplog.records if "replay off" in r.getMessage()]
+    assert refusals == [
+        "FA4 host-code replay off: the replay was not proven on FA4 4.0.0b40 (proven on: "
+        "4.0.0b36); FA4's host code runs on every call"
+    ]
+
+
+def test_the_replay_runs_on_a_release_it_was_proven_on(toy_fa4, monkeypatch):
+    monkeypatch.setattr(_support, "installed_version", lambda: "4.0.0b36")
+    assert _fa4.replay_enabled() is True
+    learned_forward(toy_fa4)

@@ -8,13 +8,14 @@ themselves run in test_flash_attn_cute_gpu.py.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
-from attn_dispatch_flash_attn_cute import _support, plugin
+from attn_dispatch_flash_attn_cute import _releases, _support, plugin
 from attn_dispatch_flash_attn_cute._support import MaskArgs, mask_args
 
 import attn_dispatch as ad
@@ -27,9 +28,11 @@ FA4_MODULES = ("flash_attn", "cutlass", "tvm_ffi", "quack")
 
 
 @pytest.fixture(autouse=True)
-def selection_env(isolated_plugins):
+def selection_env(isolated_plugins, monkeypatch):
     """This backend (enabled: its Blackwell implementation is opt-in), torch_sdpa (cuDNN at 50
-    on sm_90) and the reference only."""
+    on sm_90) and the reference only; the table read for FA4 4.0.0b36 whichever release is
+    installed (tests of another release say so with ``installed``)."""
+    monkeypatch.setattr(_support, "installed_version", lambda: "4.0.0b36")
     isolated_plugins.set(
         ATTN_DISPATCH_PLUGINS="flash_attn_cute,torch_sdpa,reference",
         ATTN_DISPATCH_ENABLE="flash_attn_cute",
@@ -139,16 +142,26 @@ def test_discovery_and_explain_import_no_fa4_code():
 
 
 def test_fa4_requirement_is_the_distributions_dependency():
-    """The gate in supports() and the package's dependency name the same tested range."""
-    from importlib import metadata
+    """The package's flash-attn-4 dependency is FA4_REQUIREMENT, and it spans exactly the
+    tested releases: the oldest and the newest row of the table are its bounds."""
+    from pathlib import Path
 
     from packaging.requirements import Requirement
 
-    requires = [Requirement(r) for r in metadata.requires("attn-dispatch-flash-attn-cute") or []]
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    pyproject = Path(plugin.__file__).resolve().parents[1] / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text())["project"]
+    requires = [Requirement(r) for r in project["dependencies"]]
     gate = Requirement(_support.FA4_REQUIREMENT)
     assert [(r.name, r.specifier) for r in requires if r.name == gate.name] == [
         (gate.name, gate.specifier)
     ]
+    tested = _releases.tested_versions()
+    assert all(gate.specifier.contains(v, prereleases=True) for v in tested)
+    below = {s.version for s in gate.specifier if s.operator == ">="}
+    above = {s.version for s in gate.specifier if s.operator == "<="}
+    assert (below, above) == ({tested[0]}, {tested[-1]})
     assert _support.fa4_problem() is None  # the real dependency is installed and intact
 
 
@@ -252,18 +265,48 @@ def test_sm90_proven_head_dims_accepted(dtype, d, hkv):
     assert forward.reasons == ()
 
 
-def test_sm90_head_dim_table_is_the_one_admission():
-    """Exactly the table's (D, Dv, gqa) combinations pass supports() among FA4's own head dims:
-    adding an entry admits it, removing one refuses it."""
-    table = _support.SM90_CORRECT_HEAD_DIMS
+@pytest.fixture
+def installed(monkeypatch):
+    """Pretend ``version`` is the installed FA4 (the table is read for it): a function."""
+
+    def install(version: str) -> None:
+        monkeypatch.setattr(_support, "installed_version", lambda: version)
+        ad.reload()
+
+    return install
+
+
+@pytest.mark.parametrize("version", ["4.0.0b36", "4.0.0b40"])
+def test_sm90_head_dim_table_is_the_one_admission(installed, version):
+    """Exactly the installed release's proven head dims (D = Dv, MHA and GQA) pass supports()
+    among FA4's own head dims."""
+    installed(version)
+    proven = _releases.RELEASES[version].sm90_head_dims
     for d in range(8, 257, 8):
         for hkv in (8, 64):
             cand = verdicts(explain(dense(128, d=d, hkv=hkv), "sm_90"))["flash_attn_cute:sm90"]
-            assert (cand.reasons == ()) == ((d, d, hkv != 64) in table), (d, hkv, cand.reasons)
+            assert (cand.reasons == ()) == (d in proven), (version, d, hkv, cand.reasons)
+
+
+def test_the_releases_proven_and_refused_head_dims():
+    """The rows as measured on an H200: b40 adds 56, 88, 120 and 136-176 (192 and 256 were not
+    scanned on it); both refuse 112 with the other dQ accumulator head dims."""
+    b36, b40 = _releases.RELEASES["4.0.0b36"], _releases.RELEASES["4.0.0b40"]
+    assert sorted(b36.sm90_head_dims) == [24, 32, 64, 96, 128, 160, 192, 256]
+    assert sorted(b40.sm90_head_dims) == [24, 32, 56, 64, 88, 96, 120, 128, *range(136, 177, 8)]
+    for release in (b36, b40):
+        assert sorted(release.sm90_wrong_backward) == [8, 16, 40, 48, 72, 80, 104, 112]
+        # the defect's pattern: D <= 128 whose round-up to 16 differs from its round-up to 32
+        pattern = {d for d in range(8, 129, 8) if -(-d // 16) * 16 != -(-d // 32) * 32}
+        assert release.sm90_wrong_backward == pattern
+        assert not release.sm90_head_dims & release.sm90_wrong_backward
+    assert (b36.replay_tested, b40.replay_tested) == (True, False)
 
 
 def test_sm90_head_dim_table_change_is_followed(monkeypatch):
-    monkeypatch.setattr(_support, "SM90_CORRECT_HEAD_DIMS", frozenset({(40, 40, True)}))
+    row = _releases.RELEASES["4.0.0b36"]
+    changed = dataclasses.replace(row, sm90_head_dims=frozenset({40}), sm90_wrong_backward=set())
+    monkeypatch.setitem(_releases.RELEASES, "4.0.0b36", changed)
     gqa40 = verdicts(explain(dense(128, d=40), "sm_90"))["flash_attn_cute:sm90"]
     assert gqa40.reasons == ()
     gqa128 = verdicts(explain(dense(128, d=128), "sm_90"))["flash_attn_cute:sm90"]
@@ -271,21 +314,39 @@ def test_sm90_head_dim_table_change_is_followed(monkeypatch):
 
 
 DEFECT = (
-    "FA4 4.0.0b36's sm_90 backward returns wrong dQ (and dK/dV with GQA) at head_dim={d}: its dQ "
-    "accumulator is rounded to 32 while the kernel rounds the head dim to 16; admitted for {kind} "
-    "(D = Dv): 24, 32, 64, 96, 128, 160, 192, 256"
+    "FA4 {version}'s sm_90 backward returns wrong dQ (and dK/dV with GQA) at head_dim={d}: its "
+    "dQ accumulator is rounded to 32 while the kernel rounds the head dim to 16; admitted for "
+    "{kind} (D = Dv): {admitted}"
 )
-ADMITTED = "admitted for {kind} (D = Dv): 24, 32, 64, 96, 128, 160, 192, 256"
+B36_ADMITTED = "24, 32, 64, 96, 128, 160, 192, 256"
+B40_ADMITTED = "24, 32, 56, 64, 88, 96, 120, 128, 136, 144, 152, 160, 168, 176"
+ADMITTED = "admitted for {kind} (D = Dv): " + B36_ADMITTED
 
 
-@pytest.mark.parametrize("d", [8, 16, 40, 48, 72, 80, 104])
+@pytest.mark.parametrize(
+    ("version", "admitted"), [("4.0.0b36", B36_ADMITTED), ("4.0.0b40", B40_ADMITTED)]
+)
+@pytest.mark.parametrize("d", [8, 16, 40, 48, 72, 80, 104, 112])
 @pytest.mark.parametrize("hkv", [8, 64])
-def test_sm90_wrong_backward_head_dims_rejected_naming_the_defect(d, hkv):
+def test_sm90_wrong_backward_head_dims_rejected_naming_the_defect(
+    installed, version, admitted, d, hkv
+):
+    installed(version)
     kind = "GQA" if hkv != 64 else "MHA"
     for args in (dense(256, d=d, hkv=hkv), dense(256, d=d, hkv=hkv)[:3]):
         cand = verdicts(explain(args, "sm_90"))["flash_attn_cute:sm90"]
         assert cand.status == "rejected"
-        assert cand.reasons == (DEFECT.format(d=d, kind=kind),)
+        want = DEFECT.format(version=version, d=d, kind=kind, admitted=admitted)
+        assert cand.reasons == (want,)
+
+
+def test_sm90_head_dims_unscanned_on_b40_are_refused_as_unproven(installed):
+    installed("4.0.0b40")
+    cand = verdicts(explain(dense(256, d=192), "sm_90"))["flash_attn_cute:sm90"]
+    assert cand.reasons == (
+        "(head_dim, head_dim_v)=(192, 192) with GQA: not proven correct on sm_90 with FA4 "
+        "4.0.0b40 by the head-dim GPU test; admitted for GQA (D = Dv): " + B40_ADMITTED,
+    )
 
 
 @pytest.mark.parametrize(
@@ -302,25 +363,26 @@ def test_sm90_wrong_backward_head_dims_rejected_naming_the_defect(d, hkv):
             8,
             64,
             64,
-            DEFECT.format(d=8, kind="MHA"),
+            DEFECT.format(version="4.0.0b36", d=8, kind="MHA", admitted=B36_ADMITTED),
         ),
         (
             24,
             64,
             64,
-            "(head_dim, head_dim_v)=(24, 64) with MHA: not proven correct on sm_90 by the "
-            "head-dim GPU test; " + ADMITTED.format(kind="MHA"),
+            "(head_dim, head_dim_v)=(24, 64) with MHA: not proven correct on sm_90 with FA4 "
+            "4.0.0b36 by the head-dim GPU test; " + ADMITTED.format(kind="MHA"),
         ),
         (
             56,
             56,
             8,
-            "(head_dim, head_dim_v)=(56, 56) with GQA: not proven correct on sm_90 by "
-            "the head-dim GPU test; " + ADMITTED.format(kind="GQA"),
+            "(head_dim, head_dim_v)=(56, 56) with GQA: not proven correct on sm_90 with FA4 "
+            "4.0.0b36 by the head-dim GPU test; " + ADMITTED.format(kind="GQA"),
         ),
     ],
 )
-def test_sm90_unproven_head_dims_rejected(d, dv, hkv, reason):
+def test_sm90_unproven_head_dims_rejected(installed, d, dv, hkv, reason):
+    installed("4.0.0b36")
     cand = verdicts(explain(dense(256, d=d, dv=dv, hkv=hkv), "sm_90"))["flash_attn_cute:sm90"]
     assert cand.status == "rejected"
     assert cand.reasons == (reason,)
@@ -331,10 +393,10 @@ def test_sm90_head_dims_outside_fa4_are_the_cores_reasons():
     assert cand.reasons[0] == "head_dim=264: needs a multiple of 8 in 8..256"
 
 
-def test_sm90_d8_below_dv_names_the_forward_crash(monkeypatch):
+def test_sm90_d8_below_dv_names_the_forward_crash():
     """D = 8 < Dv is refused for its forward crash even if D = 8's backward were fixed."""
-    monkeypatch.setattr(_support, "SM90_WRONG_BACKWARD_HEAD_DIMS", frozenset())
-    assert _support.sm90_head_dim_problem(8, 64, False) == (
+    row = dataclasses.replace(_releases.RELEASES["4.0.0b36"], sm90_wrong_backward=frozenset())
+    assert _support.sm90_head_dim_problem(8, 64, False, row) == (
         "head_dim=8 < head_dim_v=64: FA4 4.0.0b36's sm_90 forward makes an illegal memory "
         "access; " + ADMITTED.format(kind="MHA")
     )
@@ -517,26 +579,39 @@ def test_sm100_priority_is_not_lowered_by_the_sm90_measurements():
 # The installation gate
 
 
-def test_installed_version_outside_the_tested_range_is_a_reason(monkeypatch):
-    from importlib import metadata
-
-    installed = metadata.version("flash-attn-4")
-    monkeypatch.setattr(_support, "FA4_REQUIREMENT", "flash-attn-4>=99")
+@pytest.mark.parametrize("version", ["4.0.0b37", "4.0.0b41", "4.0.0", "4.0.0b35"])
+def test_a_release_without_a_row_is_refused_naming_the_tested_ones(installed, version):
+    """The gate is the table: a release between two tested ones is refused as well as a newer
+    or an older one."""
+    installed(version)
     cand = verdicts(explain(dense(), "sm_90"))["flash_attn_cute:sm90"]
     assert cand.status == "rejected"
     assert cand.reasons == (
-        f"flash-attn-4 {installed} is installed; needs flash-attn-4>=99: the backend stays off "
-        "on another FA4 release until the head-dim GPU test "
+        f"flash-attn-4 {version} is installed; tested releases: 4.0.0b36, 4.0.0b40: the backend "
+        "stays off on another FA4 release until the head-dim GPU test "
         "(tests/test_flash_attn_cute_head_dims_gpu.py) and the GPU suite pass on it",
     )
 
 
-def test_absent_distribution_is_a_reason(monkeypatch):
-    monkeypatch.setattr(_support, "FA4_REQUIREMENT", "flash-attn-4-not-a-real-name>=4")
+@pytest.mark.parametrize("version", ["4.0.0b36", "4.0.0b40", "4.0.0-beta40"])
+def test_a_tested_release_passes_the_gate(installed, version):
+    installed(version)
     cand = verdicts(explain(dense(), "sm_90"))["flash_attn_cute:sm90"]
-    assert cand.reasons == (
-        "flash-attn-4-not-a-real-name is not installed (needs flash-attn-4-not-a-real-name>=4)",
-    )
+    assert cand.reasons == (), cand.reasons
+
+
+def test_a_new_row_admits_its_release(installed, monkeypatch):
+    row = dataclasses.replace(_releases.RELEASES["4.0.0b40"], version="4.0.0b41")
+    monkeypatch.setitem(_releases.RELEASES, "4.0.0b41", row)
+    installed("4.0.0b41")
+    cand = verdicts(explain(dense(), "sm_90"))["flash_attn_cute:sm90"]
+    assert cand.reasons == ()
+
+
+def test_absent_distribution_is_a_reason(monkeypatch):
+    monkeypatch.setattr(_support, "installed_version", lambda: None)
+    cand = verdicts(explain(dense(), "sm_90"))["flash_attn_cute:sm90"]
+    assert cand.reasons == ("flash-attn-4 is not installed (tested releases: 4.0.0b36, 4.0.0b40)",)
 
 
 def _fake_distribution(root, name: str, content: bytes, recorded: bytes) -> None:
@@ -702,3 +777,14 @@ def test_mask_args_take_sides_near_int64_as_unbounded(align, sq, sk, huge, bound
     assert args == mask_args(forward_inputs(sq, sk, False, align, bounded))
     assert all(side is None or abs(side) < 2**31 for side in args[1:])
     assert torch.equal(fa4_visible(args, sq, sk), visible_mask(sq, sk, False, align, window=huge))
+
+
+def test_sm90_short_dense_backward_ranks_low_eager_where_the_replay_is_refused(installed):
+    """On a release the replay was not proven on, a dense call pays FA4's host code every time,
+    as a varlen call does: the eager host-bound rule applies to it."""
+    installed("4.0.0b40")
+    eager = explain(dense(1024, h=8, hkv=8), "sm_90", causal=True, execution="eager")
+    assert verdicts(eager)["flash_attn_cute:sm90"].priority == 42
+    installed("4.0.0b36")
+    eager = explain(dense(1024, h=8, hkv=8), "sm_90", causal=True, execution="eager")
+    assert verdicts(eager)["flash_attn_cute:sm90"].priority == 60

@@ -1,0 +1,694 @@
+"""Autotune: choose among the admitted implementations by measuring them, once per signature.
+
+Off by default. On (``ATTN_DISPATCH_AUTOTUNE=1``, or :func:`autotune`), the first call of a
+signature that more than one implementation could run automatically times each of them on
+clones of the call's tensors, in the call's execution mode, cross-checks their results, runs the
+fastest of those that agree and remembers the choice: in the process, and in one file per
+measurement under the cache directory, so that another process on the same device with the same
+versions reuses it without timing again.
+
+What may be chosen is what a fresh decision admits: the implementations that automatic
+selection could pick for the call (enabled, not blocked, no rejection reason, deterministic when
+determinism is asked for, a priority on the arch). A forced call is never tuned. A remembered
+choice is used only while a fresh decision still admits it; otherwise the fastest admitted one
+that was measured and agreed runs, and a candidate that was never measured sends the call back
+to measuring.
+
+The measurement:
+
+* Candidates run on clones of the tensors (same shapes, strides and data-pointer residues), with
+  grad recording off, so that an implementation writing into its inputs cannot corrupt the
+  caller's tensors and nothing is recorded for autograd.
+* Each candidate runs once untimed (compilation and warm-up; its result is the one
+  cross-checked), once more to choose how many calls make a sample of at least
+  ``SAMPLE_SECONDS``, then ``REPEATS`` samples; the time is the median per call. A candidate
+  whose second call already takes ``HOPELESS`` times the best median so far keeps that time
+  and is not sampled further (candidates run best priority first). On CUDA the
+  samples are timed with events (which also see the host's launch cost: eager time); a call in
+  ``"graph"`` mode (warm-up under ``ad.execution_mode("graph")``) is captured into a CUDA graph
+  and its replays are timed. On other devices, ``time.perf_counter`` around synchronous calls.
+* The cross-check: each pair of results is compared with the dtype's tolerance of
+  ``attn_dispatch.testing`` (each implementation may be that far from exact, so two may differ
+  by twice that). The candidate that agrees with the most others (ties: the higher priority)
+  defines the consensus; every candidate that disagrees with it is excluded, named in a
+  ``warnings.warn``. With two candidates that disagree, the higher-priority one is trusted.
+  A candidate that raises, returns malformed results or cannot be captured is excluded too.
+
+Calls that cannot be measured now (being captured into a CUDA graph, on ``meta`` or fake
+tensors) use a remembered choice when there is one, else the priority decision. ``explain``
+and ``decide`` never measure: they show the remembered measurement, or say that none exists
+yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._report import (
+    BLOCKED,
+    OPT_IN,
+    SELECTED,
+    SUPPORTED,
+    Candidate,
+    Measurement,
+    Report,
+    Timing,
+)
+
+log = logging.getLogger("attn_dispatch")
+
+AUTOTUNE_ENV = "ATTN_DISPATCH_AUTOTUNE"
+CACHE_DIR_ENV = "ATTN_DISPATCH_CACHE_DIR"
+# Timed samples per candidate (the median is kept) and the least time one sample spans.
+REPEATS = 5
+SAMPLE_SECONDS = 2e-3
+MAX_CALLS_PER_SAMPLE = 100
+# A candidate whose first warm call takes this many times the best median so far is not
+# sampled further (the reference backend at long sequences would cost seconds per call).
+HOPELESS = 10.0
+# The files' layout; a file of another format is ignored (measured again).
+FORMAT = 1
+# The statuses of the implementations that accept a call (whose versions key its measurement).
+ACCEPTING = (SELECTED, SUPPORTED, BLOCKED, OPT_IN)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Autotune as the settings hold it (``None`` there: off): where measurements persist."""
+
+    directory: Path
+
+
+def configured(override: bool | None = None) -> Config | None:
+    """The autotune settings from the environment (``ATTN_DISPATCH_AUTOTUNE``, a boolean read
+    as every boolean variable is, and ``ATTN_DISPATCH_CACHE_DIR`` for the directory), with
+    ``override`` (``autotune()``) taking precedence over the variable. A value that is not a
+    boolean is a ``SettingError`` (a ``ValueError``) naming the variable."""
+    from ._settings import env_flag
+
+    on = env_flag(AUTOTUNE_ENV, False)
+    if override is not None:
+        on = override
+    return Config(cache_directory()) if on else None
+
+
+def cache_directory() -> Path:
+    """Where measurements persist: ``ATTN_DISPATCH_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/attn_dispatch``, else ``~/.cache/attn_dispatch``; files go to its
+    ``autotune`` subdirectory."""
+    explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
+    if explicit:
+        return Path(explicit).expanduser() / "autotune"
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "attn_dispatch" / "autotune"
+
+
+# --- the switch ---------------------------------------------------------------------------
+
+# What autotune() set (None: follow the environment variable); read by the settings' load.
+override: bool | None = None
+
+
+class _Switch:
+    """What :func:`autotune` returns: the switch is already set; as a context manager it
+    restores the previous setting on exit."""
+
+    def __init__(self, previous: bool | None) -> None:
+        self._previous = previous
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        _set(self._previous)
+
+
+def autotune(enabled: bool = True) -> _Switch:
+    """Switch autotune on (or off with ``False``) for the whole process, over
+    ``ATTN_DISPATCH_AUTOTUNE``; ``autotune(None)`` follows the variable again. Cached decisions
+    are dropped, so every signature is decided afresh under the new setting.
+
+    Used as a context manager, the previous setting is restored when the block ends::
+
+        ad.autotune(True)          # from now on
+        with ad.autotune():        # inside the block only
+            train_step()
+
+    The setting is process-wide (not per thread), like ``torch.backends.cudnn.benchmark``.
+    """
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"argument 'enabled': expected a bool or None, got {enabled!r}")
+    previous = override
+    _set(enabled)
+    return _Switch(previous)
+
+
+def _set(enabled: bool | None) -> None:
+    global override
+    from . import _settings
+
+    with _settings._lock:
+        override = enabled
+        settings = _settings.current()
+        _settings._install(settings.fresh(autotune=configured(enabled)))
+
+
+# --- keys: what a measurement is valid for --------------------------------------------------
+
+
+def device_name(device: torch.device) -> str:
+    """The device a measurement was taken on: the GPU's name, or the CPU's model with the
+    number of threads torch uses."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{_cpu_model()}, {torch.get_num_threads()} threads"
+
+
+@functools.cache
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+@functools.cache
+def _distribution_versions(distribution: str) -> tuple[tuple[str, str], ...]:
+    """``distribution``'s version and those of the installed distributions it requires (a
+    kernel library a backend wraps, such as flash-attn-4 or triton, changes its speed)."""
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        versions = {distribution: metadata.version(distribution)}
+        requires = metadata.requires(distribution) or []
+    except metadata.PackageNotFoundError:
+        return ()
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            versions[req.name] = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            continue
+    return tuple(sorted(versions.items()))
+
+
+def versions(settings: Any, names: list[str]) -> dict[str, str]:
+    """The versions a measurement of the implementations ``names`` depends on: torch (and its
+    CUDA, cuDNN), attn_dispatch, and each candidate backend's distribution with what it
+    requires."""
+    from . import __version__
+
+    found = {"attn-dispatch": __version__, "torch": torch.__version__}
+    if torch.version.cuda:
+        found["cuda"] = torch.version.cuda
+    if torch.version.hip:
+        found["hip"] = torch.version.hip
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if cudnn:
+        found["cudnn"] = str(cudnn)
+    for backend in sorted({name.split(":", 1)[0] for name in names}):
+        record = settings.registry.backends.get(backend)
+        if record is None or record.distribution is None:
+            continue
+        found[f"{backend}:{record.distribution}"] = record.version or "?"
+        for dist, version in _distribution_versions(record.distribution):
+            found.setdefault(dist, version)
+    return found
+
+
+def _meta(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return None if t is None else repr(t)
+    return [list(t.shape), list(t.stride()), str(t.dtype).removeprefix("torch.")]
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON can hold it, exactly (floats by repr)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return repr(value)
+
+
+def signature_key(
+    settings: Any,
+    mode: str,
+    call: tuple,
+    tensors: tuple,
+    seqlens: tuple,
+    inp: Any,
+    names: list[str],
+) -> dict:
+    """What a measurement holds for: the device, the versions of every candidate, the call's
+    flags (execution mode included), its tensors' shapes, strides and dtypes, and the varlen
+    metadata. ``call`` is the dispatcher's ``Call`` (a NamedTuple of every flag)."""
+    flags = {k: _plain(v) for k, v in call._asdict().items() if k not in ("backend", "kind")}
+    cu_q, cu_k, *_ = seqlens
+    return {
+        "device": device_name(inp.device),
+        "mode": mode,
+        "flags": flags,
+        "resolved": [_plain(inp.scale), _plain(inp.max_seqlen_q), _plain(inp.max_seqlen_k)],
+        "tensors": [_meta(t) for t in tensors],
+        "varlen": [_meta(cu_q), _meta(cu_k), cu_q is not None and cu_q is cu_k],
+        "versions": versions(settings, names),
+    }
+
+
+# --- the store: in memory, and one file per measurement --------------------------------------
+
+_memory: dict[tuple[str, str], dict] = {}
+_lock = threading.Lock()
+_unwritable: set[str] = set()
+
+
+def _file_name(key: dict) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return f"{key['mode']}-{digest[:32]}.json"
+
+
+def lookup(config: Config, key: dict) -> dict | None:
+    """The remembered measurement of ``key`` (this process's, else its file), or ``None``."""
+    name = _file_name(key)
+    memo = (str(config.directory), name)
+    entry = _memory.get(memo)
+    if entry is not None:
+        return entry
+    path = config.directory / name
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("attn_dispatch: autotune: ignoring unreadable %s (%s)", path, exc)
+        return None
+    if not _well_formed(entry, key):
+        log.warning("attn_dispatch: autotune: ignoring %s (another format or key)", path)
+        return None
+    with _lock:
+        _memory[memo] = entry
+    return entry
+
+
+def _well_formed(entry: object, key: dict) -> bool:
+    """Whether ``entry`` is a measurement of ``key`` in this format."""
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
+        return False
+    timings, excluded = entry.get("timings"), entry.get("excluded")
+    return (
+        isinstance(timings, dict)
+        and isinstance(excluded, dict)
+        and all(isinstance(t, (int, float)) and t >= 0 for t in timings.values())
+        and all(isinstance(r, str) for r in excluded.values())
+    )
+
+
+def store(config: Config, key: dict, entry: dict) -> None:
+    """Remember ``entry`` in this process and write its file atomically (a temporary file in
+    the same directory, then ``os.replace``): a concurrent reader sees the old file or the new
+    one, never a part; concurrent writers of one key leave one complete measurement."""
+    name = _file_name(key)
+    with _lock:
+        _memory[(str(config.directory), name)] = entry
+    directory = config.directory
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(entry, out, indent=1, sort_keys=True)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, directory / name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        if str(directory) not in _unwritable:
+            _unwritable.add(str(directory))
+            message = (
+                f"autotune cannot write its measurements to {directory} ({exc}); they are kept "
+                f"for this process only (set {CACHE_DIR_ENV} to a writable directory)"
+            )
+            log.warning("attn_dispatch: %s", message)
+            warnings.warn(message, stacklevel=_caller_level())
+
+
+def forget() -> None:
+    """Drop the measurements this process remembers (the files stay)."""
+    with _lock:
+        _memory.clear()
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+
+def _clone(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its shape, strides and data-pointer residue modulo 256 (so that an
+    alignment the decision relied on still holds), owning its own memory."""
+    if t.numel() == 0:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    span = t.detach().as_strided((extent,), (1,), t.storage_offset())
+    item = t.element_size()
+    buffer = torch.empty(extent + 256 // item, dtype=t.dtype, device=t.device)
+    pad = ((t.data_ptr() - buffer.data_ptr()) % 256) // item
+    buffer[pad : pad + extent].copy_(span)
+    return buffer.as_strided(t.shape, t.stride(), pad)
+
+
+def _cloned(inp: Any) -> tuple[Any, dict[int, torch.Tensor]]:
+    """A copy of the inputs object whose every tensor is a clone (one clone per distinct
+    tensor, so ``cu_seqlens_q is cu_seqlens_k`` still holds), and the clones by original id."""
+    clones: dict[int, torch.Tensor] = {}
+    copied = copy.copy(inp)
+    for cls in type(inp).__mro__:
+        for slot in getattr(cls, "__slots__", ()):
+            value = getattr(inp, slot, None)
+            if isinstance(value, torch.Tensor):
+                if id(value) not in clones:
+                    clones[id(value)] = _clone(value)
+                setattr(copied, slot, clones[id(value)])
+    return copied, clones
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _sample(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
+    """Seconds per call over ``calls`` back-to-back calls."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+    begin = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - begin) / calls
+
+
+def _timed(fn: Callable[[], Any], device: torch.device, bound: float = math.inf) -> float:
+    """The median seconds per call of ``REPEATS`` samples (see the module docstring); a first
+    call slower than ``bound`` is the answer (it cannot win)."""
+    first = _sample(fn, device, 1)
+    if first > bound:
+        return first
+    calls = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(SAMPLE_SECONDS / max(first, 1e-9))))
+    samples = sorted(_sample(fn, device, calls) for _ in range(REPEATS))
+    return samples[len(samples) // 2]
+
+
+def _graph_replay(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
+    """``fn`` captured into a CUDA graph (after a run on a side stream, as capture wants);
+    the returned function replays it."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def _agreement(a: tuple, b: tuple, forward: bool, dtype: torch.dtype) -> str | None:
+    """``None`` when results ``a`` and ``b`` agree within twice the dtype's tolerance, else
+    what differs."""
+    from .testing.tolerances import error_metrics, tolerance_for
+
+    tol = tolerance_for(dtype)
+    tensors = [(x, y) for x, y in zip(a, b) if isinstance(x, torch.Tensor)]
+    floor = 0.0
+    if not forward:  # gradients: the kit's floor, a tenth of the largest gradient
+        floor = 0.1 * max(
+            (y.detach().abs().max().item() for _, y in tensors if y.numel()), default=0.0
+        )
+    names = ("out", "lse") if forward else ("dq", "dk", "dv", "d4", "d5")
+    for index, (x, y) in enumerate(tensors):
+        name = names[index] if index < len(names) else f"result {index}"
+        if forward and index == 1:
+            xd, yd = x.detach().double(), y.detach().double()
+            if not torch.equal(torch.isneginf(xd), torch.isneginf(yd)):
+                return f"{name}: -inf at other rows"
+            finite = torch.isfinite(yd)
+            diff = (xd - yd).abs()[finite]
+            bound = 2 * (tol.lse_atol + tol.lse_rtol * yd.abs()[finite])
+            if torch.isnan(xd).any() or bool((diff > bound).any()):
+                worst = diff.max().item() if diff.numel() else float("nan")
+                return f"{name}: |difference| up to {worst:.3g}"
+            continue
+        max_err, rel_l2 = error_metrics(x, y, floor)
+        if not (max_err <= 2 * tol.max_err and rel_l2 <= 2 * tol.rel_l2):
+            return f"{name}: max_err={max_err:.3g}, rel_l2={rel_l2:.3g}"
+    return None
+
+
+def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) -> dict:
+    """Run and time every implementation of ``pool`` (best priority first) on clones of
+    ``inp``; cross-check their results. Returns ``{"timings": {name: seconds},
+    "excluded": {name: reason}}``."""
+    device = inp.device
+    forward = mode.name == "forward"
+    graph = execution == "graph" and device.type == "cuda"
+    results: dict[str, tuple] = {}
+    timings: dict[str, float] = {}
+    excluded: dict[str, str] = {}
+    with torch.no_grad(), torch.cuda.device(device) if device.type == "cuda" else _nothing():
+        for impl in pool:
+            name = impl.full_name
+            run = getattr(impl, mode.name)
+            cand, clones = _cloned(inp)
+            cloned_tensors = tuple(clones.get(id(t), t) for t in tensors)
+            try:  # a broken candidate costs only itself
+                result = mode.checked(impl, run(cand), cloned_tensors, inp.facts)
+                _synchronize(device)
+            except Exception as exc:
+                excluded[name] = f"raised {_describe_error(exc)}"
+                continue
+            try:
+                fn = functools.partial(run, cand)
+                fn = _graph_replay(fn, device) if graph else fn
+                bound = HOPELESS * min(timings.values(), default=math.inf)
+                timings[name] = _timed(fn, device, bound)
+            except Exception as exc:
+                what = "cannot be captured into a CUDA graph" if graph else "raised while timed"
+                excluded[name] = f"{what}: {_describe_error(exc)}"
+                continue
+            results[name] = tuple(result)
+    _cross_check(results, excluded, timings, forward, inp.dtype)
+    return {"timings": timings, "excluded": excluded}
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _cross_check(
+    results: dict[str, tuple],
+    excluded: dict[str, str],
+    timings: dict[str, float],
+    forward: bool,
+    dtype: torch.dtype,
+) -> None:
+    """Exclude the candidates that disagree with the consensus (see the module docstring);
+    ``results`` is ordered best priority first."""
+    names = list(results)
+    if len(names) < 2:
+        return
+    differs = {
+        (a, b): _agreement(results[a], results[b], forward, dtype)
+        for a in names
+        for b in names
+        if a != b
+    }
+    agreeing = {a: [b for b in names if b != a and differs[(a, b)] is None] for a in names}
+    pivot = max(names, key=lambda a: (len(agreeing[a]), -names.index(a)))
+    consensus = [pivot, *agreeing[pivot]]
+    for name in names:
+        if name in consensus:
+            continue
+        reason = (
+            f"its results disagree with {', '.join(consensus)} beyond the "
+            f"{str(dtype).removeprefix('torch.')} tolerance ({differs[(name, pivot)]})"
+        )
+        excluded[name] = reason
+        timings.pop(name, None)
+        message = f"autotune excluded {name}: {reason}"
+        log.warning("attn_dispatch: %s", message)
+        warnings.warn(message, stacklevel=_caller_level())
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package (the
+    user's call, however deep the dispatch path)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _can_measure_now(inp: Any) -> str | None:
+    """Why the call cannot be measured now, or ``None``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if inp.device.type == "meta" or isinstance(inp.q, FakeTensor):
+        return "meta or fake tensors"
+    if torch.compiler.is_compiling():
+        return "traced by torch.compile"
+    if inp.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return "called while a CUDA graph is captured (warm up under ad.execution_mode('graph'))"
+    return None
+
+
+# --- the decision -------------------------------------------------------------------------------
+
+
+def _pool(report: Report) -> list[str]:
+    """The names automatic selection could pick, best priority first."""
+    return [
+        c.name
+        for c in report.candidates
+        if c.status in (SELECTED, SUPPORTED) and c.priority is not None
+    ]
+
+
+def _fastest(entry: dict, admitted: list[str]) -> str | None:
+    times = entry["timings"]
+    measured = [name for name in admitted if name in times]
+    return min(measured, key=lambda name: (times[name], admitted.index(name)), default=None)
+
+
+def choose(
+    settings: Any,
+    mode: Any,
+    inp: Any,
+    call: tuple,
+    tensors: tuple,
+    seqlens: tuple,
+    report: Report,
+    *,
+    measure: bool,
+) -> tuple[Report, Any]:
+    """The report and implementation of an automatic decision under autotune: the measured
+    choice among the report's admitted candidates (measuring them first when ``measure`` and
+    nothing remembered covers them), else the priority decision with a note saying why."""
+    registry = settings.registry
+    admitted = _pool(report)
+    winner = registry.implementations[report.selected]
+    if len(admitted) < 2:
+        note = "one implementation can run these inputs: nothing to measure"
+        return dataclasses.replace(report, autotune=Measurement("single", (), note)), winner
+    real = [t for t in tensors if t is not None]
+    # versions of every implementation that accepts the inputs, blocked or opt-in ones too:
+    # blocking or enabling one later changes what may run, not what was measured
+    accepting = [c.name for c in report.candidates if c.status in ACCEPTING]
+    key = signature_key(settings, mode.name, call, tuple(real), seqlens, inp, accepting)
+    entry = lookup(settings.autotune, key)
+    covered = entry is not None and all(
+        n in entry["timings"] or n in entry["excluded"] for n in admitted
+    )
+    status = "reused"
+    if not covered:
+        why_not = None if measure else "explain and decide never measure"
+        why_not = why_not or _can_measure_now(inp)
+        if why_not is not None:
+            note = f"not measured ({why_not}); the first call will time {', '.join(admitted)}"
+            return dataclasses.replace(report, autotune=Measurement("pending", (), note)), winner
+        pool = [registry.implementations[name] for name in admitted]
+        start = time.perf_counter()
+        found = _measure(mode, inp, real, pool, call.execution)
+        entry = {
+            "format": FORMAT,
+            "key": key,
+            "timings": found["timings"],
+            "excluded": found["excluded"],
+            "repeats": REPEATS,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        store(settings.autotune, key, entry)
+        status = "measured"
+        log.info(
+            "attn_dispatch: autotune measured %s %r in %.2f s: %s",
+            mode.name,
+            inp,
+            time.perf_counter() - start,
+            ", ".join(f"{n} {t * 1e6:.1f} us" for n, t in found["timings"].items()),
+        )
+    chosen = _fastest(entry, admitted)
+    timings = tuple(
+        Timing(name, entry["timings"].get(name), entry["excluded"].get(name)) for name in admitted
+    )
+    if chosen is None:
+        note = "no admitted implementation passed the measurement: the priority decision runs"
+        measurement = Measurement("failed", timings, note)
+        return dataclasses.replace(report, autotune=measurement), winner
+    source = "measured now" if status == "measured" else "measured earlier"
+    note = f"{source}, {call.execution} execution, median of {entry.get('repeats', REPEATS)}"
+    measurement = Measurement(status, timings, f"{note}; file {_file_name(key)}")
+    return _reselected(report, chosen, measurement), registry.implementations[chosen]
+
+
+def _reselected(report: Report, chosen: str, measurement: Measurement) -> Report:
+    candidates = []
+    for c in report.candidates:
+        if c.name == chosen:
+            candidates.append(Candidate(c.name, c.priority, c.opt_in, SELECTED, ()))
+        elif c.status == SELECTED:
+            candidates.append(Candidate(c.name, c.priority, c.opt_in, SUPPORTED, ()))
+        else:
+            candidates.append(c)
+    candidates.sort(key=lambda c: c.status != SELECTED)
+    return dataclasses.replace(
+        report, selected=chosen, candidates=tuple(candidates), autotune=measurement
+    )

@@ -1,0 +1,483 @@
+"""Autotune (``ATTN_DISPATCH_AUTOTUNE`` / ``ad.autotune``) on the ``timed`` test plugins.
+
+``timed:slow`` (correct, highest priority, sleeps), ``timed:wrong`` (fast, wrong, writes into its
+inputs) and ``timed:fast`` (correct, fast, lowest priority, not deterministic): priority alone
+picks ``slow``, a measurement must pick ``fast`` and exclude ``wrong`` with a warning. Each one
+counts its calls (``timed.CALLS``), so a test can tell a measurement (every candidate called
+several times) from a reuse (only the chosen one called).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from attn_dispatch_test_plugins import timed
+
+import attn_dispatch as ad
+from attn_dispatch import _autotune
+from attn_dispatch.testing.oracle import oracle
+
+SLOW, WRONG, FAST = "timed:slow", "timed:wrong", "timed:fast"
+EXCLUDED = "autotune excluded timed:wrong: its results disagree with"
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: on a loaded machine two threads spin on each other and swamp the
+    timings of these tiny calls."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def timed_env(env, cache, one_thread):
+    """The timed plugins alone, measurements under ``cache``; autotune not switched on."""
+    timed.CALLS.clear()
+    _autotune.forget()
+    env.set(
+        ATTN_DISPATCH_TEST_PLUGINS="timed",
+        ATTN_DISPATCH_PLUGINS="timed",
+        ATTN_DISPATCH_CACHE_DIR=str(cache),
+    )
+    yield env
+    _autotune.forget()
+
+
+@pytest.fixture
+def tuned(timed_env):
+    """As ``timed_env``, with ``ATTN_DISPATCH_AUTOTUNE=1``."""
+    timed_env.set(ATTN_DISPATCH_AUTOTUNE="1")
+    return timed_env
+
+
+def inputs(seed=0, s=16, h=4, hkv=2, d=16):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, s, h, d, generator=gen)
+    k, v = (torch.randn(1, s, hkv, d, generator=gen) for _ in range(2))
+    want = oracle(q, k, v, causal=True)
+    out, lse = want.out.float(), want.lse.float()
+    grad_out = torch.randn(q.shape, generator=gen)
+    return q, k, v, out, lse, grad_out
+
+
+def calls() -> dict[str, int]:
+    return {name: timed.CALLS[name] for name in (SLOW, WRONG, FAST)}
+
+
+def files(cache) -> list[str]:
+    directory = cache / "autotune"
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_priority_alone_picks_the_slow_implementation(timed_env):
+    assert ad.decide(*inputs(), causal=True).name == SLOW
+    ad.backward(*inputs(), causal=True)
+    assert calls() == {SLOW: 1, WRONG: 0, FAST: 0}
+
+
+def test_the_fastest_agreeing_implementation_runs_and_the_wrong_one_is_excluded(tuned, cache):
+    args = inputs()
+    with pytest.warns(UserWarning, match=EXCLUDED) as caught:
+        dq, dk, dv = ad.backward(*args, causal=True)
+    assert "timed:wrong" in str(caught[0].message) and "float32 tolerance" in str(caught[0].message)
+    measured = calls()
+    assert all(n >= 1 + _autotune.REPEATS for n in measured.values()), measured
+    want = oracle(*args[:3], args[5], causal=True)
+    torch.testing.assert_close(dq.double(), want.dq)
+    # later calls of the signature run the chosen one alone
+    ad.backward(*args, causal=True)
+    assert calls()[FAST] == measured[FAST] + 1
+    assert (calls()[SLOW], calls()[WRONG]) == (measured[SLOW], measured[WRONG])
+    report = ad.explain(*args, causal=True)
+    assert report.selected == FAST and report.autotune.status == "reused"
+    times = {t.name: t for t in report.autotune.timings}
+    assert times[FAST].seconds < times[SLOW].seconds and times[WRONG].seconds is None
+    assert times[WRONG].excluded.startswith("its results disagree with timed:slow, timed:fast")
+    text = str(report)
+    assert "selected: timed:fast (measured: the fastest that agreed)" in text
+    assert "autotune: measured earlier, eager execution, median of 5" in text
+    assert files(cache) == [report.autotune.note.rsplit("file ", 1)[1]]
+
+
+def test_the_forward_is_tuned_too(tuned):
+    q, k, v, *_ = inputs()
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        out, lse = ad.forward(q, k, v, causal=True)
+    torch.testing.assert_close(out.double(), oracle(q, k, v, causal=True).out)
+    assert ad.decide(q, k, v, mode="forward", causal=True).name == FAST
+
+
+def test_timing_does_not_touch_the_callers_tensors(tuned):
+    """timed:wrong writes into q and grad_out; it only ever sees clones."""
+    args = inputs()
+    before = [t.clone() for t in args]
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    for got, want in zip(args, before):
+        assert torch.equal(got, want)
+
+
+def test_clones_keep_strides_overlap_and_pointer_residues():
+    base = torch.randn(3, 40)
+    for t in (base[:, 3:19], base.t(), torch.randn(5, 1, 8).expand(5, 4, 8), torch.empty(0, 3)):
+        clone = _autotune._clone(t)
+        assert clone.shape == t.shape and clone.stride() == t.stride()
+        assert torch.equal(clone, t)
+        if t.numel():
+            assert clone.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+            assert clone.data_ptr() % 256 == t.data_ptr() % 256
+
+
+def test_autograd_is_unchanged_under_autotune(tuned):
+    """ad.attention's gradients under autotune equal a forced correct implementation's, and
+    the measurement leaves no gradient or graph on the caller's tensors."""
+    q, k, v, *_ = inputs()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        out = ad.attention(*leaves, causal=True)
+        out.square().sum().backward()
+    forced = [t.clone().requires_grad_() for t in (q, k, v)]
+    ad.attention(*forced, causal=True, backend=SLOW).square().sum().backward()
+    for tuned_leaf, forced_leaf in zip(leaves, forced):
+        torch.testing.assert_close(tuned_leaf.grad, forced_leaf.grad)
+    # a second step: the decisions are made, nothing is timed, the gradients accumulate once
+    before = calls()
+    out = ad.attention(*leaves, causal=True)
+    out.square().sum().backward()
+    assert calls()[SLOW] == before[SLOW] and calls()[WRONG] == before[WRONG]
+    torch.testing.assert_close(leaves[0].grad, 2 * forced[0].grad)
+
+
+SUBPROCESS = textwrap.dedent(
+    """
+    import json, warnings
+    import torch
+    torch.set_num_threads(1)
+    import attn_dispatch as ad
+    from attn_dispatch_test_plugins import timed
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 16, 4, 16, generator=gen)
+    k, v = (torch.randn(1, 16, 2, 16, generator=gen) for _ in range(2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, lse = ad.forward(q, k, v, causal=True)
+        ad.backward(q, k, v, out, lse, torch.ones_like(out), causal=True)
+    status = ad.explain(q, k, v, out, lse, out, causal=True).autotune.status
+    print(json.dumps({"calls": dict(timed.CALLS), "status": status,
+                      "warned": [str(w.message)[:40] for w in caught]}))
+    """
+)
+
+
+def run_process(cache, **env_vars) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_DISPATCH_")}
+    env.update(
+        ATTN_DISPATCH_TEST_PLUGINS="timed",
+        ATTN_DISPATCH_PLUGINS="timed",
+        ATTN_DISPATCH_AUTOTUNE="1",
+        ATTN_DISPATCH_CACHE_DIR=str(cache),
+        **env_vars,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SUBPROCESS], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_reuses_the_measurement_without_timing(tmp_path):
+    cache = tmp_path / "shared"
+    first = run_process(cache)
+    assert first["calls"][SLOW] > 2 and first["calls"][WRONG] > 2, first
+    assert first["warned"] == [EXCLUDED[:40]] * 2  # forward and backward
+    assert len(files(cache)) == 2
+    second = run_process(cache)
+    assert second["calls"] == {FAST: 2}, second  # the forward and the backward, once each
+    assert second["status"] == "reused" and second["warned"] == []
+
+
+def test_concurrent_processes_measuring_one_key_leave_one_whole_file(tmp_path):
+    cache = tmp_path / "shared"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_DISPATCH_")}
+    env.update(
+        ATTN_DISPATCH_TEST_PLUGINS="timed",
+        ATTN_DISPATCH_PLUGINS="timed",
+        ATTN_DISPATCH_AUTOTUNE="1",
+        ATTN_DISPATCH_CACHE_DIR=str(cache),
+    )
+    command = [sys.executable, "-c", SUBPROCESS]
+    running = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    for process in running:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err.decode()
+    names = files(cache)
+    assert len(names) == 2, names  # forward and backward; no temporary file left
+    for name in names:
+        entry = json.loads((cache / "autotune" / name).read_text())
+        assert set(entry["timings"]) == {SLOW, FAST} and set(entry["excluded"]) == {WRONG}
+    assert run_process(cache)["calls"] == {FAST: 2}
+
+
+def test_a_fresh_decision_still_decides_what_may_run_in_a_new_process(tmp_path):
+    """Blocking the remembered fastest in a later process runs the fastest admitted one that
+    agreed, without timing again; the wrong one is never chosen."""
+    cache = tmp_path / "shared"
+    run_process(cache)
+    blocked = run_process(cache, ATTN_DISPATCH_DISABLE=FAST)
+    assert blocked["calls"] == {SLOW: 2}, blocked
+
+
+def test_a_version_change_measures_again(tuned, cache, monkeypatch):
+    args = inputs()
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    first = calls()
+    versions = _autotune.versions
+
+    def upgraded(settings, names):
+        found = versions(settings, names)
+        assert found["timed:attn-dispatch-test-plugins"] == "0.0.1"
+        return found | {"timed:attn-dispatch-test-plugins": "0.0.2"}
+
+    monkeypatch.setattr(_autotune, "versions", upgraded)
+    ad.reload()
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    assert calls()[SLOW] >= 2 * first[SLOW]  # timed again
+    assert len(files(cache)) == 2  # the new versions' measurement beside the old one
+
+
+def test_versions_name_the_backend_distribution_and_what_it_requires(timed_env):
+    found = _autotune.versions(ad._settings.current(), [SLOW, FAST])
+    assert found["timed:attn-dispatch-test-plugins"] == "0.0.1"
+    assert found["torch"] == torch.__version__ and found["attn-dispatch"] == ad.__version__
+    # a backend's requirements (e.g. the kernel library it wraps) are part of the key
+    assert ("packaging", _version("packaging")) in _autotune._distribution_versions("attn-dispatch")
+
+
+def _version(name: str) -> str:
+    from importlib import metadata
+
+    return metadata.version(name)
+
+
+def test_forced_calls_are_not_tuned(tuned, cache):
+    ad.backward(*inputs(), causal=True, backend=SLOW)
+    with ad.use_backend("timed"):
+        assert ad.decide(*inputs(), causal=True).name == SLOW
+    assert calls() == {SLOW: 1, WRONG: 0, FAST: 0} and files(cache) == []
+
+
+def test_blocked_implementations_are_not_measured(tuned):
+    tuned.set(ATTN_DISPATCH_AUTOTUNE="1", ATTN_DISPATCH_DISABLE=WRONG)
+    ad.backward(*inputs(), causal=True)  # no warning: the wrong one is not a candidate
+    assert calls()[WRONG] == 0 and calls()[FAST] > 1
+    assert ad.decide(*inputs(), causal=True).name == FAST
+
+
+def test_a_determinism_request_keeps_out_the_non_deterministic_one(tuned):
+    """Two candidates that disagree: the higher-priority one is trusted."""
+    with pytest.warns(UserWarning, match="autotune excluded timed:wrong: .* with timed:slow "):
+        ad.backward(*inputs(), causal=True, deterministic=True)
+    assert calls()[FAST] == 0
+    assert ad.decide(*inputs(), causal=True, deterministic=True).name == SLOW
+
+
+def test_explain_before_the_first_call_says_what_will_be_timed(tuned, cache):
+    report = ad.explain(*inputs(), causal=True)
+    assert report.selected == SLOW and report.autotune.status == "pending"
+    assert report.autotune.note == (
+        "not measured (explain and decide never measure); the first call will time "
+        "timed:slow, timed:wrong, timed:fast"
+    )
+    assert report.to_dict()["autotune"]["status"] == "pending"
+    assert calls() == {SLOW: 0, WRONG: 0, FAST: 0} and files(cache) == []
+
+
+def test_one_candidate_is_not_measured(tuned, cache):
+    tuned.set(ATTN_DISPATCH_AUTOTUNE="1", ATTN_DISPATCH_DISABLE="timed:wrong,timed:fast")
+    ad.backward(*inputs(), causal=True)
+    assert calls()[SLOW] == 1 and files(cache) == []
+    assert ad.explain(*inputs(), causal=True).autotune.status == "single"
+
+
+def test_the_python_switch_and_its_context_manager(timed_env):
+    args = inputs()
+    with pytest.warns(UserWarning, match=EXCLUDED), ad.autotune():
+        assert ad.backward(*args, causal=True) is not None
+        assert ad.decide(*args, causal=True).name == FAST
+    assert ad.decide(*args, causal=True).name == SLOW  # restored: off, decided afresh
+    ad.autotune(True)
+    assert ad.decide(*args, causal=True).name == FAST  # remembered in this process
+    with ad.autotune(False):
+        assert ad.decide(*args, causal=True).name == SLOW
+    assert ad.decide(*args, causal=True).name == FAST
+    ad.autotune(None)  # back to the environment variable (unset: off)
+    assert ad.decide(*args, causal=True).name == SLOW
+    with pytest.raises(TypeError, match="argument 'enabled': expected a bool or None"):
+        ad.autotune("yes")
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "enable", ""])
+def test_a_bad_autotune_variable_is_a_clear_error(timed_env, value):
+    with pytest.raises(ad.SettingError, match=f"ATTN_DISPATCH_AUTOTUNE='{value}' is not a boolean"):
+        timed_env.set(ATTN_DISPATCH_AUTOTUNE=value)
+
+
+@pytest.mark.parametrize("value", ["1", "true", "ON", "yes"])
+def test_every_spelling_of_true_switches_it_on(timed_env, value):
+    timed_env.set(ATTN_DISPATCH_AUTOTUNE=value)
+    assert ad._settings.current().autotune is not None
+
+
+def test_the_default_cache_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv("ATTN_DISPATCH_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _autotune.cache_directory() == tmp_path / "attn_dispatch" / "autotune"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    expected = tmp_path / "home" / ".cache" / "attn_dispatch" / "autotune"
+    assert _autotune.cache_directory() == expected
+    monkeypatch.setenv("ATTN_DISPATCH_CACHE_DIR", str(tmp_path / "mine"))
+    assert _autotune.cache_directory() == tmp_path / "mine" / "autotune"
+
+
+@pytest.mark.parametrize("damage", ["cut short", "no timings", "negative time"])
+def test_an_unreadable_file_is_measured_again(tuned, cache, damage):
+    args = inputs()
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    (name,) = files(cache)
+    path = cache / "autotune" / name
+    entry = json.loads(path.read_text())
+    if damage == "cut short":
+        path.write_text(path.read_text()[:40])
+    elif damage == "no timings":
+        path.write_text(json.dumps({k: v for k, v in entry.items() if k != "timings"}))
+    else:
+        path.write_text(json.dumps(entry | {"timings": {FAST: -1.0}}))
+    _autotune.forget()
+    ad.reload()
+    before = calls()[SLOW]
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    assert calls()[SLOW] > before
+    assert json.loads((cache / "autotune" / name).read_text())["format"] == 1
+    assert files(cache) == [name]  # rewritten whole, no temporary file left
+
+
+def test_an_unwritable_directory_keeps_the_measurement_in_the_process(tuned, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    tuned.set(ATTN_DISPATCH_AUTOTUNE="1", ATTN_DISPATCH_CACHE_DIR=str(blocker))
+    with pytest.warns(UserWarning, match="autotune cannot write its measurements"):
+        with pytest.warns(UserWarning, match=EXCLUDED):
+            ad.backward(*inputs(), causal=True)
+    assert ad.decide(*inputs(), causal=True).name == FAST
+
+
+def test_graph_and_eager_execution_are_measured_apart(tuned, cache):
+    args = inputs()
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    with pytest.warns(UserWarning, match=EXCLUDED), ad.execution_mode("graph"):
+        ad.backward(*args, causal=True)
+        report = ad.explain(*args, causal=True)
+    assert report.autotune.note.startswith("measured earlier, graph execution")
+    assert len(files(cache)) == 2
+
+
+def test_meta_tensors_are_decided_by_priority(tuned):
+    meta = [t.to("meta") for t in inputs()]
+    dq, _, _ = ad.backward(*meta, causal=True)
+    assert dq.device.type == "meta" and sum(calls().values()) == 0
+    assert ad.decide(*meta, causal=True).name == SLOW
+
+
+def tune(*argv: str) -> int:
+    from attn_dispatch.tools.cli import main
+
+    return main(["tune", *argv])
+
+
+def test_the_tune_command_measures_each_shape_once(timed_env, cache, capsys, tmp_path):
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("# a model's attention shapes\n1,16,4,2,16\n\n2,8,4,4,16,24  # cross\n")
+    flags = ("--dtype", "f32", "--causal", "--device", "cpu")
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        assert tune("--shapes", str(shapes), "--shape", "1,8,2,1,16", *flags) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"tuning 3 shape(s) on cpu, eager execution -> {cache / 'autotune'}"
+    assert lines[1].startswith("[1/3] B=1 S=8 H=2/1 D=16 f32 causal: forward timed:fast ")
+    assert lines[2].startswith("[2/3] B=1 S=16 H=4/2 D=16 f32 causal: forward timed:fast ")
+    assert lines[3].startswith("[3/3] B=2 S=8 Sk=24 H=4/4 D=16 f32 causal: forward timed:fast ")
+    for line in lines[1:]:
+        assert line.count("(3 timed, 1 excluded)") == 2, line
+    assert len(files(cache)) == 6
+    # a second run (here: after reload, as a new process would) times nothing
+    ad.reload()
+    _autotune.forget()
+    before = calls()
+    assert tune("--shape", "1,16,4,2,16", "--json", str(tmp_path / "r.json"), *flags) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.count("(measured before, 1 excluded)") == 2, line
+    assert calls()[SLOW] == before[SLOW]
+    (record,) = json.loads((tmp_path / "r.json").read_text())
+    assert record["backward"]["selected"] == FAST and record["backward"]["measured_now"] is False
+    assert ad._settings.current().autotune is None  # the command's switch is undone
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--shape", "1,2,3"), "argument --shape: expected B,S,H,HKV,D or B,S,H,HKV,D,SK"),
+        (("--shape", "1,8,3,2,16"), "H=3 is not a multiple of HKV=2"),
+        (("--shape", "1,0,2,2,16"), "expected an integer >= 1, got 0"),
+        ((), "no shape to tune: give --shape"),
+        (("--shape", "1,8,2,2,16", "--passes", "sideways"), "--passes: expected a comma list"),
+        (("--shape", "1,8,2,2,16", "--device", "warp"), "--device: expected a device such as"),
+        (("--shape", "1,8,2,2,16", "--device", "meta"), "--device meta: expected cuda or cpu"),
+    ],
+)
+def test_the_tune_command_names_bad_arguments(timed_env, capsys, argv, message):
+    assert tune(*argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_tune_command_names_a_bad_line_of_its_file(timed_env, capsys, tmp_path):
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("1,8,2,2,16\n1,8,2,2\n")
+    assert tune("--shapes", str(shapes)) == 2
+    assert f"--shapes {shapes}, line 2: expected B,S,H,HKV,D" in capsys.readouterr().err
+
+
+def test_a_hopeless_candidate_is_not_sampled_further(timed_env):
+    """Measured after a much faster one, the slow implementation gets one timed call."""
+    from attn_dispatch._dispatch import BACKWARD
+    from attn_dispatch.backend import make_inputs
+
+    args = inputs()
+    inp = make_inputs(*args, causal=True, causal_align="top_left", scale=None, deterministic=False)
+    registry = ad._settings.current().registry
+    pool = [registry.implementations[FAST], registry.implementations[SLOW]]
+    found = _autotune._measure(BACKWARD, inp, args, pool, "eager")
+    assert calls()[SLOW] == 2  # the cross-checked run and one timed call
+    assert calls()[FAST] >= 1 + 1 + _autotune.REPEATS
+    assert found["timings"][SLOW] > _autotune.HOPELESS * found["timings"][FAST]
+    assert found["excluded"] == {}
