@@ -361,8 +361,7 @@ def get_config(
     head_dim_v: int | None = None,
 ) -> Config:
     """The configuration of one kernel (``head_dim_v``: Dv, when it differs from D)."""
-    dv = head_dim_v or head_dim
-    return configs_for(_arch_of(device), head_dim, dv, causal, group, seqlen_k)[kernel]
+    return get_backward_config(device, head_dim, causal, group, seqlen_k, head_dim_v)[kernel]
 
 
 def get_backward_config(
@@ -373,8 +372,7 @@ def get_backward_config(
     seqlen_k: int = 1 << 30,
     head_dim_v: int | None = None,
 ) -> dict[str, Config]:
-    """The configurations of the three backward kernels (``head_dim_v`` as in
-    :func:`get_config`)."""
+    """Every kernel's configuration (``head_dim_v`` as in :func:`get_config`)."""
     dv = head_dim_v or head_dim
     return configs_for(_arch_of(device), head_dim, dv, causal, group, seqlen_k)
 
