@@ -43,6 +43,7 @@ def backward(
     backend=None,
     window=None,
     softcap=None,
+    sinks=None,
 ) -> Gradients:
     """Gradients ``(dq, dk, dv)`` of attention, by the best (or the forced) implementation.
 
@@ -50,7 +51,10 @@ def backward(
     ``window=(left, right)``: row ``i`` sees keys ``d_i - left .. d_i + right`` around its
     diagonal ``d_i`` (``i``, or ``i + Sk - Sq`` with ``causal_align="bottom_right"``); a side
     ``None`` is unbounded; ``causal=True`` caps ``right`` at 0. ``softcap=c``: scores ``s``
-    become ``c * tanh(s / c)`` before the softmax. Only implementations declaring these run them.
+    become ``c * tanh(s / c)`` before the softmax. ``sinks``: a ``[H]`` tensor (float32 or q's
+    dtype) of attention-sink logits, one per query head, that join every row's softmax without
+    a value (``lse`` must include them, as ``forward`` returns it); the result's ``dsinks`` is
+    their gradient. Only implementations declaring these run them.
     Raises ``TypeError``/``ValueError`` for malformed input and ``NoBackendError`` when no
     implementation (or not the forced one) accepts the inputs.
     """
@@ -68,6 +72,7 @@ def backward(
         call,
         backend,
         settings,
+        sinks,
     )
 
 
@@ -87,8 +92,10 @@ def forward(
     backend=None,
     window=None,
     softcap=None,
+    sinks=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)`` of attention by the best (or forced) implementation that has a forward."""
+    """``(out, lse)`` of attention by the best (or forced) implementation that has a forward
+    (``lse`` includes ``sinks`` when given)."""
     settings = _settings.installed or _settings.current()
     call = parse(
         "forward", causal, causal_align, scale, deterministic, backend, window, softcap, settings
@@ -103,6 +110,7 @@ def forward(
         call,
         backend,
         settings,
+        sinks,
     )
 
 
@@ -125,6 +133,7 @@ def explain(
     backend=None,
     window=None,
     softcap=None,
+    sinks=None,
     arch=None,
     execution=None,
 ) -> Report:
@@ -141,7 +150,7 @@ def explain(
     tensors = (q, k, v, out, lse, grad_out)
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     flags = (causal, causal_align, scale, deterministic, backend, window, softcap)
-    report, _, _ = _decision(None, tensors, seqlens, flags, arch, execution, debug=False)
+    report, _, _ = _decision(None, tensors, seqlens, flags, arch, execution, False, sinks)
     return report
 
 
@@ -185,6 +194,7 @@ def decide(
     backend=None,
     window=None,
     softcap=None,
+    sinks=None,
     arch=None,
     execution=None,
 ) -> Choice:
@@ -204,7 +214,7 @@ def decide(
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     flags = (causal, causal_align, scale, deterministic, backend, window, softcap)
     debug = _settings.current().debug
-    report, impl, inp = _decision(mode, tensors, seqlens, flags, arch, execution, debug)
+    report, impl, inp = _decision(mode, tensors, seqlens, flags, arch, execution, debug, sinks)
     if impl is None:
         raise no_backend_error(report)
     return Choice(impl.full_name, impl, inp, report)
@@ -218,13 +228,15 @@ def _decision(
     arch,
     execution,
     debug: bool,
+    sinks=None,
 ) -> tuple[Report, Implementation | None, ForwardInputs]:
     """Validate a call's arguments and decide it as the dispatcher does (``_dispatch.select``).
 
     ``seqlens``: cu_seqlens_q/_k, max_seqlen_q/_k; ``flags``: causal, causal_align, scale,
     deterministic, backend, window, softcap. ``mode``: ``None`` infers it from the tensors
     (backward when any of out/lse/grad_out is given, as ``explain`` does); ``debug``: also
-    check cu_seqlens values on a GPU, as the dispatcher does in debug mode."""
+    check cu_seqlens values on a GPU, as the dispatcher does in debug mode; ``sinks``: the
+    call's sink logits or ``None``."""
     settings = _settings.current()
     causal, causal_align, scale, deterministic, backend, window, softcap = flags
     mode = mode or kind_of(tensors)
@@ -235,7 +247,7 @@ def _decision(
         call = call._replace(execution=check_execution(execution))
     if arch is not None and not isinstance(arch, Arch):
         arch = Arch.parse(arch)
-    inp = build_inputs(call, tensors, *seqlens, debug)
+    inp = build_inputs(call, tensors, *seqlens, debug, sinks)
     report, impl, _ = select(settings, inp, mode, backend, call.execution, arch)
     if settings.autotune is not None and report.forced is None and impl is not None:
         if arch is None and inp.device.type != "meta":  # a measurement is of a real device
@@ -248,8 +260,8 @@ def _decision(
 
 @dataclass(frozen=True)
 class ImplementationInfo:
-    """An implementation's declared capabilities (``window`` / ``softcap``: whether it runs
-    sliding windows and logit soft-capping)."""
+    """An implementation's declared capabilities (``window`` / ``softcap`` / ``sinks``: whether
+    it runs sliding windows, logit soft-capping and attention sinks)."""
 
     name: str
     opt_in: bool
@@ -259,6 +271,7 @@ class ImplementationInfo:
     window: bool = False
     softcap: bool = False
     opt_in_reason: str | None = None
+    sinks: bool = False
 
     def priority_for(self, arch: Arch | str) -> int | None:
         """The priority on ``arch`` (``None``: not chosen automatically there)."""
@@ -273,6 +286,7 @@ class ImplementationInfo:
             "has_forward": self.has_forward,
             "window": self.window,
             "softcap": self.softcap,
+            "sinks": self.sinks,
             "opt_in_reason": self.opt_in_reason,
         }
 
@@ -310,6 +324,7 @@ def _info(record: BackendRecord) -> BackendInfo:
             i.window,
             i.softcap,
             i.opt_in_reason,
+            i.sinks,
         )
         for i in record.implementations
     )

@@ -5,7 +5,10 @@ shapes come from fake (meta) implementations:
 
 * ``attn_dispatch::fwd(q, k, v, ...) -> (out, lse)`` dispatches as :func:`attn_dispatch.forward`;
 * ``attn_dispatch::bwd(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)`` dispatches as
-  :func:`attn_dispatch.backward`.
+  :func:`attn_dispatch.backward`;
+* ``attn_dispatch::bwd_sinks(grad_out, q, k, v, out, lse, sinks, ...) -> (dq, dk, dv, dsinks)``
+  is its twin for calls with attention sinks (a separate operator, so calls without sinks
+  allocate nothing for a gradient they do not have).
 
 ``attention`` checks its flags once; the operators build the dispatcher's ``Call`` from their
 schema-typed flags without checking them again (``_call.of_schema``), and a signature's first
@@ -50,10 +53,14 @@ _FLAGS = (
     "bool causal, str causal_align, float? scale, bool deterministic, str? backend, "
     "SymInt? window_left, SymInt? window_right, float? softcap"
 )
-FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, {_FLAGS}) -> (Tensor, Tensor)"
+FWD_SCHEMA = f"(Tensor q, Tensor k, Tensor v, {_FLAGS}, Tensor? sinks=None) -> (Tensor, Tensor)"
 BWD_SCHEMA = (
     f"(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_FLAGS}) "
     "-> (Tensor, Tensor, Tensor)"
+)
+BWD_SINKS_SCHEMA = (
+    "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor sinks, "
+    f"{_FLAGS}) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -62,12 +69,12 @@ BWD_SCHEMA = (
 _BACKEND_FLAG = 4
 
 
-def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: tuple):
+def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: tuple, sinks=None):
     """Dispatch an operator's call: ``seqlens`` (cu_seqlens_q/_k, max_seqlen_q/_k) and
     ``flags`` as its schema passes them."""
     settings = _settings.installed or _settings.current()
     call = of_schema(mode.name, *flags, settings)
-    return dispatch(mode, tensors, *seqlens, call, flags[_BACKEND_FLAG], settings)
+    return dispatch(mode, tensors, *seqlens, call, flags[_BACKEND_FLAG], settings, sinks)
 
 
 def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
@@ -95,10 +102,11 @@ def _fwd(
     window_left,
     window_right,
     softcap,
+    sinks=None,
 ):
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     flags = (causal, causal_align, scale, deterministic, backend, window_left, window_right)
-    out, lse = _dispatched(FORWARD, (q, k, v), seqlens, (*flags, softcap))
+    out, lse = _dispatched(FORWARD, (q, k, v), seqlens, (*flags, softcap), sinks)
     inputs = (q, k, v)
     return _fresh(out, inputs), _fresh(lse, inputs)
 
@@ -148,6 +156,46 @@ def _bwd_fake(grad_out, q, k, v, *rest):  # shapes only: out, lse and the flags 
     )
 
 
+@torch.library.custom_op("attn_dispatch::bwd_sinks", mutates_args=(), schema=BWD_SINKS_SCHEMA)
+def _bwd_sinks(
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    sinks,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    causal_align,
+    scale,
+    deterministic,
+    backend,
+    window_left,
+    window_right,
+    softcap,
+):
+    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    flags = (causal, causal_align, scale, deterministic, backend, window_left, window_right)
+    tensors = (q, k, v, out, lse, grad_out)
+    grads = _dispatched(BACKWARD, tensors, seqlens, (*flags, softcap), sinks)
+    inputs = (grad_out, q, k, v, out, lse, sinks)
+    return tuple(_fresh(g, inputs) for g in (*grads, grads.dsinks))
+
+
+@_bwd_sinks.register_fake
+def _bwd_sinks_fake(grad_out, q, k, v, out, lse, sinks, *rest):  # shapes only
+    return (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        v.new_empty(v.shape),
+        sinks.new_empty(sinks.shape),
+    )
+
+
 # ints as ``ad.forward`` takes them (numpy ints too), or traced ones
 _INTS = (numbers.Integral, torch.SymInt)
 
@@ -172,28 +220,32 @@ def in_scope(recorded: tuple[str | None, str | None]) -> Iterator[None]:
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, *flags = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *flags, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
     ctx.flags = flags
     ctx.scope = scope()
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
+    # one gradient per input: q, k, v, the two cu_seqlens, the flags, sinks
     if grad_out is None:
-        return (None,) * (7 + len(ctx.flags))
+        return (None,) * (6 + len(ctx.flags))
     # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
     # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
     grad_out = grad_out.contiguous()
-    tensors = (grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    if sinks is None:
+        op, tensors = _bwd, (grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    else:
+        op, tensors = _bwd_sinks, (grad_out, q, k, v, out, lse, sinks, cu_seqlens_q, cu_seqlens_k)
     if ctx.scope == scope():  # the usual case: backward in the forward's scope, nothing to set
-        dq, dk, dv = _bwd(*tensors, *ctx.flags)
+        grads = op(*tensors, *ctx.flags)
     else:
         with in_scope(ctx.scope):
-            dq, dk, dv = _bwd(*tensors, *ctx.flags)
-    return (dq, dk, dv) + (None,) * (4 + len(ctx.flags))
+            grads = op(*tensors, *ctx.flags)
+    return grads[:3] + (None,) * (2 + len(ctx.flags)) + (grads[3] if len(grads) == 4 else None,)
 
 
 _fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -216,6 +268,7 @@ def attention(
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
     layout: str = "bshd",
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Attention output, differentiable: forward by :func:`forward`, backward by :func:`backward`.
 
@@ -225,7 +278,8 @@ def attention(
     The scope (``use_backend``, ``execution_mode``) is read when the forward runs, and the
     backward decides under the same scope wherever and whenever it runs (eager autograd; a
     compiled backward reads the scope it runs in). ``lse`` is not returned and carries no
-    gradient.
+    gradient. ``sinks`` (a ``[H]`` tensor of attention-sink logits, as in :func:`backward`) is
+    differentiable: its gradient flows back like q's.
 
     ``layout="bhsd"`` takes dense q/k/v as [B, H, S, D] (Hugging Face's order) and returns the
     output as [B, H, Sq, Dv]: the tensors are used through transposed views, never copied. The
@@ -235,7 +289,11 @@ def attention(
     # that prints its value: the dispatcher's TypeError instead.
     for name, t in (("q", q), ("k", k), ("v", v)):
         _require_tensor(name, t)
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+    for name, t in (
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("cu_seqlens_k", cu_seqlens_k),
+        ("sinks", sinks),
+    ):
         if t is not None:
             _require_tensor(name, t)
     heads_first = _heads_first(layout, cu_seqlens_q, cu_seqlens_k, (q, k, v))
@@ -284,6 +342,7 @@ def attention(
         ("v", v),
         ("cu_seqlens_q", cu_seqlens_q),
         ("cu_seqlens_k", cu_seqlens_k),
+        ("sinks", sinks),
     ):
         if isinstance(t, Tensor) and isinstance(q, Tensor) and t.device != q.device:
             raise ValueError(
@@ -305,6 +364,8 @@ def attention(
         window_left,
         window_right,
         softcap,
+        # passed only when given: a call without sinks keeps the operator's original arguments
+        *(() if sinks is None else (sinks,)),
     )
     return out.transpose(1, 2) if heads_first else out
 

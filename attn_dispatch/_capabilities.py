@@ -28,6 +28,7 @@ _BOOLS = (
     "gqa",
     "window",
     "softcap",
+    "sinks",
 )
 
 
@@ -175,12 +176,14 @@ def _causal_reasons(impl, inp: ForwardInputs) -> list[str]:
 
 
 def variant_reasons(impl, inp: ForwardInputs) -> list[str]:
-    """A sliding window or a soft cap the implementation does not declare."""
+    """A sliding window, a soft cap or attention sinks the implementation does not declare."""
     reasons = []
     if inp.window is not None and not impl.window:
         reasons.append(f"window={inp.window}: not supported by this implementation")
     if inp.softcap is not None and not impl.softcap:
         reasons.append(f"softcap={inp.softcap!r}: not supported by this implementation")
+    if inp.sinks is not None and not impl.sinks:
+        reasons.append("sinks (attention sinks): not supported by this implementation")
     return reasons
 
 

@@ -24,7 +24,7 @@ from ._implementation import Gradients, Implementation
 from ._inputs import BackwardInputs, Facts, ForwardInputs, lse_dtype, lse_shape
 from ._report import Report
 from ._selection import POINTER_RESIDUE, evaluate, no_backend_error
-from ._validation import build_inputs, check_cu_seqlens
+from ._validation import build_inputs, check_cu_seqlens, check_sinks_values
 
 log = logging.getLogger("attn_dispatch")
 # More signatures than this (shape-varying workloads) restart the cache rather than grow it.
@@ -64,7 +64,9 @@ def _check_tuple(impl: Implementation, outputs, expected: dict[str, tuple]) -> N
             raise ValueError(f"{impl.full_name} returned {name} as {have}; expected {want}")
 
 
-def _checked_gradients(impl: Implementation, grads, tensors: Tensors, facts: Facts) -> Gradients:
+def _checked_gradients(
+    impl: Implementation, grads, tensors: Tensors, facts: Facts, sinks=None
+) -> Gradients:
     q, k, v = tensors[:3]
     if not isinstance(grads, tuple):
         raise ValueError(
@@ -75,10 +77,19 @@ def _checked_gradients(impl: Implementation, grads, tensors: Tensors, facts: Fac
         raise ValueError(
             f"{impl.full_name} returned {type(grads).__name__}; expected attn_dispatch.Gradients"
         )
+    if sinks is not None:
+        have = _like(grads.dsinks) if isinstance(grads.dsinks, torch.Tensor) else grads.dsinks
+        if have != _like(sinks):
+            raise ValueError(
+                f"{impl.full_name} returned dsinks as {have}; expected {_like(sinks)} (the call "
+                "has sinks)"
+            )
     return grads
 
 
-def _checked_forward(impl: Implementation, result, tensors: Tensors, facts: Facts) -> tuple:
+def _checked_forward(
+    impl: Implementation, result, tensors: Tensors, facts: Facts, sinks=None
+) -> tuple:
     q = tensors[0]
     result = tuple(result) if isinstance(result, list) else result
     out_shape = tuple(q.shape[:-1]) + (facts.head_dim_v,)
@@ -88,7 +99,8 @@ def _checked_forward(impl: Implementation, result, tensors: Tensors, facts: Fact
 
 
 def _meta_backward(inp: BackwardInputs) -> Gradients:
-    return Gradients(*(t.new_empty(t.shape) for t in (inp.q, inp.k, inp.v)))
+    dsinks = None if inp.sinks is None else inp.sinks.new_empty(inp.sinks.shape)
+    return Gradients(*(t.new_empty(t.shape) for t in (inp.q, inp.k, inp.v)), dsinks)
 
 
 def _meta_forward(inp: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,9 +113,9 @@ class Mode(NamedTuple):
     """What differs between forward and backward dispatch."""
 
     name: str
-    # built as inputs(*tensors, cu_q, cu_k, causal, causal_align, deterministic, facts)
+    # built as inputs(*tensors, cu_q, cu_k, causal, causal_align, deterministic, facts, sinks)
     inputs: type[ForwardInputs]
-    # (impl, result, tensors, facts) -> result; raises when the result breaks the contract
+    # (impl, result, tensors, facts, sinks) -> result; raises when it breaks the contract
     checked: Callable
     # the result's shapes, for meta tensors
     meta: Callable
@@ -138,15 +150,17 @@ def select(
     return evaluate(settings, inp, target, mode, forced, execution)
 
 
-def pointer_residues(tensors: Tensors, cu_q, cu_k) -> tuple:
+def pointer_residues(tensors: Tensors, cu_q, cu_k, sinks=None) -> tuple:
     """What a decision that read data pointers depends on (see ``_selection.Probe``)."""
     residues = tuple([t.data_ptr() % POINTER_RESIDUE for t in tensors])
     if cu_q is not None:
         residues += (cu_q.data_ptr() % POINTER_RESIDUE, cu_k.data_ptr() % POINTER_RESIDUE)
+    if sinks is not None:
+        residues += (sinks.data_ptr() % POINTER_RESIDUE,)
     return residues
 
 
-def _key(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k):
+def _key(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k, sinks=None):
     """The dictionary key of a call, or ``None`` when the arguments cannot make one (not
     tensors, nested tensors, unhashable flags: validation explains them)."""
     try:
@@ -162,6 +176,8 @@ def _key(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k):
                 max_q.__class__,
                 max_k.__class__,
             )
+        if sinks is not None:
+            key += ("sinks", sinks.shape, sinks.dtype, sinks.device)
         hash(key)
         return key
     except (AttributeError, TypeError, RuntimeError):
@@ -182,12 +198,15 @@ def dispatch(
     call: Call,
     backend_arg,
     settings: _settings.Settings,
+    sinks=None,
 ):
     """Run ``tensors`` (q, k, v[, out, lse, grad_out]) by the cached or a new decision.
 
     ``call`` holds the flags (``_call.parse`` / ``of_schema``), ``backend_arg`` the ``backend``
-    argument as given (a first call checks the forced name and says where it came from)."""
-    if cu_q is None and cu_k is None and max_q is None and max_k is None:
+    argument as given (a first call checks the forced name and says where it came from).
+    ``sinks``: the call's sink logits or ``None``; calls with sinks take the dictionary path
+    (the guards cover the six tensors of a call without them)."""
+    if cu_q is None and cu_k is None and max_q is None and max_k is None and sinks is None:
         entries = settings.guarded.get(call)
         if entries and (decision := _guards.match(entries, tensors)) is not None:
             if decision.pointers is None and not decision.grad:
@@ -214,16 +233,24 @@ def dispatch(
     else:
         guard_call = None
     return _looked_up(
-        mode, settings, tensors, cu_q, cu_k, max_q, max_k, call, guard_call, backend_arg
+        mode, settings, tensors, cu_q, cu_k, max_q, max_k, call, guard_call, backend_arg, sinks
     )
 
 
-def _run(mode: Mode, decision: Decision, grad: bool, tensors: Tensors, cu_q, cu_k, call: Call):
+def _run(
+    mode: Mode,
+    decision: Decision,
+    grad: bool,
+    tensors: Tensors,
+    cu_q,
+    cu_k,
+    call: Call,
+    sinks=None,
+):
     """Call the decision's implementation, with grad recording off (a backend's own ops must
     not build a graph), naming it in any exception it raises."""
-    inp = mode.inputs(
-        *tensors, cu_q, cu_k, call.causal, call.causal_align, call.deterministic, decision.facts
-    )
+    flags = (call.causal, call.causal_align, call.deterministic, decision.facts, sinks)
+    inp = mode.inputs(*tensors, cu_q, cu_k, *flags)
     if grad and torch.is_grad_enabled():
         torch._C._set_grad_enabled(False)
         try:
@@ -244,8 +271,8 @@ def _name(exc: Exception, impl: Implementation, mode: Mode) -> None:
     exc.add_note(f"(raised by {impl.full_name} in attn_dispatch.{mode.name})")
 
 
-def _requires_grad(tensors: Tensors) -> bool:
-    return any([t.requires_grad for t in tensors])
+def _requires_grad(tensors: Tensors, sinks=None) -> bool:
+    return any([t.requires_grad for t in tensors]) or (sinks is not None and sinks.requires_grad)
 
 
 def _looked_up(
@@ -259,22 +286,35 @@ def _looked_up(
     call: Call,
     guard_call: Call | None,
     backend_arg,
+    sinks=None,
 ):
     """The dictionary path: a known signature (re-checking what it must), else a first call."""
-    key = _key(call, tensors, cu_q, cu_k, max_q, max_k)
+    key = _key(call, tensors, cu_q, cu_k, max_q, max_k, sinks)
     decision = None if key is None else settings.decisions.get(key)
     if decision is not None and decision.pointers is not None:
-        residues = pointer_residues(tensors, cu_q, cu_k)
+        residues = pointer_residues(tensors, cu_q, cu_k, sinks)
         if residues != decision.pointers:
             # another alignment than the first call's: its own entry, never a guard
             key, guard_call = key + (residues,), None
             decision = settings.decisions.get(key)
     if decision is None:
         return _first_call(
-            mode, settings, tensors, cu_q, cu_k, max_q, max_k, call, key, guard_call, backend_arg
+            mode,
+            settings,
+            tensors,
+            cu_q,
+            cu_k,
+            max_q,
+            max_k,
+            call,
+            key,
+            guard_call,
+            backend_arg,
+            sinks,
         )
-    _revisit(settings, decision, tensors, cu_q, cu_k, guard_call)
-    return _run(mode, decision, _requires_grad(tensors), tensors, cu_q, cu_k, call)
+    _revisit(settings, decision, tensors, cu_q, cu_k, guard_call, sinks)
+    grad = _requires_grad(tensors, sinks)
+    return _run(mode, decision, grad, tensors, cu_q, cu_k, call, sinks)
 
 
 def _revisit(
@@ -284,10 +324,13 @@ def _revisit(
     cu_q,
     cu_k,
     guard_call: Call | None,
+    sinks=None,
 ) -> None:
-    """A dictionary hit: check CPU cu_seqlens values (they may differ at the same metadata) and
-    give a dense signature a guard, so the next call takes the faster path."""
+    """A dictionary hit: check CPU cu_seqlens and sinks values (they may differ at the same
+    metadata) and give a dense signature a guard, so the next call takes the faster path."""
     facts = decision.facts
+    if sinks is not None:
+        check_sinks_values(sinks, settings.debug)
     if facts.is_varlen and cu_q.device.type == "cpu":
         check_cu_seqlens(
             cu_q,
@@ -320,9 +363,10 @@ def _first_call(
     key: tuple | None,
     guard_call: Call | None,
     backend_arg,
+    sinks=None,
 ):
     """Validate, select, run, check the outputs, then cache the decision."""
-    inp = build_inputs(call, tensors, cu_q, cu_k, max_q, max_k, settings.debug)
+    inp = build_inputs(call, tensors, cu_q, cu_k, max_q, max_k, settings.debug, sinks)
     report, impl, read_pointers = select(settings, inp, mode.name, backend_arg, call.execution)
     if impl is None:
         raise no_backend_error(report)
@@ -343,10 +387,11 @@ def _first_call(
         else ("measured" if report.autotune and report.autotune.measured else "automatic"),
     )
     run = mode.meta if inp.device.type == "meta" else getattr(impl, mode.name)
-    pointers = pointer_residues(tensors, cu_q, cu_k) if read_pointers else None
+    pointers = pointer_residues(tensors, cu_q, cu_k, sinks) if read_pointers else None
     decision = Decision(inp.facts, impl, run, pointers)
-    result = _run(mode, decision, _requires_grad(tensors), tensors, cu_q, cu_k, call)
-    result = mode.checked(impl, result, tensors, inp.facts)
+    grad = _requires_grad(tensors, sinks)
+    result = _run(mode, decision, grad, tensors, cu_q, cu_k, call, sinks)
+    result = mode.checked(impl, result, tensors, inp.facts, sinks)
     if key is not None:
         if len(settings.decisions) >= MAX_CACHED_DECISIONS:
             # the guards stay: their decisions still hold, and they serve the hottest calls

@@ -23,12 +23,37 @@ def lookup_priority(table: dict[str, int], arch: Arch) -> int | None:
     return None
 
 
-class Gradients(NamedTuple):
-    """``(dq, dk, dv)`` with the shapes, dtypes and devices of ``(q, k, v)``."""
-
+class _GradientTuple(NamedTuple):
     dq: torch.Tensor
     dk: torch.Tensor
     dv: torch.Tensor
+
+
+class Gradients(_GradientTuple):
+    """``(dq, dk, dv)`` with the shapes, dtypes and devices of ``(q, k, v)``, and ``dsinks``.
+
+    ``dsinks`` is the gradient of the call's ``sinks`` (its shape ``[heads]``, dtype and
+    device), ``None`` for a call without sinks. It is an attribute, not a fourth item, so the
+    result still unpacks as ``dq, dk, dv = ...``.
+    """
+
+    # the default of results built without one (``_make``)
+    dsinks: torch.Tensor | None = None
+
+    def __new__(cls, dq, dk, dv, dsinks=None):
+        # one Python frame, as NamedTuple's generated constructor (the hot path counts them)
+        self = tuple.__new__(cls, (dq, dk, dv))
+        if dsinks is not None:
+            self.dsinks = dsinks
+        return self
+
+    def _replace(self, **changes) -> Gradients:
+        dsinks = changes.pop("dsinks", self.dsinks)
+        return Gradients(*super()._replace(**changes), dsinks)
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        return base if self.dsinks is None else f"{base[:-1]}, dsinks={self.dsinks!r})"
 
 
 class Implementation:
@@ -66,6 +91,9 @@ class Implementation:
       logit soft-capping (``inp.softcap``). An implementation that does not declare one is never
       chosen for a call that uses it. A window's diagonal is aligned by ``causal_align``, so
       ``causal_aligns`` applies to windowed calls too.
+    * ``sinks``: whether it runs attention sinks (``inp.sinks``, one logit per query head in
+      every row's softmax; ``lse`` includes it and ``backward`` returns ``Gradients`` with
+      ``dsinks``).
     """
 
     backend: ClassVar[str] = ""
@@ -88,6 +116,7 @@ class Implementation:
     alignment: ClassVar[int | None] = None
     window: ClassVar[bool] = False
     softcap: ClassVar[bool] = False
+    sinks: ClassVar[bool] = False
 
     @property
     def full_name(self) -> str:
@@ -134,7 +163,7 @@ class Implementation:
         return []
 
     def backward(self, inp: BackwardInputs) -> Gradients:
-        """Compute ``(dq, dk, dv)``."""
+        """Compute ``(dq, dk, dv)`` (and ``dsinks`` when ``inp.sinks`` is given)."""
         raise NotImplementedError(f"{self.full_name} does not implement backward")
 
     def forward(self, inp: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:

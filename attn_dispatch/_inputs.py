@@ -148,10 +148,21 @@ class ForwardInputs:
         "causal_align",
         "deterministic",
         "facts",
+        "sinks",
     )
 
     def __init__(
-        self, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, causal_align, deterministic, facts: Facts
+        self,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        causal,
+        causal_align,
+        deterministic,
+        facts: Facts,
+        sinks=None,
     ) -> None:
         self.q = q
         self.k = k
@@ -162,6 +173,7 @@ class ForwardInputs:
         self.causal_align = causal_align
         self.deterministic = deterministic
         self.facts = facts
+        self.sinks = sinks
 
     scale = property(lambda self: self.facts.scale)
     window = property(lambda self: self.facts.window)
@@ -205,7 +217,8 @@ class ForwardInputs:
 
     def _tensor_names(self) -> tuple[str, ...]:
         names = ("q", "k", "v")
-        return names + (("cu_seqlens_q", "cu_seqlens_k") if self.is_varlen else ())
+        names += ("cu_seqlens_q", "cu_seqlens_k") if self.is_varlen else ()
+        return names + (() if self.sinks is None else ("sinks",))
 
     def __repr__(self) -> str:
         f = self.facts
@@ -216,12 +229,14 @@ class ForwardInputs:
             f"head_dim={f.head_dim}, "
             f"head_dim_v={f.head_dim_v}, dtype={f.dtype}, device={f.device}, causal={self.causal}, "
             f"causal_align={self.causal_align!r}, scale={f.scale:.6g}, "
-            f"deterministic={self.deterministic}, window={f.window}, softcap={f.softcap})"
+            f"deterministic={self.deterministic}, window={f.window}, softcap={f.softcap}"
+            f"{'' if self.sinks is None else ', sinks=True'})"
         )
 
 
 class BackwardInputs(ForwardInputs):
-    """Validated inputs of a backward call: ``ForwardInputs`` plus out, lse, grad_out."""
+    """Validated inputs of a backward call: ``ForwardInputs`` plus out, lse, grad_out (with
+    ``sinks``, ``lse`` includes the sink and the gradients include ``dsinks``)."""
 
     __slots__ = ("out", "lse", "grad_out")
 
@@ -239,6 +254,7 @@ class BackwardInputs(ForwardInputs):
         causal_align,
         deterministic,
         facts: Facts,
+        sinks=None,
     ) -> None:
         # the slots are set here rather than by ForwardInputs.__init__: one call less per dispatch
         self.q = q
@@ -253,10 +269,12 @@ class BackwardInputs(ForwardInputs):
         self.out = out
         self.lse = lse
         self.grad_out = grad_out
+        self.sinks = sinks
 
     def _tensor_names(self) -> tuple[str, ...]:
         names = ("q", "k", "v", "out", "lse", "grad_out")
-        return names + (("cu_seqlens_q", "cu_seqlens_k") if self.is_varlen else ())
+        names += ("cu_seqlens_q", "cu_seqlens_k") if self.is_varlen else ()
+        return names + (() if self.sinks is None else ("sinks",))
 
 
 def _describe_tensor(name: str, t: torch.Tensor) -> str:

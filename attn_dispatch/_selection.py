@@ -68,7 +68,8 @@ def probed(inp: ForwardInputs) -> ForwardInputs:
     """``inp`` with every tensor replaced by its own :class:`Probe`."""
     cu_q = _probe(inp.cu_seqlens_q)
     cu_k = cu_q if inp.cu_seqlens_k is inp.cu_seqlens_q else _probe(inp.cu_seqlens_k)
-    flags = (cu_q, cu_k, inp.causal, inp.causal_align, inp.deterministic, inp.facts)
+    sinks = _probe(inp.sinks)
+    flags = (cu_q, cu_k, inp.causal, inp.causal_align, inp.deterministic, inp.facts, sinks)
     if isinstance(inp, BackwardInputs):
         tensors = (inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out)
         return BackwardInputs(*map(_probe, tensors), *flags)

@@ -44,12 +44,14 @@ def build_inputs(
     max_seqlen_q=None,
     max_seqlen_k=None,
     debug: bool = False,
+    sinks=None,
 ) -> ForwardInputs:
     """Validate a call and wrap it: ``BackwardInputs`` when any of out/lse/grad_out is given
     (``tensors``: q, k, v[, out, lse, grad_out]), else ``ForwardInputs``; ``debug``: also
-    check the values of cu_seqlens on a GPU (which waits for the device)."""
-    facts = validate(call, tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, debug)
-    flags = (call.causal, call.causal_align, call.deterministic, facts)
+    check the values of cu_seqlens and sinks on a GPU (which waits for the device)."""
+    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    facts = validate(call, tensors, *seqlens, debug, sinks)
+    flags = (call.causal, call.causal_align, call.deterministic, facts, sinks)
     if kind_of(tensors) == "forward":
         return ForwardInputs(*tensors[:3], cu_seqlens_q, cu_seqlens_k, *flags)
     return BackwardInputs(*tensors, cu_seqlens_q, cu_seqlens_k, *flags)
@@ -247,9 +249,10 @@ def validate(
     max_seqlen_q=None,
     max_seqlen_k=None,
     debug: bool = False,
+    sinks=None,
 ) -> Facts:
     """Check ``call``'s flags with its tensors (q, k, v for a forward; q, k, v, out, lse,
-    grad_out for a backward, where any of the last three given makes it one).
+    grad_out for a backward, where any of the last three given makes it one) and ``sinks``.
 
     Raises ``TypeError``/``ValueError`` naming the argument, the expectation and what was given.
     """
@@ -318,6 +321,8 @@ def validate(
         )
     if d == 0 or dv == 0:
         raise ValueError(f"argument 'q'/'v': expected non-empty head dims, got D={d}, Dv={dv}")
+    if sinks is not None:
+        check_sinks(sinks, q, heads, debug)
     scale = resolve_scale(scale, d)
     check_cap_ratio(scale, softcap)
     window = effective_window(window, causal_align, msq, msk, causal)
@@ -339,6 +344,32 @@ def validate(
         softcap,
         Band.of(window, causal, causal_align),
     )
+
+
+def check_sinks(sinks, q: torch.Tensor, heads: int, debug: bool) -> None:
+    """``sinks``: a ``[heads]`` tensor of float32 or q's dtype on q's device; its values are
+    checked finite on the CPU always, on a GPU only when ``debug`` (that check waits for the
+    device)."""
+    sinks = _require_tensor("sinks", sinks)
+    if sinks.dtype not in (torch.float32, q.dtype):
+        allowed = "float32" if q.dtype == torch.float32 else f"float32 or {q.dtype} (as q)"
+        raise TypeError(f"argument 'sinks': expected dtype {allowed}, got {sinks.dtype}")
+    if sinks.device != q.device:
+        raise ValueError(
+            f"argument 'sinks': expected device {q.device} (same as q), got {sinks.device}"
+        )
+    _require_shape("sinks", sinks, (heads,), "[H] (one logit per query head)")
+    check_sinks_values(sinks, debug)
+
+
+def check_sinks_values(sinks: torch.Tensor, debug: bool) -> None:
+    """That every sink logit is finite: on the CPU always, on a GPU only when ``debug``."""
+    if sinks.device.type == "meta" or (sinks.device.type != "cpu" and not debug):
+        return
+    if not bool(torch.isfinite(sinks.detach()).all()):
+        raise ValueError(
+            f"argument 'sinks': expected finite values, got {sinks.detach().cpu().tolist()}"
+        )
 
 
 def _require_backward_shapes(

@@ -72,6 +72,7 @@ def make_inputs(
     max_seqlen_k: int | None = None,
     window: Window | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> ForwardInputs:
     """The validated inputs an implementation would receive for this call: ``BackwardInputs``
     when any of ``out``/``lse``/``grad_out`` is given, else ``ForwardInputs``.
@@ -94,4 +95,5 @@ def make_inputs(
         window=window,
         softcap=softcap,
     )
-    return build_inputs(call, tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return build_inputs(call, tensors, *seqlens, sinks=sinks)

@@ -19,6 +19,7 @@ from .cases import (
     CaseInputs,
     place,
     random_cases,
+    sink_cases,
     standard_cases,
     variant_cases,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "oracle",
     "place",
     "random_cases",
+    "sink_cases",
     "standard_cases",
     "tolerance_for",
     "variant_cases",

@@ -1,11 +1,12 @@
 """Seeded test cases: shapes, masks and memory layouts that a backend must get right.
 
 A :class:`Case` is a small frozen description (per-sequence lengths, heads, head dims, mask,
-sliding window, soft cap, layout, seed); :meth:`Case.make_inputs` builds fresh random tensors
-for a dtype and device. :func:`standard_cases` is a fixed list in which every feature of plain
-attention appears at least once, :func:`variant_cases` one for sliding windows and logit
-soft-capping (run only by backends that declare them); :func:`random_cases` draws more from a
-seed (windows and soft caps too with ``variants=True``).
+sliding window, soft cap, attention sinks, layout, seed); :meth:`Case.make_inputs` builds fresh
+random tensors for a dtype and device. :func:`standard_cases` is a fixed list in which every
+feature of plain attention appears at least once, :func:`variant_cases` one for sliding windows
+and logit soft-capping and :func:`sink_cases` one for attention sinks (each run only by backends
+that declare them); :func:`random_cases` draws more from a seed (windows and soft caps too with
+``variants=True``, sinks with ``sinks=True``).
 
 Layouts (how q, k, v, out, grad_out and lse sit in memory):
 
@@ -47,16 +48,20 @@ class CaseInputs:
     scale: float | None
     window: tuple[int | None, int | None] | None = None
     softcap: float | None = None
+    # [heads] sink logits (float32; float64 for float64 inputs), or None
+    sinks: Tensor | None = None
 
     def flags(self) -> dict:
         """Keyword arguments shared by ``ad.forward`` / ``ad.backward`` / the oracle
-        (``window`` / ``softcap`` only when set, so a callable without them still runs the
-        plain cases)."""
+        (``window`` / ``softcap`` / ``sinks`` only when set, so a callable without them still
+        runs the plain cases)."""
         flags = {"causal": self.causal, "causal_align": self.causal_align, "scale": self.scale}
         if self.window is not None:
             flags["window"] = self.window
         if self.softcap is not None:
             flags["softcap"] = self.softcap
+        if self.sinks is not None:
+            flags["sinks"] = self.sinks
         if self.cu_seqlens_q is not None:
             flags.update(
                 cu_seqlens_q=self.cu_seqlens_q,
@@ -69,7 +74,9 @@ class CaseInputs:
 
 @dataclass(frozen=True)
 class Case:
-    """One attention problem. Dense cases have equal lengths in every sequence."""
+    """One attention problem. Dense cases have equal lengths in every sequence. ``sinks``: the
+    inputs carry ``[heads]`` sink logits (N(0, 1), drawn after the other tensors, so those are
+    the same as without sinks)."""
 
     seqlens_q: tuple[int, ...]
     seqlens_k: tuple[int, ...]
@@ -86,6 +93,7 @@ class Case:
     tags: tuple[str, ...] = field(default=(), compare=False)
     window: tuple[int | None, int | None] | None = None
     softcap: float | None = None
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         if len(self.seqlens_q) != len(self.seqlens_k) or not self.seqlens_q:
@@ -112,12 +120,10 @@ class Case:
 
     @property
     def needs(self) -> tuple[str, ...]:
-        """The optional capabilities this case exercises (``"window"``, ``"softcap"``)."""
-        return tuple(
-            name
-            for name, value in (("window", self.window), ("softcap", self.softcap))
-            if value is not None
-        )
+        """The optional capabilities this case exercises (``"window"``, ``"softcap"``,
+        ``"sinks"``)."""
+        used = (("window", self.window), ("softcap", self.softcap), ("sinks", self.sinks or None))
+        return tuple(name for name, value in used if value is not None)
 
     @property
     def dv(self) -> int:
@@ -130,7 +136,8 @@ class Case:
 
     @property
     def has_masked_rows(self) -> bool:
-        """Whether some query row sees no key (its lse is -inf)."""
+        """Whether some query row sees no key (its lse is -inf; with sinks it is the sink's
+        logit and its output 0)."""
         from .oracle import visible_mask
 
         for sq, sk in zip(self.seqlens_q, self.seqlens_k, strict=True):
@@ -157,13 +164,15 @@ class Case:
             mask += f"-win{'_'.join(sides)}{align}"
         scale = "" if self.scale is None else f"-scale{self.scale:g}"
         cap = "" if self.softcap is None else f"-cap{self.softcap:g}"
+        cap += "-sinks" if self.sinks else ""
         return (
             f"{lens}-h{self.heads}kv{self.kv_heads}-d{self.head_dim}v{self.dv}-{mask}"
             f"-{self.layout}{scale}{cap}-s{self.seed}"
         )
 
     def make_inputs(self, dtype: torch.dtype = torch.float32, device="cpu") -> CaseInputs:
-        """Fresh random q, k, v, grad_out (N(0, 1), seeded) in this case's layout."""
+        """Fresh random q, k, v, grad_out (N(0, 1), seeded) in this case's layout, and sinks
+        when the case has them (float32; float64 for float64 inputs)."""
         gen = torch.Generator().manual_seed(self.seed)
         b, h, hkv, d, dv = self.batch, self.heads, self.kv_heads, self.head_dim, self.dv
         if self.varlen:
@@ -189,6 +198,10 @@ class Case:
             cu_q = _cumulative(self.seqlens_q, device)
             cu_k = _cumulative(self.seqlens_k, device)
             max_q, max_k = max(self.seqlens_q), max(self.seqlens_k)
+        sinks = None
+        if self.sinks:
+            sinks = torch.randn(h, generator=gen, dtype=torch.float64)
+            sinks = sinks.to(dtype=_sinks_dtype(dtype), device=device)
         return CaseInputs(
             made["q"],
             made["k"],
@@ -203,7 +216,12 @@ class Case:
             self.scale,
             self.window,
             self.softcap,
+            sinks,
         )
+
+
+def _sinks_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _cumulative(lengths: Sequence[int], device) -> Tensor:
@@ -485,6 +503,84 @@ def variant_cases() -> list[Case]:
     ]
 
 
+def sink_cases() -> list[Case]:
+    """Attention sinks, alone and with every other feature: GQA, both alignments, rows that
+    see no key (where the sink takes all the mass: out 0, lse the sink's logit), windows, soft
+    caps, varlen with empty sequences, non-contiguous layouts. A backend runs these only when
+    it declares ``sinks``."""
+    c = Case
+    return [
+        c((64,), (64,), sinks=True, seed=40, tags=("sinks",)),
+        c((48,), (48,), heads=8, kv_heads=2, causal=True, sinks=True, seed=41, tags=("sinks",)),
+        c(
+            (72,),
+            (40,),
+            heads=4,
+            kv_heads=1,
+            causal=True,
+            causal_align="bottom_right",
+            sinks=True,
+            seed=42,
+            tags=("sinks", "causal_br", "masked_rows"),
+        ),
+        c(
+            (40, 40),
+            (72, 72),
+            heads=4,
+            kv_heads=2,
+            causal=True,
+            layout="transposed",
+            sinks=True,
+            seed=43,
+            tags=("sinks", "causal_tl", "sq<sk", "noncontig"),
+        ),
+        c(
+            (56,),
+            (56,),
+            heads=8,
+            kv_heads=2,
+            window=(12, 0),
+            softcap=3.0,
+            layout="sliced",
+            sinks=True,
+            seed=44,
+            tags=("sinks", "window", "softcap", "noncontig"),
+        ),
+        c(
+            (60,),
+            (24,),
+            window=(2, 0),
+            sinks=True,
+            seed=45,
+            tags=("sinks", "window", "sq>sk", "masked_rows"),
+        ),
+        c(
+            (17, 0, 40, 9),
+            (23, 5, 40, 0),
+            heads=4,
+            kv_heads=2,
+            varlen=True,
+            sinks=True,
+            seed=46,
+            tags=("sinks", "varlen", "empty", "masked_rows"),
+        ),
+        c(
+            (30, 1, 45, 0),
+            (30, 60, 20, 7),
+            heads=8,
+            kv_heads=2,
+            head_dim=16,
+            head_dim_v=32,
+            causal=True,
+            causal_align="bottom_right",
+            varlen=True,
+            sinks=True,
+            seed=47,
+            tags=("sinks", "varlen", "causal_br", "masked_rows", "dv"),
+        ),
+    ]
+
+
 def _draw_variant(rng: random.Random, max_seqlen: int) -> dict:
     """A window and/or a soft cap (at least one) for a random case."""
 
@@ -519,11 +615,13 @@ def random_cases(
     varlen: bool | None = None,
     causal: bool | None = None,
     variants: bool = False,
+    sinks: bool = False,
 ) -> list[Case]:
     """``n`` seeded random cases. ``varlen``/``causal`` None draws both; lengths include 0, 1
     and odd values; Sq != Sk is common; bottom-right with Sq > Sk yields fully masked rows.
     ``variants``: every case also gets a sliding window and/or a soft cap (drawn from their own
-    stream, so the rest of each case is the one drawn without them).
+    stream, so the rest of each case is the one drawn without them). ``sinks``: every case also
+    has attention sinks.
     A custom scale is drawn within [0.3, 2] x 1/sqrt(D): much larger scales make the softmax so
     peaked that dS = P(dP - rowsum(dO·O)) cancels and a low-precision ``out`` dominates."""
     rng = random.Random(seed)
@@ -561,6 +659,7 @@ def random_cases(
                 layout=rng.choice(list(layouts)),
                 scale=None if rng.random() < 0.7 else round(rng.uniform(0.3, 2.0) / d**0.5, 4),
                 seed=seed * 100_003 + i,
+                sinks=sinks,
                 **(_random_variant(variant_rng, max_seqlen) if variants else {"tags": ("random",)}),
             )
         )

@@ -9,8 +9,9 @@ answer, a wrong number is not. Every other failure is an ``AssertionError`` whos
 the case, each tensor's error against its bound and the worst element.
 
 Besides the tolerance comparison, the checks hold the contract's exact parts: shapes, dtypes and
-devices of the results, no NaN/inf, ``lse == -inf`` exactly where a row sees no key, zero
-output and zero dq on those rows, and inputs left as they were: every input tensor (and the
+devices of the results, no NaN/inf, ``lse == -inf`` exactly where a row sees no key (with
+attention sinks: the sink's logit), zero output and zero dq on those rows, ``dsinks`` for a case
+with sinks, and inputs left as they were: every input tensor (and the
 memory of the buffer it is a view of) is copied before the call and compared bit for bit after
 it, since the oracle's reference was computed from the inputs before the call and a training
 step reuses them after it. Before the backend runs, a block of NaN-filled memory is
@@ -228,6 +229,15 @@ def _check_masked_zero(
     return ok
 
 
+def _unseeing_rows(ref_lse: Tensor, sinks: Tensor | None) -> Tensor:
+    """Where a row sees no key: lse is -inf, or with sinks exactly the sink's logit (the
+    oracle's float64 logsumexp of the sink alone is the sink)."""
+    if sinks is None:
+        return torch.isneginf(ref_lse)
+    heads = (None, slice(None), None) if ref_lse.dim() == 3 else (slice(None), None)
+    return ref_lse == sinks.to(torch.float64)[heads]
+
+
 def _fail(kind: str, backend: Backend, case: Case, dtype, device, rows: list[str]) -> None:
     raise AssertionError(
         f"{kind} of {_name(backend)} does not match the float64 oracle\n"
@@ -246,7 +256,8 @@ def check_backward(
     reference: OracleResult | None = None,
     inputs: CaseInputs | None = None,
 ) -> dict[str, tuple[float, float]]:
-    """Run ``backend``'s backward on ``case`` and compare (dq, dk, dv) with the oracle.
+    """Run ``backend``'s backward on ``case`` and compare (dq, dk, dv) with the oracle (and
+    ``dsinks`` for a case with sinks, named as the result's attribute).
 
     ``out`` and ``lse`` given to the backend are the oracle's (rounded to ``dtype`` / float32,
     laid out like the case's other tensors). ``inputs`` / ``reference``: the case's inputs
@@ -285,8 +296,16 @@ def check_backward(
             metrics[name] = error_metrics(got, refs[name], floor)
         else:
             ok = False
+    if inputs.sinks is not None:
+        dsinks = getattr(grads, "dsinks", None)
+        if _check_like("dsinks", dsinks, inputs.sinks, rows):
+            ok = _compare("dsinks", dsinks, ref.dsinks, tol, rows) and ok
+            metrics["dsinks"] = error_metrics(dsinks, ref.dsinks)
+        else:
+            ok = False
     if ok:
-        ok = _check_masked_zero("dq", grads[0], torch.isneginf(ref.lse), case.varlen, rows)
+        unseeing = _unseeing_rows(ref.lse, inputs.sinks)
+        ok = _check_masked_zero("dq", grads[0], unseeing, case.varlen, rows)
     if not ok:
         _fail("backward", backend, case, dtype, device, rows)
     return metrics
@@ -331,7 +350,8 @@ def check_forward(
     if ok:
         ok = _compare("out", out, ref.out, tol, rows)
         ok = _check_lse(lse, ref.lse, tol, rows) and ok
-        ok = ok and _check_masked_zero("out", out, torch.isneginf(ref.lse), case.varlen, rows)
+        unseeing = _unseeing_rows(ref.lse, inputs.sinks)
+        ok = ok and _check_masked_zero("out", out, unseeing, case.varlen, rows)
     if not ok:
         _fail("forward", backend, case, dtype, device, rows)
     return {"out": error_metrics(out, ref.out)}
@@ -364,7 +384,10 @@ def check_deterministic(
     first = call()
     for i in range(1, repeats):
         again = call()
-        for name, a, b in zip(("dq", "dk", "dv"), first, again, strict=True):
+        pairs = zip(("dq", "dk", "dv"), first, again, strict=True)
+        if inputs.sinks is not None:
+            pairs = [*pairs, ("dsinks", first.dsinks, again.dsinks)]
+        for name, a, b in pairs:
             if not torch.equal(a, b):
                 diff = (a.double() - b.double()).abs().nan_to_num(float("inf")).max().item()
                 raise AssertionError(
@@ -374,13 +397,15 @@ def check_deterministic(
 
 
 def default_cases() -> list[Case]:
-    """The cases :func:`make_conformance_tests` uses unless given others (the window and soft
-    cap ones run only for backends that declare those capabilities)."""
-    from .cases import random_cases, standard_cases, variant_cases
+    """The cases :func:`make_conformance_tests` uses unless given others (the window, soft
+    cap and sink ones run only for backends that declare those capabilities)."""
+    from .cases import random_cases, sink_cases, standard_cases, variant_cases
 
     return (
         standard_cases()
         + variant_cases()
+        + sink_cases()
         + random_cases(16, seed=1)
         + random_cases(8, seed=5, variants=True)
+        + random_cases(8, seed=9, variants=True, sinks=True)
     )

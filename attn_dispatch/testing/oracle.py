@@ -5,6 +5,10 @@ and sliding window, straight from the contract's definition), a softmax, a matmu
 ``torch.autograd.grad`` (which differentiates the tanh too). K/V heads are expanded for GQA
 (autograd sums the expanded gradients back). A row that sees no key gets ``lse = -inf``,
 output 0 and zero gradients, as the input contract states.
+
+Attention sinks (``sinks``, one logit per query head) are one more column of the scores, never
+capped or masked, whose value is zero: a row that sees no key then gives all its mass to the
+sink (``lse = sinks[h]``, output 0), and ``torch.autograd.grad`` yields ``dsinks`` too.
 """
 
 from __future__ import annotations
@@ -17,14 +21,28 @@ from torch import Tensor
 from .._inputs import Band
 
 
-class OracleResult(NamedTuple):
-    """Float64 results of :func:`oracle`; grads are None when no grad_out was given."""
-
+class _OracleTuple(NamedTuple):
     out: Tensor
     lse: Tensor
     dq: Tensor | None
     dk: Tensor | None
     dv: Tensor | None
+
+
+class OracleResult(_OracleTuple):
+    """Float64 results of :func:`oracle`; grads are None when no grad_out was given.
+
+    ``dsinks`` (an attribute, so the result still unpacks into five) is the float64 gradient of
+    the sinks, ``None`` without sinks or without grad_out.
+    """
+
+    dsinks: Tensor | None = None
+
+    def __new__(cls, out, lse, dq, dk, dv, dsinks=None):
+        self = super().__new__(cls, out, lse, dq, dk, dv)
+        if dsinks is not None:
+            self.dsinks = dsinks
+        return self
 
 
 Window = tuple[int | None, int | None]
@@ -54,7 +72,13 @@ def visible_mask(
 
 
 def _dense(
-    q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor, softcap: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    mask: Tensor,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """out [B, Sq, H, Dv] and lse [B, H, Sq] for float64 BSHD tensors (differentiable)."""
     group = q.shape[2] // k.shape[2]
@@ -63,6 +87,14 @@ def _dense(
     s = torch.einsum("bihd,bjhd->bhij", q, kx) * scale
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
+    if sinks is not None:
+        # the sink column: every row has it, so no row is empty and no row needs zeroing
+        s = s.masked_fill(~mask, float("-inf"))
+        sink = sinks[None, :, None, None].expand(*s.shape[:-1], 1)
+        full = torch.cat([s, sink], dim=-1)
+        p = torch.softmax(full, dim=-1)[..., :-1]
+        lse = torch.logsumexp(full, dim=-1)
+        return torch.einsum("bhij,bjhd->bihd", p, vx), lse
     sees_any = mask.any(dim=-1)  # [Sq]
     # Masked keys get -inf; rows that see nothing get all-zero scores (so no NaN) and are
     # zeroed after the softmax, which also zeroes their gradients.
@@ -86,10 +118,13 @@ def oracle(
     cu_seqlens_k: Tensor | None = None,
     window: Window | None = None,
     softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> OracleResult:
-    """Exact attention in float64 on the inputs' device: (out, lse, dq, dk, dv).
+    """Exact attention in float64 on the inputs' device: (out, lse, dq, dk, dv), and
+    ``dsinks`` with ``sinks``.
 
-    ``window`` and ``softcap`` as in :func:`attn_dispatch.backward` (per sequence when varlen).
+    ``window``, ``softcap`` and ``sinks`` as in :func:`attn_dispatch.backward` (per sequence
+    when varlen).
 
     Layouts follow the library contract: dense q [B, Sq, H, D] (lse [B, H, Sq]) or, when
     cu_seqlens are given, varlen q [Tq, H, D] (lse [H, Tq]). Inputs of any float dtype are
@@ -97,12 +132,14 @@ def oracle(
     """
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    leaves = [t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v)]
-    q64, k64, v64 = leaves
+    given = (q, k, v) if sinks is None else (q, k, v, sinks)
+    leaves = [t.detach().to(torch.float64).requires_grad_(True) for t in given]
+    q64, k64, v64 = leaves[:3]
+    sinks64 = None if sinks is None else leaves[3]
     with torch.enable_grad():
         if cu_seqlens_q is None:
             mask = visible_mask(q.shape[1], k.shape[1], causal, causal_align, q.device, window)
-            out, lse = _dense(q64, k64, v64, scale, mask, softcap)
+            out, lse = _dense(q64, k64, v64, scale, mask, softcap, sinks64)
         else:
             out, lse = _varlen(
                 q64,
@@ -115,6 +152,7 @@ def oracle(
                 cu_seqlens_k,
                 window,
                 softcap,
+                sinks64,
             )
         if grad_out is None:
             return OracleResult(out.detach(), lse.detach(), None, None, None)
@@ -128,7 +166,8 @@ def oracle(
 def oracle_of(inputs, grad_out: Tensor | None = None) -> OracleResult:
     """:func:`oracle` on the call an inputs object describes: anything with ``q``, ``k``, ``v``,
     ``causal``, ``causal_align``, ``scale``, ``cu_seqlens_q`` / ``_k``, ``window`` and
-    ``softcap`` (a case's ``CaseInputs``, an implementation's ``ForwardInputs``)."""
+    ``softcap``, and optionally ``sinks`` (a case's ``CaseInputs``, an implementation's
+    ``ForwardInputs``)."""
     return oracle(
         inputs.q,
         inputs.k,
@@ -141,6 +180,7 @@ def oracle_of(inputs, grad_out: Tensor | None = None) -> OracleResult:
         cu_seqlens_k=inputs.cu_seqlens_k,
         window=inputs.window,
         softcap=inputs.softcap,
+        sinks=getattr(inputs, "sinks", None),
     )
 
 
@@ -155,6 +195,7 @@ def _varlen(
     cu_k: Tensor | None,
     window: Window | None,
     softcap: float | None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     if cu_k is None:
         raise ValueError("cu_seqlens_k: expected a tensor when cu_seqlens_q is given, got None")
@@ -163,7 +204,7 @@ def _varlen(
     for i in range(len(oq) - 1):
         q0, q1, k0, k1 = oq[i], oq[i + 1], ok[i], ok[i + 1]
         mask = visible_mask(q1 - q0, k1 - k0, causal, causal_align, q.device, window)
-        o, lse = _dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], scale, mask, softcap)
+        o, lse = _dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], scale, mask, softcap, sinks)
         outs.append(o[0])
         lses.append(lse[0])
     out = torch.cat(outs, dim=0) if outs else q.new_zeros(0, q.shape[1], v.shape[-1])

@@ -9,8 +9,9 @@ In a backend's test module::
 
 pytest collects ``test_conformance`` as one test per (check, dtype, case). A case the backend
 rejects is skipped with its reasons; a wrong result fails with the diff table. Cases with a
-sliding window or a soft cap are collected only when some implementation of the backend
-declares that capability (``Implementation.window`` / ``.softcap``); one that declares it is
+sliding window, a soft cap or attention sinks are collected only when some implementation of
+the backend declares that capability (``Implementation.window`` / ``.softcap`` / ``.sinks``);
+one that declares it is
 held to the oracle on them like on every other case.
 """
 
@@ -49,7 +50,8 @@ def _device_missing(device: torch.device) -> str | None:
 
 
 def declared_capabilities(backend: str) -> set[str] | None:
-    """The optional capabilities (``"window"``, ``"softcap"``) some implementation named by
+    """The optional capabilities (``"window"``, ``"softcap"``, ``"sinks"``) some implementation
+    named by
     ``backend`` (``"name"`` or ``"name:impl"``) declares; ``None`` when no installed
     implementation has that name (nothing is filtered then: the checks report it)."""
     import attn_dispatch as ad
@@ -62,7 +64,8 @@ def declared_capabilities(backend: str) -> set[str] | None:
     ]
     if not impls:
         return None
-    return {name for name in ("window", "softcap") for i in impls if getattr(i, name)}
+    optional = ("window", "softcap", "sinks")
+    return {name for name in optional for i in impls if getattr(i, name)}
 
 
 def make_conformance_tests(

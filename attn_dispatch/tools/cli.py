@@ -102,6 +102,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
                     ("forward", impl.has_forward),
                     ("window", impl.window),
                     ("softcap", impl.softcap),
+                    ("sinks", impl.sinks),
                 )
                 if on
             )

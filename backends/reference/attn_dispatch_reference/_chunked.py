@@ -13,6 +13,12 @@ hidden, ``c`` the optional soft cap):
     dS  = dZ ∘ (1 - tanh²(S / c)) (dS = dZ without a soft cap)
     dQ  = scale · dS K       dK = scale · dSᵀ Q       dV = Pᵀ dO
 
+With attention sinks (one logit ``σ_h`` per query head, no value) each row's normaliser gains
+one term: ``lse = log(Σ_j exp(Z + M) + exp(σ_h))``, so ``P`` (computed from that lse) sums to
+less than one and ``P_sink = exp(σ_h - lse)``; a row that sees no key has ``lse = σ_h`` and
+output 0. The backward formulas above hold unchanged with that lse, and
+``dσ_h = -Σ_rows P_sink · Dr`` (over the batch and every row of head h).
+
 The band is the call's ``adb.Band`` (``inp.band``: causal mask and window as one value): row
 ``i``'s diagonal is ``d_i = i + band.offset(Sq, Sk)`` (per sequence when varlen) and key ``j`` is
 visible iff ``d_i - left <= j <= d_i + right``; a side that is ``None`` is unbounded. The core
@@ -173,6 +179,12 @@ def _scores(
     return z, slope
 
 
+def _sink_rows(sinks: Tensor, kv_heads: int, chunk: int) -> Tensor:
+    """sinks [H] -> [Hkv, G·c], matching the row order of :func:`_group_rows`."""
+    g = sinks.shape[0] // kv_heads
+    return sinks.reshape(kv_heads, g, 1).expand(kv_heads, g, chunk).reshape(kv_heads, g * chunk)
+
+
 def _finite(lse: Tensor) -> Tensor:
     """lse with -inf replaced by 0, so exp(-inf - lse) is 0 rather than NaN."""
     return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
@@ -195,8 +207,10 @@ def dense_forward(
     band: adb.Band,
     softcap: float | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    sinks: Tensor | None = None,
 ) -> None:
-    """Write out [B, Sq, H, Dv] and lse [B, H, Sq] for dense q/k/v."""
+    """Write out [B, Sq, H, Dv] and lse [B, H, Sq] for dense q/k/v (``sinks``: [H] logits
+    joining every row's normaliser, in the compute dtype)."""
     b, sq, h, _ = q.shape
     hkv = k.shape[2]
     shift = band.offset(sq, k.shape[1])
@@ -208,11 +222,13 @@ def dense_forward(
         c = i1 - i0
         if k1 == k0:
             out[:, i0:i1].zero_()
-            lse[:, :, i0:i1] = float("-inf")
+            lse[:, :, i0:i1] = float("-inf") if sinks is None else sinks[None, :, None]
             continue
         qc = _group_rows(q[:, i0:i1], hkv, ctype) * scale
         z, _ = _scores(qc, kt, tile, h // hkv, band, shift, softcap, derivative=False)
         lse_c = torch.logsumexp(z, dim=-1)  # [B, Hkv, G·c]
+        if sinks is not None:
+            lse_c = torch.logaddexp(lse_c, _sink_rows(sinks, hkv, c))
         p = z.sub_(_finite(lse_c)[..., None]).exp_()
         out[:, i0:i1] = _ungroup_rows(torch.matmul(p, vh[..., k0:k1, :]), c)
         lse[:, :, i0:i1] = lse_c.reshape(b, h, c)
@@ -311,14 +327,18 @@ def attention_forward(
     cu_seqlens_q: Tensor | None = None,
     cu_seqlens_k: Tensor | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) for dense [B, S, H, D] or varlen [T, H, D] inputs (varlen iff cu_seqlens).
 
     ``band``: the call's visible keys (``inp.band``; the diagonal aligned per sequence when
     varlen). ``softcap``: scores become ``softcap · tanh(s / softcap)`` before the softmax.
+    ``sinks``: ``None`` or [H] attention-sink logits (lse includes them).
     Arguments are taken as validated (``adb.make_inputs`` builds them from a call's flags).
     """
     lse_dtype = adb.lse_dtype(q.dtype)
+    if sinks is not None:
+        sinks = sinks.to(compute_dtype(q.dtype))
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:
         lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=lse_dtype, device=q.device)
@@ -335,8 +355,21 @@ def attention_forward(
             band=band,
             softcap=softcap,
             budget_bytes=budget_bytes,
+            sinks=sinks,
         )
     return out, lse
+
+
+def sinks_gradient(out: Tensor, lse: Tensor, grad_out: Tensor, sinks: Tensor) -> Tensor:
+    """``dsinks[h] = -Σ_rows exp(sinks[h] - lse) · rowsum(dO ∘ O)`` over the batch and every row,
+    for dense (lse [B, H, Sq]) or varlen (lse [H, T]) tensors, in ``sinks``' dtype."""
+    ctype = compute_dtype(out.dtype)
+    delta = (grad_out.to(ctype) * out.to(ctype)).sum(dim=-1)  # [B, Sq, H] or [T, H]
+    delta = delta.movedim(-1, -2) if lse.dim() == 3 else delta.t()  # as lse
+    heads = (None, slice(None), None) if lse.dim() == 3 else (slice(None), None)
+    p_sink = torch.exp(sinks.to(ctype)[heads] - lse.to(ctype))
+    dims = (0, 2) if lse.dim() == 3 else (1,)
+    return (-(p_sink * delta).sum(dim=dims)).to(sinks.dtype)
 
 
 def attention_backward(

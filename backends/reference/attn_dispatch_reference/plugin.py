@@ -3,8 +3,8 @@
 Lowest priority on every arch, so it runs automatically only where nothing faster accepts the
 inputs. It accepts every input the core's validation lets through: any device, any float dtype,
 any head dims (Dv may differ from D), GQA/MQA, both causal alignments, dense and varlen,
-sliding windows and logit soft-capping, and arbitrary strides. Non-goals: speed, dropout,
-attention bias.
+sliding windows, logit soft-capping and attention sinks, and arbitrary strides. Non-goals:
+speed, dropout, attention bias.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class Chunked(adb.Implementation):
     deterministic = True
     window = True
     softcap = True
+    sinks = True
 
     #: Bytes allowed for one score-sized buffer; the backward holds about three of them (four
     #: with a soft cap).
@@ -50,16 +51,20 @@ class Chunked(adb.Implementation):
         """``(out, lse)`` computed exactly."""
         from ._chunked import attention_forward
 
-        return attention_forward(inp.q, inp.k, inp.v, **self._flags(inp))
+        return attention_forward(inp.q, inp.k, inp.v, **self._flags(inp), sinks=inp.sinks)
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
-        """``(dq, dk, dv)`` from the given ``out`` and ``lse``."""
-        from ._chunked import attention_backward
+        """``(dq, dk, dv)`` from the given ``out`` and ``lse`` (and ``dsinks`` with sinks: the
+        given lse includes them, so the probabilities need nothing more)."""
+        from ._chunked import attention_backward, sinks_gradient
 
         grads = attention_backward(
             inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out, **self._flags(inp)
         )
-        return ad.Gradients(*grads)
+        if inp.sinks is None:
+            return ad.Gradients(*grads)
+        dsinks = sinks_gradient(inp.out, inp.lse, inp.grad_out, inp.sinks)
+        return ad.Gradients(*grads, dsinks)
 
 
 @adb.hookimpl

@@ -1,5 +1,5 @@
 """``exact:oracle``: attention in float64, for the core's tests that need real numbers
-(autograd, torch.compile, variants) without depending on a real backend.
+(autograd, torch.compile, variants, attention sinks) without depending on a real backend.
 
 The forward is the testing oracle's. The gradients are written out by the textbook formulas
 rather than taken with the oracle's autograd: the dispatcher runs inside a custom operator,
@@ -20,7 +20,7 @@ from . import active
 class Oracle(adb.Implementation):
     backend, name = "exact", "oracle"
     priority = {"*": 1}
-    window = softcap = True
+    window = softcap = sinks = True
 
     def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The float64 oracle's (its forward needs no autograd)."""
@@ -28,13 +28,17 @@ class Oracle(adb.Implementation):
         return result.out.to(inp.dtype), result.lse.to(adb.lse_dtype(inp.dtype))
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
-        grads = [[], [], []]
+        grads = [[], [], [], []]
         for q, k, v, do in _sequences(inp, inp.grad_out):
             for acc, g in zip(grads, _gradients(inp, q, k, v, do)):
-                acc.append(g.to(inp.dtype))
+                acc.append(g)
+        dsinks = None
+        if inp.sinks is not None:
+            dsinks = sum(g.sum((0, 2)) for g in grads[3]).to(inp.sinks.dtype)
+        grads = [[g.to(inp.dtype) for g in acc] for acc in grads[:3]]
         if inp.is_varlen:
-            return ad.Gradients(*(torch.cat(g, 1).squeeze(0) for g in grads))
-        return ad.Gradients(*(g[0] for g in grads))
+            return ad.Gradients(*(torch.cat(g, 1).squeeze(0) for g in grads), dsinks)
+        return ad.Gradients(*(g[0] for g in grads), dsinks)
 
 
 def _sequences(inp: adb.BackwardInputs, grad_out: torch.Tensor):
@@ -67,12 +71,14 @@ def _attend(inp, q, k, v):
     mask = visible_mask(q.shape[1], k.shape[1], inp.causal, inp.causal_align, q.device, inp.window)
     scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
+    if inp.sinks is not None:
+        lse = torch.logaddexp(lse, inp.sinks.double()[None, :, None])
     probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
-    return probs @ vh, (qh, kh, vh, probs, tanh)
+    return probs @ vh, (qh, kh, vh, probs, tanh, lse)
 
 
 def _gradients(inp, q, k, v, grad_out):
-    out, (qh, kh, vh, probs, tanh) = _attend(inp, q, k, v)
+    out, (qh, kh, vh, probs, tanh, lse) = _attend(inp, q, k, v)
     do = _heads_first(grad_out, 1)
     dv = probs.transpose(-1, -2) @ do
     dp = do @ vh.transpose(-1, -2)
@@ -83,7 +89,11 @@ def _gradients(inp, q, k, v, grad_out):
     dq = (ds @ kh * inp.scale).permute(0, 2, 1, 3)
     dk = (ds.transpose(-1, -2) @ qh * inp.scale).permute(0, 2, 1, 3)
     dv = dv.permute(0, 2, 1, 3)
-    return dq, _per_kv_head(dk, inp.kv_heads), _per_kv_head(dv, inp.kv_heads)
+    # per [B, H, Sq] row: -P_sink · rowsum(dO ∘ O), summed by the caller
+    dsink = None
+    if inp.sinks is not None:
+        dsink = -torch.exp(inp.sinks.double()[None, :, None] - lse) * delta[..., 0]
+    return dq, _per_kv_head(dk, inp.kv_heads), _per_kv_head(dv, inp.kv_heads), dsink
 
 
 def _per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
