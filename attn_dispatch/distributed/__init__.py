@@ -18,7 +18,13 @@ from torch import Tensor
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
-from attn_dispatch._validation import _require_tensor, check_softcap, check_window, resolve_scale
+from attn_dispatch._validation import (
+    _require_tensor,
+    check_sinks,
+    check_softcap,
+    check_window,
+    resolve_scale,
+)
 
 from . import _agreement, _layout, _ulysses
 from ._layout import group_info, shard_sequence, unshard_sequence
@@ -47,7 +53,7 @@ def _scale(scale) -> float | None:
     return None if scale is None else resolve_scale(scale, 1)
 
 
-def _check(q, k, v, causal, strategy, load_balance, backend, world) -> None:
+def _check(q, k, v, causal, strategy, load_balance, backend, world, sinks=None) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _require_tensor(name, t)
         if t.dim() != 4:
@@ -55,6 +61,8 @@ def _check(q, k, v, causal, strategy, load_balance, backend, world) -> None:
                 f"argument '{name}': expected a dense [B, S/W, heads, D] shard (4 dims), "
                 f"got shape {tuple(t.shape)}"
             )
+    if sinks is not None:
+        check_sinks(sinks, q, q.shape[2], debug=False)
     if strategy not in STRATEGIES:
         raise ValueError(f"argument 'strategy': expected one of {STRATEGIES}, got {strategy!r}")
     _layout.check_load_balance(load_balance)
@@ -80,8 +88,9 @@ def _check(q, k, v, causal, strategy, load_balance, backend, world) -> None:
             )
 
 
-def _ulysses_attention(q, k, v, group, world, load_balance, flags: dict) -> Tensor:
-    """``flags``: the keyword arguments of the local ``ad.forward`` / ``ad.backward``."""
+def _ulysses_attention(q, k, v, group, world, load_balance, flags: dict, sinks=None) -> Tensor:
+    """``flags``: the keyword arguments of the local ``ad.forward`` / ``ad.backward``;
+    ``sinks``: all heads' sinks, of which this rank's head group joins the local call."""
     order = inverse = None
     banded = flags["causal"] or flags["window"] is not None
     if banded and load_balance == "zigzag":
@@ -90,7 +99,11 @@ def _ulysses_attention(q, k, v, group, world, load_balance, flags: dict) -> Tens
         order = torch.argsort(positions)  # order[p]: where global position p sits in shard order
         inverse = positions  # positions[i]: the global position of shard-order index i
     heads = [_ulysses.SeqToHeads.apply(t, group, world, order, inverse) for t in (q, k, v)]
-    out = _ulysses.LocalAttention.apply(*heads, flags)
+    if sinks is not None:
+        per_rank = q.shape[2] // world
+        mine = group_info(group)[0] * per_rank
+        sinks = sinks[mine : mine + per_rank]
+    out = _ulysses.LocalAttention.apply(*heads, flags, sinks)
     return _ulysses.HeadsToSeq.apply(out, group, world, order, inverse)
 
 
@@ -107,6 +120,7 @@ def context_parallel_attention(
     backend: str | None = None,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """This rank's shard of the attention output over the whole (sharded) sequence.
 
@@ -123,24 +137,33 @@ def context_parallel_attention(
     of every per-block call, as ``backend=`` of ``attn_dispatch.forward``. ``softcap`` as for
     ``attn_dispatch.forward``, both strategies; ``window`` (global positions, ``Sq == Sk``)
     with ``strategy="ulysses"`` only.
+
+    ``sinks``: ``[H]`` attention-sink logits (as for ``attn_dispatch.attention``, the same on
+    every rank), both strategies; each row's softmax counts its sink once (the ring merges it
+    into the combined ``lse`` after the last step; Ulysses gives each rank's local call its
+    heads' sinks). Its gradient on each rank is that rank's share (its query rows for the ring,
+    its heads for Ulysses): summed over the group, as for any parameter replicated on the
+    group's ranks (a data-parallel gradient reduction over the group does it), it is the
+    gradient of the whole sequence's attention.
     """
     rank, world = group_info(group)
     flags = dict(causal=causal, scale=scale, strategy=strategy, load_balance=load_balance)
     # backend too: a forced backend that refuses the blocks on one rank only would leave the
     # others waiting in the ring's next transfer
     flags |= dict(window=window, softcap=softcap, backend=backend)
+    tensors = dict(q=q, k=k, v=v) | ({} if sinks is None else dict(sinks=sinks))
     accept = _agreement.check_same_on_every_rank(
-        "context_parallel_attention", group, dict(q=q, k=k, v=v), flags
+        "context_parallel_attention", group, tensors, flags
     )
-    _check(q, k, v, causal, strategy, load_balance, backend, world)
+    _check(q, k, v, causal, strategy, load_balance, backend, world, sinks)
     window, softcap = _variants(strategy, window, softcap)
     scale = _scale(scale)
     accept()
     if strategy == "ulysses":
         flags = dict(causal=causal, scale=scale, backend=backend, window=window, softcap=softcap)
-        return _ulysses_attention(q, k, v, group, world, load_balance, flags)
+        return _ulysses_attention(q, k, v, group, world, load_balance, flags, sinks)
     ring = Ring(group, rank, world, load_balance, causal, scale, backend, softcap)
-    return RingAttention.apply(q, k, v, ring)
+    return RingAttention.apply(q, k, v, ring, sinks)
 
 
 def explain(
@@ -156,6 +179,7 @@ def explain(
     backend: str | None = None,
     window: tuple[int | None, int | None] | None = None,
     softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> list[tuple[str, ad.Report]]:
     """``(label, report)`` of ``attn_dispatch.explain`` for each distinct call this rank would make.
 
@@ -164,9 +188,15 @@ def explain(
     report; the label says which ring steps (or the Ulysses call) it stands for.
     """
     rank, world = group_info(group)
-    _check(q, k, v, causal, strategy, load_balance, backend, world)
+    _check(q, k, v, causal, strategy, load_balance, backend, world, sinks)
     window, softcap = _variants(strategy, window, softcap)
     scale = _scale(scale)
+    # Ulysses' local call has this rank's heads' sinks; the ring's block calls have none (the
+    # ring merges the sink into the combined lse itself)
+    local_sinks = None
+    if sinks is not None and strategy == "ulysses":
+        per_rank = q.shape[2] // world
+        local_sinks = sinks[rank * per_rank : (rank + 1) * per_rank]
     # (label, q, k, v, causal) of each distinct call
     calls: dict[tuple, tuple[str, Tensor, Tensor, Tensor, bool]] = {}
     if strategy == "ulysses":
@@ -192,6 +222,7 @@ def explain(
         flags = dict(
             causal=blk_causal, scale=scale, backend=backend, window=window, softcap=softcap
         )
+        flags["sinks"] = local_sinks
         reports.append((f"{label} forward", ad.explain(bq, bk, bv, **flags)))
         reports.append((f"{label} backward", ad.explain(bq, bk, bv, out, lse, out, **flags)))
     return reports

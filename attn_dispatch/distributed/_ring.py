@@ -9,7 +9,13 @@ Backward: the K/V shards go around the ring again, each accompanied by the runni
 dK/dV. Every block is an ``ad.backward`` against the *merged* ``out`` and ``lse``: with the
 global lse and ``delta = rowsum(dout · out)`` of the merged output, a block's probabilities and
 gradients are exactly its share of the full attention's, so nothing of the merge is recomputed.
-After ``W`` hops each dK/dV sum is back at its owner. Per-rank memory stays O(S/W): the saved
+After ``W`` hops each dK/dV sum is back at its owner.
+
+Attention sinks: the blocks run without them, and the sink joins each row's merged ``(out,
+lse)`` once, after the last step, as one more term of the merge (a block with no value). The
+backward's blocks then read the merged lse, which includes the sink, so their probabilities are
+right as they are; the sink's gradient is ``-Σ_rows exp(sink - lse) · delta`` over this rank's
+rows. Per-rank memory stays O(S/W): the saved
 activations are this rank's q, k, v, out and lse, and at most two K/V and two dK/dV shards are in
 flight.
 
@@ -134,8 +140,27 @@ def merge_into(out_acc: Tensor, lse_acc: Tensor, out: Tensor, lse: Tensor) -> No
     lse_acc.copy_(new)
 
 
-def ring_forward(ring: Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """This rank's (out, lse) of attention over the whole ring's K/V."""
+def merge_sinks(out_acc: Tensor, lse_acc: Tensor, sinks: Tensor) -> None:
+    """Fold the sinks (a logit per head, no value) into the merged (out_acc, lse_acc), in place:
+    each row's normaliser gains ``exp(sinks[h])``, so its output shrinks by
+    ``exp(lse_acc - lse)`` (0 for a row that saw no key: it keeps output 0)."""
+    new = torch.logaddexp(lse_acc, sinks.to(lse_acc.dtype)[None, :, None])
+    out_acc.mul_(torch.exp(lse_acc - new).transpose(1, 2).unsqueeze(-1).to(out_acc.dtype))
+    lse_acc.copy_(new)
+
+
+def sinks_gradient(out: Tensor, lse: Tensor, dout: Tensor, sinks: Tensor) -> Tensor:
+    """``-Σ exp(sinks[h] - lse) · rowsum(dout · out)`` over the batch and this rank's rows."""
+    dt = acc_dtype(out.dtype)
+    delta = (dout.to(dt) * out.to(dt)).sum(-1).transpose(1, 2)  # [B, H, S] as lse
+    p_sink = torch.exp(sinks.to(dt)[None, :, None] - lse.to(dt))
+    return (-(p_sink * delta).sum((0, 2))).to(sinks.dtype)
+
+
+def ring_forward(
+    ring: Ring, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """This rank's (out, lse) of attention over the whole ring's K/V (and ``sinks``)."""
     b, s, h, _ = q.shape
     out_acc = q.new_zeros((b, s, h, v.shape[-1]), dtype=acc_dtype(q.dtype))
     lse_acc = torch.full((b, h, s), float("-inf"), dtype=adb.lse_dtype(q.dtype), device=q.device)
@@ -159,6 +184,8 @@ def ring_forward(ring: Ring, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, T
             # keeps the group usable when a block raises on every rank (e.g. a forced backend).
             _wait(work)
         kv = nxt
+    if sinks is not None:
+        merge_sinks(out_acc, lse_acc, sinks)
     return out_acc.to(q.dtype), lse_acc
 
 
@@ -211,18 +238,20 @@ def ring_backward(
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, ring: Ring) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, ring: Ring, sinks=None) -> Tensor:
         # point-to-point transfers need plain memory (k, v may be views of a packed projection)
         k, v = k.contiguous(), v.contiguous()
-        out, lse = ring_forward(ring, q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
+        out, lse = ring_forward(ring, q, k, v, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.ring = ring
         ctx.scope = scope()  # the backward's blocks decide as ad.attention's backward does
         return out
 
     @staticmethod
     def backward(ctx, dout: Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dout = dout.contiguous()
         with in_scope(ctx.scope):
-            dq, dk, dv = ring_backward(ctx.ring, q, k, v, out, lse, dout.contiguous())
-        return dq, dk, dv, None
+            dq, dk, dv = ring_backward(ctx.ring, q, k, v, out, lse, dout)
+        dsinks = None if sinks is None else sinks_gradient(out, lse, dout, sinks)
+        return dq, dk, dv, None, dsinks

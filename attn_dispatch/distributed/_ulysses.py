@@ -12,6 +12,9 @@ The gathered sequence comes in shard order (rank 0's shard first). A non-causal 
 indifferent to the order of keys and keeps the order of queries, so it runs on that order
 directly; a causal or windowed one (the band reads positions) is reordered to global positions
 first (identity for ``contiguous``).
+
+Attention sinks are per head: the local call takes this rank's head group's sinks, and every
+row, whole on this rank, counts its sink once.
 """
 
 from __future__ import annotations
@@ -76,16 +79,16 @@ class LocalAttention(torch.autograd.Function):
     """Attention of the head-sharded full sequence: ``ad.forward``, then ``ad.backward``."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, flags: dict) -> Tensor:
-        out, lse = ad.forward(q, k, v, **flags)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, flags: dict, sinks=None) -> Tensor:
+        out, lse = ad.forward(q, k, v, **flags, sinks=sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.flags = flags
         ctx.scope = scope()  # the backward decides as ad.attention's backward does
         return out
 
     @staticmethod
     def backward(ctx, dout: Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         with in_scope(ctx.scope):
-            dq, dk, dv = ad.backward(q, k, v, out, lse, dout.contiguous(), **ctx.flags)
-        return dq, dk, dv, None
+            grads = ad.backward(q, k, v, out, lse, dout.contiguous(), **ctx.flags, sinks=sinks)
+        return *grads, None, grads.dsinks

@@ -3,7 +3,8 @@
 One spawned group per world size runs every case, and each rank writes what it measured to a
 JSON file; the assertions run here in the parent, so a failed check never leaves a peer waiting
 in a collective. Every case compares the forward shard and the q/k/v gradient shards with the
-single-process attention on the full sequence (same inputs, same backend).
+single-process attention on the full sequence (same inputs, same backend); with attention
+sinks, the sinks' gradient summed over the group too (each rank holds its share).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Case:
     packed_kv: bool = False  # k and v are strided views of one [.., 2·Hkv, D] tensor
     window: tuple[int | None, int | None] | None = None  # (Ulysses only)
     softcap: float | None = None
+    sinks: bool = False
 
     @property
     def name(self) -> str:
@@ -53,6 +55,7 @@ class Case:
 
 DEFAULTS = {"chunk": 3, "head_dim_v": 8, "scale": None, "backend": None, "scoped": None}
 DEFAULTS |= {"repeat_kv": 1, "packed_kv": False, "window": None, "softcap": None}
+DEFAULTS |= {"sinks": False}
 # The variants in the default suite at every W: a soft cap around the ring, and Ulysses with a
 # window on the zigzag layout (reordered to global positions), causal or two-sided, capped too.
 VARIANT_CASES = [
@@ -61,6 +64,12 @@ VARIANT_CASES = [
     dict(strategy="ulysses", load_balance="zigzag", causal=True, window=(4, None)),
     dict(strategy="ulysses", load_balance="zigzag", causal=False, window=(3, 2), softcap=2.0),
     dict(strategy="ulysses", load_balance="contiguous", causal=False, window=(None, 1)),
+    # attention sinks: each row's softmax counts its sink once, merged by the ring after its
+    # last step, per head group with Ulysses
+    dict(strategy="ring", load_balance="zigzag", causal=True, sinks=True),
+    dict(strategy="ring", load_balance="contiguous", causal=False, softcap=1.5, sinks=True),
+    dict(strategy="ulysses", load_balance="zigzag", causal=True, window=(4, None), sinks=True),
+    dict(strategy="ulysses", load_balance="contiguous", causal=False, sinks=True),
 ]
 
 
@@ -81,6 +90,7 @@ def cases(world: int, full: bool) -> list[Case]:
             if (c.dtype == "float64") == (c.causal == (c.load_balance == "zigzag"))
             or c.window is not None
             or c.softcap is not None
+            or c.sinks
         ]
     out += [
         Case("ring", "zigzag", True, "float64", heads=3, kv_heads=1),  # MQA, odd H
@@ -118,12 +128,15 @@ def run_case(case: Case, seed: int) -> dict[str, float]:
     dout = rand(b, seqlen, case.heads, case.head_dim_v)
     flags = {"causal": case.causal, "scale": case.scale, "softcap": case.softcap}
     flags["window"] = case.window
+    sinks = rand(case.heads) if case.sinks else None
 
     # The single-process computation on the full sequence: what ad.attention runs, called
     # directly (ad.attention's custom operator would import torch._dynamo in every rank).
     with ad.use_backend(case.scoped) if case.scoped else _nothing():
-        want, lse = ad.forward(q, k, v, **flags, backend=case.backend)
-        full_grads = ad.backward(q, k, v, want, lse, dout, **flags, backend=case.backend)
+        want, lse = ad.forward(q, k, v, **flags, backend=case.backend, sinks=sinks)
+        full_grads = ad.backward(
+            q, k, v, want, lse, dout, **flags, backend=case.backend, sinks=sinks
+        )
 
     def shard(t: torch.Tensor) -> torch.Tensor:
         return cp.shard_sequence(t, load_balance=case.load_balance)
@@ -136,6 +149,8 @@ def run_case(case: Case, seed: int) -> dict[str, float]:
     if case.repeat_kv > 1:
         lk, lv = (t.repeat_interleave(case.repeat_kv, dim=2) for t in (lk, lv))
     call = {"strategy": case.strategy, "load_balance": case.load_balance, "backend": case.backend}
+    if sinks is not None:
+        call["sinks"] = local_sinks = sinks.clone().requires_grad_()
     with ad.use_backend(case.scoped) if case.scoped else _nothing():
         got = cp.context_parallel_attention(local[0], lk, lv, **flags, **call)
         got.backward(shard(dout))
@@ -143,6 +158,10 @@ def run_case(case: Case, seed: int) -> dict[str, float]:
     errs = {"out": _rel_err(got, shard(want)), "unshard": _rel_err(gathered, want)}
     for name, mine, ref in zip(("dq", "dk", "dv"), local, full_grads):
         errs[name] = _rel_err(mine.grad, shard(ref))
+    if sinks is not None:
+        dsinks = local_sinks.grad.clone()
+        dist.all_reduce(dsinks)  # each rank's share of the whole sequence's gradient
+        errs["dsinks"] = _rel_err(dsinks, full_grads.dsinks)
     return errs
 
 
@@ -188,6 +207,9 @@ def error_cases(world: int) -> dict[str, str]:
         ),
         "bad_softcap": _message(
             lambda: cp.context_parallel_attention(shard, shard, shard, softcap=-1.0)
+        ),
+        "bad_sinks": _message(
+            lambda: cp.context_parallel_attention(shard, shard, shard, sinks=torch.zeros(world + 1))
         ),
         "bad_window": _message(
             lambda: cp.context_parallel_attention(
@@ -311,6 +333,8 @@ def test_misuse_raises_named_errors(world, tmp_path_factory):
         assert "strategy='ulysses'" in errors["ring_window"]
         assert errors["bad_softcap"].startswith("ValueError") and "softcap" in errors["bad_softcap"]
         assert errors["bad_window"].startswith("ValueError") and "window" in errors["bad_window"]
+        want = f"ValueError: argument 'sinks': expected shape ({world},)"
+        assert errors["bad_sinks"].startswith(want), errors["bad_sinks"]
         for key in ("forced_backend_ring", "forced_backend_ulysses"):
             assert errors[key].startswith("NoBackendError") and "torch_sdpa" in errors[key]
         assert all(e <= TOL["float64"] for e in res["after_errors"].values()), res["after_errors"]
