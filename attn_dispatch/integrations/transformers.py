@@ -17,11 +17,12 @@ How transformers' inputs are mapped:
   varlen metadata once per forward: every layer receives the same tensor object, and the
   metadata is cached for that forward only (one host sync per forward and mask type, none per
   layer); see ``_MASKS`` for why a version counter is not trusted to tell when data changed.
-* ``scaling``, ``sliding_window`` (as ``window=(W - 1, 0)``) and ``softcap`` are passed through.
-* What cannot be computed exactly raises ``ValueError`` naming it: attention dropout, attention
-  sinks, 4-D masks, custom mask patterns (chunked attention, image-token blocks, or/and mask
-  functions), bidirectional sliding windows, and a sliding window over padding inside a row
-  wherever transformers (counting positions) and the varlen form (counting real tokens) differ.
+* ``scaling``, ``sliding_window`` (as ``window=(W - 1, 0)``), ``softcap`` and ``s_aux`` (the
+  per-head attention sinks of GPT-OSS, as ``sinks``: differentiable) are passed through.
+* What cannot be computed exactly raises ``ValueError`` naming it: attention dropout, 4-D
+  masks, custom mask patterns (chunked attention, image-token blocks, or/and mask functions),
+  bidirectional sliding windows, and a sliding window over padding inside a row wherever
+  transformers (counting positions) and the varlen form (counting real tokens) differ.
 """
 
 from __future__ import annotations
@@ -79,8 +80,7 @@ _REFUSED_PATTERNS = {
 
 #: Attention-call keywords that change the result and are not supported, by what they are.
 _REFUSED_KWARGS = {
-    "s_aux": "attention sinks (s_aux)",
-    "sinks": "attention sinks",
+    "sinks": "attention sinks passed as 'sinks' (transformers passes them as 's_aux')",
     "head_mask": "head masks",
 }
 
@@ -470,13 +470,15 @@ def attention_forward(
     cu_seq_lens_k: Tensor | None = None,
     max_length_q: int | None = None,
     max_length_k: int | None = None,
+    s_aux: Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
     """transformers' attention interface: ``(out [B, Sq, H, Dv], None)`` from BHSD q/k/v.
 
     ``attention_mask`` is what :func:`mask_function` returned. Precedence, as in transformers'
     flash path: a padding mask, then ``cu_seq_lens_q/k`` (``DataCollatorWithFlattening``, batch
-    of one), then ``position_ids`` that restart (packed documents), else dense.
+    of one), then ``position_ids`` that restart (packed documents), else dense. ``s_aux``: the
+    layer's attention sinks (GPT-OSS), one logit per query head.
     """
     _refuse(dropout, attention_mask, kwargs)
     heads, kv_heads, head_dim = _expected_heads(module)
@@ -489,6 +491,9 @@ def attention_forward(
     opts: dict[str, Any] = {"causal": causal, "causal_align": "bottom_right", "scale": scaling}
     if softcap is not None:
         opts["softcap"] = softcap
+    if s_aux is not None:
+        # every path below passes opts to attention, which validates the sinks ([H] tensor)
+        opts["sinks"] = s_aux
     batch, seqlen_q = q.shape[0], q.shape[1]
 
     if attention_mask is not None:

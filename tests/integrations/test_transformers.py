@@ -1,7 +1,9 @@
 """attn_dispatch inside Hugging Face transformers: tiny random models built from configs.
 
 Every check compares against transformers' own ``eager``/``sdpa`` attention on the same weights,
-or (packed documents) against each document run alone.
+or (packed documents) against each document run alone. GPT-OSS (attention sinks, alternating
+sliding-window and full layers, a mixture of experts) is compared with ``eager`` only: it is the
+one attention transformers gives it that computes sinks on the CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
     Gemma2Config,
     Gemma2ForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -41,6 +45,28 @@ COMMON = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+
+
+def gpt_oss() -> GptOssForCausalLM:
+    """A tiny GPT-OSS: a sliding-window (5) layer then a full one, GQA 4/2, 4 experts (run by
+    transformers' eager experts, which take float64 on the CPU), sinks drawn N(0, 1) so that
+    they carry a real share of each row's mass (the model's own init is N(0, 0.02²))."""
+    config = GptOssConfig(
+        **COMMON,
+        num_key_value_heads=2,
+        sliding_window=5,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        experts_implementation="eager",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    model = GptOssForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+    return model
+
+
 # window 5 < S so the band is exercised; Gemma 2: softcap and a scale that is not D^-1/2.
 MODELS = {
     "llama": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, num_key_value_heads=2)),
@@ -57,7 +83,11 @@ MODELS = {
             attn_logit_softcapping=2.0,
         )
     ),
+    "gpt_oss": gpt_oss,
 }
+# Compared with eager in every dtype: transformers' sdpa has no attention sinks. GPT-OSS's eager
+# takes its softmax in the inputs' dtype, so float64 is held to the float64 tolerance.
+EAGER_ONLY = {"gpt_oss"}
 TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=2e-4, atol=2e-5)}
 # transformers' eager attention takes the softmax in float32 even for float64 inputs.
 EAGER_F64_TOL = dict(rtol=1e-6, atol=1e-7)
@@ -76,7 +106,7 @@ def reference(name: str, dtype: torch.dtype) -> tuple[str, dict]:
     float64: ``sdpa`` (exact in float64), except for Gemma 2, whose soft-cap ``sdpa`` ignores,
     so its float64 reference is ``eager`` with the float32-softmax tolerance. float32: ``eager``.
     """
-    if dtype == torch.float32:
+    if dtype == torch.float32 or name in EAGER_ONLY:
         return "eager", TOL[dtype]
     if name == "gemma2":
         return "eager", EAGER_F64_TOL
@@ -290,10 +320,33 @@ def layer_inputs(bhsd: bool = True):
     return module, q, k, k.clone()
 
 
-def test_attention_sinks_are_refused():
+def test_attention_sinks_under_another_name_are_refused():
     module, q, k, v = layer_inputs()
-    with pytest.raises(ValueError, match="attention sinks"):
-        adt.attention_forward(module, q, k, v, None, s_aux=torch.zeros(4))
+    with pytest.raises(ValueError, match="attention sinks passed as 'sinks'"):
+        adt.attention_forward(module, q, k, v, None, sinks=torch.zeros(4))
+
+
+def test_s_aux_is_validated_as_the_sinks_of_attention():
+    module, q, k, v = layer_inputs()
+    with pytest.raises(ValueError, match=r"argument 'sinks': expected shape \(4,\)"):
+        adt.attention_forward(module, q, k, v, None, s_aux=torch.zeros(2))
+
+
+def test_s_aux_is_each_rows_extra_logit():
+    """The layer's output with sinks is the dense attention with sinks, and differs from the
+    output without them."""
+    module, q, k, v = layer_inputs()
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    got, _ = adt.attention_forward(module, q, k, v, None, s_aux=sinks)
+    want = ad.attention(
+        *(t.transpose(1, 2) for t in (q, k, v)),
+        causal=True,
+        causal_align="bottom_right",
+        sinks=sinks,
+    )
+    torch.testing.assert_close(got, want)
+    plain, _ = adt.attention_forward(module, q, k, v, None)
+    assert not torch.allclose(got, plain)
 
 
 def test_bshd_tensors_are_caught_not_guessed():
@@ -381,7 +434,7 @@ def packed_inputs(lens=DOCS) -> dict:
 
 
 @pytest.mark.parametrize("route", ["position_ids", "flattening"])
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in EAGER_ONLY])
 def test_packed_training_without_cache_matches_reference(name, route):
     """Forward and backward of a packed row with use_cache=False (the training call): logits,
     loss and every gradient as transformers' own attention computes them. With no cache,
@@ -401,6 +454,37 @@ def test_packed_training_without_cache_matches_reference(name, route):
     # the documents are separated: not what one unpacked row gives
     dense = run(ours, ids, labels=ids)
     assert not torch.allclose(dense[0], b[0])
+
+
+@pytest.mark.parametrize("route", ["position_ids", "flattening"])
+def test_gpt_oss_packed_training_matches_documents_run_alone(route):
+    """GPT-OSS's own masks ignore position_ids (its eager attends across packed documents), so
+    the reference is each document run alone by eager: logits, and the gradient of every
+    parameter, sinks included, under a loss linear in the logits (so that the packed row's
+    gradient is the sum of the documents')."""
+    dtype = torch.float64
+    theirs, ours = make_pair("gpt_oss", dtype)
+    ids = tokens(1)
+    inputs = packed_inputs()
+    extra = {"position_ids": inputs["position_ids"]}
+    if route == "flattening":
+        extra |= inputs["flattening"]
+    weights = torch.randn(1, S, VOCAB, dtype=dtype, generator=torch.Generator().manual_seed(2))
+    theirs.train(), ours.train()
+    alone = []
+    for doc, w in zip(ids.split(DOCS, dim=1), weights.split(DOCS, dim=1)):
+        logits = theirs(doc, use_cache=False).logits
+        (logits * w).sum().backward()  # the gradients of the documents add up
+        alone.append(logits.detach())
+    packed = ours(ids, use_cache=False, **extra).logits
+    (packed * weights).sum().backward()
+    tol = TOL[dtype]
+    torch.testing.assert_close(packed.detach(), torch.cat(alone, 1), **tol)
+    mine = dict(ours.named_parameters())
+    for name, p in theirs.named_parameters():
+        assert mine[name].grad is not None, name
+        torch.testing.assert_close(mine[name].grad, p.grad, **tol, msg=name)
+    assert any(n.endswith("sinks") for n in mine)
 
 
 def test_remapped_packed_patterns_are_judged_by_what_they_wrap():
@@ -602,3 +686,60 @@ def test_transformers_arguments_of_the_wrong_type_are_refused(kw, error, match):
     module, q, k, v = layer_inputs()
     with pytest.raises(error, match=match):
         adt.attention_forward(module, q, k, v, None, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+@pytest.mark.parametrize("batch", ["dense", "padded"])
+def test_gpt_oss_bf16_on_a_gpu_is_as_close_to_float32_as_eager(batch):
+    """bf16 GPT-OSS (head dim 64, window 128 < S) through attn_dispatch's GPU backends: logits
+    and gradients (sinks included) no further from the float32 eager model than bf16 eager is
+    (within a factor 2, plus a small floor)."""
+    config = GptOssConfig(
+        vocab_size=256,
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=1024,
+        sliding_window=128,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        experts_implementation="eager",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    base = GptOssForCausalLM(config)
+    with torch.no_grad():
+        for layer in base.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 256, (2, 384), generator=gen).cuda()
+    mask = None
+    if batch == "padded":
+        mask = torch.ones_like(ids)
+        mask[1, :100] = 0  # left padding
+    labels = ids if mask is None else ids.masked_fill(mask == 0, -100)
+
+    def step(dtype, impl):
+        model = copy.deepcopy(base).to(device="cuda", dtype=dtype)
+        model.set_attn_implementation(impl)
+        out = model(ids, attention_mask=mask, labels=labels, use_cache=False)
+        out.loss.backward()
+        grads = {n: p.grad.float() for n, p in model.named_parameters() if "sinks" in n}
+        return out.logits.float(), grads
+
+    want, want_grads = step(torch.float32, "eager")
+    real = slice(None) if mask is None else mask.bool()
+    results = {impl: step(torch.bfloat16, impl) for impl in ("eager", NAME)}
+
+    def err(got, ref):
+        return ((got - ref).abs().max() / ref.abs().max()).item()
+
+    eager, ours = results["eager"], results[NAME]
+    assert err(ours[0][real], want[real]) <= 2 * err(eager[0][real], want[real]) + 1e-3
+    for name, ref in want_grads.items():
+        assert err(ours[1][name], ref) <= 2 * err(eager[1][name], ref) + 1e-2, name
