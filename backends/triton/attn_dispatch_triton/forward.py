@@ -18,6 +18,11 @@ Visible keys form a band around each row's diagonal (``_band``: causal mask and 
 with ``SOFTCAP`` the scores are capped first, :math:`s \to c \tanh(s / c)`, and the lse is over
 the capped scores.
 
+With ``HAS_SINKS`` each head has one more logit :math:`\sigma_h` in every row's normaliser, with
+no value: the epilogue folds it into the running max and sum once the keys are done,
+:math:`\mathrm{lse}_i = \log(\sum_j e^{s_{ij}} + e^{\sigma_h})` (never ``-inf``: a row that
+sees no key has ``lse = sigma_h`` and ``o = 0``), and the output is divided by that sum.
+
 One program owns BLOCK_M query rows of one (sequence, head). It walks only the key blocks that
 meet its rows' band (``_common.key_block_ranges``): whole blocks every row sees without a mask,
 the few at the band's edges and the last partial block with one; blocks wholly outside the band
@@ -135,6 +140,7 @@ def _attn_fwd(
     V,
     Out,
     Lse,
+    Sinks,
     CU_Q,
     CU_K,
     stride_qb,
@@ -166,6 +172,7 @@ def _attn_fwd(
     LIMIT_RIGHT: tl.constexpr,
     BOTTOM_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -245,7 +252,15 @@ def _attn_fwd(
                 BLOCK_DV,
             )
 
-    # Epilogue: normalise; rows that saw no key get out = 0 and lse = -inf.
+    if HAS_SINKS:
+        # the sink (log2 domain) joins the running max and sum: one more term, no value
+        sink = tl.load(Sinks + h) * 1.4426950408889634
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.math.exp2(m_i - m_new)  # 0 for a row that saw no key (m_i = -inf)
+        l_i = l_i * alpha + tl.math.exp2(sink - m_new)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+    # Epilogue: normalise; rows that saw no key get out = 0 and lse = -inf (without sinks).
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -277,6 +292,7 @@ def attention_forward(
     config: dict | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the forward kernel; returns ``(out, lse)`` in our layout (BSHD / THD, lse fp32).
 
@@ -284,7 +300,8 @@ def attention_forward(
     sliding window, no side wider than the sequences); ``softcap``: ``c`` caps the scores at
     ``c * tanh(s / c)`` (validated, as on the inputs). See ``_band``.
     ``config`` holds BLOCK_M, BLOCK_N, num_warps, num_stages (default: the tuning table).
-    ``out`` / ``lse`` may be given preallocated (tests poison them).
+    ``out`` / ``lse`` may be given preallocated (tests poison them). ``sinks``: ``None`` or a
+    float32 ``[heads]`` tensor of sink logits (the lse then includes them).
     """
     varlen = cu_seqlens_q is not None
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
@@ -317,6 +334,7 @@ def attention_forward(
         v,
         out,
         lse,
+        q if sinks is None else sinks,  # an unused pointer without sinks
         cu_q,
         cu_k,
         *token_strides(q, varlen),
@@ -335,6 +353,7 @@ def attention_forward(
         DV=dv,
         **_band.constexprs(band),
         SOFTCAP=softcap_mode(softcap, q.device),
+        HAS_SINKS=sinks is not None,
         IS_VARLEN=varlen,
         BLOCK_M=block_m,
         BLOCK_N=block_n,

@@ -12,7 +12,9 @@ Capabilities (class attributes; the core rejects what they exclude, with a reaso
 only (fp32 accumulation inside); head dims 32-256, any value (tiles padded to a power of two); D
 may differ from Dv; no causal restriction (both alignments), dense or varlen; GQA/MQA native;
 sliding windows (``inp.band``) and logit soft-capping (``inp.softcap``) in forward and
-backward, in the portable ``tl`` kernels and the Gluon sm_90 kernels (see ``_band``).
+backward, in the portable ``tl`` kernels and the Gluon sm_90 kernels (see ``_band``); attention
+sinks (``inp.sinks``) in the forward's epilogue and a separate reduction for their gradient
+(``_bwd_sinks``), with the ``tl`` backward kernels only (the Gluon ones are kept out).
 Non-goals: dropout, bias, float32 inputs.
 
 ``triton:fused`` is deterministic (split dQ kernel, no atomics anywhere); ``triton:fused_atomic``
@@ -81,13 +83,14 @@ GLUON_ATOMIC_FASTEST = (
 
 
 def gluon_kernels_apply(inp: adb.BackwardInputs) -> bool:
-    """Whether ``triton:fused`` would run its Gluon sm_90 kernels on these inputs (D = 128, a
-    triton they were checked with, tensors TMA can read as rows; the sm_90 arch is the caller's
-    condition), read from metadata: no triton import."""
+    """Whether ``triton:fused`` would run its Gluon sm_90 kernels on these inputs (D = 128, no
+    attention sinks, a triton they were checked with, tensors TMA can read as rows; the sm_90
+    arch is the caller's condition), read from metadata: no triton import."""
     from ._tma_rows import gluon_triton_installed, rows_view
 
     return (
         inp.head_dim == inp.head_dim_v == 128
+        and inp.sinks is None
         and gluon_triton_installed()
         and all(
             rows_view(t, inp.is_varlen) is not None for t in (inp.q, inp.k, inp.v, inp.grad_out)
@@ -125,6 +128,7 @@ class Fused(adb.Implementation):
     head_dims = range(32, 257)  # any value: tiles are padded to a power of two
     window = True  # sliding windows (band-limited loops in the tl kernels)
     softcap = True  # logit soft-capping (a compile-time path of the tl kernels)
+    sinks = True  # attention sinks (the forward's epilogue; dsinks by _bwd_sinks)
     atomic_dq = False  # dQ by the split kernel (no atomics)
 
     def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
@@ -169,10 +173,12 @@ class Fused(adb.Implementation):
         """``(out, lse)`` in our layout."""
         from .forward import attention_forward
 
-        return attention_forward(inp.q, inp.k, inp.v, **self._flags(inp))
+        sinks = None if inp.sinks is None else inp.sinks.float()
+        return attention_forward(inp.q, inp.k, inp.v, **self._flags(inp), sinks=sinks)
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
-        """``(dq, dk, dv)`` from the caller's out and lse."""
+        """``(dq, dk, dv)`` from the caller's out and lse (and ``dsinks``: the lse includes the
+        sinks, so the dQ/dK/dV kernels are those of a call without them)."""
         from .backward import attention_backward
 
         dq, dk, dv = attention_backward(
@@ -184,8 +190,21 @@ class Fused(adb.Implementation):
             inp.grad_out,
             **self._flags(inp),
             atomic_dq=self.atomic_dq,
+            gluon=inp.sinks is None,
         )
-        return ad.Gradients(dq, dk, dv)
+        if inp.sinks is None:
+            return ad.Gradients(dq, dk, dv)
+        from ._bwd_sinks import sinks_backward
+
+        dsinks = sinks_backward(
+            inp.out,
+            inp.lse,
+            inp.grad_out,
+            inp.sinks.float(),
+            cu_seqlens_q=inp.cu_seqlens_q,
+            max_seqlen_q=inp.max_seqlen_q,
+        )
+        return ad.Gradients(dq, dk, dv, dsinks.to(inp.sinks.dtype))
 
 
 def gluon_fused_atomic_fastest(inp: adb.BackwardInputs, arch: ad.Arch) -> bool:

@@ -58,7 +58,7 @@ ATOMICS = {
     "amdgcn": re.compile(r"\b(?:global|buffer)_atomic_add_f32\b"),
 }
 TMA_REDUCE = "cp.reduce.async.bulk.tensor"  # Hopper: dQ tiles added by TMA reductions
-FLOAT_POINTERS = {"Lse", "Lse2", "Delta", "DQA", "ACC"}
+FLOAT_POINTERS = {"Lse", "Lse2", "Delta", "DQA", "ACC", "Sinks", "Partial"}
 INT_POINTERS = {"CU_Q", "CU_K"}
 FLOATS = {"qk_scale", "scale", "softcap"}
 TILE_DESCRIPTORS = {"QDESC", "DODESC", "KDESC", "VDESC"}  # TMA tile loads (config LOAD_TMA)
@@ -93,11 +93,13 @@ def compile_kernel(
     window_left: bool = False,
     window_right: bool = False,
     softcap: bool = False,
+    sinks: bool = False,
 ):
     """Compile one kernel as the launcher would launch it (with the tuning table's
     configuration unless ``cfg`` is given); returns the compiled kernel. ``window_left`` /
     ``window_right``: a sliding window bounds that side of the band (``causal`` bounds the
-    right one); ``softcap``: the soft-capped scores."""
+    right one); ``softcap``: the soft-capped scores; ``sinks``: the forward's attention
+    sinks."""
     target = TARGETS[arch][0]
     fn = KERNELS[kernel_name]
     dv = dv or d
@@ -110,6 +112,7 @@ def compile_kernel(
         "LIMIT_LEFT": window_left,
         "LIMIT_RIGHT": causal or window_right,
         "SOFTCAP": softcap_mode(softcap, arch),
+        "HAS_SINKS": sinks,
         "BOTTOM_RIGHT": bottom_right,
         "IS_VARLEN": varlen,
         "ATOMIC_DQ": kernel_name == "dkdvq",
@@ -265,6 +268,30 @@ def test_triton_fused_atomic_dp_first_compiles(arch: str) -> None:
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
 def test_triton_fused_atomic_compiles_d256(arch: str) -> None:
     _check(compile_kernel("dkdvq", arch, d=256, causal=True, bottom_right=True), "dkdvq", arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx950"])
+def test_triton_attention_sinks_compile(arch: str) -> None:
+    """The forward with sinks folded into its epilogue (causal, a window, GQA 64/8, D = 64 as
+    GPT-OSS), and the sinks' gradient kernel (a reduction: no matrix product, no atomics)."""
+    fwd = compile_kernel("fwd", arch, d=64, window_left=True, sinks=True)
+    _check(fwd, "fwd", arch)
+    from attn_dispatch_triton._bwd_sinks import _attn_bwd_sinks
+
+    _, asm_key, _, _ = TARGETS[arch]
+    signature, constexprs = {}, {"DV": 64, "IS_VARLEN": False, "BLOCK_M": 64, "BLOCK_DV": 64}
+    for i, name in enumerate(_attn_bwd_sinks.arg_names):
+        if _attn_bwd_sinks.params[i].is_constexpr:
+            signature[name] = "constexpr"
+        elif name.startswith(("stride_", "seqlen_")) or name == "heads":
+            signature[name] = "i32"
+        else:
+            kind = "fp32" if name in FLOAT_POINTERS else "i32" if name in INT_POINTERS else "bf16"
+            signature[name] = f"*{kind}"
+    src = ASTSource(_attn_bwd_sinks, signature, constexprs=constexprs)
+    compiled = triton.compile(src, target=TARGETS[arch][0], options={"num_warps": 4})
+    assert ATOMICS[asm_key].search(compiled.asm[asm_key]) is None
+    assert len(compiled.asm["cubin" if asm_key == "ptx" else "hsaco"]) > 0
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx950"])

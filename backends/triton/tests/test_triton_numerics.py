@@ -1,5 +1,5 @@
 """Numerics of every Triton kernel (forward, preprocess, dK/dV, dQ, the fused-atomic dK/dV/dQ
-and its dQ convert) on the CPU.
+and its dQ convert, the attention sinks' gradient) on the CPU.
 
 The kernels run under ``TRITON_INTERPRET=1`` in one subprocess per suite (see
 ``triton_interp_worker.py``) and are compared with a float64 autograd oracle computed from the
@@ -554,6 +554,71 @@ def _slow_cases() -> list[dict]:
 
 SLOW_CASES = _slow_cases()
 
+# Attention sinks: the forward's epilogue folds them in, the backward kernels read the lse that
+# has them, ``_bwd_sinks`` reduces dsinks; against the library's float64 oracle (its sinks).
+SINK_CASES = [
+    case("sinks-mha-full-bf16", batch=2, sq=37, sk=45, sinks=True),
+    case(
+        "sinks-gqa-causal-br-empty-rows-f16",
+        dtype="float16",
+        sq=50,
+        sk=20,
+        heads=8,
+        kv_heads=2,
+        causal=True,
+        align="bottom_right",
+        sinks=True,
+        config=SMALL_TILES,
+        repeat=True,
+    ),
+    # GPT-OSS's shape of call: GQA, D = 64, causal with a left window
+    case(
+        "sinks-win-causal-gqa-tiles",
+        sq=70,
+        sk=70,
+        heads=8,
+        kv_heads=2,
+        causal=True,
+        window=[12, None],
+        sinks=True,
+        config=WIN_TILES,
+    ),
+    case(
+        "sinks-softcap-win-two-sided",
+        sq=45,
+        sk=60,
+        heads=4,
+        kv_heads=2,
+        window=[6, 10],
+        softcap=2.0,
+        scale=CAPPED_SCALE,
+        sinks=True,
+        config=WIN_TILES,
+    ),
+    case(
+        "sinks-varlen-empty-causal-br",
+        heads=4,
+        kv_heads=1,
+        causal=True,
+        align="bottom_right",
+        varlen=([17, 0, 33, 5, 40], [20, 11, 29, 0, 12]),
+        sinks=True,
+        config=SMALL_TILES,
+    ),
+    case(
+        "sinks-atomic-varlen-win",
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
+        causal=True,
+        window=[3, None],
+        varlen=([9, 0, 40, 13], [30, 7, 18, 13]),
+        atomic=True,
+        sinks=True,
+        config=WIN_TILES,
+    ),
+]
+
 
 class Worker:
     """One interpreter subprocess for a list of cases. It can be started as soon as the session
@@ -604,6 +669,7 @@ WORKERS = {
     "default_results": Worker(DEFAULT_CASES),
     "variant_results": Worker([RANGES_CASE, *VARIANT_CASES]),
     "slow_results": Worker(SLOW_CASES),
+    "sink_results": Worker(SINK_CASES),
 }
 
 
@@ -622,6 +688,11 @@ def slow_results() -> dict[str, dict]:
     return WORKERS["slow_results"].wait()
 
 
+@pytest.fixture(scope="module")
+def sink_results() -> dict[str, dict]:
+    return WORKERS["sink_results"].wait()
+
+
 def _check(c: dict, r: dict) -> None:
     assert "error" not in r, r.get("error")
     tol = TOL[c["dtype"]]
@@ -634,6 +705,10 @@ def _check(c: dict, r: dict) -> None:
         assert r["dq_empty_rows_zero"], "rows that see no key must get dq == 0"
     if "dkdv_unseen_zero" in r:
         assert r["dkdv_unseen_zero"], "keys that no row sees must get dk == dv == 0"
+    if c.get("sinks"):
+        assert r["dsinks"] <= tol, f"dsinks: rel err {r['dsinks']} > {tol} ({r})"
+    if "out_empty_rows_zero" in r:
+        assert r["out_empty_rows_zero"], "rows that see no key must get out == 0 (sink only)"
     if c.get("repeat"):
         assert r["bitwise_repeat"], "backward is not bitwise reproducible"
 
@@ -652,6 +727,16 @@ def test_triton_kernels_match_oracle_matrix(c: dict, slow_results: dict) -> None
 @pytest.mark.parametrize("c", VARIANT_CASES, ids=[c["id"] for c in VARIANT_CASES])
 def test_triton_window_softcap_match_oracle(c: dict, variant_results: dict) -> None:
     _check(c, variant_results[c["id"]])
+
+
+@pytest.mark.parametrize("c", SINK_CASES, ids=[c["id"] for c in SINK_CASES])
+def test_triton_attention_sinks_match_oracle(c: dict, sink_results: dict) -> None:
+    _check(c, sink_results[c["id"]])
+
+
+def test_triton_sink_cases_have_rows_without_keys(sink_results: dict) -> None:
+    """The empty-row checks ran: some sink cases have rows whose whole mass is the sink's."""
+    assert sum("out_empty_rows_zero" in r for r in sink_results.values()) >= 2
 
 
 def test_triton_loop_bounds_walk_exactly_the_band(variant_results: dict) -> None:

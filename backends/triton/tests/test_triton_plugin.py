@@ -217,3 +217,48 @@ def test_declares_window_and_softcap():
     (info,) = [b for b in ad.backends() if b.name == "triton"]
     fused = next(i for i in info.implementations if i.name == "triton:fused")
     assert fused.to_dict()["window"] is True and fused.softcap
+
+
+def test_declares_sinks_and_keeps_the_gluon_kernels_out_of_sink_calls():
+    """Attention sinks run on the tl kernels only: a call that would run the Gluon sm_90 kernels
+    without sinks neither runs them nor takes their measured priority with sinks."""
+    (info,) = [b for b in ad.backends() if b.name == "triton"]
+    assert all(i.sinks for i in info.implementations)
+    args, flags = meta_inputs(s=4096, h=8, hk=8)
+    sinks = torch.empty(8, dtype=torch.float32, device="meta")
+    plain = ad.explain(*args, **flags, causal=True, arch="sm_90")
+    with_sinks = ad.explain(*args, **flags, causal=True, arch="sm_90", sinks=sinks)
+    (before,) = [c for c in plain.candidates if c.name == "triton:fused"]
+    (after,) = [c for c in with_sinks.candidates if c.name == "triton:fused"]
+    assert before.priority == GLUON and after.priority == 45
+    assert with_sinks.selected == "triton:fused"  # cuDNN and FA2 refuse sinks
+    for name in ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient"):
+        (cand,) = [c for c in with_sinks.candidates if c.name == name]
+        assert any("sinks" in r for r in cand.reasons), cand.reasons
+
+
+def test_sinks_calls_leave_gluon_configs_to_the_tl_kernels(monkeypatch):
+    """``attention_backward(gluon=False)`` strips GLUON from every kernel's configuration."""
+    from attn_dispatch_triton import backward
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def run(self, config):
+        seen.append(config)
+        raise Stop
+
+    monkeypatch.setattr(backward.BackwardLaunch, "run", run)
+    q = torch.randn(1, 8, 2, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 8)
+    band = ad.backend.make_inputs(q, q, q).band
+    gluon_config = {"pre": {"BLOCK_M": 16}, "dkdv": {"BLOCK_M": 64, "GLUON": 1}}
+    for gluon in (True, False):
+        with pytest.raises(Stop):
+            backward.attention_backward(
+                q, q, q, q, lse, q, band=band, scale=0.1, config=gluon_config, gluon=gluon
+            )
+    assert seen[0]["dkdv"].get("GLUON") == 1
+    assert "GLUON" not in seen[1]["dkdv"] and seen[1]["dkdv"]["BLOCK_M"] == 64

@@ -196,7 +196,29 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).norm().item() / den if den > 0 else (a - b).norm().item()
 
 
+def sinks_oracle(q, k, v, do, sinks, case, flags):
+    """The library's float64 oracle (``attn_dispatch.testing.oracle``, which has attention
+    sinks) on the case: out, lse, dq, dk, dv and dsinks."""
+    from attn_dispatch.testing.oracle import oracle as library_oracle
+
+    lengths = {n: flags[n] for n in ("cu_seqlens_q", "cu_seqlens_k") if n in flags}
+    return library_oracle(
+        q,
+        k,
+        v,
+        do,
+        causal=case["causal"],
+        causal_align="bottom_right" if case["bottom_right"] else "top_left",
+        scale=case["scale"],
+        window=_window(case),
+        softcap=case.get("softcap"),
+        sinks=sinks,
+        **lengths,
+    )
+
+
 def run_case(case: dict) -> dict:
+    from attn_dispatch_triton._bwd_sinks import sinks_backward
     from attn_dispatch_triton.backward import attention_backward
     from attn_dispatch_triton.forward import attention_forward
 
@@ -224,18 +246,26 @@ def run_case(case: dict) -> dict:
         k, v = kv[..., 0, :, :d], kv[..., 1, :, :dv]
     else:
         q, k, v = rand(*lead_q, h, d), rand(*lead_k, hk, d), rand(*lead_k, hk, dv)
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    out64, lse64 = oracle(q64, k64, v64, case)
-    do = rand(*out64.shape)
-    dq64, dk64, dv64 = torch.autograd.grad(out64, (q64, k64, v64), do.double())
-
     flags = kernel_flags(case, q, k, v)
+    sinks = None
+    if case.get("sinks"):  # [H] float32 logits of std 2: a real share of each row's mass
+        sinks = (2 * torch.randn(h, dtype=torch.float64)).float()
+        do = rand(*lead_q, h, dv)
+        ref = sinks_oracle(q, k, v, do, sinks, case, flags)
+        out64, lse64, dq64, dk64, dv64 = ref
+    else:
+        q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+        out64, lse64 = oracle(q64, k64, v64, case)
+        do = rand(*out64.shape)
+        dq64, dk64, dv64 = torch.autograd.grad(out64, (q64, k64, v64), do.double())
+
     cfg = case.get("config")
     res: dict = {"id": case["id"]}
 
     out = torch.full(out64.shape, float("nan"), dtype=dt)
     lse = torch.full(lse64.shape, float("nan"), dtype=torch.float32)
-    attention_forward(q, k, v, **flags, out=out, lse=lse, config=cfg and cfg.get("fwd"))
+    fwd_cfg = cfg and cfg.get("fwd")
+    attention_forward(q, k, v, **flags, out=out, lse=lse, config=fwd_cfg, sinks=sinks)
     res["out"] = rel(out, out64.detach())
     finite = torch.isfinite(lse64)
     res["lse_inf_match"] = bool(torch.equal(torch.isneginf(lse), ~finite))
@@ -258,11 +288,22 @@ def run_case(case: dict) -> dict:
         dk=grads[1],
         dv=grads[2],
         atomic_dq=atomic,
+        gluon=sinks is None,
     )
     for name, got, want in zip(("dq", "dk", "dv"), grads, (dq64, dk64, dv64)):
         res[name] = rel(got, want)
     # Rows that see no key must get exactly zero gradient.
     empty = ~finite  # [B,H,S] or [H,T]: query rows that see no key
+    if sinks is not None:
+        lengths = {n: flags[n] for n in ("cu_seqlens_q", "max_seqlen_q") if n in flags}
+        dsinks = sinks_backward(o_in, lse_in, do, sinks, **lengths)
+        res["dsinks"] = rel(dsinks, ref.dsinks)
+        # with sinks such a row's lse is its sink's logit (exactly, in the oracle), out 0
+        heads_axis = (slice(None), None) if varlen else (None, slice(None), None)
+        empty = lse64 == sinks.double()[heads_axis]
+        if empty.any():
+            per_row = empty.t() if varlen else empty.transpose(1, 2)
+            res["out_empty_rows_zero"] = bool((out[per_row] == 0).all())
     if empty.any():
         per_row = empty.t() if varlen else empty.transpose(1, 2)  # dq's [T,H] / [B,S,H]
         res["dq_empty_rows_zero"] = bool((grads[0][per_row] == 0).all())
