@@ -352,7 +352,8 @@ def check_sinks(sinks, q: torch.Tensor, heads: int, debug: bool) -> None:
     device)."""
     sinks = _require_tensor("sinks", sinks)
     if sinks.dtype not in (torch.float32, q.dtype):
-        allowed = "float32" if q.dtype == torch.float32 else f"float32 or {q.dtype} (as q)"
+        allowed = str(torch.float32)
+        allowed += "" if q.dtype == torch.float32 else f" or {q.dtype} (as q)"
         raise TypeError(f"argument 'sinks': expected dtype {allowed}, got {sinks.dtype}")
     if sinks.device != q.device:
         raise ValueError(

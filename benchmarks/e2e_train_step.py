@@ -9,8 +9,17 @@ and ``"kernels-community/flash-attn"`` where they load (else a printed reason). 
 * packed 8x2K documents in one row (``position_ids`` restart per document)
 * padded batch B=4x4K, 37% padding (right-padded ``attention_mask``)
 * Mistral-shaped, sliding window 4096, S=16K
+* GPT-OSS-20B-shaped (64 query / 8 KV heads, head dim 64, attention sinks, sliding-window 128
+  and full layers alternating, 32 experts of which 4 per token), S=8K, 2 layers
+  (``--gpt-oss-seqlen``, ``--gpt-oss-layers``): against ``"eager"``, the one attention of
+  transformers for GPT-OSS that computes sinks without a download (its score matrices limit
+  the length and layers that fit: about 21 GB of saved activations per layer at 8K), and
+  ``"flash_attention_4"`` / ``"kernels-community/vllm-flash-attn3"`` where they load and match
+  eager's loss.
 
-Each route's first-step loss is checked against sdpa's on the same weights before it is timed.
+Each route's first-step loss is checked against the case's reference route (sdpa; eager for
+GPT-OSS) on the same weights before it is timed; another route whose loss differs is reported
+as skipped with the difference (it computes something else, e.g. ignores the sinks).
 Time: median over 3 rounds of the mean of 3 steps, after warm-up steps. Then a breakdown for
 the dense cases: one layer's attention alone through ``ad.attention`` and through
 ``F.scaled_dot_product_attention`` (forward, forward + backward, times the layer count against the
@@ -25,6 +34,7 @@ CPU smoke run (tiny config, seconds): python benchmarks/e2e_train_step.py --smok
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -39,6 +49,14 @@ import torch.nn.functional as F
 import attn_dispatch as ad
 
 ROUTES = ("sdpa", "attn_dispatch", "flash_attention_2", "kernels-community/flash-attn")
+# GPT-OSS: transformers' sdpa has no attention sinks; eager is its reference.
+# (transformers maps flash_attention_2 to vllm-flash-attn3 for GPT-OSS: not listed twice)
+GPT_OSS_ROUTES = (
+    "eager",
+    "attn_dispatch",
+    "flash_attention_4",
+    "kernels-community/vllm-flash-attn3",
+)
 # First-step loss of each route against sdpa's, relative: bf16 (GPU) and float32 (smoke run).
 TINY_SEQLEN = 128  # attention this short is host-bound: its time is the per-call overhead
 LOSS_TOLERANCE = {torch.bfloat16: 5e-3, torch.float32: 1e-5}
@@ -60,21 +78,54 @@ class Shape:
     window: int = 4096
     padded_rows: int = 4
     padded_lengths: tuple[int, ...] = (4096, 2880, 2304, 1040)  # 37.0% of 4x4096 is padding
+    gpt_oss: GptOssShape | None = None
 
 
-SMOKE = Shape(64, 4, 2, 128, 2, 128, 64, 32, 8, 16, 4, (32, 24, 16, 8))
+@dataclass
+class GptOssShape:
+    """GPT-OSS-20B's attention and expert shapes, with fewer layers and a smaller vocabulary."""
+
+    hidden: int = 2880
+    heads: int = 64
+    kv_heads: int = 8
+    head_dim: int = 64
+    intermediate: int = 2880
+    experts: int = 32
+    experts_per_token: int = 4
+    window: int = 128
+    layers: int = 2
+    seqlen: int = 8192
+    experts_implementation: str | None = None  # transformers' default (grouped_mm on a GPU)
+
+
+SMOKE = Shape(
+    64,
+    4,
+    2,
+    128,
+    2,
+    128,
+    64,
+    32,
+    8,
+    16,
+    4,
+    (32, 24, 16, 8),
+    GptOssShape(64, 8, 2, 8, 64, 4, 2, 8, 2, 48, experts_implementation="eager"),
+)
 
 
 @dataclass
 class Case:
     name: str
-    family: str  # llama or mistral
+    family: str  # llama, mistral or gpt_oss
     batch: int
     seqlen: int
     position_ids: torch.Tensor | None = None
     attention_mask: torch.Tensor | None = None
     breakdown: bool = False
     extra: dict = field(default_factory=dict)
+    routes: tuple[str, ...] = ROUTES  # the first is the reference every other is checked with
 
 
 def log(message: str) -> None:
@@ -107,11 +158,52 @@ def cases(shape: Shape, device: torch.device) -> list[Case]:
             shape.short,
             attention_mask=mask,
         ),
+        gpt_oss_case(shape),
     ]
+
+
+def gpt_oss_case(shape: Shape) -> Case:
+    g = shape.gpt_oss or GptOssShape()
+    name = (
+        f"GPT-OSS-20B-shaped ({g.layers} layers), sinks, sliding window {g.window} / full, "
+        f"S={g.seqlen}"
+    )
+    return Case(name, "gpt_oss", 1, g.seqlen, routes=GPT_OSS_ROUTES)
+
+
+def build_gpt_oss(shape: Shape, device: torch.device, dtype: torch.dtype):
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    g = shape.gpt_oss or GptOssShape()
+    extra = {}
+    if g.experts_implementation is not None:
+        extra["experts_implementation"] = g.experts_implementation
+    config = GptOssConfig(
+        vocab_size=shape.vocab,
+        hidden_size=g.hidden,
+        intermediate_size=g.intermediate,
+        num_hidden_layers=g.layers,  # layer_types alternate sliding and full attention
+        num_attention_heads=g.heads,
+        num_key_value_heads=g.kv_heads,
+        head_dim=g.head_dim,
+        num_local_experts=g.experts,
+        num_experts_per_tok=g.experts_per_token,
+        sliding_window=g.window,
+        max_position_embeddings=max(g.seqlen, 2 * g.window),
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+        **extra,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = GptOssForCausalLM(config)
+    return model.to(dtype).train()
 
 
 def build_model(family: str, shape: Shape, device: torch.device, dtype: torch.dtype):
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+    if family == "gpt_oss":
+        return build_gpt_oss(shape, device, dtype)
 
     common = dict(
         vocab_size=shape.vocab,
@@ -181,9 +273,10 @@ def run_case(case: Case, args, shape: Shape, device: torch.device, dtype: torch.
     log(f"case {case.name}: building the model")
     model = build_model(case.family, shape, device, dtype)
     inputs = batch_for(case, shape, device)
-    result = {"case": case.name, "routes": {}}
+    result = {"case": case.name, "reference": case.routes[0], "routes": {}}
     reference_loss = None
-    for route in ROUTES:
+    required = (case.routes[0], "attn_dispatch")
+    for route in case.routes:
         entry: dict = {}
         result["routes"][route] = entry
         try:
@@ -191,7 +284,7 @@ def run_case(case: Case, args, shape: Shape, device: torch.device, dtype: torch.
             loss = float(train_step(model, inputs))
         except Exception as exc:  # a route that does not load or run here is reported, not fatal
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            if route in ("sdpa", "attn_dispatch"):
+            if route in required:
                 raise
             entry["skipped"] = reason[:300]
             log(f"case {case.name}: {route} skipped ({entry['skipped']})")
@@ -200,10 +293,15 @@ def run_case(case: Case, args, shape: Shape, device: torch.device, dtype: torch.
         if reference_loss is None:
             reference_loss = loss
         elif abs(loss - reference_loss) > LOSS_TOLERANCE[dtype] * max(1.0, abs(reference_loss)):
-            raise SystemExit(
-                f"case {case.name}: {route} first-step loss {loss:.6f} differs from sdpa's "
+            message = (
+                f"first-step loss {loss:.6f} differs from {case.routes[0]}'s "
                 f"{reference_loss:.6f} (relative tolerance {LOSS_TOLERANCE[dtype]:g}): not timed"
             )
+            if route in required:
+                raise SystemExit(f"case {case.name}: {route} {message}")
+            entry["skipped"] = message
+            log(f"case {case.name}: {route} skipped ({message})")
+            continue
         log(f"case {case.name}: {route} loss {loss:.4f} ok; timing")
         entry["ms"] = time_steps(model, inputs, device, args.warmup, args.rounds, args.steps)
         log(f"case {case.name}: {route} {entry['ms']:.1f} ms/step")
@@ -296,18 +394,26 @@ def versions(device: torch.device) -> dict:
 
 
 def markdown(results: list[dict], shape: Shape) -> str:
-    lines = ["| case | sdpa | attn_dispatch | speedup | other routes |", "|---|---|---|---|---|"]
-    for r in results:
-        routes = r["routes"]
-        base, ours = routes["sdpa"]["ms"], routes["attn_dispatch"]["ms"]
-        others = "; ".join(
-            f"{name}: {e['ms']:.1f} ms" if "ms" in e else f"{name}: skipped"
-            for name, e in routes.items()
-            if name not in ("sdpa", "attn_dispatch")
-        )
-        lines.append(
-            f"| {r['case']} | {base:.1f} ms | {ours:.1f} ms | {base / ours:.2f}x | {others} |"
-        )
+    lines = []
+    references = list(dict.fromkeys(r["reference"] for r in results))
+    for reference in references:  # one table per reference route (sdpa; eager for GPT-OSS)
+        if lines:
+            lines.append("")
+        lines += [
+            f"| case | {reference} | attn_dispatch | speedup | other routes |",
+            "|---|---|---|---|---|",
+        ]
+        for r in (r for r in results if r["reference"] == reference):
+            routes = r["routes"]
+            base, ours = routes[reference]["ms"], routes["attn_dispatch"]["ms"]
+            others = "; ".join(
+                f"{name}: {e['ms']:.1f} ms" if "ms" in e else f"{name}: skipped"
+                for name, e in routes.items()
+                if name not in (reference, "attn_dispatch")
+            )
+            lines.append(
+                f"| {r['case']} | {base:.1f} ms | {ours:.1f} ms | {base / ours:.2f}x | {others} |"
+            )
     layers = shape.layers
     lines += [
         "",
@@ -331,6 +437,13 @@ def markdown(results: list[dict], shape: Shape) -> str:
     return "\n".join(lines)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny config on the CPU (seconds)")
@@ -338,7 +451,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 2)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="steps per timed round")
-    parser.add_argument("--cases", default=None, help="comma-separated case indices (0-4)")
+    parser.add_argument("--cases", default=None, help="comma-separated case indices (0-5)")
+    parser.add_argument(
+        "--gpt-oss-seqlen",
+        type=_positive,
+        default=None,
+        help=f"tokens of the GPT-OSS case (default {GptOssShape.seqlen})",
+    )
+    parser.add_argument(
+        "--gpt-oss-layers",
+        type=_positive,
+        default=None,
+        help=f"layers of the GPT-OSS case (default {GptOssShape.layers}; eager's score "
+        "matrices take about 21 GB per layer at 8K)",
+    )
     args = parser.parse_args(argv)
     if args.warmup is None:
         args.warmup = 1 if args.smoke else 2
@@ -350,10 +476,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not torch.cuda.is_available():
             parser.error("no GPU: the full run needs one (use --smoke for the CPU check)")
-        shape, device, dtype = Shape(), torch.device("cuda"), torch.bfloat16
+        shape, device, dtype = Shape(gpt_oss=GptOssShape()), torch.device("cuda"), torch.bfloat16
+    overrides = {"seqlen": args.gpt_oss_seqlen, "layers": args.gpt_oss_layers}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    shape = dataclasses.replace(shape, gpt_oss=dataclasses.replace(shape.gpt_oss, **overrides))
     selected = cases(shape, device)
     if args.cases:
-        selected = [selected[int(i)] for i in args.cases.split(",")]
+        try:
+            selected = [selected[int(i)] for i in args.cases.split(",")]
+        except (ValueError, IndexError):
+            parser.error(f"--cases: expected indices in 0..{len(selected) - 1}, got {args.cases!r}")
     results = [run_case(case, args, shape, device, dtype) for case in selected]
     env = versions(device)
     print(markdown(results, shape))

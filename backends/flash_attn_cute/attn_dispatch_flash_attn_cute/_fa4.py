@@ -132,6 +132,8 @@ def variant_of(inp: adb.ForwardInputs, kind: str) -> str:
     ]
     if inp.softcap is not None:
         parts.append(f"softcap={inp.softcap:g}")  # FA4 compiles one kernel per cap value
+    if inp.sinks is not None:  # FA4's learnable_sink, a kernel argument of its dtype
+        parts.append(f"sinks={str(inp.sinks.dtype).removeprefix('torch.')}")
     if kind == "backward" and inp.deterministic:
         parts.append("deterministic")
     return " ".join(parts)
@@ -178,6 +180,7 @@ def plan_for(kind: str, inp: adb.ForwardInputs) -> Plan:
         inp.deterministic,
         inp.cu_seqlens_q is inp.cu_seqlens_k,
         replay,
+        None if inp.sinks is None else inp.sinks.dtype,
     )
     plan = _plans.get(key)
     if plan is None:
@@ -389,8 +392,44 @@ def _stop_learning(r: Ready, reason: str) -> None:
     log.info("FA4 %s: host code runs on every call (%s)", r.plan.variant, reason)
 
 
+def _sinks_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of a call with attention sinks: FA4's ``learnable_sink`` (its lse includes
+    them). Never replayed: the sinks are a tensor the replay's recorded inputs do not have."""
+    if has_no_work(inp):
+        out, lse = empty_forward(inp)
+        if lse.numel():  # no keys: each row's mass is its sink's
+            heads = (slice(None), None) if inp.is_varlen else (None, slice(None), None)
+            lse.copy_(inp.sinks[heads].expand(lse.shape))
+        return out, lse
+    fa = _interface or interface()
+    plan = plan_for("forward", inp)
+    kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
+    out, lse, *_ = _run(
+        plan, inp.q, fa._flash_attn_fwd, inp.q, inp.k, inp.v, **kwargs, learnable_sink=inp.sinks
+    )
+    return out, lse
+
+
+def _sinks_backward(inp: adb.BackwardInputs) -> ad.Gradients:
+    """``(dq, dk, dv)`` and ``dsinks`` from FA4's backward with ``learnable_sink`` (not
+    replayed, as the forward)."""
+    if has_no_work(inp):  # out is 0 where there is no work: the sinks' gradient is 0
+        zeros = (torch.zeros_like(t) for t in (inp.q, inp.k, inp.v, inp.sinks))
+        return ad.Gradients(*zeros)
+    fa = _interface or interface()
+    plan = plan_for("backward", inp)
+    kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
+    tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
+    dq, dk, dv, dsinks = _run(
+        plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs, learnable_sink=inp.sinks
+    )
+    return ad.Gradients(dq, dk, dv, dsinks.to(inp.sinks.dtype))
+
+
 def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` in our layout from FA4's forward."""
+    if inp.sinks is not None:
+        return _sinks_forward(inp)
     r = _ready_forward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
     if (
         r is not None
@@ -423,6 +462,8 @@ def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 def backward(inp: adb.BackwardInputs) -> ad.Gradients:
     """``(dq, dk, dv)`` from FA4's backward on the caller's out and lse."""
+    if inp.sinks is not None:
+        return _sinks_backward(inp)
     r = _ready_backward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
     if (
         r is not None

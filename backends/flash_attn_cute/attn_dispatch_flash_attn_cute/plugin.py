@@ -13,16 +13,18 @@ Capabilities (class attributes; the core writes the reasons): CUDA only, bf16/f1
 varlen, GQA/MQA native (K/V read with Hkv heads, dK/dV returned with Hkv heads), both causal
 alignments: FA4's causal mask is bottom-right aligned, and a top-left mask with Sq != Sk is
 passed as FA4's window ``(None, Sq - Sk)``, which is exactly the top-left mask; sliding windows
-(the top-left diagonal shifted onto FA4's the same way) and soft caps. On sm_90 only the head
-dims D = Dv that the installed release's row of ``_releases.RELEASES`` proves (the head-dim
-GPU test, tests/test_flash_attn_cute_head_dims_gpu.py, showed the output and every gradient
-correct): FA4's sm_90 backward returns wrong dQ (and dK/dV with GQA) at D = 8, 16, 40, 48, 72,
-80, 104 and 112 in 4.0.0b36 and 4.0.0b40, 4.0.0b36 asserts D == Dv with GQA, and its forward
-with D = 8 < Dv makes an illegal memory access; each refusal names its defect. ``supports``
-adds what the attributes cannot say: the installed FA4 being a release with a row (any other
-keeps the backend off until that test and the GPU suite pass on it), the row's sm_90 head
-dims, top-left varlen with distinct cu_seqlens (rejected: the window is one value per call),
-and Blackwell's (D, Dv) pairs. Deterministic:
+(the top-left diagonal shifted onto FA4's the same way), soft caps and attention sinks (FA4's
+``learnable_sink``, forward and backward; such calls run FA4's host code every time, never a
+replay, and rank below triton until a GPU run has checked them, see ``SINKS_PRIORITY``). On
+sm_90 only the head dims D = Dv that the installed release's row of ``_releases.RELEASES``
+proves (the head-dim GPU test, tests/test_flash_attn_cute_head_dims_gpu.py, showed the output
+and every gradient correct): FA4's sm_90 backward returns wrong dQ (and dK/dV with GQA) at D =
+8, 16, 40, 48, 72, 80, 104 and 112 in 4.0.0b36 and 4.0.0b40, 4.0.0b36 asserts D == Dv with
+GQA, and its forward with D = 8 < Dv makes an illegal memory access; each refusal names its
+defect. ``supports`` adds what the attributes cannot say: the installed FA4 being a release
+with a row (any other keeps the backend off until that test and the GPU suite pass on it), the
+row's sm_90 head dims, top-left varlen with distinct cu_seqlens (rejected: the window is one
+value per call), and Blackwell's (D, Dv) pairs. Deterministic:
 FA4's backward has a deterministic mode (dQ/dK/dV reductions ordered by semaphores), used when
 the call asks for determinism; otherwise the faster atomic one runs.
 
@@ -71,16 +73,21 @@ MHA_CAUSAL_HEADS = 8
 # 1K/2K FA4's host time per call was 88-92 us against 55-60 us for cuDNN and triton:fused, and
 # its kernel 46 us at 1K. Replayed dense calls need no such rule (docs/benchmarks.md section 6).
 EAGER_HOST_BOUND_PRIORITY = 42
+# Calls with attention sinks: FA4's learnable_sink compiles and runs its host code on the CPU
+# (fake compile, tests), but no GPU run has compared its numbers with the oracle yet, nor timed
+# them: below triton:fused (45), whose sink kernels were checked against the oracle.
+SINKS_PRIORITY = 44
 EAGER_HOST_BOUND_HEADS = 8  # B*H at most this ...
 EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
 
 
 def host_bound_sm90(inp: adb.ForwardInputs) -> bool:
     """Whether ``inp`` is a short backward (B*H <= 8, Sk <= 2048) whose every call runs FA4's
-    host code: varlen, ``ATTN_DISPATCH_FA4_REPLAY=0``, or a release the replay was not proven on."""
+    host code: varlen, attention sinks, ``ATTN_DISPATCH_FA4_REPLAY=0``, or a release the
+    replay was not proven on."""
     if not isinstance(inp, adb.BackwardInputs):
         return False
-    if not inp.is_varlen and _fa4.replay_enabled():
+    if not inp.is_varlen and inp.sinks is None and _fa4.replay_enabled():
         return False
     small_heads = inp.batch * inp.heads <= EAGER_HOST_BOUND_HEADS
     return small_heads and inp.max_seqlen_k <= EAGER_HOST_BOUND_SK
@@ -118,6 +125,7 @@ class FlashAttnCute(adb.Implementation):
     dtypes = (torch.float16, torch.bfloat16)  # fp8 is forward-only in FA4: not offered
     window = True  # FA4's window_size_left / right, the alignment mapped exactly (_support)
     softcap = True  # FA4's softcap: c tanh(s / c) on the scaled scores, as the contract
+    sinks = True  # FA4's learnable_sink (its lse includes the sinks, as the contract's)
 
     def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: FA4 installed within the tested range, and a causal mask
@@ -148,7 +156,10 @@ class Sm90(FlashAttnCute):
         return reasons + ([problem] if problem else [])
 
     def priority_for_inputs(self, inp: adb.ForwardInputs, arch: ad.Arch) -> int | None:
-        """``SLOWER_PRIORITY`` where :func:`measured_slower_sm90`, else the arch's."""
+        """``SINKS_PRIORITY`` with attention sinks, ``SLOWER_PRIORITY`` where
+        :func:`measured_slower_sm90`, else the arch's."""
+        if arch.name == "sm_90" and inp.sinks is not None:
+            return SINKS_PRIORITY
         if arch.name == "sm_90" and measured_slower_sm90(inp):
             return SLOWER_PRIORITY
         return self.priority_for(arch)

@@ -4,8 +4,8 @@ Under ``FakeTensorMode`` FA4 builds and compiles its kernels for a named arch wi
 and without launching them (what FA4 offers to fill its disk cache ahead of time). Running
 the backend's own ``forward`` / ``backward`` that way checks, on every CI run, that the
 installed FA4 takes the private entry points' arguments as this backend passes them (the
-top-left causal mask as a window with a negative right side, a sliding window with a soft cap),
-returns what it
+top-left causal mask as a window with a negative right side, a sliding window with a soft cap,
+attention sinks as ``learnable_sink``), returns what it
 unpacks, and that the first calls are recorded. sm_90 only: FA4's Blackwell kernels query
 the GPU while compiling. Runs in a subprocess, since FA4 reads the arch once per process.
 """
@@ -45,12 +45,23 @@ CODE = textwrap.dedent(
         # a second call of a signature: no snapshot, no progress line, same results
         dq, dk, dv = _fa4.backward(make_inputs(q, k, k, out, lse, out, **capped))
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
+        # attention sinks (GPT-OSS: GQA, D = 64, a causal window), float32 logits
+        sinks = torch.empty(8, dtype=torch.float32, device="cuda")
+        windowed = dict(flags, window=(127, 0), sinks=sinks)
+        kv = torch.empty(2, 300, 2, 64, dtype=torch.bfloat16, device="cuda")
+        out, lse = _fa4.forward(make_inputs(q, kv, kv, **windowed))
+        assert out.shape == q.shape and lse.shape == (2, 8, 300), (out, lse)
+        grads = _fa4.backward(make_inputs(q, kv, kv, out, lse, out, **windowed))
+        assert grads.dq.shape == q.shape and grads.dsinks.shape == (8,), grads
+        assert grads.dsinks.dtype == torch.float32, grads.dsinks
     log = _fa4.compile_log()
     assert [(r.kind, r.variant) for r in log] == [
         ("forward", "forward bfloat16 D=64 Dv=64 group=4 window dense"),
         ("backward", "backward bfloat16 D=64 Dv=64 group=4 window dense"),
         ("forward", "forward bfloat16 D=64 Dv=64 group=4 window dense softcap=30"),
         ("backward", "backward bfloat16 D=64 Dv=64 group=4 window dense softcap=30"),
+        ("forward", "forward bfloat16 D=64 Dv=64 group=4 window dense sinks=float32"),
+        ("backward", "backward bfloat16 D=64 Dv=64 group=4 window dense sinks=float32"),
     ], log
     assert all(r.kernels > 0 and r.seconds > 0 for r in log), log
     print("compiled:", [(r.variant, r.kernels, round(r.seconds, 1)) for r in log])
@@ -75,5 +86,9 @@ def test_forward_and_backward_compile_through_installed_fa4():
         "dense softcap=30 kernels (once per variant) ...",
         "attn_dispatch: compiling FlashAttention-4 backward bfloat16 D=64 Dv=64 group=4 window "
         "dense softcap=30 kernels (once per variant) ...",
+        "attn_dispatch: compiling FlashAttention-4 forward bfloat16 D=64 Dv=64 group=4 window "
+        "dense sinks=float32 kernels (once per variant) ...",
+        "attn_dispatch: compiling FlashAttention-4 backward bfloat16 D=64 Dv=64 group=4 window "
+        "dense sinks=float32 kernels (once per variant) ...",
     ], result.stderr[-3000:]
-    assert result.stderr.count(" ready in ") == 4
+    assert result.stderr.count(" ready in ") == 6

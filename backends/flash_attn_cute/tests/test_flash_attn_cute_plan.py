@@ -100,7 +100,10 @@ class RecordingFA4:
 
     def _flash_attn_bwd(self, q, k, v, out, dout, lse, **kwargs):
         self.calls.append(kwargs)
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+        sink = kwargs.get("learnable_sink")
+        # FA4's gradient of a learnable sink comes back in float32 whatever its dtype
+        return grads if sink is None else (*grads, torch.ones(sink.shape))
 
     def _flash_attn_fwd(self, q, k, v, **kwargs):
         self.calls.append(kwargs)
@@ -200,3 +203,36 @@ def test_a_ready_call_enters_no_python_function_of_ours_but_one(recording_fa4, m
         sys.setprofile(None)
     assert entered == ["backward", "_flash_attn_bwd"], entered
     assert len(recording_fa4.calls) == 2
+
+
+def test_sinks_go_to_fa4_as_learnable_sink_on_every_call(recording_fa4):
+    """A call with sinks passes them as FA4's ``learnable_sink`` (the call's own tensor, every
+    time: never remembered for the hot path or a replay, which have no such input) and returns
+    FA4's sink gradient as ``dsinks`` in the sinks' dtype; a call without sinks after it is
+    unchanged."""
+    q = torch.randn(1, 16, 2, 8, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 2, 16)
+    flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
+    for dtype in (torch.float32, torch.bfloat16):
+        sinks = torch.zeros(2, dtype=dtype)
+        for _ in range(2):
+            out, _ = _fa4.forward(make_inputs(q, q, q, sinks=sinks, **flags))
+            grads = _fa4.backward(make_inputs(q, q, q, q, lse, q, sinks=sinks, **flags))
+            assert recording_fa4.calls[-2]["learnable_sink"] is sinks
+            assert recording_fa4.calls[-1]["learnable_sink"] is sinks
+            assert grads.dsinks.dtype == dtype and grads.dsinks.shape == (2,)
+    assert not _fa4._ready_forward and not _fa4._ready_backward
+    variants = {p.variant for p in _fa4._plans.values()}
+    assert "backward bfloat16 D=8 Dv=8 group=1 causal dense sinks=bfloat16" in variants
+    _fa4.backward(make_inputs(q, q, q, q, lse, q, **flags))
+    assert "learnable_sink" not in recording_fa4.calls[-1]
+
+
+def test_sinks_without_keys_give_the_sink_all_the_mass(recording_fa4):
+    q = torch.randn(1, 4, 2, 8)
+    k = torch.randn(1, 0, 2, 8)
+    sinks = torch.tensor([0.5, -1.0])
+    out, lse = _fa4.forward(make_inputs(q, k, k, sinks=sinks))
+    assert (out == 0).all() and torch.equal(lse, sinks[None, :, None].expand(1, 2, 4))
+    grads = _fa4.backward(make_inputs(q, k, k, out, lse, out, sinks=sinks))
+    assert (grads.dsinks == 0).all() and not recording_fa4.calls
