@@ -95,16 +95,18 @@ class Plugins:
 
 
 class IgnoresVariants(adb.Implementation):
-    """Declares both capabilities but computes plain attention: a wrong claim."""
+    """Declares the three variants but computes plain attention: a wrong claim (with sinks it
+    returns a zero dsinks, of the right shape, so only the numbers are wrong)."""
 
     backend, name = "exact", "liar"
-    window = softcap = True
+    window = softcap = sinks = True
 
     def forward(self, inp):
         return self._plain(inp)[:2]
 
     def backward(self, inp):
-        return ad.Gradients(*self._plain(inp, inp.grad_out)[2:])
+        dsinks = None if inp.sinks is None else torch.zeros_like(inp.sinks)
+        return ad.Gradients(*self._plain(inp, inp.grad_out)[2:], dsinks)
 
     @staticmethod
     def _plain(inp, grad_out=None):
@@ -131,7 +133,7 @@ class DeclinesVariants(IgnoresVariants):
     """The same kernel, declaring neither: rejected, so the kit skips it."""
 
     name = "plain"
-    window = softcap = False
+    window = softcap = sinks = False
 
 
 # The toy backends alone (each returns its tag), and the exact:oracle test plugin alone (real

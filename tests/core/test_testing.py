@@ -25,6 +25,7 @@ from attn_dispatch.testing import (
     make_conformance_tests,
     oracle,
     random_cases,
+    sink_cases,
     standard_cases,
     tolerance_for,
     variant_cases,
@@ -520,7 +521,7 @@ def test_declared_capabilities_are_listed(env):
     env.set(**EXACT)
     infos = {i.name: i for b in ad.backends() for i in b.implementations}
     assert infos["exact:oracle"].window and infos["exact:oracle"].softcap
-    assert declared_capabilities("exact") == {"window", "softcap"}
+    assert declared_capabilities("exact") == {"window", "softcap", "sinks"}
     assert declared_capabilities("no_such_backend") is None
 
 
@@ -529,8 +530,10 @@ def test_conformance_catches_a_backend_that_ignores_the_window(env):
     impls = ad._settings.current().registry.implementations
     impls["exact:liar"], impls["exact:plain"] = IgnoresVariants(), DeclinesVariants()
     window_case, cap_case = variant_cases()[0], variant_cases()[6]
+    sink_case = sink_cases()[2]  # rows that see no key too
     assert window_case.needs == ("window",) and cap_case.needs == ("softcap",)
-    for case in (window_case, cap_case):
+    assert sink_case.needs == ("sinks",) and sink_case.has_masked_rows
+    for case in (window_case, cap_case, sink_case):
         with pytest.raises(AssertionError, match="does not match the float64 oracle"):
             check_backward("exact:liar", case, dtype=torch.float64)
         with pytest.raises(AssertionError, match="does not match the float64 oracle"):
@@ -550,5 +553,5 @@ def conformance_case_ids(backend: str) -> list[Case]:
 def test_conformance_suite_collects_variant_cases_only_where_declared(env):
     env.set(**EXACT)
     declared = conformance_case_ids("exact")
-    assert {n for c in declared for n in c.needs} == {"window", "softcap"}
+    assert {n for c in declared for n in c.needs} == {"window", "softcap", "sinks"}
     assert len(declared) > len([c for c in declared if c.needs])
