@@ -146,11 +146,13 @@ def draw_cases(
     is none, chosen by the seed);
     Dv != D (from the same pool) in 15%;
     causal 50% (both alignments); a sliding window in 20% (each side unbounded, 0, up to 64 or
-    up to ``longest``); a soft cap in 15%; a custom scale in 20%; a sliced or transposed layout
-    in 25%; ``deterministic=True`` in 10%; bf16 (2/3) or f16. B * H * Sq * Sk is capped at
-    :data:`MAX_SCORES` by halving the lengths.
+    up to ``longest``); a soft cap in 15%; attention sinks in 15% (from a stream of their own, so
+    each case is otherwise the one drawn without them); a custom scale in 20%; a sliced or
+    transposed layout in 25%; ``deterministic=True`` in 10%; bf16 (2/3) or f16. B * H * Sq * Sk
+    is capped at :data:`MAX_SCORES` by halving the lengths.
     """
     rng = random.Random(seed)
+    sinks_rng = random.Random(seed * 1_000_003 + 7)
     pool = head_dim_pool(rng, largest_head_dim)
     drawn = []
     for index in range(n):
@@ -182,6 +184,7 @@ def draw_cases(
         )
         if args["window"] == (None, None):
             args["window"] = None
+        args["sinks"] = sinks_rng.random() < 0.15
         deterministic = True if rng.random() < 0.1 else None
         drawn.append(SweepCase(Case(**args), rng.choice(DTYPES), deterministic, index, seed))
     return drawn

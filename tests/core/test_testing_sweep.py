@@ -32,6 +32,8 @@ def test_the_distribution_covers_what_it_promises() -> None:
     assert seen >= set(range(8, 257, 8))
     assert any(1 in c.seqlens_q for c in cases) and any(c.window for c in cases)
     assert any(c.softcap for c in cases) and any(c.varlen and 0 in c.seqlens_q for c in cases)
+    assert 0.1 < sum(c.sinks for c in cases) / len(cases) < 0.2
+    assert any(c.sinks and (c.window or c.softcap or c.varlen) for c in cases)
     assert any(not c.varlen and c.seqlens_q != c.seqlens_k for c in cases)
     assert any(d.deterministic for d in drawn)
     assert {d.dtype for d in drawn} == {torch.bfloat16, torch.float16}
