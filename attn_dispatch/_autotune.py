@@ -274,11 +274,14 @@ def signature_key(
     names: list[str],
 ) -> dict:
     """What a measurement holds for: the device, the versions of every candidate, the call's
-    flags (execution mode included), its tensors' shapes, strides and dtypes, and the varlen
-    metadata. ``call`` is the dispatcher's ``Call`` (a NamedTuple of every flag)."""
+    flags (execution mode included), its tensors' shapes, strides and dtypes, the varlen
+    metadata and the attention sinks' (a call with sinks holds a field more, so the keys of
+    calls without them are as they were). ``call`` is the dispatcher's ``Call`` (a NamedTuple
+    of every flag)."""
     flags = {k: _plain(v) for k, v in call._asdict().items() if k not in ("backend", "kind")}
     cu_q, cu_k, *_ = seqlens
-    return {
+    sinks = {} if inp.sinks is None else {"sinks": _meta(inp.sinks)}
+    return sinks | {
         "device": device_name(inp.device),
         "mode": mode,
         "flags": flags,
@@ -470,7 +473,7 @@ def _agreement(a: tuple, b: tuple, forward: bool, dtype: torch.dtype) -> str | N
         floor = 0.1 * max(
             (y.detach().abs().max().item() for _, y in tensors if y.numel()), default=0.0
         )
-    names = ("out", "lse") if forward else ("dq", "dk", "dv", "d4", "d5")
+    names = ("out", "lse") if forward else ("dq", "dk", "dv", "dsinks")
     for index, (x, y) in enumerate(tensors):
         name = names[index] if index < len(names) else f"result {index}"
         if forward and index == 1:
@@ -507,7 +510,7 @@ def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) ->
             cand, clones = _cloned(inp)
             cloned_tensors = tuple(clones.get(id(t), t) for t in tensors)
             try:  # a broken candidate costs only itself
-                result = mode.checked(impl, run(cand), cloned_tensors, inp.facts)
+                result = mode.checked(impl, run(cand), cloned_tensors, inp.facts, cand.sinks)
                 _synchronize(device)
             except Exception as exc:
                 excluded[name] = f"raised {_describe_error(exc)}"
@@ -521,7 +524,8 @@ def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) ->
                 what = "cannot be captured into a CUDA graph" if graph else "raised while timed"
                 excluded[name] = f"{what}: {_describe_error(exc)}"
                 continue
-            results[name] = tuple(result)
+            dsinks = getattr(result, "dsinks", None)  # cross-checked as the other gradients
+            results[name] = tuple(result) + (() if dsinks is None else (dsinks,))
     _cross_check(results, excluded, timings, forward, inp.dtype)
     return {"timings": timings, "excluded": excluded}
 

@@ -481,3 +481,30 @@ def test_a_hopeless_candidate_is_not_sampled_further(timed_env):
     assert calls()[FAST] >= 1 + 1 + _autotune.REPEATS
     assert found["timings"][SLOW] > _autotune.HOPELESS * found["timings"][FAST]
     assert found["excluded"] == {}
+
+
+def test_a_call_with_sinks_is_measured_apart_and_its_dsinks_cross_checked(timed_env):
+    """The measurement key holds the sinks' metadata (a call without them keeps the key it
+    had), and two candidates whose dsinks differ disagree."""
+    from attn_dispatch import _call
+    from attn_dispatch import backend as adb
+
+    q, k, v, out, lse, grad_out = inputs()
+    sinks = torch.zeros(4)
+    flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
+    call = _call.unforced("backward", **flags)
+    settings = ad._settings.current()
+    tensors = (q, k, v, out, lse, grad_out)
+    seqlens = (None, None, None, None)
+    keys = [
+        _autotune.signature_key(
+            settings, "backward", call, tensors, seqlens, adb.make_inputs(*tensors, **kw), []
+        )
+        for kw in (dict(flags), dict(flags, sinks=sinks))
+    ]
+    assert "sinks" not in keys[0] and keys[1].pop("sinks") == [[4], [1], "float32"]
+    assert keys[0] == keys[1]
+    grads = (torch.ones(2, 3), torch.ones(2, 3), torch.ones(2, 3))
+    same = _autotune._agreement((*grads, sinks), (*grads, sinks.clone()), False, torch.float32)
+    other = _autotune._agreement((*grads, sinks), (*grads, sinks + 1), False, torch.float32)
+    assert same is None and other.startswith("dsinks:")
