@@ -51,10 +51,13 @@ RELEASES: dict[str, Release] = {
         ),
         Release(
             version="4.0.0b40",
-            sm90_head_dims=frozenset({24, 32, 56, 64, 88, 96, 120, *range(128, 177, 8)}),
+            sm90_head_dims=frozenset({24, 32, 56, 64, 88, 96, 120, *range(128, 257, 8)}),
             sm90_wrong_backward=_DQ_ACCUMULATOR_DEFECT,
             replay_tested=False,
-            evidence="H200, torch 2.11.0+cu130, 2026-12-04: head-dim scan up to D = 176",
+            evidence=(
+                "H200, torch 2.11.0+cu130, 2026-12-04: head-dim scan D = 8-256 (multiples of "
+                "8, MHA and GQA) and the backend's GPU tests"
+            ),
         ),
     )
 }

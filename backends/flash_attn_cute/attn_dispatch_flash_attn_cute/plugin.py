@@ -15,7 +15,8 @@ alignments: FA4's causal mask is bottom-right aligned, and a top-left mask with 
 passed as FA4's window ``(None, Sq - Sk)``, which is exactly the top-left mask; sliding windows
 (the top-left diagonal shifted onto FA4's the same way), soft caps and attention sinks (FA4's
 ``learnable_sink``, forward and backward; such calls run FA4's host code every time, never a
-replay, and rank below triton until a GPU run has checked them, see ``SINKS_PRIORITY``). On
+replay, and rank below triton outside the shapes where a benchmark timed them ahead,
+:func:`sinks_measured`). On
 sm_90 only the head dims D = Dv that the installed release's row of ``_releases.RELEASES``
 proves (the head-dim GPU test, tests/test_flash_attn_cute_head_dims_gpu.py, showed the output
 and every gradient correct): FA4's sm_90 backward returns wrong dQ (and dK/dV with GQA) at D =
@@ -73,10 +74,30 @@ MHA_CAUSAL_HEADS = 8
 # 1K/2K FA4's host time per call was 88-92 us against 55-60 us for cuDNN and triton:fused, and
 # its kernel 46 us at 1K. Replayed dense calls need no such rule (docs/benchmarks.md section 6).
 EAGER_HOST_BOUND_PRIORITY = 42
-# Calls with attention sinks: FA4's learnable_sink compiles and runs its host code on the CPU
-# (fake compile, tests), but no GPU run has compared its numbers with the oracle yet, nor timed
-# them: below triton:fused (45), whose sink kernels were checked against the oracle.
+# Calls with attention sinks: correct on an H200 (the randomized sweep, benchmarks/triton/
+# bench_sinks.py), but timed only in SINKS_MEASURED; elsewhere below triton:fused (45).
 SINKS_PRIORITY = 44
+
+
+def sinks_measured(inp: adb.ForwardInputs) -> bool:
+    """GPT-OSS's attention, where bench_sinks.py timed FA4 with sinks ahead of triton (backward
+    0.79 / 2.83 / 10.7 ms against triton:fused's 1.63 / 5.60 / 19.4 ms at 4K / 8K / 16K causal;
+    0.28-0.89 ms against 0.53-1.72 ms with the sliding window (127, 0); docs/benchmarks.md): a
+    dense causal call, GQA 64/8 with B = 1, D = Dv = 64, Sq = Sk in 4096..16384, no soft cap,
+    no window or the window (127, 0)."""
+    return (
+        not inp.is_varlen
+        and inp.causal
+        and inp.batch == 1
+        and (inp.heads, inp.kv_heads) == (64, 8)
+        and inp.head_dim == inp.head_dim_v == 64
+        and inp.seqlen_q == inp.seqlen_k
+        and 4096 <= inp.seqlen_k <= 16384
+        and inp.softcap is None
+        and inp.window in (None, (127, None))  # causal: (127, 0) as validated
+    )
+
+
 EAGER_HOST_BOUND_HEADS = 8  # B*H at most this ...
 EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
 
@@ -156,9 +177,9 @@ class Sm90(FlashAttnCute):
         return reasons + ([problem] if problem else [])
 
     def priority_for_inputs(self, inp: adb.ForwardInputs, arch: ad.Arch) -> int | None:
-        """``SINKS_PRIORITY`` with attention sinks, ``SLOWER_PRIORITY`` where
-        :func:`measured_slower_sm90`, else the arch's."""
-        if arch.name == "sm_90" and inp.sinks is not None:
+        """``SINKS_PRIORITY`` with attention sinks outside :func:`sinks_measured`,
+        ``SLOWER_PRIORITY`` where :func:`measured_slower_sm90`, else the arch's."""
+        if arch.name == "sm_90" and inp.sinks is not None and not sinks_measured(inp):
             return SINKS_PRIORITY
         if arch.name == "sm_90" and measured_slower_sm90(inp):
             return SLOWER_PRIORITY

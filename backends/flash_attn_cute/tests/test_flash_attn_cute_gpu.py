@@ -310,11 +310,14 @@ def _direct_backward_errors(b, sq, sk, h, hkv, d, dv, **flags) -> dict[str, floa
 
 @needs_sm90
 @pytest.mark.xfail(
-    strict=False, raises=AssertionError, reason="FA4 4.0.0b36 asserts D == Dv for GQA (sm_90)"
+    strict=False,
+    raises=(AssertionError, ValueError),
+    reason="FA4 refuses D != Dv for GQA on sm_90 (b36 asserts, b40 raises ValueError)",
 )
 def test_fa4_gqa_backward_with_unequal_head_dims():
-    """Excluded by ``same_head_dims``: FA4's sm_90 backward raised 'GQA backward requires
-    head_dim == head_dim_v' (flash_bwd_sm90.py) for (16, 24), (16, 32), (8, 40), (40, 64)."""
+    """Excluded by ``same_head_dims``: FA4 4.0.0b36's sm_90 backward raised 'GQA backward
+    requires head_dim == head_dim_v' (flash_bwd_sm90.py) for (16, 24), (16, 32), (8, 40),
+    (40, 64); 4.0.0b40 refuses it with a ValueError from its backward configuration check."""
     errors = _direct_backward_errors(1, 53, 37, 8, 2, 16, 24)
     assert all(e < 1e-2 for e in errors.values()), errors
 

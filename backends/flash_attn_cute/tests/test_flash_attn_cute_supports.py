@@ -289,11 +289,11 @@ def test_sm90_head_dim_table_is_the_one_admission(installed, version):
 
 
 def test_the_releases_proven_and_refused_head_dims():
-    """The rows as measured on an H200: b40 adds 56, 88, 120 and 136-176 (192 and 256 were not
-    scanned on it); both refuse 112 with the other dQ accumulator head dims."""
+    """The rows as measured on an H200: b40 adds 56, 88, 120 and every multiple of 8 from 136
+    to 256; both refuse 112 with the other dQ accumulator head dims."""
     b36, b40 = _releases.RELEASES["4.0.0b36"], _releases.RELEASES["4.0.0b40"]
     assert sorted(b36.sm90_head_dims) == [24, 32, 64, 96, 128, 160, 192, 256]
-    assert sorted(b40.sm90_head_dims) == [24, 32, 56, 64, 88, 96, 120, 128, *range(136, 177, 8)]
+    assert sorted(b40.sm90_head_dims) == [24, 32, 56, 64, 88, 96, 120, 128, *range(136, 257, 8)]
     for release in (b36, b40):
         assert sorted(release.sm90_wrong_backward) == [8, 16, 40, 48, 72, 80, 104, 112]
         # the defect's pattern: D <= 128 whose round-up to 16 differs from its round-up to 32
@@ -319,7 +319,7 @@ DEFECT = (
     "{kind} (D = Dv): {admitted}"
 )
 B36_ADMITTED = "24, 32, 64, 96, 128, 160, 192, 256"
-B40_ADMITTED = "24, 32, 56, 64, 88, 96, 120, 128, 136, 144, 152, 160, 168, 176"
+B40_ADMITTED = "24, 32, 56, 64, 88, 96, 120, " + ", ".join(map(str, range(128, 257, 8)))
 ADMITTED = "admitted for {kind} (D = Dv): " + B36_ADMITTED
 
 
@@ -341,12 +341,10 @@ def test_sm90_wrong_backward_head_dims_rejected_naming_the_defect(
 
 
 def test_sm90_head_dims_unscanned_on_b40_are_refused_as_unproven(installed):
-    installed("4.0.0b40")
-    cand = verdicts(explain(dense(256, d=192), "sm_90"))["flash_attn_cute:sm90"]
-    assert cand.reasons == (
-        "(head_dim, head_dim_v)=(192, 192) with GQA: not proven correct on sm_90 with FA4 "
-        "4.0.0b40 by the head-dim GPU test; admitted for GQA (D = Dv): " + B40_ADMITTED,
-    )
+    installed("4.0.0b40")  # a head dim that is no multiple of 8 was not scanned
+    cand = verdicts(explain(dense(256, d=100), "sm_90"))["flash_attn_cute:sm90"]
+    assert cand.status == "rejected", cand.reasons
+    assert any("not proven correct" in reason for reason in cand.reasons), cand.reasons
 
 
 @pytest.mark.parametrize(
@@ -788,3 +786,22 @@ def test_sm90_short_dense_backward_ranks_low_eager_where_the_replay_is_refused(i
     installed("4.0.0b36")
     eager = explain(dense(1024, h=8, hkv=8), "sm_90", causal=True, execution="eager")
     assert verdicts(eager)["flash_attn_cute:sm90"].priority == 60
+
+
+@pytest.mark.parametrize(
+    ("kw", "flags", "priority"),
+    [
+        ({"sq": 8192, "d": 64}, {"causal": True}, 60),  # GPT-OSS's full layers: measured
+        ({"sq": 8192, "d": 64}, {"causal": True, "window": (127, 0)}, 60),  # its sliding ones
+        ({"sq": 4096, "d": 64}, {"causal": True}, 60),
+        ({"sq": 2048, "d": 64}, {"causal": True}, 44),  # unmeasured length
+        ({"sq": 8192, "d": 128}, {"causal": True}, 44),  # unmeasured head dim
+        ({"sq": 8192, "d": 64, "hkv": 16}, {"causal": True}, 44),  # unmeasured group
+        ({"sq": 8192, "d": 64}, {"causal": True, "window": (255, 0)}, 44),  # unmeasured window
+        ({"sq": 8192, "d": 64}, {}, 44),  # no causal mask: unmeasured
+    ],
+)
+def test_sinks_rank_fa4_above_triton_only_where_measured(kw, flags, priority):
+    sinks = torch.empty(64, dtype=torch.float32, device="meta")
+    report = explain(dense(**kw), "sm_90", sinks=sinks, **flags)
+    assert verdicts(report)["flash_attn_cute:sm90"].priority == priority
