@@ -5,8 +5,8 @@ calls through a C-level guard first, see ``_guards``; then a dictionary keyed on
 metadata), rebuilds the light inputs object around the cached ``Facts`` and calls the chosen
 implementation. Validation, selection, logging and the check of the implementation's outputs
 happen on the first call of a signature only. The execution mode (``_execution``: eager, or
-captured into a CUDA graph / traced by ``torch.compile``) is one of the flags both lookups key
-on, so a captured call and an eager call of the same signature never share a decision.
+captured into a CUDA graph or declared ``execution_mode("graph")``) is one of the flags both
+lookups key on, so a captured call and an eager call of the same signature never share a decision.
 """
 
 from __future__ import annotations
@@ -375,6 +375,9 @@ def _first_call(
         report, impl = _autotune.choose(
             settings, mode, inp, call, tensors, seqlens, report, measure=True
         )
+        # The priority decision knows which verdicts read pointers only up to its own winner;
+        # a measured choice may be any admitted candidate, so it holds for these pointers alone.
+        read_pointers = True
     log.info(
         "attn_dispatch: %s %r -> %s on %s, %s (%s)",
         mode.name,

@@ -143,8 +143,8 @@ class Implementation:
 
     def priority_for_execution(self, inp: ForwardInputs, arch: Arch, execution: str) -> int | None:
         """The priority for ``inp`` on ``arch`` when the call runs as ``execution``
-        (``"eager"``: every call pays its host cost; ``"graph"``: captured into a CUDA graph or
-        traced by ``torch.compile``, see ``attn_dispatch._execution``) (optional hook).
+        (``"eager"``: every call pays its host cost, torch.compile'd calls included; ``"graph"``:
+        captured into a CUDA graph, see ``attn_dispatch._execution``) (optional hook).
 
         Default: :meth:`priority_for_inputs`, the same in both modes. Override it where a
         kernel's host cost makes it slower end to end in eager mode than under graphs. Runs once

@@ -80,7 +80,7 @@ class Report:
     inputs: str = ""
     forced: str | None = None
     mode: str = "backward"
-    # "eager" or "graph" (captured into a CUDA graph or traced by torch.compile): priorities
+    # "eager" or "graph" (captured into a CUDA graph, or declared so): priorities
     # may differ between them (see attn_dispatch._execution)
     execution: str = "eager"
     # set when autotune took part in the decision (see attn_dispatch._autotune)

@@ -228,7 +228,7 @@ class Report:
 
     def table(self) -> str:
         lines = [
-            f"sweep seed={self.seed}: {self.cases} cases in {self.seconds:.0f} s",
+            f"sweep seed={self.seed}: {self.cases} cases, {self.seconds:.0f} s of checks",
             f"{'implementation':<28} {'ran':>5} {'refused':>8} {'wrong':>6} {'seconds':>8}",
         ]
         for name in sorted(self.counts, key=lambda n: (n == AUTO, n)):
@@ -350,13 +350,14 @@ def run(
 
 
 def merge(reports: Iterable[dict]) -> Report:
-    """One report from several (``Report.to_dict`` of shards of one sweep)."""
+    """One report from several (``Report.to_dict`` of shards of one sweep, or of its cases);
+    ``seconds`` is their sum: the time the checks took, over every process that ran them."""
     merged: Report | None = None
     for part in reports:
         if merged is None:
             merged = Report(seed=part["seed"])
         merged.cases += part["cases"]
-        merged.seconds = max(merged.seconds, part["seconds"])
+        merged.seconds += part["seconds"]
         merged.wrong += part["wrong"]
         for name, row in part["counts"].items():
             mine = merged.counts.setdefault(name, {"ok": 0, "refused": 0, "wrong": 0})

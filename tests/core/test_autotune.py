@@ -508,3 +508,53 @@ def test_a_call_with_sinks_is_measured_apart_and_its_dsinks_cross_checked(timed_
     same = _autotune._agreement((*grads, sinks), (*grads, sinks.clone()), False, torch.float32)
     other = _autotune._agreement((*grads, sinks), (*grads, sinks + 1), False, torch.float32)
     assert same is None and other.startswith("dsinks:")
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values at the same shape and strides, 4 bytes off its alignment."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype)
+    view = flat[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def test_a_measured_choice_never_runs_where_a_fresh_decision_rejects_it(tuned, monkeypatch):
+    # timed:fast (lowest priority) needs 16-byte aligned tensors. Priority alone picks slow,
+    # whose verdict reads no pointers, so the decision would hold for any alignment; once
+    # measurement picked fast, a misaligned call must not reuse it.
+    monkeypatch.setattr(timed.Fast, "alignment", 16)
+    args = inputs()
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    assert ad.explain(*args, causal=True).selected == FAST
+    before = calls()[FAST]
+    shifted = (_misaligned(args[0]), *args[1:])
+    assert "alignment" in " ".join(
+        r for c in ad.explain(*shifted, causal=True).candidates if c.name == FAST for r in c.reasons
+    )
+    ad.backward(*shifted, causal=True)
+    assert calls()[FAST] == before
+
+
+def test_the_python_switch_overrides_a_bad_variable(timed_env, monkeypatch):
+    with ad.autotune(False):  # the variable is not read while the switch decides
+        monkeypatch.setenv("ATTN_DISPATCH_AUTOTUNE", "maybe")
+        ad.reload()
+        assert ad.decide(*inputs(), causal=True).name == SLOW
+        monkeypatch.delenv("ATTN_DISPATCH_AUTOTUNE")
+
+
+def test_a_bad_setting_read_by_a_candidate_is_the_callers_error(tuned, monkeypatch):
+    def reads_a_bad_setting(self, inp):
+        raise ad.SettingError("ATTN_DISPATCH_SOMETHING='x': expected a boolean")
+
+    monkeypatch.setattr(timed.Fast, "backward", reads_a_bad_setting)
+    with pytest.raises(ad.SettingError, match="ATTN_DISPATCH_SOMETHING"):
+        ad.backward(*inputs(), causal=True)
+
+
+def test_dsinks_does_not_loosen_the_cross_check_of_the_other_gradients():
+    dq = torch.ones(64)
+    big_dsinks = torch.full((4,), 1000.0)
+    wrong = (dq * 1.5, dq, dq, big_dsinks)
+    assert _autotune._agreement(wrong, (dq, dq, dq, big_dsinks), False, torch.bfloat16)

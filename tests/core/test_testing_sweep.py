@@ -86,7 +86,7 @@ def test_the_command_line_reports_shards_and_merges_them(toys, tmp_path, capsys)
     assert sum(json.loads(open(p).read())["cases"] for p in parts) == 3
     status = sweep.main(["--merge", *parts])
     out = capsys.readouterr().out
-    assert "sweep seed=4: 3 cases" in out and "exact:oracle" in out
+    assert "sweep seed=4: 3 cases," in out and "exact:oracle" in out
     assert status == 1  # the toys are wrong wherever they run
 
 

@@ -189,7 +189,7 @@ class Sm90(FlashAttnCute):
         self, inp: adb.ForwardInputs, arch: ad.Arch, execution: str
     ) -> int | None:
         """In eager execution, ``EAGER_HOST_BOUND_PRIORITY`` where :func:`host_bound_sm90`;
-        else :meth:`priority_for_inputs` (under CUDA graphs and torch.compile alike)."""
+        else :meth:`priority_for_inputs` (under CUDA graphs)."""
         priority = self.priority_for_inputs(inp, arch)
         if execution == "eager" and arch.name == "sm_90" and host_bound_sm90(inp):
             return min(EAGER_HOST_BOUND_PRIORITY, priority) if priority is not None else None

@@ -50,7 +50,8 @@ class Region:
 
     head_dim: int
     groups: tuple[int, ...]  # heads // kv_heads
-    batch_heads: tuple[int, int]  # B * H, inclusive
+    batch: tuple[int, int]  # inclusive
+    heads: tuple[int, int]  # query heads, inclusive
     seqlen: tuple[int, int]  # Sq = Sk, inclusive
     causal: tuple[bool, ...]
 
@@ -61,7 +62,8 @@ class Region:
             and inp.softcap is None
             and inp.head_dim == inp.head_dim_v == self.head_dim
             and inp.heads // inp.kv_heads in self.groups
-            and self.batch_heads[0] <= inp.batch * inp.heads <= self.batch_heads[1]
+            and self.batch[0] <= inp.batch <= self.batch[1]
+            and self.heads[0] <= inp.heads <= self.heads[1]
             and inp.seqlen_q == inp.seqlen_k
             and self.seqlen[0] <= inp.seqlen_k <= self.seqlen[1]
             and inp.causal in self.causal
@@ -71,13 +73,13 @@ class Region:
 # docs/benchmarks.md: MHA 8 (B=1, D=128) causal, triton:fused 49 us against cuDNN's 57 us at 1K
 # (dQ beside dK/dV); 4K and 8K with the Gluon kernels, 217 / 727 us against 269 / 756 us (at
 # 2K and 16K cuDNN stays faster).
-SMALL_CAUSAL_MHA = Region(128, (1,), (8, 8), (1024, 1024), (True,))
-GLUON_CAUSAL_MHA = Region(128, (1,), (8, 8), (4096, 8192), (True,))
+SMALL_CAUSAL_MHA = Region(128, (1,), (1, 1), (8, 8), (1024, 1024), (True,))
+GLUON_CAUSAL_MHA = Region(128, (1,), (1, 1), (8, 8), (4096, 8192), (True,))
 # GQA 64/8 (B=1, D=128), fused-atomic with the Gluon kernel against cuDNN: without a mask
 # 1.10x / 1.06x / 1.02x / 1.02x / 1.01x faster at 1K-16K, causal 1.18x / 1.09x / 1.05x / 1.03x /
 # 1.01x; and MHA 8 causal at 4K and 8K as above.
 GLUON_ATOMIC_FASTEST = (
-    Region(128, (8,), (64, 64), (1024, 16384), (False, True)),
+    Region(128, (8,), (1, 1), (64, 64), (1024, 16384), (False, True)),
     GLUON_CAUSAL_MHA,
 )
 

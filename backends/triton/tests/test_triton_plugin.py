@@ -133,6 +133,8 @@ ATOMIC = 56 if gluon_triton_installed() else 43  # triton:fused_atomic with the 
         ({"s": 1024, "h": 28, "hk": 4, "causal": True}, 45, 43),  # other groups: unmeasured
         ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45, 43),
         ({"s": 4096, "h": 64, "hk": 8, "b": 2, "causal": True}, 45, 43),  # unmeasured B*H
+        ({"s": 4096, "h": 32, "hk": 4, "b": 2, "causal": True}, 45, 43),  # B*H 64, unmeasured B
+        ({"s": 4096, "h": 4, "hk": 4, "b": 2, "causal": True}, 45, 43),  # B*H 8, unmeasured B
         ({"s": 16384, "h": 64, "hk": 8, "causal": True, "d": 64}, 45, 43),  # Gluon needs D = 128
         ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45, 43),
     ],
