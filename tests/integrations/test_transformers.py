@@ -688,13 +688,8 @@ def test_transformers_arguments_of_the_wrong_type_are_refused(kw, error, match):
         adt.attention_forward(module, q, k, v, None, **kw)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
-@pytest.mark.parametrize("batch", ["dense", "padded"])
-def test_gpt_oss_bf16_on_a_gpu_is_as_close_to_float32_as_eager(batch):
-    """bf16 GPT-OSS (head dim 64, window 128 < S) through attn_dispatch's GPU backends: logits
-    and gradients (sinks included) no further from the float32 eager model than bf16 eager is
-    (within a factor 2, plus a small floor)."""
+def _gpt_oss_gpu_model() -> GptOssForCausalLM:
+    """A small GPT-OSS (head dim 64, window 128) with random sinks, float32 on the CPU."""
     config = GptOssConfig(
         vocab_size=256,
         hidden_size=256,
@@ -716,6 +711,17 @@ def test_gpt_oss_bf16_on_a_gpu_is_as_close_to_float32_as_eager(batch):
     with torch.no_grad():
         for layer in base.model.layers:
             layer.self_attn.sinks.normal_(0.0, 1.0)
+    return base
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+@pytest.mark.parametrize("batch", ["dense", "padded"])
+def test_gpt_oss_bf16_on_a_gpu_is_as_close_to_float32_as_eager(batch):
+    """bf16 GPT-OSS (head dim 64, window 128 < S) through attn_dispatch's GPU backends: logits
+    and gradients (sinks included) no further from the float32 eager model than bf16 eager is
+    (within a factor 2, plus a small floor)."""
+    base = _gpt_oss_gpu_model()
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(3, 256, (2, 384), generator=gen).cuda()
     mask = None
@@ -743,3 +749,37 @@ def test_gpt_oss_bf16_on_a_gpu_is_as_close_to_float32_as_eager(batch):
     assert err(ours[0][real], want[real]) <= 2 * err(eager[0][real], want[real]) + 1e-3
     for name, ref in want_grads.items():
         assert err(ours[1][name], ref) <= 2 * err(eager[1][name], ref) + 1e-2, name
+
+
+def _decoded_logits(base, dtype, impl, prompt, steps, device="cuda"):
+    """The last position's logits after the prompt and after each of ``steps``' tokens, fed one
+    at a time through the KV cache (the queries are the last row of the keys: bottom-right)."""
+    model = copy.deepcopy(base).to(device=device, dtype=dtype).eval()
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        out = model(prompt, use_cache=True)
+        logits, past = [out.logits[:, -1].float()], out.past_key_values
+        for t in range(steps.shape[1]):
+            out = model(steps[:, t : t + 1], past_key_values=past, use_cache=True)
+            logits.append(out.logits[:, -1].float())
+            past = out.past_key_values
+    return torch.stack(logits, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_gpt_oss_bf16_decoding_on_a_gpu_is_as_close_to_float32_as_eager():
+    """Generation's attention (a prompt longer than the window, then one token at a time through
+    the KV cache, sinks included) in bf16: no further from float32 eager than bf16 eager is."""
+    base = _gpt_oss_gpu_model()
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randint(3, 256, (2, 200), generator=gen).cuda()
+    steps = torch.randint(3, 256, (2, 8), generator=gen).cuda()
+    want = _decoded_logits(base, torch.float32, "eager", prompt, steps)
+    eager = _decoded_logits(base, torch.bfloat16, "eager", prompt, steps)
+    ours = _decoded_logits(base, torch.bfloat16, NAME, prompt, steps)
+
+    def err(got):
+        return ((got - want).abs().max() / want.abs().max()).item()
+
+    assert err(ours) <= 2 * err(eager) + 1e-3, (err(ours), err(eager))
