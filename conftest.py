@@ -17,8 +17,10 @@ CACHE_VARIABLES = {
     # its home for dumps and overrides.
     "TRITON_CACHE_DIR": CACHE / "triton" / "cache",
     "TRITON_HOME": CACHE / "triton",
-    # NVIDIA's CUTLASS DSL, under FlashAttention-4 (<tmp>/<user>/cutlass_python_cache).
+    # NVIDIA's CUTLASS DSL, under FlashAttention-4 (<tmp>/<user>/cutlass_python_cache): one
+    # variable per DSL it defines, each read when `import cutlass` creates that DSL.
     "CUTE_DSL_CACHE_DIR": CACHE / "cutlass_python_cache",
+    "CUTE_EXPERIMENTAL_DSL_CACHE_DIR": CACHE / "cutlass_python_cache",
     # FA4's own disk cache, used when FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1.
     "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": CACHE / "flash_attention_cute_dsl",
     # torch.compile (<tmp>/torchinductor_<user>).

@@ -88,6 +88,7 @@ def test_caches_go_under_the_clone_unless_the_user_chose_a_place(tmp_path):
     for name in (
         "TRITON_HOME",
         "CUTE_DSL_CACHE_DIR",
+        "CUTE_EXPERIMENTAL_DSL_CACHE_DIR",
         "PYTEST_DEBUG_TEMPROOT",
         "TORCHINDUCTOR_CACHE_DIR",
         "ATTN_DISPATCH_FLYDSL_CACHE",
@@ -108,3 +109,15 @@ def test_this_session_writes_its_temporary_files_in_the_clone(tmp_path):
 def test_triton_reads_the_routed_cache_directory():
     knobs = pytest.importorskip("triton.knobs")
     assert Path(knobs.cache.dir) == Path(os.environ["TRITON_CACHE_DIR"])
+
+
+def test_importing_the_cutlass_dsl_writes_nothing_in_the_temp_directory(tmp_path):
+    # FA4's CUTLASS DSL creates <tmp>/<user>/cutlass_python_cache for each DSL it defines
+    # (CUTE_DSL and CUTE_EXPERIMENTAL_DSL) unless that DSL's cache variable is set.
+    pytest.importorskip("cutlass")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", "import cutlass"], env=env, capture_output=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
