@@ -375,10 +375,10 @@ def _read_reports(paths: Sequence[str]) -> list[dict]:
     found = []
     for path in paths:
         with open(path) as f:
-            text = f.read().strip()
-        if text.startswith("{") and "\n{" not in text:
+            text = f.read()
+        try:
             found.append(json.loads(text))
-        else:
+        except json.JSONDecodeError:  # several documents: one per line
             found += [json.loads(line) for line in text.splitlines() if line.strip()]
     return found
 

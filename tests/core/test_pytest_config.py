@@ -14,25 +14,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_skip_reasons_are_in_the_summary_by_default(tmp_path):
-    (tmp_path / "test_gpu_only.py").write_text(
-        "import pytest\n\n\ndef test_needs_gpu():\n    pytest.skip('no CUDA GPU present')\n"
-    )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-c",
-            str(ROOT / "pyproject.toml"),
-        ]
-        + ["--rootdir", str(tmp_path), str(tmp_path)],
+def _pytest_with_project_config(tmp_path) -> subprocess.CompletedProcess:
+    """pytest on the tests in ``tmp_path`` with this project's configuration."""
+    config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *config, str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_skip_reasons_are_in_the_summary_by_default(tmp_path):
+    (tmp_path / "test_gpu_only.py").write_text(
+        "import pytest\n\n\ndef test_needs_gpu():\n    pytest.skip('no CUDA GPU present')\n"
+    )
+    done = _pytest_with_project_config(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SKIPPED [1]" in done.stdout and "no CUDA GPU present" in done.stdout, done.stdout
 
@@ -48,21 +45,7 @@ def test_only_the_on_purpose_plugin_failures_are_filtered(tmp_path):
         "    warnings.warn(\"backend plugin 'mine' failed to load: ImportError: no kernels\")\n"
         "    warnings.warn('something else')\n"
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-c",
-            str(ROOT / "pyproject.toml"),
-        ]
-        + ["--rootdir", str(tmp_path), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _pytest_with_project_config(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 warnings" in done.stdout and "broken_hook" not in done.stdout, done.stdout
     assert "'mine' failed to load" in done.stdout and "something else" in done.stdout, done.stdout
