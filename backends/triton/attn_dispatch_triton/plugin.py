@@ -45,7 +45,7 @@ GLUON_ATOMIC_PRIORITY = 56  # triton:fused_atomic inside GLUON_ATOMIC_FASTEST
 class Region:
     """Where an H200 benchmark measured an implementation ahead of cuDNN and the randomized
     conformance sweep found it correct: the only inputs whose priority it raises (a dense
-    backward on sm_90 without window or soft cap, D = Dv = ``head_dim``, Sq = Sk). Outside,
+    backward on sm_90 without window, soft cap or sinks, D = Dv = ``head_dim``, Sq = Sk). Outside,
     the arch's priority holds: a shape nobody measured is not assumed fast."""
 
     head_dim: int
@@ -60,6 +60,7 @@ class Region:
             not inp.is_varlen
             and inp.window is None
             and inp.softcap is None
+            and inp.sinks is None
             and inp.head_dim == inp.head_dim_v == self.head_dim
             and inp.heads // inp.kv_heads in self.groups
             and self.batch[0] <= inp.batch <= self.batch[1]

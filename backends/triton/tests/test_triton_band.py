@@ -105,6 +105,8 @@ def test_plugin_passes_the_inputs_band_and_softcap() -> None:
     assert region.contains(adb.make_inputs(q, q, q, causal=True))
     assert not region.contains(adb.make_inputs(q, q, q, causal=True, window=(31, 0)))
     assert not region.contains(adb.make_inputs(q, q, q, causal=True, softcap=30.0))
+    sinks = torch.empty(8, dtype=torch.float32, device="meta")  # measured without sinks
+    assert not region.contains(adb.make_inputs(q, q, q, causal=True, sinks=sinks))
     inp = inputs(64, 64, causal=True, window=(31, 0), softcap=30.0, scale=0.1)
     flags = plugin.Fused._flags(inp)
     assert flags == dict(band=adb.Band(31, 0, False), scale=0.1, softcap=30.0)
