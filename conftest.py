@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 CACHE = Path(__file__).resolve().parent / ".cache"
 
 # Each default location named is outside the clone (a user's home or the shared temp directory).
@@ -49,3 +51,18 @@ def route_caches(environ: dict[str, str] = os.environ) -> dict[str, str]:  # noq
 
 
 route_caches()
+# FA4 keeps the kernels it compiles on disk only when asked: parallel test workers then share
+# them instead of each compiling its own (the randomized sweep compiles hundreds).
+os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n N`` keeps the tests of one ``xdist_group`` in one worker (xdist's
+    ``loadgroup``; a test without a group is its own group, as under ``load``). The randomized
+    sweep groups its cases by compiled kernel variant, so each variant compiles once per run."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    return LoadGroupScheduling(config, log)

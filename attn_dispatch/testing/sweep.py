@@ -46,7 +46,7 @@ COMMON_HEAD_DIMS = (32, 64, 72, 80, 96, 112, 128, 256)
 # many other multiples of 8 and one value that is none. Every kernel compiles once per head
 # dim, so a small pool keeps a run's compile time bounded while the seeds, run after run,
 # cover every head dim.
-POOL_COMMON, OTHER_HEAD_DIMS = 4, 3
+POOL_COMMON, OTHER_HEAD_DIMS = 3, 2
 MAX_SCORES = 1 << 25  # B * H * Sq * Sk of one case: keeps the float64 oracle small and fast
 DTYPES = (torch.bfloat16, torch.bfloat16, torch.float16)
 
@@ -60,6 +60,26 @@ class SweepCase:
     deterministic: bool | None
     index: int
     seed: int
+
+    @property
+    def compile_group(self) -> str:
+        """The attributes a kernel compiles a variant for (head dims, dtype, mask kind, soft cap,
+        sinks, varlen): cases of one group share their compiled kernels, so a parallel run that
+        keeps each group in one process compiles every variant once."""
+        c = self.case
+        flags = [
+            name
+            for name, on in (
+                ("causal", c.causal),
+                ("window", c.window is not None),
+                ("softcap", c.softcap is not None),
+                ("sinks", c.sinks),
+                ("varlen", c.varlen),
+            )
+            if on
+        ]
+        dtype = str(self.dtype).removeprefix("torch.")
+        return "-".join([f"d{c.head_dim}x{c.dv}", dtype, *flags])
 
     def describe(self) -> str:
         det = "" if self.deterministic is None else f" deterministic={self.deterministic}"

@@ -43,6 +43,24 @@ def test_the_distribution_covers_what_it_promises() -> None:
     )
 
 
+def test_a_compile_group_holds_the_cases_that_share_kernel_variants() -> None:
+    import dataclasses
+
+    one = sweep.draw_cases(1, seed=5)[0]
+    longer = dataclasses.replace(one.case, seqlens_q=(77,), seqlens_k=(77,), seed=1)
+    assert dataclasses.replace(one, case=longer).compile_group == one.compile_group
+    other_dtype = torch.float16 if one.dtype == torch.bfloat16 else torch.bfloat16
+    assert dataclasses.replace(one, dtype=other_dtype).compile_group != one.compile_group
+    for change in (
+        dict(head_dim_v=one.case.dv + 8),
+        dict(causal=not one.case.causal),
+        dict(sinks=not one.case.sinks),
+        dict(softcap=None if one.case.softcap else 20.0),
+    ):
+        changed = dataclasses.replace(one, case=dataclasses.replace(one.case, **change))
+        assert changed.compile_group != one.compile_group, change
+
+
 def test_correct_implementations_pass_and_wrong_ones_are_named_with_the_seed(toys) -> None:
     cases = sweep.draw_cases(4, seed=5, **SMALL)
     report = sweep.run(cases, device="cpu", names=["exact:oracle", "toy:nondet", "toy:fast"])

@@ -2,7 +2,10 @@
 the float64 oracle, on the GPU (attn_dispatch.testing.sweep).
 
 A new seed each run (``ATTN_DISPATCH_SWEEP_SEED`` replays one); every case is one test, so
-``pytest -n`` spreads them. The default run draws 300 cases; ``-m slow`` adds cases up to 3000.
+``pytest -n`` spreads them, keeping the cases of one compile group (``SweepCase.compile_group``)
+in one worker so that each kernel variant compiles once (the root conftest turns xdist's
+``load`` distribution into ``loadgroup``). The default run draws 300 cases; ``-m slow`` adds
+cases up to 3000.
 With ``ATTN_DISPATCH_SWEEP_LOG=<dir>`` each case's counts are appended to ``<dir>`` (one JSON
 line per case), and ``python -m attn_dispatch.testing.sweep --merge <dir>/*.jsonl`` prints the
 table per implementation; a process that crashes leaves ``<dir>/<worker>-<pid>.running``
@@ -41,9 +44,14 @@ def _seed() -> int:
 SEED = _seed()
 
 
-@pytest.fixture(scope="module")
-def drawn() -> list[sweep.SweepCase]:
-    return sweep.draw_cases(SLOW_CASES, SEED)
+DRAWN = sweep.draw_cases(SLOW_CASES, SEED)
+
+
+def _indices(cases: range) -> list:
+    return [
+        pytest.param(i, marks=pytest.mark.xdist_group(DRAWN[i].compile_group), id=str(i))
+        for i in cases
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +102,15 @@ def _check(one: sweep.SweepCase, names: list[str]) -> None:
     assert not report.wrong, "\n\n".join(report.wrong)
 
 
-@pytest.mark.parametrize("index", range(DEFAULT_CASES))
-def test_random_case_matches_oracle(index: int, drawn, names) -> None:
-    _check(drawn[index], names)
+@pytest.mark.parametrize("index", _indices(range(DEFAULT_CASES)))
+def test_random_case_matches_oracle(index: int, names) -> None:
+    _check(DRAWN[index], names)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(DEFAULT_CASES, SLOW_CASES))
-def test_random_case_matches_oracle_slow(index: int, drawn, names) -> None:
-    _check(drawn[index], names)
+@pytest.mark.parametrize("index", _indices(range(DEFAULT_CASES, SLOW_CASES)))
+def test_random_case_matches_oracle_slow(index: int, names) -> None:
+    _check(DRAWN[index], names)
 
 
 # Shapes a randomized run once found wrong through triton:fused_atomic (a configured GQA split
