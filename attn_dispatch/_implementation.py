@@ -117,6 +117,10 @@ class Implementation:
     window: ClassVar[bool] = False
     softcap: ClassVar[bool] = False
     sinks: ClassVar[bool] = False
+    # The package holding this implementation's measured cost tables, ``costs/<arch>.json``
+    # (see ``attn_dispatch._costs``): where a table covers a call, automatic selection ranks
+    # the measured implementations by predicted time instead of by priority.
+    cost_tables: ClassVar[str | None] = None
 
     @property
     def full_name(self) -> str:

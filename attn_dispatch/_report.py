@@ -19,6 +19,8 @@ class Candidate:
     opt_in: bool
     status: str
     reasons: tuple[str, ...] = ()
+    # the recorded cost table's predicted microseconds per call (attn_dispatch._costs)
+    predicted_us: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -27,6 +29,7 @@ class Candidate:
             "opt_in": self.opt_in,
             "status": self.status,
             "reasons": list(self.reasons),
+            "predicted_us": self.predicted_us,
         }
 
 
@@ -110,11 +113,13 @@ class Report:
         lines = [head]
         if self.inputs:
             lines += ["inputs:"] + [f"  {line}" for line in self.inputs.splitlines()]
-        how = (
-            " (measured: the fastest that agreed)"
-            if self.autotune and self.autotune.measured
-            else ""
-        )
+        chosen = next((c for c in self.candidates if c.name == self.selected), None)
+        if self.autotune and self.autotune.measured:
+            how = " (measured: the fastest that agreed)"
+        elif chosen is not None and chosen.predicted_us is not None and not self.forced:
+            how = " (the fastest the recorded cost table predicts)"
+        else:
+            how = ""
         lines.append(f"selected: {self.selected or 'none'}{how}")
         lines.append(format_table(self.candidates))
         if self.autotune is not None:
@@ -124,15 +129,19 @@ class Report:
 
 
 def format_table(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
-    """A fixed-width table: name, priority, status, reasons."""
-    rows = [("implementation", "priority", "status", "reasons")]
+    """A fixed-width table: name, priority, (predicted time,) status, reasons."""
+    predicted = any(c.predicted_us is not None for c in candidates)
+    rows = [("implementation", "priority", *(("predicted",) if predicted else ()), "status")]
+    rows[0] += ("reasons",)
     for c in candidates:
         prio = "-" if c.priority is None else str(c.priority)
         status = c.status + (" (opt-in)" if c.opt_in and c.status != OPT_IN else "")
-        rows.append((c.name, prio, status, "; ".join(c.reasons)))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        time = ("-" if c.predicted_us is None else f"{c.predicted_us:.1f} us",) if predicted else ()
+        rows.append((c.name, prio, *time, status, "; ".join(c.reasons)))
+    n = len(rows[0]) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(n)]
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3]
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:n], widths)) + "  " + row[n]
         for row in rows
     ).rstrip()
 

@@ -2,8 +2,10 @@
 
 Precedence of a forced name: ``backend=`` > ``use_backend()`` > ``ATTN_DISPATCH_BACKEND``.
 Automatic choice: among enabled, unblocked implementations with a priority for the arch and no
-rejection reasons, the highest priority wins (ties: alphabetical). A forced choice never falls
-back and needs no priority entry.
+rejection reasons, the highest priority wins (ties: alphabetical), except that those a recorded
+cost table predicts (``_costs``) rank among themselves by predicted time, in the place of the
+best priority among them; the others keep their places by priority. A forced choice never
+falls back and needs no priority entry.
 
 The decision is cached per input signature, so what ``supports`` and ``priority_for_inputs`` read
 must be part of it. They see the call's tensors as :class:`Probe` views: metadata as is, and
@@ -20,9 +22,11 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
+from . import _costs
 from ._arch import Arch
 from ._capabilities import input_reasons, where_reasons
 from ._errors import NoBackendError, SettingError
@@ -223,8 +227,38 @@ def _verdict(
     return Candidate(name, priority, impl.opt_in, SUPPORTED, note)
 
 
-def _rank(candidate: Candidate) -> tuple:
-    return (-(candidate.priority if candidate.priority is not None else -(1 << 60)), candidate.name)
+def _with_prediction(
+    candidate: Candidate,
+    impl: Implementation,
+    inp: ForwardInputs,
+    arch: Arch,
+    mode: str,
+    execution: str,
+) -> Candidate:
+    """``candidate`` with its cost table's prediction (and where it came from) when one covers
+    ``inp``; a table that cannot be read fails this implementation alone."""
+    try:
+        p = _costs.predict(impl.cost_tables, candidate.name, mode, execution, arch, inp)
+    except _costs.CostTableError as exc:
+        return replace(candidate, status=FAILED, reasons=(str(exc),))
+    if p is None:
+        return candidate
+    near = ", ".join(s.label for s in p.nearest)
+    note = f"cost table: nearest measured {near} (distance {p.distance:.2f})"
+    return replace(candidate, predicted_us=p.us, reasons=candidate.reasons + (note,))
+
+
+def _ranking(candidates: list[Candidate]) -> Callable[[Candidate], tuple]:
+    """The sort key of automatic selection (lowest first; see the module docstring)."""
+    predicted = [c for c in candidates if c.predicted_us is not None and c.priority is not None]
+    slot = max((c.priority for c in predicted), default=0)
+
+    def rank(c: Candidate) -> tuple:
+        if c.predicted_us is not None and c.priority is not None:
+            return (-slot, 0, c.predicted_us, c.name)
+        return (-(c.priority if c.priority is not None else -(1 << 60)), 1, 0.0, c.name)
+
+    return rank
 
 
 def evaluate(
@@ -248,6 +282,12 @@ def evaluate(
         if _reads.pointers:
             readers.add(impl.full_name)
     if forced is None:
+        verdicts = [
+            _with_prediction(c, registry.implementations[c.name], inp, arch, mode, execution)
+            if c.status == SUPPORTED and c.priority is not None
+            else c
+            for c in verdicts
+        ]
         pool = [c for c in verdicts if c.status == SUPPORTED and c.priority is not None]
     else:
         pool = [
@@ -255,16 +295,14 @@ def evaluate(
             for c in verdicts
             if c.status == SUPPORTED and (c.name == forced or c.name.split(":", 1)[0] == forced)
         ]
-    winner = min(pool, key=_rank) if pool else None
-    read_pointers = _pointers_decide(verdicts, readers, winner, forced)
-    candidates = [
-        Candidate(c.name, c.priority, c.opt_in, SELECTED, ()) if c is winner else c
-        for c in verdicts
-    ]
+    rank = _ranking(pool)
+    winner = min(pool, key=rank) if pool else None
+    read_pointers = _pointers_decide(verdicts, readers, winner, forced, rank)
+    candidates = [replace(c, status=SELECTED) if c is winner else c for c in verdicts]
     candidates += [
         Candidate(b.name, None, False, FAILED, (b.error or "",)) for b in registry.failed
     ]
-    candidates.sort(key=lambda c: (c.status != SELECTED, _rank(c)))
+    candidates.sort(key=lambda c: (c.status != SELECTED, rank(c)))
     report = Report(
         arch=arch,
         selected=winner.name if winner else None,
@@ -278,7 +316,11 @@ def evaluate(
 
 
 def _pointers_decide(
-    verdicts: list[Candidate], readers: set[str], winner: Candidate | None, forced: str | None
+    verdicts: list[Candidate],
+    readers: set[str],
+    winner: Candidate | None,
+    forced: str | None,
+    rank: Callable[[Candidate], tuple],
 ) -> bool:
     """Whether other data pointers could change the decision: a verdict that read them belongs
     to the winner or to an implementation that would outrank it if it were accepted. A reader
@@ -291,7 +333,7 @@ def _pointers_decide(
         if forced is not None:
             if c.name == forced or c.name.split(":", 1)[0] == forced:
                 return True
-        elif c.priority is not None and (winner is None or _rank(c) < _rank(winner)):
+        elif c.priority is not None and (winner is None or rank(c) < rank(winner)):
             return True
     return False
 

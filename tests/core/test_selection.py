@@ -276,7 +276,14 @@ def test_explain_report_statuses_and_text(toys):
         "forced",
         "inputs",
     }
-    assert set(data["candidates"][0]) == {"name", "priority", "opt_in", "status", "reasons"}
+    assert set(data["candidates"][0]) == {
+        "name",
+        "priority",
+        "opt_in",
+        "status",
+        "reasons",
+        "predicted_us",
+    }
     json.dumps(data)
 
 

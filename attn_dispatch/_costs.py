@@ -1,0 +1,259 @@
+"""Recorded cost tables: measured times that rank implementations instead of hand rules.
+
+A backend ships, per arch it was measured on, ``<package>/costs/<arch>.json`` (the package an
+implementation names in ``cost_tables``), written by ``benchmarks/cost_grid.py`` on that GPU:
+its commit, versions and command, and one row per (implementation, kind, grid point) with the
+median microseconds per call eager (``eager_us``, host work included) and under CUDA graphs
+(``graph_us``, the GPU's time).
+
+The model that turns rows into a prediction, kept small so that it can be stated in a line:
+for a call, each implementation's rows of the same kind (forward or backward), mask class
+(``none``, ``causal``, ``window``), sinks and soft cap are its candidates; the *nearest* of them
+by :func:`distance` (a weighted sum of ``|log2|`` ratios of batch, query heads, GQA group,
+lengths, head dim and window width; ties averaged) give the time per unit of work, which times
+the call's work (:func:`work`) is the prediction. A row further than :data:`COVERAGE` covers
+nothing: the call is then outside what was measured, and the implementation is ranked by its
+priority. The prediction reads only shapes and flags, never a tensor, so ``explain`` on meta
+tensors predicts what the same call on the device does.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+import math
+from dataclasses import dataclass
+
+from ._arch import Arch
+from ._inputs import ForwardInputs
+
+COSTS_DIR = "costs"
+# The weighted log2 distance (see ``distance``) within which a measured row predicts a call: a
+# factor of 2 in two of length, head dim and group, or of 4 in one, or batch and heads further.
+COVERAGE = 2.0
+# Batch and query heads change a kernel's time nearly in proportion (more of the same tiles),
+# which the work ratio already carries; so they count half in the distance.
+WEIGHTS = {
+    "batch": 0.5,
+    "heads": 0.5,
+    "group": 1.0,
+    "seqlen_q": 1.0,
+    "seqlen_k": 1.0,
+    "head_dim": 1.0,
+    "window": 1.0,
+}
+KINDS = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The features of a call (or a measured grid point) the model reads."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    mask: str  # "none", "causal" or "window"
+    window: int | None = None  # visible keys per row when ``mask == "window"``
+    sinks: bool = False
+    softcap: bool = False
+
+    @property
+    def label(self) -> str:
+        """``B=1 H=64/8 S=4096 D=128 causal`` (``Sq/Sk`` when they differ)."""
+        lengths = (
+            f"{self.seqlen_q}"
+            if self.seqlen_q == self.seqlen_k
+            else f"{self.seqlen_q}/{self.seqlen_k}"
+        )
+        mask = {"none": "", "causal": " causal"}.get(self.mask, f" window {self.window}")
+        extra = (" sinks" if self.sinks else "") + (" softcap" if self.softcap else "")
+        heads = f"{self.heads}/{self.kv_heads}"
+        return f"B={self.batch} H={heads} S={lengths} D={self.head_dim}{mask}{extra}"
+
+    @property
+    def group(self) -> int:
+        return max(1, self.heads // max(1, self.kv_heads))
+
+    @classmethod
+    def of(cls, inp: ForwardInputs) -> Shape | None:
+        """The features of ``inp``; ``None`` where the tables hold no such call (varlen)."""
+        if inp.is_varlen or inp.seqlen_q == 0 or inp.seqlen_k == 0:
+            return None
+        mask, width = mask_of(inp.band.left, inp.band.right)
+        return cls(
+            inp.batch,
+            inp.heads,
+            inp.kv_heads,
+            inp.seqlen_q,
+            inp.seqlen_k,
+            max(inp.head_dim, inp.head_dim_v),
+            mask,
+            width,
+            inp.sinks is not None,
+            inp.softcap is not None,
+        )
+
+    @property
+    def features(self) -> dict[str, float]:
+        values = {
+            "batch": self.batch,
+            "heads": self.heads,
+            "group": self.group,
+            "seqlen_q": self.seqlen_q,
+            "seqlen_k": self.seqlen_k,
+            "head_dim": self.head_dim,
+        }
+        if self.window is not None:
+            values["window"] = self.window
+        return {name: math.log2(value) for name, value in values.items()}
+
+    @property
+    def exact(self) -> tuple:
+        """What a row must match exactly to predict this call."""
+        return (self.mask, self.sinks, self.softcap)
+
+
+def mask_of(left: int | None, right: int | None) -> tuple[str, int | None]:
+    """The mask class of a band's sides and, for a window, the keys each row sees."""
+    if left is None and right is None:
+        return "none", None
+    if left is None and right == 0:
+        return "causal", None
+    if left is None or right is None:
+        return "window", None  # one side unbounded but not causal: no measured class
+    return "window", left + right + 1
+
+
+def work(shape: Shape) -> float:
+    """Visible scores times head dim: what a call's time scales with at a fixed kernel."""
+    sq, sk = shape.seqlen_q, shape.seqlen_k
+    if shape.mask == "causal":  # row i sees min(i + 1, Sk) keys (top-left; close otherwise)
+        m = min(sq, sk)
+        visible = m * (m + 1) / 2 + (sq - m) * sk
+    elif shape.mask == "window" and shape.window is not None:
+        visible = sq * min(sk, shape.window)
+    else:
+        visible = sq * sk
+    return shape.batch * shape.heads * visible * shape.head_dim
+
+
+def distance(a: Shape, b: Shape) -> float:
+    """The weighted sum of ``|log2(a/b)|`` over the features both have; ``inf`` when they
+    differ in mask class, sinks or soft cap, or only one is a window with a width."""
+    if a.exact != b.exact or (a.window is None) != (b.window is None):
+        return math.inf
+    fa, fb = a.features, b.features
+    return sum(WEIGHTS[name] * abs(fa[name] - fb[name]) for name in fa)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured grid point of one implementation."""
+
+    impl: str
+    kind: str
+    shape: Shape
+    us: dict[str, float]  # execution mode -> median microseconds per call
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """One backend's measured rows on one arch, with where they came from."""
+
+    arch: str
+    source: str  # the file it was read from
+    provenance: dict
+    rows: tuple[Row, ...]
+
+    def predict(self, impl: str, kind: str, execution: str, shape: Shape) -> Prediction | None:
+        """The predicted time of ``impl`` for a call of ``shape``, or ``None`` when no row of
+        it lies within :data:`COVERAGE`."""
+        best, nearest = math.inf, []
+        for row in self.rows:
+            if row.impl != impl or row.kind != kind or execution not in row.us:
+                continue
+            d = distance(shape, row.shape)
+            if d < best - 1e-9:
+                best, nearest = d, [row]
+            elif abs(d - best) <= 1e-9:
+                nearest.append(row)
+        if not nearest or best > COVERAGE:
+            return None
+        per_work = sum(r.us[execution] / work(r.shape) for r in nearest) / len(nearest)
+        return Prediction(per_work * work(shape), best, tuple(r.shape for r in nearest))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted time per call, how far the nearest measured rows were, and which."""
+
+    us: float
+    distance: float
+    nearest: tuple[Shape, ...]
+
+
+class CostTableError(ValueError):
+    """A shipped cost table that cannot be read."""
+
+
+def _shape(data: dict) -> Shape:
+    return Shape(
+        int(data["batch"]),
+        int(data["heads"]),
+        int(data["kv_heads"]),
+        int(data["seqlen_q"]),
+        int(data["seqlen_k"]),
+        int(data["head_dim"]),
+        str(data["mask"]),
+        None if data.get("window") is None else int(data["window"]),
+        bool(data.get("sinks", False)),
+        bool(data.get("softcap", False)),
+    )
+
+
+def parse(text: str, source: str) -> CostTable:
+    """A cost table from its JSON text (``source`` names it in errors)."""
+    try:
+        data = json.loads(text)
+        rows = []
+        for entry in data["rows"]:
+            kind = entry["kind"]
+            if kind not in KINDS:
+                raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+            us = {m: float(entry[f"{m}_us"]) for m in ("eager", "graph") if entry.get(f"{m}_us")}
+            rows.append(Row(str(entry["impl"]), kind, _shape(entry), us))
+        return CostTable(str(data["arch"]), source, dict(data.get("provenance", {})), tuple(rows))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CostTableError(f"cost table {source} is malformed: {exc!r}") from exc
+
+
+@functools.cache
+def load(package: str, arch: str) -> CostTable | None:
+    """``package``'s table for ``arch`` (``<package>/costs/<arch>.json``), ``None`` when it
+    ships none; :class:`CostTableError` when the file cannot be read."""
+    try:
+        path = importlib.resources.files(package).joinpath(COSTS_DIR, f"{arch}.json")
+    except ModuleNotFoundError as exc:
+        raise CostTableError(f"cost tables of {package!r}: {exc}") from exc
+    if not path.is_file():
+        return None
+    table = parse(path.read_text(), f"{package}/{COSTS_DIR}/{arch}.json")
+    if table.arch != arch:
+        raise CostTableError(f"{table.source} says arch {table.arch!r}")
+    return table
+
+
+def predict(
+    package: str | None, impl: str, kind: str, execution: str, arch: Arch, inp: ForwardInputs
+) -> Prediction | None:
+    """``impl``'s predicted time for ``inp`` from ``package``'s table for ``arch``, or
+    ``None`` (no table, a varlen call, or nothing measured within :data:`COVERAGE`)."""
+    if package is None:
+        return None
+    table = load(package, arch.name)
+    shape = Shape.of(inp) if table is not None else None
+    return None if shape is None else table.predict(impl, kind, execution, shape)

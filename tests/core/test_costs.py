@@ -1,0 +1,207 @@
+"""Recorded cost tables (attn_dispatch._costs): the model, and automatic selection ranking the
+measured implementations by predicted time, on plugins written for each test."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import textwrap
+
+import pytest
+import torch
+from dispatch_helpers import make_inputs, tag_of
+
+import attn_dispatch as ad
+from attn_dispatch import _costs
+
+GRID = dict(batch=1, heads=8, kv_heads=8, seqlen_q=512, seqlen_k=512, head_dim=64)
+
+
+def shape(**changes) -> _costs.Shape:
+    fields = dict(GRID, mask="causal") | changes
+    return _costs.Shape(**fields)
+
+
+def row(impl, eager, graph=None, kind="backward", **changes) -> dict:
+    data = dict(GRID, mask="causal", impl=impl, kind=kind, eager_us=eager)
+    return data | ({"graph_us": graph} if graph else {}) | changes
+
+
+# quick: fastest eager at the measured points; steady: fastest under graphs; plain: no table.
+COSTED = """
+class Quick(Tagged):
+    name, tag, priority, cost_tables = "quick", 1.0, {"*": 50}, "rel_costed"
+
+
+class Steady(Tagged):
+    name, tag, priority, cost_tables = "steady", 2.0, {"*": 40}, "rel_costed"
+
+
+class Plain(Tagged):
+    name, tag, priority = "plain", 3.0, {"*": PLAIN_PRIORITY}
+"""
+
+
+@pytest.fixture
+def costed(plugins, env, tmp_path):
+    """A backend ``costed`` whose table (arch ``cpu``) is ``write(rows)``'s; ``plain``'s
+    priority is ``write``'s ``plain`` argument."""
+    from dispatch_helpers import TAGGED
+
+    def write(rows, plain=10, arch="cpu", text=None):
+        package = tmp_path / "rel_costed"
+        (package / "costs").mkdir(parents=True, exist_ok=True)
+        body = TAGGED.format(backend="costed") + textwrap.dedent(COSTED)
+        body = body.replace("PLAIN_PRIORITY", str(plain))
+        hook = "\n\n@adb.hookimpl\ndef attn_dispatch_implementations():\n"
+        body += hook + "    return [Quick(), Steady(), Plain(), Fallback()]\n"
+        (package / "__init__.py").write_text(body)
+        table = text if text is not None else json.dumps({"arch": arch, "rows": rows})
+        (package / "costs" / f"{arch}.json").write_text(table)
+        _costs.load.cache_clear()
+        sys.modules.pop("rel_costed", None)  # written anew: import it anew
+        plugins.modules.append("rel_costed")
+        if not (tmp_path / "rel-costed-0.1.dist-info").exists():
+            plugins.add("rel-costed", {"costed": "rel_costed"}, {})
+        env.set(ATTN_DISPATCH_PLUGINS="costed")
+
+    yield write
+    _costs.load.cache_clear()
+
+
+def run(**flags) -> float:
+    return tag_of(ad.backward(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True, **flags))
+
+
+def test_the_measured_faster_implementation_wins_over_a_higher_priority(costed) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    assert run() == 2.0  # steady: priority 40 < quick's 50, but predicted faster
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    assert report.selected == "costed:steady"
+    predicted = {c.name: c.predicted_us for c in report.candidates}
+    assert predicted["costed:quick"] == pytest.approx(90.0)
+    assert predicted["costed:plain"] is None
+    text = str(report)
+    assert "the fastest the recorded cost table predicts" in text
+    assert "nearest measured B=1 H=8/8 S=512 D=64 causal (distance 0.00)" in text
+
+
+def test_each_execution_mode_ranks_by_its_own_times(costed) -> None:
+    costed([row("costed:quick", 50.0, graph=80.0), row("costed:steady", 60.0, graph=40.0)])
+    args = make_inputs(b=1, sq=512, h=8, hkv=8, d=64)
+    assert ad.explain(*args, causal=True, execution="eager").selected == "costed:quick"
+    assert ad.explain(*args, causal=True, execution="graph").selected == "costed:steady"
+
+
+def test_outside_the_measured_region_priority_decides(costed) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    assert run() == 2.0
+    # not causal: no row of that mask class
+    q, k, v, out, lse, dout = make_inputs(b=1, sq=512, h=8, hkv=8, d=64)
+    assert tag_of(ad.backward(q, k, v, out, lse, dout)) == 1.0
+    # 16x shorter and 4x the head dim: a distance of 6, beyond the coverage
+    report = ad.explain(*make_inputs(b=1, sq=32, h=8, hkv=8, d=256), causal=True)
+    assert report.selected == "costed:quick"
+    assert all(c.predicted_us is None for c in report.candidates)
+
+
+def test_an_unmeasured_implementation_keeps_its_place_by_priority(costed) -> None:
+    rows = [row("costed:quick", 90.0), row("costed:steady", 60.0)]
+    costed(rows, plain=45)  # between the two measured ones: below their slot (50)
+    assert run() == 2.0
+    costed(rows, plain=55)  # above every measured one
+    assert run() == 3.0
+
+
+def test_the_nearest_rows_predict_scaled_by_work_and_ties_average(costed) -> None:
+    table = _costs.parse(
+        json.dumps(
+            {
+                "arch": "cpu",
+                "rows": [
+                    row("x:y", 100.0, seqlen_q=1024, seqlen_k=1024),
+                    row("x:y", 500.0, seqlen_q=4096, seqlen_k=4096),
+                ],
+            }
+        ),
+        "test",
+    )
+    # exactly between the two (distance 2 from each in log2 length): their times per unit of
+    # work averaged, times this call's work
+    call = shape(seqlen_q=2048, seqlen_k=2048)
+    p = table.predict("x:y", "backward", "eager", call)
+    per_work = (100.0 / _costs.work(shape(seqlen_q=1024, seqlen_k=1024))) + (
+        500.0 / _costs.work(shape(seqlen_q=4096, seqlen_k=4096))
+    )
+    assert p.us == pytest.approx(per_work / 2 * _costs.work(call))
+    assert p.distance == pytest.approx(2.0) and len(p.nearest) == 2
+    assert table.predict("x:y", "forward", "eager", call) is None
+    assert table.predict("x:y", "backward", "graph", call) is None
+    assert table.predict("x:y", "backward", "eager", shape(seqlen_q=8192, seqlen_k=256)) is None
+
+
+def test_distance_matches_mask_sinks_and_softcap_exactly() -> None:
+    a = shape()
+    assert _costs.distance(a, a) == 0
+    assert _costs.distance(a, shape(heads=16, kv_heads=16)) == pytest.approx(0.5)
+    assert _costs.distance(a, shape(heads=8, kv_heads=1)) == pytest.approx(3.0)
+    for other in (shape(mask="none"), shape(sinks=True), shape(softcap=True)):
+        assert _costs.distance(a, other) == math.inf
+    w = shape(mask="window", window=128)
+    assert _costs.distance(w, shape(mask="window", window=512)) == pytest.approx(2.0)
+    assert _costs.distance(w, a) == math.inf
+
+
+def test_mask_classes_and_work() -> None:
+    assert _costs.mask_of(None, None) == ("none", None)
+    assert _costs.mask_of(None, 0) == ("causal", None)
+    assert _costs.mask_of(127, 0) == ("window", 128)
+    assert _costs.mask_of(3, None) == ("window", None)
+    full = _costs.work(shape(mask="none"))
+    assert _costs.work(shape()) == pytest.approx(full * (513 / 2 / 512))
+    assert _costs.work(shape(mask="window", window=128)) == pytest.approx(full / 4)
+
+
+def test_varlen_calls_are_outside_every_table(costed) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    q, k, v = (torch.randn(512, 8, 64) for _ in range(3))
+    cu = torch.tensor([0, 512], dtype=torch.int32)
+    report = ad.explain(
+        q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=512, max_seqlen_k=512
+    )
+    assert report.selected == "costed:quick"
+
+
+def test_meta_tensors_predict_what_the_same_call_on_the_device_does(costed) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    for dims in (dict(sq=512, d=64), dict(sq=700, d=48), dict(sq=32, d=256)):
+        real = make_inputs(b=1, h=8, hkv=8, **dims)
+        meta = [t.to("meta") for t in real]
+        on_device = ad.explain(*real, causal=True)
+        on_meta = ad.explain(*meta, causal=True, arch="cpu")
+        assert on_meta.selected == on_device.selected, dims
+        predicted = [(c.name, c.predicted_us) for c in on_device.candidates]
+        assert [(c.name, c.predicted_us) for c in on_meta.candidates] == predicted
+
+
+def test_a_malformed_table_fails_only_its_implementations(costed) -> None:
+    costed([], text='{"arch": "cpu", "rows": [{"impl": "costed:quick"}]}')
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    status = {c.name: (c.status, c.reasons) for c in report.candidates}
+    assert status["costed:quick"][0] == "failed"
+    assert "cost table rel_costed/costs/cpu.json is malformed" in status["costed:quick"][1][0]
+    assert report.selected == "costed:plain"  # the next by priority; nothing silent
+    assert run() == 3.0
+
+
+def test_a_table_for_another_arch_is_refused(costed) -> None:
+    costed([row("costed:quick", 90.0)], text=json.dumps({"arch": "sm_90", "rows": []}))
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    reasons = {c.name: c.reasons for c in report.candidates}
+    assert "says arch 'sm_90'" in reasons["costed:quick"][0]
+
+
+def test_forcing_ignores_the_table(costed) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    assert run(backend="costed:quick") == 1.0
