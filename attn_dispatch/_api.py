@@ -272,6 +272,8 @@ class ImplementationInfo:
     softcap: bool = False
     opt_in_reason: str | None = None
     sinks: bool = False
+    # the package shipping its measured cost tables (attn_dispatch._costs), if any
+    cost_tables: str | None = None
 
     def priority_for(self, arch: Arch | str) -> int | None:
         """The priority on ``arch`` (``None``: not chosen automatically there)."""
@@ -288,6 +290,7 @@ class ImplementationInfo:
             "softcap": self.softcap,
             "sinks": self.sinks,
             "opt_in_reason": self.opt_in_reason,
+            "cost_tables": self.cost_tables,
         }
 
 
@@ -325,6 +328,7 @@ def _info(record: BackendRecord) -> BackendInfo:
             i.softcap,
             i.opt_in_reason,
             i.sinks,
+            i.cost_tables,
         )
         for i in record.implementations
     )

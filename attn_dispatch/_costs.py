@@ -2,9 +2,10 @@
 
 A backend ships, per arch it was measured on, ``<package>/costs/<arch>.json`` (the package an
 implementation names in ``cost_tables``), written by ``benchmarks/cost_grid.py`` on that GPU:
-its commit, versions and command, and one row per (implementation, kind, grid point) with the
-median microseconds per call eager (``eager_us``, host work included) and under CUDA graphs
-(``graph_us``, the GPU's time).
+its commit, versions and command, the versions of the distributions its kernels come from
+(``requires``: a table measured with other versions is not used), and one row per
+(implementation, kind, grid point) with the median microseconds per call eager (``eager_us``,
+host work included) and under CUDA graphs (``graph_us``, the GPU's time).
 
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
 for a call, each implementation's rows of the same kind (forward or backward), mask class
@@ -20,6 +21,7 @@ tensors predicts what the same call on the device does.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import importlib.resources
 import json
 import math
@@ -160,7 +162,7 @@ class Row:
     us: dict[str, float]  # execution mode -> median microseconds per call
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CostTable:
     """One backend's measured rows on one arch, with where they came from."""
 
@@ -168,6 +170,20 @@ class CostTable:
     source: str  # the file it was read from
     provenance: dict
     rows: tuple[Row, ...]
+
+    @functools.cached_property
+    def stale(self) -> str | None:
+        """Why the rows no longer describe the installed kernels, or ``None``: the table names
+        (``provenance.requires``) the distributions its kernels come from, and one installed
+        at another version (local labels such as ``+cu130`` aside) makes it stale."""
+        for dist, version in dict(self.provenance.get("requires", {})).items():
+            try:
+                installed = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                installed = None
+            if installed is None or installed.split("+")[0] != str(version).split("+")[0]:
+                return f"{self.source} was measured with {dist} {version}, installed: {installed}"
+        return None
 
     def predict(self, impl: str, kind: str, execution: str, shape: Shape) -> Prediction | None:
         """The predicted time of ``impl`` for a call of ``shape``, or ``None`` when no row of
@@ -249,11 +265,16 @@ def load(package: str, arch: str) -> CostTable | None:
 
 def predict(
     package: str | None, impl: str, kind: str, execution: str, arch: Arch, inp: ForwardInputs
-) -> Prediction | None:
-    """``impl``'s predicted time for ``inp`` from ``package``'s table for ``arch``, or
-    ``None`` (no table, a varlen call, or nothing measured within :data:`COVERAGE`)."""
+) -> Prediction | str | None:
+    """``impl``'s predicted time for ``inp`` from ``package``'s table for ``arch``; ``None``
+    when there is none (no table, a varlen call, nothing measured within :data:`COVERAGE`), or
+    why a table exists but is not used (:attr:`CostTable.stale`)."""
     if package is None:
         return None
     table = load(package, arch.name)
-    shape = Shape.of(inp) if table is not None else None
+    if table is None:
+        return None
+    if table.stale:
+        return table.stale
+    shape = Shape.of(inp)
     return None if shape is None else table.predict(impl, kind, execution, shape)

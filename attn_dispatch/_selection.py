@@ -243,6 +243,8 @@ def _with_prediction(
         return replace(candidate, status=FAILED, reasons=(str(exc),))
     if p is None:
         return candidate
+    if isinstance(p, str):
+        return replace(candidate, reasons=candidate.reasons + (f"cost table not used: {p}",))
     near = ", ".join(s.label for s in p.nearest)
     note = f"cost table: nearest measured {near} (distance {p.distance:.2f})"
     return replace(candidate, predicted_us=p.us, reasons=candidate.reasons + (note,))

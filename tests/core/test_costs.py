@@ -205,3 +205,18 @@ def test_a_table_for_another_arch_is_refused(costed) -> None:
 def test_forcing_ignores_the_table(costed) -> None:
     costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
     assert run(backend="costed:quick") == 1.0
+
+
+def test_a_table_measured_with_other_versions_is_not_used(costed) -> None:
+    import importlib.metadata
+
+    torch_version = importlib.metadata.version("torch")
+    rows = [row("costed:quick", 90.0), row("costed:steady", 60.0)]
+    for version, used in ((torch_version.split("+")[0] + "+cu999", True), ("1.0.0", False)):
+        provenance = {"requires": {"torch": version}}
+        costed([], text=json.dumps({"arch": "cpu", "provenance": provenance, "rows": rows}))
+        report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+        assert report.selected == ("costed:steady" if used else "costed:quick"), version
+        if not used:
+            reasons = {c.name: c.reasons for c in report.candidates}["costed:quick"]
+            assert "was measured with torch 1.0.0, installed: " + torch_version in reasons[-1]

@@ -15,8 +15,8 @@ alignments: FA4's causal mask is bottom-right aligned, and a top-left mask with 
 passed as FA4's window ``(None, Sq - Sk)``, which is exactly the top-left mask; sliding windows
 (the top-left diagonal shifted onto FA4's the same way), soft caps and attention sinks (FA4's
 ``learnable_sink``, forward and backward; such calls run FA4's host code every time, never a
-replay, and rank below triton outside the shapes where a benchmark timed them ahead,
-:func:`sinks_measured`). On
+replay, and rank below triton where no cost table covers them, as calls with a soft cap
+do). On
 sm_90 only the head dims D = Dv that the installed release's row of ``_releases.RELEASES``
 proves (the head-dim GPU test, tests/test_flash_attn_cute_head_dims_gpu.py, showed the output
 and every gradient correct): FA4's sm_90 backward returns wrong dQ (and dK/dV with GQA) at D =
@@ -60,13 +60,6 @@ from ._support import (
 )
 
 PRIORITY = 60
-# For the backward on sm_90 where an H200 measured FA4 slower than the implementation the
-# other priorities pick: below cuDNN (50) and triton's raised entries (55, 56).
-SLOWER_PRIORITY = 49
-SMALL_SK = 1024  # dense D=128 GQA backward: FA4 behind triton:fused_atomic at 1K ...
-SMALL_SK_HEADS = 64  # ... measured with B*H = 64 (GQA 64/8)
-MHA_CAUSAL_SK = (2049, 4096)  # causal MHA, B*H <= 8: behind triton:fused_atomic's Gluon kernel
-MHA_CAUSAL_HEADS = 8
 # Eager execution on sm_90 where FA4's host code runs on every call (varlen calls, which are
 # not replayed, or the replay switched off): a short backward ranks below every other GPU
 # implementation (cuDNN 50, triton 43-56), the one whose end-to-end latency is lower. Measured
@@ -74,28 +67,11 @@ MHA_CAUSAL_HEADS = 8
 # 1K/2K FA4's host time per call was 88-92 us against 55-60 us for cuDNN and triton:fused, and
 # its kernel 46 us at 1K. Replayed dense calls need no such rule (docs/benchmarks.md section 6).
 EAGER_HOST_BOUND_PRIORITY = 42
-# Calls with attention sinks: correct on an H200 (the randomized sweep, benchmarks/triton/
-# bench_sinks.py), but timed only in SINKS_MEASURED; elsewhere below triton:fused (45).
-SINKS_PRIORITY = 44
-
-
-def sinks_measured(inp: adb.ForwardInputs) -> bool:
-    """GPT-OSS's attention, where bench_sinks.py timed FA4 with sinks ahead of triton (backward
-    0.79 / 2.83 / 10.7 ms against triton:fused's 1.63 / 5.60 / 19.4 ms at 4K / 8K / 16K causal;
-    0.28-0.89 ms against 0.53-1.72 ms with the sliding window (127, 0); docs/benchmarks.md): a
-    dense causal call, GQA 64/8 with B = 1, D = Dv = 64, Sq = Sk in 4096..16384, no soft cap,
-    no window or the window (127, 0)."""
-    return (
-        not inp.is_varlen
-        and inp.causal
-        and inp.batch == 1
-        and (inp.heads, inp.kv_heads) == (64, 8)
-        and inp.head_dim == inp.head_dim_v == 64
-        and inp.seqlen_q == inp.seqlen_k
-        and 4096 <= inp.seqlen_k <= 16384
-        and inp.softcap is None
-        and inp.window in (None, (127, None))  # causal: (127, 0) as validated
-    )
+# Calls with attention sinks or a soft cap where no cost table covers them: below triton:fused
+# (45). Both are correct on an H200 (the randomized sweep), but the benchmarks found FA4 slower
+# than triton with a soft cap and timed sinks only on GPT-OSS's shapes: a shape nobody timed is
+# not assumed fast. Inside a table's coverage the measured times rank it.
+VARIANT_PRIORITY = 44
 
 
 EAGER_HOST_BOUND_HEADS = 8  # B*H at most this ...
@@ -114,33 +90,11 @@ def host_bound_sm90(inp: adb.ForwardInputs) -> bool:
     return small_heads and inp.max_seqlen_k <= EAGER_HOST_BOUND_SK
 
 
-def measured_slower_sm90(inp: adb.ForwardInputs) -> bool:
-    """Whether ``inp`` is a backward where an H200 measured FA4 behind another implementation
-    (under CUDA graphs and eager alike): dense, D = Dv = 128, and GQA with Sk <= 1024 and
-    B*H <= 64 (GQA 64/8 1K: FA4 205 us against triton:fused_atomic's 196 us, causal 159 against
-    150), or causal MHA with B*H <= 8 at 2048 < Sk <= 4096 (MHA 8 4K causal: FA4 223 us,
-    triton:fused_atomic 194 us). MHA at Sk <= 1024 is not among them: FA4 measured fastest
-    there (MHA 8 1K: 46 us against cuDNN's 54, causal 45 against triton:fused's 54). Forward
-    and backward: a soft cap (GQA 64/8 16K, softcap 30: FA4's backward 27.5 ms against
-    triton:fused_atomic's 24.0 causal, 13.6 against 11.9 with window (4095, 0); its forward
-    1.33x triton's)."""
-    if inp.softcap is not None:
-        return True
-    if not isinstance(inp, adb.BackwardInputs) or inp.is_varlen:
-        return False
-    if inp.head_dim != 128 or inp.head_dim_v != 128:
-        return False
-    gqa = inp.heads != inp.kv_heads
-    if gqa and inp.seqlen_k <= SMALL_SK and inp.batch * inp.heads <= SMALL_SK_HEADS:
-        return True
-    small_causal_mha = inp.causal and not gqa and inp.batch * inp.heads <= MHA_CAUSAL_HEADS
-    return small_causal_mha and MHA_CAUSAL_SK[0] <= inp.seqlen_k <= MHA_CAUSAL_SK[1]
-
-
 class FlashAttnCute(adb.Implementation):
     """FA4 forward and backward; subclasses fix the arch family and its head dims."""
 
     backend = "flash_attn_cute"
+    cost_tables = "attn_dispatch_flash_attn_cute"  # costs/<arch>.json: measured times
     deterministic = True  # FA4's deterministic backward runs when the call asks for it
     vendors = ("cuda",)
     dtypes = (torch.float16, torch.bfloat16)  # fp8 is forward-only in FA4: not offered
@@ -177,12 +131,10 @@ class Sm90(FlashAttnCute):
         return reasons + ([problem] if problem else [])
 
     def priority_for_inputs(self, inp: adb.ForwardInputs, arch: ad.Arch) -> int | None:
-        """``SINKS_PRIORITY`` with attention sinks outside :func:`sinks_measured`,
-        ``SLOWER_PRIORITY`` where :func:`measured_slower_sm90`, else the arch's."""
-        if arch.name == "sm_90" and inp.sinks is not None and not sinks_measured(inp):
-            return SINKS_PRIORITY
-        if arch.name == "sm_90" and measured_slower_sm90(inp):
-            return SLOWER_PRIORITY
+        """``VARIANT_PRIORITY`` with attention sinks or a soft cap, else the arch's (the cost
+        table, where it covers a call, ranks by measured time whatever the priority)."""
+        if arch.name == "sm_90" and (inp.sinks is not None or inp.softcap is not None):
+            return VARIANT_PRIORITY
         return self.priority_for(arch)
 
     def priority_for_execution(

@@ -113,6 +113,7 @@ class Efficient(adb.Implementation):
     """Memory-efficient attention forward/backward (NVIDIA sm50+, AMD through AOTriton)."""
 
     backend = "torch_sdpa"
+    cost_tables = "attn_dispatch_torch_sdpa"  # costs/<arch>.json: measured times
     name = "efficient"
     priority = {"sm_*": 30, "gfx9*": 15, "gfx1*": 15}
     opt_in = False

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from attn_dispatch_triton._tma_rows import gluon_triton_installed
 
 import attn_dispatch as ad
 
@@ -104,53 +103,23 @@ def test_triton_fused_atomic_ranks_below_fused_above_fa2_on_sm90() -> None:
     assert 40 < FusedAtomic.priority["sm_9*"] < Fused.priority["sm_9*"]
 
 
-# with a triton the Gluon kernels were checked against (CI pins one), else the tl kernels run
-GLUON = 55 if gluon_triton_installed() else 45
-ATOMIC = 56 if gluon_triton_installed() else 43  # triton:fused_atomic with the Gluon kernel
-
-
 @pytest.mark.parametrize(
-    ("kw", "fused", "atomic"),
+    "kw",
     [
-        ({"s": 1024, "h": 8, "hk": 8, "causal": True}, 55, 43),  # measured: above cuDNN (50)
-        ({"s": 512, "h": 8, "hk": 8, "causal": True}, 45, 43),  # unmeasured length
-        ({"s": 1024, "h": 4, "hk": 4, "causal": True}, 45, 43),  # unmeasured B*H
-        ({"s": 1024, "h": 8, "hk": 8, "d": 96, "causal": True}, 45, 43),  # unmeasured D
-        ({"s": 1024, "h": 8, "hk": 8, "causal": False}, 45, 43),
-        ({"s": 2048, "h": 8, "hk": 8, "causal": True}, 45, 43),
-        ({"s": 4096, "h": 8, "hk": 8, "causal": True}, GLUON, ATOMIC),  # Gluon: above cuDNN
-        ({"s": 8192, "h": 8, "hk": 8, "causal": True}, GLUON, ATOMIC),
-        ({"s": 16384, "h": 8, "hk": 8, "causal": True}, 45, 43),
-        ({"s": 4096, "h": 8, "hk": 8, "causal": False}, 45, 43),
-        ({"s": 4096, "h": 8, "hk": 8, "d": 96, "causal": True}, 45, 43),  # Gluon needs D = 128
-        ({"s": 1024, "h": 16, "hk": 16, "causal": True}, 45, 43),
-        ({"s": 1024, "h": 64, "hk": 8, "causal": True}, 45, ATOMIC),  # GQA 64/8: measured
-        ({"s": 4096, "h": 64, "hk": 8, "causal": True}, 45, ATOMIC),
-        ({"s": 16384, "h": 64, "hk": 8, "causal": True}, 45, ATOMIC),  # every length, causal too
-        ({"s": 2048, "h": 64, "hk": 8, "causal": False}, 45, ATOMIC),
-        ({"s": 16384, "h": 64, "hk": 8, "causal": False}, 45, ATOMIC),  # every length, no mask
-        ({"s": 512, "h": 64, "hk": 8, "causal": False}, 45, 43),  # unmeasured length
-        ({"s": 1024, "h": 28, "hk": 4, "causal": True}, 45, 43),  # other groups: unmeasured
-        ({"s": 1024, "h": 8, "hk": 2, "causal": True}, 45, 43),
-        ({"s": 4096, "h": 64, "hk": 8, "b": 2, "causal": True}, 45, 43),  # unmeasured B*H
-        ({"s": 4096, "h": 32, "hk": 4, "b": 2, "causal": True}, 45, 43),  # B*H 64, unmeasured B
-        ({"s": 4096, "h": 4, "hk": 4, "b": 2, "causal": True}, 45, 43),  # B*H 8, unmeasured B
-        ({"s": 16384, "h": 64, "hk": 8, "causal": True, "d": 64}, 45, 43),  # Gluon needs D = 128
-        ({"s": 1024, "h": 8, "hk": 8, "d": 64, "causal": True}, 45, 43),
+        {"s": 1024, "h": 8, "hk": 8, "causal": True},
+        {"s": 4096, "h": 8, "hk": 8, "causal": True},
+        {"s": 1024, "h": 64, "hk": 8, "causal": False},
+        {"s": 16384, "h": 64, "hk": 8, "causal": True},
+        {"s": 4096, "h": 32, "hk": 4, "b": 2, "causal": True, "d": 64},
     ],
 )
-def test_triton_outranks_cudnn_only_where_measured_faster(kw, fused, atomic) -> None:
-    chosen = verdict("sm_90", **kw)
-    assert chosen.priority == fused
-    assert verdict("sm_90", "triton:fused_atomic", **kw).priority == atomic
-    top = max(fused, atomic)
-    if top > 50:  # above torch_sdpa:cudnn (50), which accepts these inputs too
-        name = "triton:fused" if fused == top else "triton:fused_atomic"
-        assert verdict("sm_90", name, **kw).status == "selected"
+def test_triton_priorities_are_the_archs_at_every_shape(kw) -> None:
+    """No shape rule: where triton is faster than cuDNN is the cost table's to say."""
+    for arch in ("sm_90", "sm_80"):
+        assert verdict(arch, **kw).priority == 45
+        assert verdict(arch, "triton:fused_atomic", **kw).priority == 43
     # asking for determinism rules the atomic one out wherever it ranks
     assert verdict("sm_90", "triton:fused_atomic", **kw, deterministic=True).status == "rejected"
-    assert verdict("sm_80", **kw).priority == 45
-    assert verdict("sm_80", "triton:fused_atomic", **kw).priority == 43
 
 
 @pytest.mark.parametrize(
@@ -181,19 +150,6 @@ def test_triton_rejects_cpu_tensors_and_forcing_lists_reasons() -> None:
         ad.backward(q, q, q, q, lse, q, backend="triton")
 
 
-def test_gluon_range_needs_tensors_the_gluon_kernels_read() -> None:
-    """At 2K < Sk <= 8K the rule holds only where the Gluon kernels run: q stored as
-    [B, H, S, D] (heads not adjacent) keeps cuDNN first."""
-    (args, flags) = meta_inputs(s=4096, h=8, hk=8)
-    q = torch.empty(1, 8, 4096, 128, dtype=torch.bfloat16, device="meta").transpose(1, 2)
-    report = ad.explain(q, *args[1:], **flags, causal=True, arch="sm_90")
-    (cand,) = [c for c in report.candidates if c.name == "triton:fused"]
-    assert cand.priority == 45
-    report = ad.explain(*args, **flags, causal=True, arch="sm_90")
-    (cand,) = [c for c in report.candidates if c.name == "triton:fused"]
-    assert cand.priority == GLUON
-
-
 def test_window_and_softcap_are_accepted_and_explained_on_sm90():
     args, _ = meta_inputs(s=1024, h=8, hk=8, d=128)
     for tensors in (args, args[:3]):  # backward, forward
@@ -221,18 +177,12 @@ def test_declares_window_and_softcap():
     assert fused.to_dict()["window"] is True and fused.softcap
 
 
-def test_declares_sinks_and_keeps_the_gluon_kernels_out_of_sink_calls():
-    """Attention sinks run on the tl kernels only: a call that would run the Gluon sm_90 kernels
-    without sinks neither runs them nor takes their measured priority with sinks."""
+def test_declares_sinks_and_only_triton_runs_them_among_sdpa_and_triton():
     (info,) = [b for b in ad.backends() if b.name == "triton"]
     assert all(i.sinks for i in info.implementations)
     args, flags = meta_inputs(s=4096, h=8, hk=8)
     sinks = torch.empty(8, dtype=torch.float32, device="meta")
-    plain = ad.explain(*args, **flags, causal=True, arch="sm_90")
     with_sinks = ad.explain(*args, **flags, causal=True, arch="sm_90", sinks=sinks)
-    (before,) = [c for c in plain.candidates if c.name == "triton:fused"]
-    (after,) = [c for c in with_sinks.candidates if c.name == "triton:fused"]
-    assert before.priority == GLUON and after.priority == 45
     assert with_sinks.selected == "triton:fused"  # cuDNN and FA2 refuse sinks
     for name in ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient"):
         (cand,) = [c for c in with_sinks.candidates if c.name == name]
