@@ -1,0 +1,51 @@
+"""The host-cost breakdown's CPU smoke run: every row timed, the table and the JSON written."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import host_cost  # noqa: E402
+
+
+def test_smoke_run_times_every_layer_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "host.json"
+    assert (
+        host_cost.main(
+            ["--smoke", "--device", "cpu", "--profile", "--top", "5", "--json", str(out)]
+        )
+        == 0
+    )
+    data = json.loads(out.read_text())
+    assert data["shape"] == dict(
+        zip(("batch", "heads", "kv_heads", "seqlen", "head_dim"), host_cost.CPU_SHAPE)
+    )
+    assert {"torch", "device", "commit"} <= set(data["versions"])
+    paths = [row["path"] for row in data["rows"]]
+    assert paths[0] == "sdpa" and paths[1].startswith("ad.attention (automatic: ")
+    forced = [p for p in paths if p.startswith("ad.attention forced ")]
+    assert f"ad.attention forced {data['chosen']['forward']}" in forced
+    assert paths[-3:] == [
+        "custom ops fwd + bwd, no autograd",
+        "ad.forward + ad.backward",
+        "direct: implementations' forward + backward",
+    ]
+    assert all(row["us"] > 0 for row in data["rows"])
+    assert data["chosen"]["forward"] in paths[1] and data["chosen"]["backward"] in paths[1]
+    captured = capsys.readouterr().out
+    assert "| path | µs per forward+backward | vs sdpa |" in captured
+    assert "attn_dispatch's own layers:" in captured
+    assert "cProfile of 3 ad.attention forward+backward calls" in captured
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--number", "0"], ["--warmup", "-1"]])
+def test_bad_counts_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        host_cost.main(["--smoke", *argv])
+    assert exc.value.code == 2
+    assert "at least" in capsys.readouterr().err
