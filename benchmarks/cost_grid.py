@@ -315,24 +315,27 @@ def auto_rows(point: Point, kind: str, t: dict) -> list[dict]:
 # Tables
 
 
-def provenance(command: str) -> dict:
-    def version(dist: str) -> str | None:
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            return None
+def version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
 
+
+DISTRIBUTIONS = ("torch", "triton", "flash-attn-4", "nvidia-cutlass-dsl")
+
+
+def provenance(command: str) -> dict:
+    """What a run measured on: the GPU, the commit, the versions, the command."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     return {
         "gpu": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),
-        "commit": commit or None,
+        "commit": commit or os.environ.get("COMMIT"),  # a copy of the tree without .git
         "command": command,
-        "versions": {
-            d: version(d) for d in ("torch", "triton", "flash-attn-4", "nvidia-cutlass-dsl")
-        },
+        "versions": {d: version(d) for d in DISTRIBUTIONS},
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
     }
@@ -346,9 +349,10 @@ REQUIRES = {
 }
 
 
-def write_tables(rows: list[dict], command: str) -> list[Path]:
-    """Each backend's rows into ``<its cost_tables package>/costs/<arch>.json``."""
-    arch = ad.detect_arch().name
+def write_tables(rows: list[dict], run: dict, command: str) -> list[Path]:
+    """Each backend's rows into ``<its cost_tables package>/costs/<arch>.json``; ``run`` is
+    the measuring run's provenance (its GPU, commit and versions)."""
+    arch = run["arch"]
     packages: dict[str, list[dict]] = {}
     for impl in (i for b in ad.backends() if b.error is None for i in b.implementations):
         if impl.cost_tables:
@@ -368,8 +372,8 @@ def write_tables(rows: list[dict], command: str) -> list[Path]:
             entry.update(sinks=r["sinks"], softcap=r["softcap"])
             entry.update(eager_us=r["eager_us"], graph_us=r["graph_us"])
             table.append(entry)
-        info = provenance(command)
-        info["requires"] = {d: md.version(d) for d in REQUIRES.get(package, ())}
+        info = dict(run, command=command)
+        info["requires"] = {d: run["versions"][d] for d in REQUIRES.get(package, ())}
         data = {"arch": arch, "provenance": info, "rows": table}
         path.write_text(json.dumps(data, indent=0) + "\n")
         written.append(path)
@@ -417,11 +421,17 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def read_rows(paths: list[str]) -> list[dict]:
-    rows = []
+def read_rows(paths: list[str]) -> tuple[list[dict], dict]:
+    """The rows of JSON-lines files, and the provenance line a run writes first."""
+    rows, run = [], {}
     for path in paths:
-        rows += [json.loads(line) for line in Path(path).read_text().splitlines() if line]
-    return rows
+        for line in Path(path).read_text().splitlines():
+            entry = json.loads(line) if line else None
+            if entry and "provenance" in entry:
+                run = entry["provenance"]
+            elif entry:
+                rows.append(entry)
+    return rows, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,11 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     labels = {pt.label: name for pt, name in held.items()}
     if args.step == "tables":
         measured = f"python benchmarks/cost_grid.py measure --out ROWS; {command}"
-        for path in write_tables(read_rows(args.files), measured):
+        rows, run = read_rows(args.files)
+        for path in write_tables(rows, run, measured):
             print(f"wrote {path}", file=sys.stderr)
         return 0
     if args.step == "report":
-        print(ratio_table(read_rows(args.files), labels))
+        print(ratio_table(read_rows(args.files)[0], labels))
         return 0
     if not torch.cuda.is_available():
         print("cost_grid.py measure/evaluate need a GPU", file=sys.stderr)
@@ -451,6 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     i, n = args.shard
     points = points[i::n][args.skip :]
     os.environ.setdefault("ATTN_DISPATCH_CACHE_DIR", tempfile.mkdtemp(prefix="autotune_"))
+    if args.out and not args.warm:
+        with open(args.out, "a") as f:
+            run = dict(provenance(command), arch=ad.detect_arch().name)
+            f.write(json.dumps({"provenance": run}) + "\n")
     start = time.perf_counter()
     for number, point in enumerate(points, 1):
         rows = measure_point(

@@ -1,0 +1,44 @@
+"""benchmarks/cost_grid.py on the CPU: the grid, the held-out shapes, reading rows, the table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location("cost_grid", Path(__file__).with_name("cost_grid.py"))
+cost_grid = importlib.util.module_from_spec(spec)
+sys.modules["cost_grid"] = cost_grid  # dataclasses look their module up
+spec.loader.exec_module(cost_grid)
+
+
+def test_the_grid_is_capped_and_the_held_out_shapes_are_not_in_it() -> None:
+    points = cost_grid.grid()
+    assert len(points) == len(set(points)) > 150
+    assert all(p.batch * p.heads * p.seqlen**2 * p.head_dim <= cost_grid.MAX_WORK for p in points)
+    assert all(p.window is None or p.window < p.seqlen for p in points)
+    labels = {p.label for p in points}
+    held = [p for p, _ in cost_grid.HELD_OUT]
+    assert len(held) >= 20 and not labels & {p.label for p in held}
+    assert len(cost_grid.seed_shapes()) == 20
+
+
+def test_rows_read_back_and_the_ratio_table_names_the_choice(tmp_path) -> None:
+    point = cost_grid.Point(1, 8, 8, 1024, 128, "causal")
+    base = dict(label=point.label, kind="backward", status="ok")
+    rows = [
+        {"provenance": {"gpu": "X", "arch": "sm_90", "versions": {}}},
+        dict(base, impl="a:x", eager_us=100.0, graph_us=80.0),
+        dict(base, impl="b:y", eager_us=120.0, graph_us=60.0),
+        dict(base, impl="c:z", status="disagreed", note="agreed with 0 of 2 others"),
+        dict(base, impl="auto", eager_us=101.0, graph_us=66.0, chosen_eager="a:x"),
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read, run = cost_grid.read_rows([str(path)])
+    assert run["arch"] == "sm_90" and len(read) == 4
+    table = cost_grid.ratio_table(read, {})
+    line = table.splitlines()[2]
+    assert "100 µs (a:x)" in line and "1.010 (a:x)" in line and "60 µs (b:y)" in line
+    assert "1.100" in line  # auto under graphs: 66 / 60
