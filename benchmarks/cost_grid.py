@@ -125,7 +125,7 @@ HELD_OUT = [
     (Point(1, 32, 8, 16384, 128, "window", 4096), "Mistral-7B, window 4096"),
     (Point(4, 32, 8, 8192, 128, "window", 4096), "Mistral-7B, B=4 8K"),
     (Point(2, 16, 8, 8192, 256, "causal"), "Gemma-2-9B global"),
-    (Point(2, 16, 8, 4096, 256, "window", 4096, softcap=True), "Gemma-2-9B local, soft cap"),
+    (Point(2, 16, 8, 6144, 256, "window", 4096, softcap=True), "Gemma-2-9B local, soft cap"),
     (Point(1, 32, 32, 4096, 96, "causal"), "Phi-3-mini"),
     (Point(2, 16, 16, 2048, 256, "causal"), "GPT-J-6B"),
     (Point(4, 12, 12, 1024, 64, "none"), "BERT-base"),
