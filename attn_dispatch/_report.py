@@ -21,6 +21,8 @@ class Candidate:
     reasons: tuple[str, ...] = ()
     # the recorded cost table's predicted microseconds per call (attn_dispatch._costs)
     predicted_us: float | None = None
+    # where that prediction came from, or why a table exists but was not used
+    prediction: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -30,6 +32,7 @@ class Candidate:
             "status": self.status,
             "reasons": list(self.reasons),
             "predicted_us": self.predicted_us,
+            "prediction": self.prediction,
         }
 
 
@@ -137,7 +140,8 @@ def format_table(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
         prio = "-" if c.priority is None else str(c.priority)
         status = c.status + (" (opt-in)" if c.opt_in and c.status != OPT_IN else "")
         time = ("-" if c.predicted_us is None else f"{c.predicted_us:.1f} us",) if predicted else ()
-        rows.append((c.name, prio, *time, status, "; ".join(c.reasons)))
+        notes = c.reasons + ((c.prediction,) if c.prediction else ())
+        rows.append((c.name, prio, *time, status, "; ".join(notes)))
     n = len(rows[0]) - 1
     widths = [max(len(row[i]) for row in rows) for i in range(n)]
     return "\n".join(

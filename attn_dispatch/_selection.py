@@ -244,10 +244,10 @@ def _with_prediction(
     if p is None:
         return candidate
     if isinstance(p, str):
-        return replace(candidate, reasons=candidate.reasons + (f"cost table not used: {p}",))
+        return replace(candidate, prediction=f"cost table not used: {p}")
     near = ", ".join(s.label for s in p.nearest)
     note = f"cost table: nearest measured {near} (distance {p.distance:.2f})"
-    return replace(candidate, predicted_us=p.us, reasons=candidate.reasons + (note,))
+    return replace(candidate, predicted_us=p.us, prediction=note)
 
 
 def _ranking(candidates: list[Candidate]) -> Callable[[Candidate], tuple]:

@@ -283,6 +283,7 @@ def test_explain_report_statuses_and_text(toys):
         "status",
         "reasons",
         "predicted_us",
+        "prediction",
     }
     json.dumps(data)
 
