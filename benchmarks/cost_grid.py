@@ -34,13 +34,13 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from _provenance import git_commit
 
 import attn_dispatch as ad
 
@@ -166,8 +166,7 @@ def call(kind: str, t: dict, backend: str | None):
     f = t["flags"]
     if kind == "forward":
         return ad.forward(t["q"], t["k"], t["v"], backend=backend, **f)[0]
-    grads = ad.backward(t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], backend=backend, **f)
-    return grads
+    return ad.backward(t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], backend=backend, **f)
 
 
 def answer(kind: str, result) -> list[torch.Tensor]:
@@ -182,18 +181,22 @@ def agree(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return True
 
 
-def candidates(kind: str, t: dict, include_reference: bool = False) -> list[str]:
-    """The implementations that accept this call and have a priority on this arch."""
-    f, args = t["flags"], (t["q"], t["k"], t["v"])
-    if kind == "backward":
-        args += (t["out"], t["lse"], t["dout"])
-    report = ad.explain(*args, **f)
+def tensors(kind: str, t: dict) -> tuple:
+    """The call's tensor arguments (forward: q, k, v; backward: also out, lse, grad_out)."""
+    args = (t["q"], t["k"], t["v"])
+    return args + (t["out"], t["lse"], t["dout"]) if kind == "backward" else args
+
+
+def candidates(kind: str, t: dict) -> list[str]:
+    """The implementations (the reference backend aside) that accept this call and have a
+    priority on this arch."""
+    report = ad.explain(*tensors(kind, t), **t["flags"])
     return [
         c.name
         for c in report.candidates
         if c.status in ("selected", "supported")
         and c.priority is not None
-        and (include_reference or not c.name.startswith("reference:"))
+        and not c.name.startswith("reference:")
     ]
 
 
@@ -248,12 +251,12 @@ def time_graph(fn) -> float:
     return us
 
 
-def measure_point(point: Point, kinds, names_for, timed: bool, autotune: bool = False) -> list:
+def measure_point(point: Point, kinds, timed: bool, autotune: bool = False) -> list:
     """Rows of one point: per kind, every candidate's answer check and times."""
     t = make(point)
     rows = []
     for kind in kinds:
-        names = names_for(kind, t)
+        names = candidates(kind, t)
         answers, errors = {}, {}
         for name in names:
             try:
@@ -291,9 +294,7 @@ def timings(kind: str, t: dict, backend: str | None) -> dict:
 def auto_rows(point: Point, kind: str, t: dict) -> list[dict]:
     """The default choice and the autotuned choice, timed as the forced rows are (autotune
     measures on the first call of each execution mode)."""
-    args = (t["q"], t["k"], t["v"])
-    if kind == "backward":
-        args += (t["out"], t["lse"], t["dout"])
+    args = tensors(kind, t)
     rows = []
     for label, tune in (("auto", False), ("autotune", True)):
         row = dict(dataclasses.asdict(point), impl=label, kind=kind, label=point.label, status="ok")
@@ -327,13 +328,10 @@ DISTRIBUTIONS = ("torch", "triton", "flash-attn-4", "nvidia-cutlass-dsl")
 
 def provenance(command: str) -> dict:
     """What a run measured on: the GPU, the commit, the versions, the command."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
     return {
         "gpu": torch.cuda.get_device_name(),
         "date": datetime.date.today().isoformat(),
-        "commit": commit or os.environ.get("COMMIT"),  # a copy of the tree without .git
+        "commit": git_commit() or None,
         "command": command,
         "versions": {d: version(d) for d in DISTRIBUTIONS},
         "cuda": torch.version.cuda,
@@ -471,7 +469,6 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure_point(
             point,
             ("forward", "backward") if args.step == "measure" else ("backward",),
-            candidates,
             timed=not args.warm,
             autotune=args.step == "evaluate" and not args.warm,
         )

@@ -37,7 +37,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _provenance import git_commit
 
 import attn_dispatch as ad
 
@@ -374,16 +374,7 @@ def attention_alone(case: Case, shape: Shape, device: torch.device, dtype, args)
 def versions(device: torch.device) -> dict:
     import transformers
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent,
-            timeout=10,
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = git_commit()
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,

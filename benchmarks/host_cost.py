@@ -35,7 +35,6 @@ import json
 import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _provenance import git_commit
 
 import attn_dispatch as ad
 from attn_dispatch import NoBackendError
@@ -211,16 +211,7 @@ def profile(fn: Callable[[], object], device, number: int, top: int) -> str:
 
 
 def versions(device: torch.device) -> dict:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent,
-            timeout=10,
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = git_commit()
     if device.type == "cuda":
         where = torch.cuda.get_device_name(device)
     else:
