@@ -185,13 +185,16 @@ def _install(settings: Settings) -> None:
 
 
 def reload(*, reset_enabled: bool = False) -> None:
-    """Re-read the environment variables and rediscover plugins; clears cached decisions.
+    """Re-read the environment variables, rediscover plugins and re-read their cost tables;
+    clears cached decisions.
 
     Opt-ins made with ``enable()`` are kept unless ``reset_enabled=True``.
     """
+    from ._costs import load
     from ._requirements import missing_requirement
 
     missing_requirement.cache_clear()
+    load.cache_clear()
     with _lock:
         if reset_enabled:
             _programmatic_enabled.clear()

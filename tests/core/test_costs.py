@@ -220,3 +220,12 @@ def test_a_table_measured_with_other_versions_is_not_used(costed) -> None:
         if not used:
             note = {c.name: c.prediction for c in report.candidates}["costed:quick"]
             assert "was measured with torch 1.0.0, installed: " + torch_version in note
+
+
+def test_reload_reads_a_changed_table(costed, tmp_path) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    assert run() == 2.0
+    table = {"arch": "cpu", "rows": [row("costed:quick", 50.0), row("costed:steady", 60.0)]}
+    (tmp_path / "rel_costed" / "costs" / "cpu.json").write_text(json.dumps(table))
+    ad.reload()
+    assert run() == 1.0
