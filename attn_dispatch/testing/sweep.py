@@ -217,8 +217,10 @@ def implementations() -> list[str]:
 
 @dataclass
 class Outcome:
-    """What one implementation did on one case: ``ok``, ``refused`` or ``wrong`` (an answer
-    outside the tolerance, or an error raised while running a case it accepted)."""
+    """What one implementation did on one case: ``ok``, ``refused``, ``wrong`` (an answer
+    outside the tolerance, or an error raised while running a case it accepted) or ``crashed``
+    (the device reported an asynchronous fault, such as an illegal memory access, by the end of
+    this implementation's check: its kernels faulted, and the device is unusable after it)."""
 
     status: str
     detail: str = ""
@@ -237,24 +239,34 @@ class Report:
     busy: dict[str, float] = field(default_factory=dict)  # seconds spent per implementation
 
     def add(self, name: str, outcome: Outcome, where: SweepCase) -> None:
-        row = self.counts.setdefault(name, {"ok": 0, "refused": 0, "wrong": 0})
+        row = self.counts.setdefault(name, _empty_row())
         row[outcome.status] += 1
-        if outcome.status == "wrong":
-            self.wrong.append(f"{name} on {where.describe()}:\n{outcome.detail}")
+        if outcome.status in ("wrong", "crashed"):
+            self.wrong.append(f"{name} {outcome.status} on {where.describe()}:\n{outcome.detail}")
 
     @property
     def total_wrong(self) -> int:
-        return sum(row["wrong"] for row in self.counts.values())
+        """Wrong answers and crashes: each is a failure."""
+        return sum(row["wrong"] + row.get("crashed", 0) for row in self.counts.values())
+
+    @property
+    def crashed(self) -> bool:
+        return any(row.get("crashed", 0) for row in self.counts.values())
 
     def table(self) -> str:
         lines = [
             f"sweep seed={self.seed}: {self.cases} cases, {self.seconds:.0f} s of checks",
-            f"{'implementation':<28} {'ran':>5} {'refused':>8} {'wrong':>6} {'seconds':>8}",
+            f"{'implementation':<28} {'ran':>5} {'refused':>8} {'wrong':>6} {'crashed':>8}"
+            f" {'seconds':>8}",
         ]
         for name in sorted(self.counts, key=lambda n: (n == AUTO, n)):
             row, busy = self.counts[name], self.busy.get(name, 0.0)
-            ran = row["ok"] + row["wrong"]
-            lines.append(f"{name:<28} {ran:>5} {row['refused']:>8} {row['wrong']:>6} {busy:>8.1f}")
+            crashed = row.get("crashed", 0)
+            ran = row["ok"] + row["wrong"] + crashed
+            lines.append(
+                f"{name:<28} {ran:>5} {row['refused']:>8} {row['wrong']:>6} {crashed:>8}"
+                f" {busy:>8.1f}"
+            )
         if self.chosen:
             picks = ", ".join(f"{k} {v}" for k, v in sorted(self.chosen.items()))
             lines.append(f"automatic choice picked: {picks}")
@@ -270,6 +282,23 @@ class Report:
             "chosen": self.chosen,
             "busy": self.busy,
         }
+
+
+def _empty_row() -> dict[str, int]:
+    return {"ok": 0, "refused": 0, "wrong": 0, "crashed": 0}
+
+
+def device_fault(device: torch.device) -> str | None:
+    """The asynchronous fault ``device`` reports, if any: waits for its queued work, so a
+    kernel that faulted is named by the check that launched it, not by a later one that
+    happens to synchronize first."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # an AcceleratorError or RuntimeError, depending on the release
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _auto(api: Callable) -> Callable:
@@ -341,8 +370,14 @@ def check_all(
         if starting is not None:
             starting(f"{name} on {drawn.describe()}")
         start = time.perf_counter()
-        report.add(name, check_case(drawn, name, device, inputs, reference), drawn)
+        outcome = check_case(drawn, name, device, inputs, reference)
+        fault = device_fault(device)
+        if fault is not None:
+            outcome = Outcome("crashed", f"the device faulted during this check: {fault}")
+        report.add(name, outcome, drawn)
         report.busy[name] = report.busy.get(name, 0.0) + time.perf_counter() - start
+        if fault is not None:  # nothing after a fault can be trusted: the case ends here
+            return "none"
     return auto_choice(drawn, inputs, reference)
 
 
@@ -354,7 +389,8 @@ def run(
     progress: Callable[[str], None] | None = None,
 ) -> Report:
     """Run every implementation in ``names`` (default: all installed) and the automatic choice
-    on each case; ``progress`` gets one line per case."""
+    on each case; ``progress`` gets one line per case. A device fault ends the run after the
+    case it happened in (the device is unusable after it); the report counts it as crashed."""
     device = torch.device(device)
     names = [*(implementations() if names is None else names), AUTO]
     report = Report(seed=cases[0].seed if cases else 0)
@@ -365,6 +401,8 @@ def run(
         report.cases += 1
         if progress is not None:
             progress(f"[{report.cases}/{len(cases)}] {drawn.describe()} -> auto: {chosen}")
+        if report.crashed:
+            break
     report.seconds = time.perf_counter() - start
     return report
 
@@ -380,9 +418,9 @@ def merge(reports: Iterable[dict]) -> Report:
         merged.seconds += part["seconds"]
         merged.wrong += part["wrong"]
         for name, row in part["counts"].items():
-            mine = merged.counts.setdefault(name, {"ok": 0, "refused": 0, "wrong": 0})
+            mine = merged.counts.setdefault(name, _empty_row())
             for key, value in row.items():
-                mine[key] += value
+                mine[key] = mine.get(key, 0) + value
         for name, count in part["chosen"].items():
             merged.chosen[name] = merged.chosen.get(name, 0) + count
         for name, busy in part.get("busy", {}).items():

@@ -64,7 +64,7 @@ def test_a_compile_group_holds_the_cases_that_share_kernel_variants() -> None:
 def test_correct_implementations_pass_and_wrong_ones_are_named_with_the_seed(toys) -> None:
     cases = sweep.draw_cases(4, seed=5, **SMALL)
     report = sweep.run(cases, device="cpu", names=["exact:oracle", "toy:nondet", "toy:fast"])
-    assert report.counts["exact:oracle"] == {"ok": 4, "refused": 0, "wrong": 0}
+    assert report.counts["exact:oracle"] == {"ok": 4, "refused": 0, "wrong": 0, "crashed": 0}
     assert report.counts["toy:nondet"]["wrong"] > 0  # fills every output with its tag
     # toy:fast refuses head dims over 64 and is wrong wherever it runs; deterministic cases
     # refuse the non-deterministic toy
@@ -78,7 +78,7 @@ def test_correct_implementations_pass_and_wrong_ones_are_named_with_the_seed(toy
 def test_a_refusal_is_counted_not_failed(toys) -> None:
     (drawn,) = [d for d in sweep.draw_cases(40, seed=8, **SMALL) if d.deterministic][:1]
     report = sweep.run([drawn], device="cpu", names=["toy:nondet"])
-    assert report.counts["toy:nondet"] == {"ok": 0, "refused": 1, "wrong": 0}
+    assert report.counts["toy:nondet"] == {"ok": 0, "refused": 1, "wrong": 0, "crashed": 0}
 
 
 def test_an_error_in_an_accepted_case_counts_as_wrong(toys, monkeypatch) -> None:
@@ -92,6 +92,33 @@ def test_an_error_in_an_accepted_case_counts_as_wrong(toys, monkeypatch) -> None
     sweep.check_all(drawn, ["exact:oracle"], torch.device("cpu"), report, started.append)
     assert report.counts["exact:oracle"]["wrong"] == 1 and "kernel exploded" in report.wrong[0]
     assert started == [f"exact:oracle on {drawn.describe()}"]
+
+
+def test_a_device_fault_is_charged_to_the_check_that_ran_and_ends_the_run(
+    toys, monkeypatch
+) -> None:
+    # A CPU cannot fault asynchronously: the fault is injected where the sweep asks the device,
+    # after the second implementation's check of the first case.
+    asked = []
+
+    def fault_on_second(device):
+        asked.append(device)
+        return "AcceleratorError: an illegal memory access" if len(asked) == 2 else None
+
+    monkeypatch.setattr(sweep, "device_fault", fault_on_second)
+    names = ["exact:oracle", "toy:nondet", "toy:fast"]
+    report = sweep.run(sweep.draw_cases(3, seed=5, **SMALL), device="cpu", names=names)
+    assert report.cases == 1 and len(asked) == 2  # nothing ran after the fault
+    assert report.counts["toy:nondet"]["crashed"] == 1
+    assert report.crashed and report.total_wrong >= 1
+    assert "toy:nondet crashed on seed=5 case#0" in report.wrong[-1]
+    assert "illegal memory access" in report.wrong[-1]
+    merged = sweep.merge([report.to_dict(), report.to_dict()])
+    assert merged.counts["toy:nondet"]["crashed"] == 2
+
+
+def test_a_cpu_device_never_reports_a_fault() -> None:
+    assert sweep.device_fault(torch.device("cpu")) is None
 
 
 def test_the_command_line_reports_shards_and_merges_them(toys, tmp_path, capsys) -> None:

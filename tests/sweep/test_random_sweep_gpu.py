@@ -18,6 +18,7 @@ import atexit
 import json
 import os
 import random
+import sys
 import time
 import zlib
 
@@ -99,7 +100,20 @@ def _check(one: sweep.SweepCase, names: list[str]) -> None:
     report.seconds = time.perf_counter() - start
     report.chosen[chosen] = 1
     _record(report)
+    if report.crashed:
+        _stop_after_fault("\n\n".join(report.wrong))
     assert not report.wrong, "\n\n".join(report.wrong)
+
+
+def _stop_after_fault(what: str) -> None:
+    """A device fault leaves this process's device unusable: every later case here would fail
+    for it. Under xdist the worker exits (the case counts as failed, and a fresh worker takes the
+    cases left); in a single process the session stops. Either way the fault is named first."""
+    message = f"sweep: device fault, stopping this process (seed {SEED}):\n{what}"
+    print(message, file=sys.__stderr__, flush=True)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os._exit(3)
+    pytest.exit(message, returncode=1)
 
 
 @pytest.mark.parametrize("index", _indices(range(DEFAULT_CASES)))
