@@ -381,6 +381,10 @@ def _first_call(
         # The priority decision knows which verdicts read pointers only up to its own winner;
         # a measured choice may be any admitted candidate, so it holds for these pointers alone.
         read_pointers = True
+        if report.autotune is not None and report.autotune.status == "pending":
+            # not measured now (non-finite values, a capture): the next call measures, so this
+            # call's priority decision is not kept
+            key = guard_call = None
     log.info(
         "attn_dispatch: %s %r -> %s on %s, %s (%s)",
         mode.name,
