@@ -33,6 +33,13 @@ The measurement:
   defines the consensus; every candidate that disagrees with it is excluded, named in a
   ``warnings.warn``. With two candidates that disagree, the higher-priority one is trusted.
   A candidate that raises, returns malformed results or cannot be captured is excluded too.
+* Only finite answers are judged. A call whose inputs hold NaN or an infinity (lse: NaN or
+  +inf; -inf is a row that sees no key) is run by the priority decision, not measured, and
+  neither cached nor persisted: the next call of its signature measures. A candidate whose
+  results hold NaN or an infinity (lse: NaN or +inf) is excluded when another candidate's are
+  finite; when none is, nothing is judged or persisted either. A persisted measurement records
+  what it was measured on (``measured_on``: every input finite, and each one's largest
+  magnitude); a file without that record, or with non-finite inputs, is measured again.
 
 Calls that cannot be measured now (being captured into a CUDA graph, on ``meta`` or fake
 tensors) use a remembered choice when there is one, else the priority decision. ``explain``
@@ -86,8 +93,9 @@ MAX_CALLS_PER_SAMPLE = 100
 # A candidate whose first warm call takes this many times the best median so far is not
 # sampled further (the reference backend at long sequences would cost seconds per call).
 HOPELESS = 10.0
-# The files' layout; a file of another format is ignored (measured again).
-FORMAT = 1
+# The files' layout; a file of another format is ignored (measured again). Format 2 added
+# ``measured_on``: format 1 files could hold a verdict taken from non-finite answers.
+FORMAT = 2
 # The statuses of the implementations that accept a call (whose versions key its measurement).
 ACCEPTING = (SELECTED, SUPPORTED, BLOCKED, OPT_IN)
 
@@ -332,11 +340,14 @@ def _well_formed(entry: object, key: dict) -> bool:
     if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
         return False
     timings, excluded = entry.get("timings"), entry.get("excluded")
+    measured_on = entry.get("measured_on")
     return (
         isinstance(timings, dict)
         and isinstance(excluded, dict)
         and all(isinstance(t, (int, float)) and t >= 0 for t in timings.values())
         and all(isinstance(r, str) for r in excluded.values())
+        and isinstance(measured_on, dict)
+        and measured_on.get("finite") is True
     )
 
 
@@ -494,10 +505,46 @@ def _agreement(a: tuple, b: tuple, forward: bool, dtype: torch.dtype) -> str | N
     return None
 
 
+INPUT_NAMES = ("q", "k", "v", "out", "lse", "grad_out", "sinks")
+RESULT_NAMES = {"forward": ("out", "lse"), "backward": ("dq", "dk", "dv", "dsinks")}
+
+
+def _non_finite(named: dict[str, Any]) -> list[str]:
+    """The names of the floating-point tensors of ``named`` that hold NaN or an infinity; an
+    ``lse`` only NaN or +inf (-inf is a row that sees no key). Reads the values (on a GPU it
+    waits for the device): called only where a measurement is about to be taken or judged."""
+    found = []
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+            continue
+        t = t.detach()
+        bad = torch.isnan(t) | (t == math.inf) if name == "lse" else ~torch.isfinite(t)
+        if bool(bad.any()):
+            found.append(name)
+    return found
+
+
+def _inputs_of(inp: Any) -> dict[str, Any]:
+    return {name: getattr(inp, name, None) for name in INPUT_NAMES}
+
+
+def _measured_on(inp: Any) -> dict:
+    """What a persisted measurement records about its inputs: that they were finite (the only
+    inputs measured), and each tensor's largest magnitude (lse: of its finite values)."""
+    largest = {}
+    for name, t in _inputs_of(inp).items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            values = t.detach()
+            values = values[torch.isfinite(values)] if name == "lse" else values
+            largest[name] = values.abs().max().item() if values.numel() else 0.0
+    return {"finite": True, "largest": largest}
+
+
 def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) -> dict:
     """Run and time every implementation of ``pool`` (best priority first) on clones of
-    ``inp``; cross-check their results. Returns ``{"timings": {name: seconds},
-    "excluded": {name: reason}}``."""
+    ``inp``; cross-check their finite results. Returns ``{"timings": {name: seconds},
+    "excluded": {name: reason}, "judged": bool}``; ``judged`` is False when candidates ran but
+    none returned finite results (nothing to compare: the measurement must not be kept)."""
     device = inp.device
     forward = mode.name == "forward"
     graph = execution == "graph" and device.type == "cuda"
@@ -533,8 +580,30 @@ def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) ->
                 continue
             dsinks = getattr(result, "dsinks", None)  # cross-checked as the other gradients
             results[name] = tuple(result) + (() if dsinks is None else (dsinks,))
-    _cross_check(results, excluded, timings, forward, inp.dtype)
-    return {"timings": timings, "excluded": excluded}
+    non_finite = {
+        name: bad
+        for name, result in results.items()
+        if (bad := _non_finite(dict(zip(RESULT_NAMES[mode.name], result))))
+    }
+    finite = {name: r for name, r in results.items() if name not in non_finite}
+    if non_finite and not finite:
+        return {"timings": timings, "excluded": excluded, "judged": False}
+    for name, bad in non_finite.items():
+        reason = (
+            f"returned non-finite {', '.join(bad)} where {', '.join(finite)} returned finite values"
+        )
+        _exclude(name, reason, excluded, timings)
+    _cross_check(finite, excluded, timings, forward, inp.dtype)
+    return {"timings": timings, "excluded": excluded, "judged": True}
+
+
+def _exclude(name: str, reason: str, excluded: dict[str, str], timings: dict) -> None:
+    """Record ``name``'s exclusion and say so (log and ``warnings.warn``)."""
+    excluded[name] = reason
+    timings.pop(name, None)
+    message = f"autotune excluded {name}: {reason}"
+    log.warning("attn_dispatch: %s", message)
+    warnings.warn(message, stacklevel=_caller_level())
 
 
 @contextlib.contextmanager
@@ -570,11 +639,7 @@ def _cross_check(
             f"its results disagree with {', '.join(consensus)} beyond the "
             f"{str(dtype).removeprefix('torch.')} tolerance ({differs[(name, pivot)]})"
         )
-        excluded[name] = reason
-        timings.pop(name, None)
-        message = f"autotune excluded {name}: {reason}"
-        log.warning("attn_dispatch: %s", message)
-        warnings.warn(message, stacklevel=_caller_level())
+        _exclude(name, reason, excluded, timings)
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -656,9 +721,22 @@ def choose(
         if why_not is not None:
             note = f"not measured ({why_not}); the first call will time {', '.join(admitted)}"
             return dataclasses.replace(report, autotune=Measurement("pending", (), note)), winner
+        bad = _non_finite(_inputs_of(inp))
+        if bad:
+            note = (
+                f"not measured (non-finite {', '.join(bad)}): the priority decision runs; the "
+                f"next call of this signature will time {', '.join(admitted)}"
+            )
+            return dataclasses.replace(report, autotune=Measurement("pending", (), note)), winner
         pool = [registry.implementations[name] for name in admitted]
         start = time.perf_counter()
         found = _measure(mode, inp, real, pool, call.execution)
+        if not found["judged"]:
+            note = (
+                "not measured (no candidate returned finite results): the priority decision "
+                f"runs; the next call of this signature will time {', '.join(admitted)}"
+            )
+            return dataclasses.replace(report, autotune=Measurement("pending", (), note)), winner
         entry = {
             "format": FORMAT,
             "key": key,
@@ -666,6 +744,7 @@ def choose(
             "excluded": found["excluded"],
             "repeats": REPEATS,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "measured_on": _measured_on(inp),
         }
         store(settings.autotune, key, entry)
         status = "measured"

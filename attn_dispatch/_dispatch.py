@@ -162,7 +162,10 @@ def pointer_residues(tensors: Tensors, cu_q, cu_k, sinks=None) -> tuple:
 
 def _key(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k, sinks=None):
     """The dictionary key of a call, or ``None`` when the arguments cannot make one (not
-    tensors, nested tensors, unhashable flags: validation explains them)."""
+    tensors, nested tensors, unhashable flags: validation explains them).
+
+    Every tensor argument contributes its shape, strides, dtype and device: a ``supports`` may
+    refuse a strided view (of sinks or cu_seqlens too) that a contiguous call accepted."""
     try:
         key = call + tuple([(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
         if cu_q is not None or cu_k is not None or max_q is not None or max_k is not None:
@@ -177,7 +180,7 @@ def _key(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k, sinks=None):
                 max_k.__class__,
             )
         if sinks is not None:
-            key += ("sinks", sinks.shape, sinks.dtype, sinks.device)
+            key += ("sinks", sinks.shape, sinks.stride(), sinks.dtype, sinks.device)
         hash(key)
         return key
     except (AttributeError, TypeError, RuntimeError):
@@ -185,7 +188,7 @@ def _key(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k, sinks=None):
 
 
 def _cu_key(cu: torch.Tensor | None):
-    return None if cu is None else (cu.shape, cu.dtype, cu.device)
+    return None if cu is None else (cu.shape, cu.stride(), cu.dtype, cu.device)
 
 
 def dispatch(
@@ -378,6 +381,10 @@ def _first_call(
         # The priority decision knows which verdicts read pointers only up to its own winner;
         # a measured choice may be any admitted candidate, so it holds for these pointers alone.
         read_pointers = True
+        if report.autotune is not None and report.autotune.status == "pending":
+            # not measured now (non-finite values, a capture): the next call measures, so this
+            # call's priority decision is not kept
+            key = guard_call = None
     log.info(
         "attn_dispatch: %s %r -> %s on %s, %s (%s)",
         mode.name,

@@ -52,7 +52,8 @@ class Timing:
 @dataclass(frozen=True)
 class Measurement:
     """What autotune did for a decision: ``status`` is ``"measured"`` (timed by this call),
-    ``"reused"`` (a remembered measurement), ``"pending"`` (not measured yet), ``"single"``
+    ``"reused"`` (a remembered measurement), ``"pending"`` (not measured yet: nothing
+    remembered, and this call could not be measured, e.g. non-finite values), ``"single"``
     (one candidate: nothing to measure) or ``"failed"`` (no candidate passed); ``note`` says
     more."""
 

@@ -76,7 +76,9 @@ class CaseInputs:
 class Case:
     """One attention problem. Dense cases have equal lengths in every sequence. ``sinks``: the
     inputs carry ``[heads]`` sink logits (N(0, 1), drawn after the other tensors, so those are
-    the same as without sinks)."""
+    the same as without sinks). ``strided_vectors``: sinks and cu_seqlens are views of stride
+    2 into tensors twice as long (valid input, which a kernel indexing them as ``X + i``
+    misreads); the values are the same."""
 
     seqlens_q: tuple[int, ...]
     seqlens_k: tuple[int, ...]
@@ -94,6 +96,7 @@ class Case:
     window: tuple[int | None, int | None] | None = None
     softcap: float | None = None
     sinks: bool = False
+    strided_vectors: bool = False
 
     def __post_init__(self) -> None:
         if len(self.seqlens_q) != len(self.seqlens_k) or not self.seqlens_q:
@@ -165,6 +168,7 @@ class Case:
         scale = "" if self.scale is None else f"-scale{self.scale:g}"
         cap = "" if self.softcap is None else f"-cap{self.softcap:g}"
         cap += "-sinks" if self.sinks else ""
+        cap += "-svec" if self.strided_vectors and (self.sinks or self.varlen) else ""
         return (
             f"{lens}-h{self.heads}kv{self.kv_heads}-d{self.head_dim}v{self.dv}-{mask}"
             f"-{self.layout}{scale}{cap}-s{self.seed}"
@@ -202,6 +206,10 @@ class Case:
         if self.sinks:
             sinks = torch.randn(h, generator=gen, dtype=torch.float64)
             sinks = sinks.to(dtype=_sinks_dtype(dtype), device=device)
+        if self.strided_vectors:
+            cu_q, cu_k, sinks = (
+                None if t is None else _every_other(t) for t in (cu_q, cu_k, sinks)
+            )
         return CaseInputs(
             made["q"],
             made["k"],
@@ -222,6 +230,15 @@ class Case:
 
 def _sinks_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _every_other(t: Tensor) -> Tensor:
+    """``t``'s values as a view of stride 2 into a tensor twice as long (the slots between
+    them hold other values, as the rest of a caller's buffer would)."""
+    buf = torch.full((t.numel(), 2), -1, dtype=t.dtype, device=t.device)
+    buf[:, 0] = t
+    buf[:, 1] = 99 if not t.is_floating_point() else 7.0
+    return buf[:, 0]
 
 
 def _cumulative(lengths: Sequence[int], device) -> Tensor:

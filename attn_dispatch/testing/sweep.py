@@ -49,6 +49,10 @@ COMMON_HEAD_DIMS = (32, 64, 72, 80, 96, 112, 128, 256)
 POOL_COMMON, OTHER_HEAD_DIMS = 3, 2
 MAX_SCORES = 1 << 25  # B * H * Sq * Sk of one case: keeps the float64 oracle small and fast
 DTYPES = (torch.bfloat16, torch.bfloat16, torch.float16)
+# Shares of the cases whose tensors are strided views (drawn from a stream of their own): q, k,
+# v, out, grad_out and lse with a last-dim stride of 2, and sinks and cu_seqlens of stride 2
+# (of the cases that have them).
+STRIDED_LAYOUT, STRIDED_VECTORS = 0.1, 0.3
 
 
 @dataclass(frozen=True)
@@ -169,10 +173,15 @@ def draw_cases(
     up to ``longest``); a soft cap in 15%; attention sinks in 15% (from a stream of their own, so
     each case is otherwise the one drawn without them); a custom scale in 20%; a sliced or
     transposed layout in 25%; ``deterministic=True`` in 10%; bf16 (2/3) or f16. B * H * Sq * Sk
-    is capped at :data:`MAX_SCORES` by halving the lengths.
+    is capped at :data:`MAX_SCORES` by halving the lengths. From a third stream (so the rest of
+    each case is unchanged): in :data:`STRIDED_LAYOUT` of the cases q, k, v, out, grad_out and
+    lse have a last-dim stride of 2 (layout ``"strided"``; an implementation that needs a
+    contiguous last dim refuses them), and in :data:`STRIDED_VECTORS` of the cases with sinks or
+    varlen, sinks and cu_seqlens are views of stride 2.
     """
     rng = random.Random(seed)
     sinks_rng = random.Random(seed * 1_000_003 + 7)
+    views_rng = random.Random(seed * 1_000_003 + 13)
     pool = head_dim_pool(rng, largest_head_dim)
     drawn = []
     for index in range(n):
@@ -205,6 +214,10 @@ def draw_cases(
         if args["window"] == (None, None):
             args["window"] = None
         args["sinks"] = sinks_rng.random() < 0.15
+        if views_rng.random() < STRIDED_LAYOUT:
+            args["layout"] = "strided"
+        strided_vectors = views_rng.random() < STRIDED_VECTORS
+        args["strided_vectors"] = strided_vectors and (args["sinks"] or varlen)
         deterministic = True if rng.random() < 0.1 else None
         drawn.append(SweepCase(Case(**args), rng.choice(DTYPES), deterministic, index, seed))
     return drawn

@@ -378,8 +378,85 @@ def test_an_unreadable_file_is_measured_again(tuned, cache, damage):
     with pytest.warns(UserWarning, match=EXCLUDED):
         ad.backward(*args, causal=True)
     assert calls()[SLOW] > before
-    assert json.loads((cache / "autotune" / name).read_text())["format"] == 1
+    assert json.loads((cache / "autotune" / name).read_text())["format"] == _autotune.FORMAT
     assert files(cache) == [name]  # rewritten whole, no temporary file left
+
+
+def _with_nan(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    t[(0,) * t.dim()] = float("nan")
+    return t
+
+
+@pytest.mark.parametrize("where", [0, 5])  # q, grad_out
+def test_a_call_with_non_finite_inputs_is_run_not_measured(tuned, cache, where):
+    """Every candidate's answer to NaN inputs is NaN: nothing to judge. The call runs the
+    priority decision; the next call of the signature, with finite values, measures."""
+    args = inputs()
+    poisoned = tuple(_with_nan(t) if i == where else t for i, t in enumerate(args))
+    dq, _, _ = ad.backward(*poisoned, causal=True)  # no warning: nobody is excluded
+    assert calls() == {SLOW: 1, WRONG: 0, FAST: 0} and files(cache) == []
+    report = ad.explain(*poisoned, causal=True)
+    assert report.selected == SLOW and report.autotune.status == "pending"
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    (name,) = files(cache)
+    entry = json.loads((cache / "autotune" / name).read_text())
+    assert set(entry["timings"]) == {SLOW, FAST} and set(entry["excluded"]) == {WRONG}
+    assert ad.explain(*args, causal=True).selected == FAST
+
+
+def test_a_candidate_with_non_finite_results_is_excluded_not_trusted(tuned, monkeypatch):
+    """The highest-priority candidate returning NaN agrees with nobody; it must not become the
+    consensus that excludes the correct ones."""
+    tuned.set(ATTN_DISPATCH_AUTOTUNE="1", ATTN_DISPATCH_DISABLE=WRONG)
+    slow_backward = timed.Slow.backward
+
+    def nan_dq(self, inp):
+        dq, dk, dv = slow_backward(self, inp)
+        return ad.Gradients(_with_nan(dq), dk, dv)
+
+    monkeypatch.setattr(timed.Slow, "backward", nan_dq)
+    with pytest.warns(UserWarning, match="excluded timed:slow: returned non-finite dq where"):
+        ad.backward(*inputs(), causal=True)
+    report = ad.explain(*inputs(), causal=True)
+    assert report.selected == FAST
+    times = {t.name: t for t in report.autotune.timings}
+    assert times[FAST].excluded is None and times[SLOW].seconds is None
+
+
+def test_no_finite_results_leave_nothing_measured(tuned, cache):
+    """Finite inputs whose lse overflows float32 in every candidate: nothing is judged or kept."""
+    q, k, v, *_ = inputs()
+    q, k = q * 1e20, k * 1e20
+    out, lse = ad.forward(q, k, v, causal=True)
+    assert torch.isposinf(lse).any() and files(cache) == []
+    assert calls()[WRONG] >= 1  # it was run, and not excluded: nothing was compared
+    report = ad.explain(q, k, v, causal=True)
+    assert report.selected == SLOW and report.autotune.status == "pending"
+
+
+def test_a_measurement_records_what_it_was_measured_on(tuned, cache):
+    args = inputs()
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    (name,) = files(cache)
+    path = cache / "autotune" / name
+    entry = json.loads(path.read_text())
+    on = entry["measured_on"]
+    assert on["finite"] is True
+    assert on["largest"]["q"] == args[0].abs().max().item()
+    assert set(on["largest"]) == {"q", "k", "v", "out", "lse", "grad_out"}
+    # a verdict of the earlier format, which holds no such record (it may have been taken from
+    # NaN answers: the highest priority alone, the others excluded), is measured again
+    poisoned = dict(entry, format=1, timings={SLOW: 1.0}, excluded={WRONG: "x", FAST: "x"})
+    del poisoned["measured_on"]
+    path.write_text(json.dumps(poisoned))
+    _autotune.forget()
+    ad.reload()
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    assert ad.explain(*args, causal=True).selected == FAST
 
 
 def test_an_unwritable_directory_keeps_the_measurement_in_the_process(tuned, tmp_path):

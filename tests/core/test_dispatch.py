@@ -1,5 +1,6 @@
-"""The dispatcher: what keys a cached decision (data pointers, cu_seqlens identity, windows and
-caps), meta inputs, errors raised by an implementation, and calls that record no autograd graph.
+"""The dispatcher: what keys a cached decision (data pointers, cu_seqlens identity, the strides
+of every tensor, windows and caps), meta inputs, errors raised by an implementation, and calls
+that record no autograd graph.
 
 Plugins here are real entry points written for the test (``dispatch_helpers.Plugins``).
 """
@@ -146,6 +147,58 @@ def test_a_decision_is_keyed_on_cu_seqlens_identity(plugins, env):
     for _ in range(2):
         out, _ = ad.forward(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=other, **flags)
         assert float(out.flatten()[0]) == 9.0
+
+
+STRIDED_VECTORS = """
+class DenseVectors(Tagged):
+    '''Refuses strided sinks and cu_seqlens (as a kernel that indexes them as X + i would).'''
+
+    name, tag, priority, sinks = "dense", 5.0, {"*": 50}, True
+
+    def supports(self, inp, arch):
+        small = (inp.sinks, inp.cu_seqlens_q, inp.cu_seqlens_k)
+        if all(t is None or t.is_contiguous() for t in small):
+            return []
+        return ["strided sinks or cu_seqlens"]
+
+
+class AnyVectors(Tagged):
+    name, tag, priority, sinks = "any", 9.0, {"*": 1}, True
+"""
+
+
+def _every_other(values: list, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` as a view of stride 2 into a tensor twice as long."""
+    return torch.tensor([x for value in values for x in (value, 99)], dtype=dtype)[::2]
+
+
+def test_a_decision_is_keyed_on_the_strides_of_sinks(plugins, env):
+    plugins.backend("vectors", STRIDED_VECTORS, "[DenseVectors(), AnyVectors()]")
+    env.set(ATTN_DISPATCH_PLUGINS="vectors")
+    q, k, v, *_ = make_inputs()
+    dense = torch.tensor([0.5, -1.0, 2.0, 0.0])
+    strided = _every_other(dense.tolist(), torch.float32)
+    assert strided.shape == dense.shape and strided.stride() == (2,)
+    for _ in range(2):  # first call, then the cached decision
+        assert float(ad.forward(q, k, v, sinks=dense)[0].flatten()[0]) == 5.0
+        assert float(ad.forward(q, k, v, sinks=strided)[0].flatten()[0]) == 9.0
+
+
+def test_a_decision_is_keyed_on_the_strides_of_cu_seqlens(plugins, env):
+    plugins.backend("vectors", STRIDED_VECTORS, "[DenseVectors(), AnyVectors()]")
+    env.set(ATTN_DISPATCH_PLUGINS="vectors")
+    q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
+    dense = torch.tensor([0, 3, 8], dtype=torch.int32)
+    strided = _every_other([0, 3, 8], torch.int32)
+    flags = dict(max_seqlen_q=5, max_seqlen_k=5)
+    for _ in range(2):
+        for cu_q, cu_k, tag in (
+            (dense, dense, 5.0),
+            (strided, strided, 9.0),
+            (dense, strided, 9.0),
+        ):
+            out, _ = ad.forward(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **flags)
+            assert float(out.flatten()[0]) == tag
 
 
 RECORDS = """

@@ -43,6 +43,49 @@ def test_the_distribution_covers_what_it_promises() -> None:
     )
 
 
+def test_the_distribution_draws_strided_views_of_every_tensor() -> None:
+    """q, k, v, out, grad_out and lse with a last-dim stride of 2 in some cases; sinks and
+    cu_seqlens as stride-2 views in some of the cases that have them; from a stream of their
+    own, so the rest of each case is what it was."""
+    drawn = [d for seed in range(4) for d in sweep.draw_cases(200, seed)]
+    cases = [d.case for d in drawn]
+    share = sum(c.layout == "strided" for c in cases) / len(cases)
+    assert abs(share - sweep.STRIDED_LAYOUT) < 0.04
+    having = [c for c in cases if c.sinks or c.varlen]
+    share = sum(c.strided_vectors for c in having) / len(having)
+    assert abs(share - sweep.STRIDED_VECTORS) < 0.08
+    assert not any(c.strided_vectors for c in cases if not (c.sinks or c.varlen))
+    assert any(c.strided_vectors and c.sinks for c in cases)
+    assert any(c.strided_vectors and c.varlen for c in cases)
+    again = [d for seed in range(4) for d in sweep.draw_cases(200, seed)]
+    assert [d.describe() for d in again] == [d.describe() for d in drawn]
+
+
+def _a_case_with_strided_vectors():
+    for drawn in sweep.draw_cases(200, seed=6, **SMALL):
+        if drawn.case.strided_vectors and drawn.case.sinks and drawn.case.varlen:
+            return drawn
+    raise AssertionError("no case with strided sinks and cu_seqlens drawn")
+
+
+def test_strided_vectors_hold_the_values_of_contiguous_ones() -> None:
+    import dataclasses
+
+    drawn = _a_case_with_strided_vectors()
+    strided = drawn.case.make_inputs(drawn.dtype)
+    plain = dataclasses.replace(drawn.case, strided_vectors=False).make_inputs(drawn.dtype)
+    for name in ("sinks", "cu_seqlens_q", "cu_seqlens_k"):
+        view, dense = getattr(strided, name), getattr(plain, name)
+        assert view.stride() == (2,) and torch.equal(view, dense), name
+    assert torch.equal(strided.q, plain.q) and "-svec" in drawn.case.id
+
+
+def test_a_case_with_strided_vectors_is_checked_like_any_other(toys) -> None:
+    drawn = _a_case_with_strided_vectors()
+    report = sweep.run([drawn], device="cpu", names=["exact:oracle"])
+    assert report.counts["exact:oracle"] == {"ok": 1, "refused": 0, "wrong": 0}, report.wrong
+
+
 def test_a_compile_group_holds_the_cases_that_share_kernel_variants() -> None:
     import dataclasses
 

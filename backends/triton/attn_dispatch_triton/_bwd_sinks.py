@@ -17,7 +17,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import load_head_rows, lse_strides, padded_dim, seq_bounds, token_strides
+from ._common import (
+    dense_vector,
+    load_head_rows,
+    lse_strides,
+    padded_dim,
+    seq_bounds,
+    token_strides,
+)
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "heads"])
@@ -87,6 +94,8 @@ def sinks_backward(
     """``dsinks`` (``sinks``' shape, dtype and device) from the forward's ``out`` and ``lse``
     (which includes the sinks) and ``grad_out``; dense [B, S, H, Dv] or varlen [T, H, Dv]."""
     varlen = cu_seqlens_q is not None
+    # the kernel reads sinks[h] and cu_seqlens[b] as X + i: strided views through dense copies
+    sinks, cu_seqlens_q = dense_vector(sinks), dense_vector(cu_seqlens_q)
     if out.stride(-1) != 1:
         out = out.contiguous()
     if grad_out.stride(-1) != 1:

@@ -295,6 +295,12 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def dense_vector(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``x`` when ``None`` or contiguous, else a contiguous copy: the kernels index sinks and
+    cu_seqlens as ``X + i`` (a strided view of them is valid input, and they are tiny)."""
+    return x if x is None or x.is_contiguous() else x.contiguous()
+
+
 def padded_dim(d: int) -> int:
     """Head dim rounded up to a power of two (at least 16, the smallest MMA K)."""
     return max(16, triton.next_power_of_2(d))

@@ -29,6 +29,7 @@ from ._bwd_preprocess import _attn_bwd_preprocess
 from ._bwd_split_sum import _attn_bwd_split_sum
 from ._common import (
     LOG2E,
+    dense_vector,
     last_dim_contiguous,
     lse_strides,
     padded_dim,
@@ -112,8 +113,9 @@ class BackwardLaunch:
         self.dv = torch.empty_like(v) if dv is None else dv
         tmp = torch.empty((2, *lse.shape), dtype=torch.float32, device=q.device)
         self.lse2, self.delta = tmp[0], tmp[1]
-        self.cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
-        self.cu_k = cu_seqlens_k if varlen else q
+        # the kernels index cu_seqlens as CU + b: a strided view is read through a dense copy
+        self.cu_q = dense_vector(cu_seqlens_q) if varlen else q  # an unused pointer when dense
+        self.cu_k = dense_vector(cu_seqlens_k) if varlen else q
         self.scale = scale
         self.qk_scale = scale * LOG2E
         self.strategy = strategy

@@ -16,7 +16,7 @@ import triton
 from attn_dispatch import backend as adb
 
 from . import _plan
-from ._common import LOG2E, last_dim_contiguous
+from ._common import LOG2E, dense_vector, last_dim_contiguous
 from ._launch_strategy import DIRECT, RecordingStrategy
 from ._launcher import BackwardLaunch
 
@@ -59,6 +59,8 @@ def attention_backward(
     whose numbers on those kernels no test has checked yet.
     """
     scale = float(scale)  # one specialization (fp32) whatever the caller passes
+    # before the plan's signature: a plan replays the pointers of the tensors the kernels read
+    cu_seqlens_q, cu_seqlens_k = dense_vector(cu_seqlens_q), dense_vector(cu_seqlens_k)
     planned = config is None and q.is_cuda and _plan.plans_enabled()
     if planned and not _plan.hooks_installed():
         q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))

@@ -42,6 +42,7 @@ from ._common import (
     LOG2E,
     band_offsets,
     band_where,
+    dense_vector,
     key_block_ranges,
     last_dim_contiguous,
     load_tile,
@@ -305,6 +306,9 @@ def attention_forward(
     """
     varlen = cu_seqlens_q is not None
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    cu_seqlens_q, cu_seqlens_k, sinks = (
+        dense_vector(t) for t in (cu_seqlens_q, cu_seqlens_k, sinks)
+    )
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         heads, kv_heads = q.shape[1], k.shape[1]

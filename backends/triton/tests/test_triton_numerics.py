@@ -619,6 +619,31 @@ SINK_CASES = [
     ),
 ]
 
+# sinks, cu_seqlens and lse as strided views of larger tensors (any [H] / [B+1] tensor is valid
+# input): the kernels must read their elements, not the buffer's. Their own worker: a kernel
+# that reads cu_seqlens' buffer walks out of bounds, which may take the interpreter down.
+STRIDED_CASES = [
+    case(
+        "sinks-varlen-strided-vectors",
+        heads=4,
+        kv_heads=2,
+        causal=True,
+        varlen=([17, 0, 33, 5], [20, 11, 29, 4]),
+        sinks=True,
+        strided_vectors=True,
+        config=SMALL_TILES,
+    ),
+    case(
+        "sinks-dense-strided-vectors-f16",
+        dtype="float16",
+        batch=2,
+        sq=30,
+        sk=41,
+        sinks=True,
+        strided_vectors=True,
+    ),
+]
+
 
 class Worker:
     """One interpreter subprocess for a list of cases. It can be started as soon as the session
@@ -670,6 +695,7 @@ WORKERS = {
     "variant_results": Worker([RANGES_CASE, *VARIANT_CASES]),
     "slow_results": Worker(SLOW_CASES),
     "sink_results": Worker(SINK_CASES),
+    "strided_results": Worker(STRIDED_CASES),
 }
 
 
@@ -691,6 +717,11 @@ def slow_results() -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def sink_results() -> dict[str, dict]:
     return WORKERS["sink_results"].wait()
+
+
+@pytest.fixture(scope="module")
+def strided_results() -> dict[str, dict]:
+    return WORKERS["strided_results"].wait()
 
 
 def _check(c: dict, r: dict) -> None:
@@ -732,6 +763,11 @@ def test_triton_window_softcap_match_oracle(c: dict, variant_results: dict) -> N
 @pytest.mark.parametrize("c", SINK_CASES, ids=[c["id"] for c in SINK_CASES])
 def test_triton_attention_sinks_match_oracle(c: dict, sink_results: dict) -> None:
     _check(c, sink_results[c["id"]])
+
+
+@pytest.mark.parametrize("c", STRIDED_CASES, ids=[c["id"] for c in STRIDED_CASES])
+def test_triton_strided_vectors_match_oracle(c: dict, strided_results: dict) -> None:
+    _check(c, strided_results[c["id"]])
 
 
 def test_triton_sink_cases_have_rows_without_keys(sink_results: dict) -> None:

@@ -187,6 +187,23 @@ def call_band(sq: int, sk: int, causal: bool, bottom_right: bool, window) -> adb
     return adb.make_inputs(q, k, k, causal=causal, causal_align=align, window=window).band
 
 
+def every_other(x: torch.Tensor, filler: float) -> torch.Tensor:
+    """``x`` as a view of stride 2 (its elements interleaved with ``filler``), as
+    ``t[::2]`` of a caller's larger tensor would be."""
+    buf = torch.full((x.numel(), 2), filler, dtype=x.dtype)
+    buf[:, 0] = x
+    return buf[:, 0]
+
+
+def padded(x: torch.Tensor, fill: float) -> torch.Tensor:
+    """A copy of ``x`` as a view into a buffer with 3 more columns (``fill`` around it): every
+    stride but the last differs from a contiguous tensor's."""
+    buf = torch.full((*x.shape[:-1], x.shape[-1] + 3), fill, dtype=x.dtype)
+    view = buf[..., 1 : x.shape[-1] + 1]
+    view.copy_(x)
+    return view
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """‖a − b‖ / ‖b‖ (NaN if a has NaN; 0 for two empty tensors)."""
     a = a.double()
@@ -264,6 +281,13 @@ def run_case(case: dict) -> dict:
 
     out = torch.full(out64.shape, float("nan"), dtype=dt)
     lse = torch.full(lse64.shape, float("nan"), dtype=torch.float32)
+    o_in, lse_in = out64.detach().to(dt), lse64.float()
+    if case.get("strided_vectors"):  # the oracle had them dense; the kernels get views
+        for name in ("cu_seqlens_q", "cu_seqlens_k"):
+            if name in flags:
+                flags[name] = every_other(flags[name], 99)
+        sinks = None if sinks is None else every_other(sinks, 7.0)
+        lse, lse_in = padded(lse, float("nan")), padded(lse_in, float("nan"))
     fwd_cfg = cfg and cfg.get("fwd")
     attention_forward(q, k, v, **flags, out=out, lse=lse, config=fwd_cfg, sinks=sinks)
     res["out"] = rel(out, out64.detach())
@@ -273,7 +297,6 @@ def run_case(case: dict) -> dict:
     res["lse_nan"] = bool(torch.isnan(lse).any())
 
     grads = [torch.full(t.shape, float("nan"), dtype=dt) for t in (q, k, v)]
-    o_in, lse_in = out64.detach().to(dt), lse64.float()
     atomic = bool(case.get("atomic"))  # the fused design: dQ through fp32 atomics
     attention_backward(
         q,
