@@ -62,15 +62,16 @@ from ._support import (
 PRIORITY = 60
 # Eager execution on sm_90 where FA4's host code runs on every call (varlen calls, which are
 # not replayed, or the replay switched off): a short backward ranks below every other GPU
-# implementation (cuDNN 50, triton 43-56), the one whose end-to-end latency is lower. Measured
-# on an H200 with FA4's host code on every call (2026-12-03, bf16, D=128, B=1, eager): at MHA 8
-# 1K/2K FA4's host time per call was 88-92 us against 55-60 us for cuDNN and triton:fused, and
-# its kernel 46 us at 1K. Replayed dense calls need no such rule (docs/benchmarks.md section 6).
+# implementation (cuDNN 50, triton 43-45): there FA4's host time per call is well above cuDNN's
+# and triton:fused's, which makes their end-to-end latency the lower (figures:
+# docs/backends/flash_attn_cute.md). Replayed dense calls need no such rule (docs/benchmarks.md
+# section 6).
 EAGER_HOST_BOUND_PRIORITY = 42
 # Calls with attention sinks or a soft cap where no cost table covers them: below triton:fused
-# (45). Both are correct on an H200 (the randomized sweep), but the benchmarks found FA4 slower
-# than triton with a soft cap and timed sinks only on GPT-OSS's shapes: a shape nobody timed is
-# not assumed fast. Inside a table's coverage the measured times rank it.
+# (45). Both pass the randomized sweep on sm_90 (docs/benchmarks.md section 9), but the
+# benchmarks found FA4 slower than triton with a soft cap and timed sinks only on GPT-OSS's
+# shapes: a shape nobody timed is not assumed fast. Inside a table's coverage the measured times
+# rank it.
 VARIANT_PRIORITY = 44
 
 
