@@ -30,17 +30,16 @@ FA4's backward has a deterministic mode (dQ/dK/dV reductions ordered by semaphor
 the call asks for determinism; otherwise the faster atomic one runs.
 
 Priorities (design and measurements: docs/backends/flash_attn_cute.md, docs/benchmarks.md):
-60 on sm_90, above cuDNN (50) and triton's raised entries (55/56): with these rules, automatic
-choice measured within 2% of the fastest implementation at all 20 seed shapes under CUDA graphs
-on an H200. Where its backward measured slower it ranks 49, below those, in every execution
-mode: GQA, dense D = 128, Sk <= 1024 with B*H <= 64 (triton:fused_atomic leads), causal MHA
-with B*H <= 8 at 2048 < Sk <= 4096 (triton's Gluon kernel leads), and any soft cap (triton
-leads; window-only calls stay with FA4, 7% faster). The same rules hold in eager execution for
-dense calls: FA4's host code is replayed per signature (``_replay``), so a call costs less host
-time than any other GPU implementation's. Where it runs on every call (varlen, the replay
-switched off, or a release the replay was not proven on) a short eager backward (B*H <= 8,
-Sk <= 2048) ranks 42, below every other GPU implementation. 60 on sm_100/sm_103, opt-in: FA4
-is written for Blackwell; not run or measured by this project there.
+60 on sm_90, above cuDNN (50) and triton (45 / 43). Where the recorded cost table
+(``costs/sm_90.json``, ``cost_tables`` below) covers a call, the measured implementations rank
+by predicted time instead (``attn_dispatch._costs``). Outside its coverage on sm_90: a call
+with attention sinks or a soft cap ranks ``VARIANT_PRIORITY`` (44, below triton:fused), and in
+eager execution a short backward whose every call runs FA4's host code (varlen, sinks, the replay
+switched off, or a release the replay was not proven on; B*H <= 8, Sk <= 2048) ranks
+``EAGER_HOST_BOUND_PRIORITY`` (42, below every other GPU implementation). Dense calls otherwise
+rank the same in every execution mode: FA4's host code is replayed per signature (``_replay``),
+so a call costs less host time than any other GPU implementation's. 60 on sm_100/sm_103,
+opt-in: FA4 is written for Blackwell; not run or measured by this project there.
 """
 
 from __future__ import annotations
