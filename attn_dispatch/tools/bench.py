@@ -528,8 +528,8 @@ def direct_calls(name: str, sets: list[dict], causal: bool, execution: str):
 def _repeats(requested: int, estimate_us: float) -> int:
     """``requested``, or (0) enough calls for ~2 s of the fastest variant, 41 to 300.
 
-    (At long shapes a per-call time moves by a few percent with the GPU's clock under its
-    power limit; 15 calls left medians of identical kernels up to 4% apart on an H200.)"""
+    (At long shapes a per-call time moves with the GPU's clock under its power limit, so a few
+    calls leave medians of identical kernels apart: docs/benchmarks.md section 1.)"""
     if requested > 0:
         return requested
     if not math.isfinite(estimate_us) or estimate_us <= 0:

@@ -1,5 +1,5 @@
 """``attn_dispatch.backend``, the plugin author's API, and the users' top-level namespace: what
-each exports, ``make_inputs`` as dispatch's own validation, and the deprecated top-level names."""
+each exports, and ``make_inputs`` as dispatch's own validation."""
 
 from __future__ import annotations
 
@@ -33,23 +33,12 @@ def test_backend_namespace_exports_what_a_plugin_needs():
     assert adb.Gradients is ad.Gradients and adb.Arch is ad.Arch
 
 
-def test_top_level_lists_no_plugin_author_names():
+def test_top_level_holds_no_plugin_author_names():
     assert not set(ad.__all__) & set(PLUGIN_ONLY + INTERNAL_HELPERS)
     for name in ad.__all__:
         assert getattr(ad, name) is not None
-
-
-@pytest.mark.parametrize("name", PLUGIN_ONLY)
-def test_moved_names_still_resolve_with_a_deprecation_warning(name):
-    with pytest.warns(DeprecationWarning, match=f"attn_dispatch.{name} is deprecated.*backend"):
-        value = getattr(ad, name)
-    assert value is getattr(adb, name)
-
-
-@pytest.mark.parametrize("name", INTERNAL_HELPERS)
-def test_internal_helpers_still_resolve_with_a_deprecation_warning(name):
-    with pytest.warns(DeprecationWarning, match=f"attn_dispatch.{name} is deprecated"):
-        assert callable(getattr(ad, name))
+    for name in PLUGIN_ONLY + INTERNAL_HELPERS:
+        assert not hasattr(ad, name), name
 
 
 def test_unknown_top_level_name_is_an_attribute_error():

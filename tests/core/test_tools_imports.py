@@ -1,6 +1,6 @@
 """The tools (``attn_dispatch.tools``: the command and the bench) sit on top of the core: no
-core module imports them, they import one another without a circle, and the old module paths
-and the console script lead to them."""
+core module imports them, they import one another without a circle, and the console script
+leads to them."""
 
 from __future__ import annotations
 
@@ -101,18 +101,6 @@ def test_each_tool_module_imports_first_in_a_fresh_interpreter(name):
     done = _fresh(f"import {name}")
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr, done.stderr
-
-
-@pytest.mark.parametrize("old", ["cli", "bench"])
-def test_the_old_module_paths_are_the_tools_with_a_deprecation_warning(old):
-    done = _fresh(
-        f"import attn_dispatch.{old} as old, attn_dispatch.tools.{old} as new\n"
-        "from attn_dispatch import " + old + " as attribute\n"
-        "assert old is new is attribute, (old, new, attribute)\n"
-    )
-    assert done.returncode == 0, done.stderr
-    assert f"DeprecationWarning: attn_dispatch.{old} is deprecated" in done.stderr
-    assert f"use attn_dispatch.tools.{old}" in done.stderr
 
 
 def test_the_console_script_is_the_tools_command():

@@ -30,17 +30,16 @@ FA4's backward has a deterministic mode (dQ/dK/dV reductions ordered by semaphor
 the call asks for determinism; otherwise the faster atomic one runs.
 
 Priorities (design and measurements: docs/backends/flash_attn_cute.md, docs/benchmarks.md):
-60 on sm_90, above cuDNN (50) and triton's raised entries (55/56): with these rules, automatic
-choice measured within 2% of the fastest implementation at all 20 seed shapes under CUDA graphs
-on an H200. Where its backward measured slower it ranks 49, below those, in every execution
-mode: GQA, dense D = 128, Sk <= 1024 with B*H <= 64 (triton:fused_atomic leads), causal MHA
-with B*H <= 8 at 2048 < Sk <= 4096 (triton's Gluon kernel leads), and any soft cap (triton
-leads; window-only calls stay with FA4, 7% faster). The same rules hold in eager execution for
-dense calls: FA4's host code is replayed per signature (``_replay``), so a call costs less host
-time than any other GPU implementation's. Where it runs on every call (varlen, the replay
-switched off, or a release the replay was not proven on) a short eager backward (B*H <= 8,
-Sk <= 2048) ranks 42, below every other GPU implementation. 60 on sm_100/sm_103, opt-in: FA4
-is written for Blackwell; not run or measured by this project there.
+60 on sm_90, above cuDNN (50) and triton (45 / 43). Where the recorded cost table
+(``costs/sm_90.json``, ``cost_tables`` below) covers a call, the measured implementations rank
+by predicted time instead (``attn_dispatch._costs``). Outside its coverage on sm_90: a call
+with attention sinks or a soft cap ranks ``VARIANT_PRIORITY`` (44, below triton:fused), and in
+eager execution a short backward whose every call runs FA4's host code (varlen, sinks, the replay
+switched off, or a release the replay was not proven on; B*H <= 8, Sk <= 2048) ranks
+``EAGER_HOST_BOUND_PRIORITY`` (42, below every other GPU implementation). Dense calls otherwise
+rank the same in every execution mode: FA4's host code is replayed per signature (``_replay``),
+so a call costs less host time than any other GPU implementation's. 60 on sm_100/sm_103,
+opt-in: FA4 is written for Blackwell; not run or measured by this project there.
 """
 
 from __future__ import annotations
@@ -62,15 +61,16 @@ from ._support import (
 PRIORITY = 60
 # Eager execution on sm_90 where FA4's host code runs on every call (varlen calls, which are
 # not replayed, or the replay switched off): a short backward ranks below every other GPU
-# implementation (cuDNN 50, triton 43-56), the one whose end-to-end latency is lower. Measured
-# on an H200 with FA4's host code on every call (2026-12-03, bf16, D=128, B=1, eager): at MHA 8
-# 1K/2K FA4's host time per call was 88-92 us against 55-60 us for cuDNN and triton:fused, and
-# its kernel 46 us at 1K. Replayed dense calls need no such rule (docs/benchmarks.md section 6).
+# implementation (cuDNN 50, triton 43-45): there FA4's host time per call is well above cuDNN's
+# and triton:fused's, which makes their end-to-end latency the lower (figures:
+# docs/backends/flash_attn_cute.md). Replayed dense calls need no such rule (docs/benchmarks.md
+# section 6).
 EAGER_HOST_BOUND_PRIORITY = 42
 # Calls with attention sinks or a soft cap where no cost table covers them: below triton:fused
-# (45). Both are correct on an H200 (the randomized sweep), but the benchmarks found FA4 slower
-# than triton with a soft cap and timed sinks only on GPT-OSS's shapes: a shape nobody timed is
-# not assumed fast. Inside a table's coverage the measured times rank it.
+# (45). Both pass the randomized sweep on sm_90 (docs/benchmarks.md section 9), but the
+# benchmarks found FA4 slower than triton with a soft cap and timed sinks only on GPT-OSS's
+# shapes: a shape nobody timed is not assumed fast. Inside a table's coverage the measured times
+# rank it.
 VARIANT_PRIORITY = 44
 
 

@@ -1,7 +1,7 @@
 """Entry point of the torch_sdpa backend: ``torch_sdpa:cudnn``, ``:flash``, ``:efficient``.
 
 Cheap to import: the op modules only import torch and the core. Priorities on sm_90 follow the
-H200 measurements in docs/benchmarks.md (cuDNN fastest at every seed shape, then
+measurements in docs/benchmarks.md section 1 (cuDNN fastest at every seed shape, then
 FlashAttention-2, then memory-efficient); the triton backend sits between cuDNN and flash.
 """
 

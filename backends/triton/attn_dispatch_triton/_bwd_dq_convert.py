@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import head_rows, load_head_rows, seq_bounds, store_tile
+from ._common import head_rows, load_head_rows, query_block, store_tile
 
 
 @triton.jit
@@ -45,17 +45,9 @@ def _attn_bwd_dq_convert(
     BLOCK_D: tl.constexpr,
     WIDE_STORE: tl.constexpr = False,
 ):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    q_start, q_len, _, _ = seq_bounds(CU_Q, CU_Q, b, seqlen_q, seqlen_q, IS_VARLEN)
-    m0 = pid_m * BLOCK_M
-    if m0 >= q_len:
+    b64, row0, h, q_len, offs_m = query_block(CU_Q, seqlen_q, heads, IS_VARLEN, BLOCK_M)
+    if tl.program_id(0) * BLOCK_M >= q_len:
         return
-    b64 = b.to(tl.int64)
-    row0 = q_start.to(tl.int64)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     acc = load_head_rows(
         ACC, b64, row0, h, (stride_ab, stride_as, stride_ah), offs_m, q_len, offs_d, D, BLOCK_D

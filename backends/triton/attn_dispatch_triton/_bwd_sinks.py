@@ -19,10 +19,10 @@ import triton.language as tl
 
 from ._common import (
     dense_vector,
-    load_head_rows,
     lse_strides,
     padded_dim,
-    seq_bounds,
+    query_block,
+    row_delta,
     token_strides,
 )
 
@@ -51,25 +51,12 @@ def _attn_bwd_sinks(
     BLOCK_M: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    q_start, q_len, _, _ = seq_bounds(CU_Q, CU_Q, b, seqlen_q, seqlen_q, IS_VARLEN)
-    m0 = pid_m * BLOCK_M
-    if m0 >= q_len:  # the partial stays the zero it was allocated as
+    b64, row0, h, q_len, offs_m = query_block(CU_Q, seqlen_q, heads, IS_VARLEN, BLOCK_M)
+    if tl.program_id(0) * BLOCK_M >= q_len:  # the partial stays the zero it was allocated as
         return
-    b64 = b.to(tl.int64)
-    row0 = q_start.to(tl.int64)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    o = load_head_rows(
-        Out, b64, row0, h, (stride_ob, stride_os, stride_oh), offs_m, q_len, offs_dv, DV, BLOCK_DV
-    )
-    do = load_head_rows(
-        DO, b64, row0, h, (stride_dob, stride_dos, stride_doh), offs_m, q_len, offs_dv, DV, BLOCK_DV
-    )
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    o_strides = (stride_ob, stride_os, stride_oh)
+    do_strides = (stride_dob, stride_dos, stride_doh)
+    delta = row_delta(Out, DO, b64, row0, h, o_strides, do_strides, offs_m, q_len, DV, BLOCK_DV)
     row_ok = offs_m < q_len
     lse = tl.load(
         Lse + b64 * stride_lb + row0 * stride_ls + h * stride_lh + offs_m * stride_ls,
@@ -78,7 +65,10 @@ def _attn_bwd_sinks(
     )
     sink = tl.load(Sinks + h).to(tl.float32)
     p_sink = tl.math.exp2((sink - lse) * 1.4426950408889634)
-    tl.store(Partial + pid_m * tl.num_programs(1) + bh, -tl.sum(p_sink * delta, axis=0))
+    tl.store(
+        Partial + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
+        -tl.sum(p_sink * delta, axis=0),
+    )
 
 
 def sinks_backward(

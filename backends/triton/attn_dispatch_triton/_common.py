@@ -80,6 +80,30 @@ def store_head_rows(X, x, b64, row0, h, strides, offs_m, n_rows, offs_d, D, BLOC
 
 
 @triton.jit
+def query_block(CU_Q, seqlen_q, heads, IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The rows of a per-row kernel's program, launched on the grid ``(query blocks, B*H)``:
+    ``(b64, row0, h, q_len, offs_m)``, ``row0`` the sequence's first token row (int64) and
+    ``offs_m`` the block's row offsets in it. The block is empty when ``offs_m[0] >= q_len``
+    (a varlen sequence shorter than the longest), and the caller then returns."""
+    bh = tl.program_id(1)
+    b = bh // heads
+    q_start, q_len, _, _ = seq_bounds(CU_Q, CU_Q, b, seqlen_q, seqlen_q, IS_VARLEN)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return b.to(tl.int64), q_start.to(tl.int64), bh % heads, q_len, offs_m
+
+
+@triton.jit
+def row_delta(
+    Out, DO, b64, row0, h, o_strides, do_strides, offs_m, q_len, DV, BLOCK_DV: tl.constexpr
+):
+    """``rowsum(dO * O)`` in fp32 over the rows ``offs_m`` of one (sequence, head)."""
+    offs_dv = tl.arange(0, BLOCK_DV)
+    o = load_head_rows(Out, b64, row0, h, o_strides, offs_m, q_len, offs_dv, DV, BLOCK_DV)
+    do = load_head_rows(DO, b64, row0, h, do_strides, offs_m, q_len, offs_dv, DV, BLOCK_DV)
+    return tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+
+
+@triton.jit
 def causal_offset(q_len, k_len, BOTTOM_RIGHT: tl.constexpr):
     """Row ``i`` sees key ``j`` iff ``j <= i + offset``."""
     if BOTTOM_RIGHT:

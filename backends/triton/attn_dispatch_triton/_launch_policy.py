@@ -23,8 +23,8 @@ MAX_GRID_YZ = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0 allows 2**31 - 
 # save; a slice is never shorter than this many (head, query block) steps.
 MIN_SLICE_STEPS = 64
 SLICE_COST_STEPS = 2  # a program's own start and end (K / V load, dK / dV store), in steps
-# The fp32 dK / dV buffer's fill and cast per unit (128 keys of dK and dV, ~330 KB of traffic),
-# in steps of one program (~2.3 us at D = 128 on an H200): an estimate.
+# The fp32 dK / dV buffer's fill and cast per unit (128 keys of dK and dV), in steps of one
+# program: an estimate from the step's time at D = 128 (docs/benchmarks.md section 5).
 BUFFER_COST_STEPS_PER_UNIT = 0.04
 CAUSAL_PROGRAMS_PER_SM = 8  # causal programs differ in work: more of them balance the SMs
 

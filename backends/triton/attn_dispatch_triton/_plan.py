@@ -1,8 +1,9 @@
 """Launch plans: the host work of a repeated backward call, done once per input signature.
 
-``kernel[grid](*args, **kwargs)`` costs 14-30 us of Python per launch in triton 3.6 (argument
-binding, the specialization key, the cache lookup) before the C launcher runs. A backward
-launches three or four kernels, so a short-sequence backward was host bound. A :class:`Plan`
+``kernel[grid](*args, **kwargs)`` runs Python work per launch (argument binding, the
+specialization key, the cache lookup) before the C launcher runs, and a backward launches three
+or four kernels, so a short-sequence backward is bound by that host work (figures:
+docs/benchmarks.md section 2). A :class:`Plan`
 records, on the first call of a signature (shapes, strides, dtypes, pointer alignment, flags,
 device: everything the kernels specialize on), each launch's compiled kernel, grid and full
 argument list; a repeated call allocates its outputs and scratch, fills the data pointers and
@@ -270,9 +271,9 @@ class SideStream:
     def _caller(self, handle: int | None) -> torch.cuda.Stream:
         """The current stream, found by its raw handle when the caller has it.
 
-        ``torch.cuda.current_stream`` costs several µs of host time, a fork and a join ask
-        twice per call, and the calls it serves last a few tens of µs. A stream object only
-        names its handle and device, so one made earlier for the same handle is as good.
+        ``torch.cuda.current_stream`` costs host time that is not small beside a short call,
+        and a fork and a join ask twice per call (docs/benchmarks.md section 2). A stream object
+        only names its handle and device, so one made earlier for the same handle is as good.
         """
         if handle is None:
             return torch.cuda.current_stream(self.device)

@@ -1,30 +1,13 @@
-"""Which tensors the Gluon sm_90 kernels can read, decided from torch metadata alone (no triton
-import: the plugin's priority rule asks too)."""
+"""Which tensors the Gluon sm_90 kernels can read, decided from torch metadata alone, and the
+triton versions those kernels were checked against (no triton import)."""
 
 from __future__ import annotations
-
-import functools
-import importlib.metadata
 
 import torch
 
 # The Gluon API is experimental and changes between releases: the kernels were written and
 # checked against these triton versions only.
 GLUON_TRITON = ((3, 6),)
-
-
-@functools.cache  # (asked once per new input signature by the priority rule)
-def gluon_triton_installed() -> bool:
-    """Whether the installed triton is one the Gluon kernels were checked against."""
-    for dist in ("triton", "pytorch-triton"):
-        try:
-            version = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        parts = version.split("+")[0].split(".")[:2]
-        if tuple(int(p) for p in parts if p.isdigit()) in GLUON_TRITON:
-            return True
-    return False
 
 
 def rows_view(t: torch.Tensor, varlen: bool) -> tuple[int, int] | None:

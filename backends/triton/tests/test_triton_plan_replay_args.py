@@ -54,54 +54,21 @@ def _replay(global_scratch: int) -> tuple[_StandInLauncher, list]:
     return kernel.run, values
 
 
+# A launcher's leading arguments (grid, stream, function) and its trailing ones: no launch
+# metadata or enter/exit hooks, then the call's Q pointer, the recorded 7 and the call's scale.
+_HEAD = (3, 2, 1, 99, "function-handle")
+_ARGUMENTS = (None, None, None, 123456, 7, 0.5)
+
+
 def test_a_kernel_without_scratch_goes_to_the_c_launcher_with_call_s_arguments() -> None:
     launcher, _ = _replay(global_scratch=0)
-    assert launcher.calls == [
-        (
-            "launch",
-            (
-                3,
-                2,
-                1,
-                99,
-                "function-handle",
-                False,
-                True,
-                None,
-                None,
-                ("packed", "metadata"),
-                None,
-                None,
-                None,
-                123456,
-                7,
-                0.5,
-            ),
-        )
-    ]
+    expected = (*_HEAD, False, True, None, None, ("packed", "metadata"), *_ARGUMENTS)
+    assert launcher.calls == [("launch", expected)]
 
 
 def test_a_kernel_with_scratch_keeps_triton_s_call_path() -> None:
     launcher, _ = _replay(global_scratch=256)
-    assert launcher.calls == [
-        (
-            "__call__",
-            (
-                3,
-                2,
-                1,
-                99,
-                "function-handle",
-                ("packed", "metadata"),
-                None,
-                None,
-                None,
-                123456,
-                7,
-                0.5,
-            ),
-        )
-    ]
+    assert launcher.calls == [("__call__", (*_HEAD, ("packed", "metadata"), *_ARGUMENTS))]
 
 
 class _FakeDriver:
