@@ -25,7 +25,7 @@ import importlib.metadata
 import importlib.resources
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._arch import Arch
 from ._inputs import ForwardInputs
@@ -82,8 +82,10 @@ class Shape:
 
     @classmethod
     def of(cls, inp: ForwardInputs) -> Shape | None:
-        """The features of ``inp``; ``None`` where the tables hold no such call (varlen)."""
-        if inp.is_varlen or inp.seqlen_q == 0 or inp.seqlen_k == 0:
+        """The features of ``inp``; ``None`` where the tables hold no such call: varlen, or
+        empty (a zero size: no work to predict, and no logarithm of it)."""
+        sizes = (inp.batch, inp.heads, inp.kv_heads, inp.seqlen_q, inp.seqlen_k, inp.head_dim)
+        if inp.is_varlen or min(sizes) <= 0:
             return None
         mask, width = mask_of(inp.band.left, inp.band.right)
         return cls(
@@ -170,6 +172,8 @@ class CostTable:
     source: str  # the file it was read from
     provenance: dict
     rows: tuple[Row, ...]
+    # implementation -> why its rows cannot be read (a bad row fails its implementation alone)
+    broken: dict[str, str] = field(default_factory=dict)
 
     @functools.cached_property
     def stale(self) -> str | None:
@@ -213,38 +217,121 @@ class Prediction:
 
 
 class CostTableError(ValueError):
-    """A shipped cost table that cannot be read."""
+    """A shipped cost table, or one row of it, that cannot be read."""
 
 
-def _shape(data: dict) -> Shape:
-    return Shape(
-        int(data["batch"]),
-        int(data["heads"]),
-        int(data["kv_heads"]),
-        int(data["seqlen_q"]),
-        int(data["seqlen_k"]),
-        int(data["head_dim"]),
-        str(data["mask"]),
-        None if data.get("window") is None else int(data["window"]),
-        bool(data.get("sinks", False)),
-        bool(data.get("softcap", False)),
-    )
+SIZES = ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim")
+MASKS = ("none", "causal", "window")
+EXECUTIONS = ("eager", "graph")
+TABLE_FIELDS = frozenset({"arch", "provenance", "rows"})
+ROW_FIELDS = frozenset(
+    {"impl", "kind", *SIZES, "mask", "window", "sinks", "softcap"} | {f"{m}_us" for m in EXECUTIONS}
+)
 
 
-def parse(text: str, source: str) -> CostTable:
-    """A cost table from its JSON text (``source`` names it in errors)."""
+def _positive_int(entry: dict, name: str) -> int:
+    value = entry.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} {value!r} is not a positive integer")
+    return value
+
+
+def _flag(entry: dict, name: str) -> bool:
+    value = entry.get(name, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} {value!r} is not true or false")
+    return value
+
+
+def _times(entry: dict) -> dict[str, float]:
+    """The row's microseconds per execution mode: each finite and positive (a NaN or a
+    negative time would rank as the fastest), at least one of them."""
+    us = {}
+    for mode in EXECUTIONS:
+        value = entry.get(f"{mode}_us")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{mode}_us {value!r} is not a number")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{mode}_us {value!r} is not a finite positive time")
+        us[mode] = float(value)
+    if not us:
+        raise ValueError("no time (eager_us or graph_us)")
+    return us
+
+
+def _row(entry: dict, impl: str) -> Row:
+    """One validated row (``ValueError`` naming the bad field)."""
+    unknown = sorted(set(entry) - ROW_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fields {unknown}")
+    kind = entry.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    mask = entry.get("mask")
+    if mask not in MASKS:
+        raise ValueError(f"mask {mask!r} is not one of {MASKS}")
+    window = entry.get("window")
+    if window is not None:
+        if mask != "window":
+            raise ValueError(f"window {window!r} with mask {mask!r}")
+        window = _positive_int(entry, "window")
+    sizes = [_positive_int(entry, name) for name in SIZES]
+    flags = (_flag(entry, "sinks"), _flag(entry, "softcap"))
+    return Row(impl, kind, Shape(*sizes, mask, window, *flags), _times(entry))
+
+
+def _provenance(data: dict) -> dict:
+    info = data.get("provenance", {})
+    if not isinstance(info, dict):
+        raise ValueError(f"provenance {info!r} is not an object")
+    requires = info.get("requires", {})
+    if not isinstance(requires, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in requires.items()
+    ):
+        raise ValueError(
+            f"provenance.requires {requires!r} is not an object of distribution: version"
+        )
+    return info
+
+
+def _table(data: object, source: str) -> CostTable:
+    """A cost table from decoded JSON; ``ValueError`` for what fails the whole table, while a
+    bad row fails only the implementation it names (``CostTable.broken``)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"the top level is {type(data).__name__}, not an object")
+    unknown = sorted(set(data) - TABLE_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fields {unknown}")
+    arch, entries = data.get("arch"), data.get("rows")
+    if not isinstance(arch, str) or not arch:
+        raise ValueError(f"arch {arch!r} is not an arch name")
+    if not isinstance(entries, list):
+        raise ValueError(f"rows {type(entries).__name__} is not a list")
+    info = _provenance(data)
+    rows, broken = [], {}
+    for number, entry in enumerate(entries):
+        impl = entry.get("impl") if isinstance(entry, dict) else None
+        if not isinstance(impl, str) or not impl:
+            raise ValueError(f"row {number} names no implementation (impl)")
+        try:
+            rows.append(_row(entry, impl))
+        except ValueError as exc:
+            broken.setdefault(impl, f"cost table {source} is malformed: row {number}: {exc}")
+    return CostTable(arch, source, info, tuple(r for r in rows if r.impl not in broken), broken)
+
+
+def parse(text: str | bytes, source: str) -> CostTable:
+    """A cost table from its JSON text or bytes (UTF-8; ``source`` names it in errors);
+    :class:`CostTableError` when the table as a whole cannot be read."""
     try:
-        data = json.loads(text)
-        rows = []
-        for entry in data["rows"]:
-            kind = entry["kind"]
-            if kind not in KINDS:
-                raise ValueError(f"kind {kind!r} is not one of {KINDS}")
-            us = {m: float(entry[f"{m}_us"]) for m in ("eager", "graph") if entry.get(f"{m}_us")}
-            rows.append(Row(str(entry["impl"]), kind, _shape(entry), us))
-        return CostTable(str(data["arch"]), source, dict(data.get("provenance", {})), tuple(rows))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CostTableError(f"cost table {source} is malformed: {exc!r}") from exc
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return _table(json.loads(text), source)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSON errors included
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else repr(exc)
+        raise CostTableError(f"cost table {source} is malformed: {reason}") from exc
 
 
 @functools.cache
@@ -257,7 +344,12 @@ def load(package: str, arch: str) -> CostTable | None:
         raise CostTableError(f"cost tables of {package!r}: {exc}") from exc
     if not path.is_file():
         return None
-    table = parse(path.read_text(), f"{package}/{COSTS_DIR}/{arch}.json")
+    source = f"{package}/{COSTS_DIR}/{arch}.json"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CostTableError(f"cost table {source} cannot be read: {exc}") from exc
+    table = parse(data, source)
     if table.arch != arch:
         raise CostTableError(f"{table.source} says arch {table.arch!r}")
     return table
@@ -274,6 +366,8 @@ def predict(
     table = load(package, arch.name)
     if table is None:
         return None
+    if impl in table.broken:
+        raise CostTableError(table.broken[impl])
     if table.stale:
         return table.stale
     shape = Shape.of(inp)

@@ -58,7 +58,8 @@ def costed(plugins, env, tmp_path):
         body += hook + "    return [Quick(), Steady(), Plain(), Fallback()]\n"
         (package / "__init__.py").write_text(body)
         table = text if text is not None else json.dumps({"arch": arch, "rows": rows})
-        (package / "costs" / f"{arch}.json").write_text(table)
+        path = package / "costs" / f"{arch}.json"
+        path.write_bytes(table if isinstance(table, bytes) else table.encode())
         _costs.load.cache_clear()
         sys.modules.pop("rel_costed", None)  # written anew: import it anew
         plugins.modules.append("rel_costed")
@@ -185,14 +186,75 @@ def test_meta_tensors_predict_what_the_same_call_on_the_device_does(costed) -> N
         assert [(c.name, c.predicted_us) for c in on_meta.candidates] == predicted
 
 
-def test_a_malformed_table_fails_only_its_implementations(costed) -> None:
-    costed([], text='{"arch": "cpu", "rows": [{"impl": "costed:quick"}]}')
+def statuses(report) -> dict[str, tuple[str, tuple[str, ...]]]:
+    return {c.name: (c.status, c.reasons) for c in report.candidates}
+
+
+MALFORMED_TABLES = {
+    "a row naming no implementation": '{"arch": "cpu", "rows": [{"kind": "backward"}]}',
+    "requires as a list": json.dumps(
+        {"arch": "cpu", "provenance": {"requires": ["torch"]}, "rows": []}
+    ),
+    "not UTF-8": b'{"arch": "cpu", "rows": [], "provenance": {"gpu": "\xff\xfe"}}',
+    "nested too deeply": '{"arch": "cpu", "rows": [], "provenance": ' + "[" * 100_000,
+    "not an object": "[]",
+    "rows not a list": '{"arch": "cpu", "rows": {}}',
+    "an unknown field": '{"arch": "cpu", "rows": [], "costs": []}',
+}
+
+
+@pytest.mark.parametrize("text", MALFORMED_TABLES.values(), ids=MALFORMED_TABLES)
+def test_a_malformed_table_fails_only_its_implementations(costed, text) -> None:
+    costed([], text=text)
     report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
-    status = {c.name: (c.status, c.reasons) for c in report.candidates}
-    assert status["costed:quick"][0] == "failed"
-    assert "cost table rel_costed/costs/cpu.json is malformed" in status["costed:quick"][1][0]
+    status = statuses(report)
+    for name in ("costed:quick", "costed:steady"):
+        assert status[name][0] == "failed"
+        assert "cost table rel_costed/costs/cpu.json is malformed" in status[name][1][0]
     assert report.selected == "costed:plain"  # the next by priority; nothing silent
     assert run() == 3.0
+
+
+BAD_ROWS = {
+    "batch 0": (dict(batch=0), "batch 0 is not a positive integer"),
+    "negative head dim": (dict(head_dim=-64), "head_dim -64 is not a positive integer"),
+    "no keys": (dict(seqlen_k=0), "seqlen_k 0 is not a positive integer"),
+    "length as text": (dict(seqlen_q="512"), "seqlen_q '512' is not a positive integer"),
+    "NaN time": (dict(eager_us=math.nan), "eager_us nan is not a finite positive time"),
+    "negative time": (dict(eager_us=-5.0), "eager_us -5.0 is not a finite positive time"),
+    "infinite time": (dict(eager_us=math.inf), "eager_us inf is not a finite positive time"),
+    "no time": (dict(eager_us=None), "no time (eager_us or graph_us)"),
+    "unknown kind": (dict(kind="both"), "kind 'both' is not one of"),
+    "unknown mask": (dict(mask="full"), "mask 'full' is not one of"),
+    "window off a window mask": (dict(window=128), "window 128 with mask 'causal'"),
+    "sinks as text": (dict(sinks="no"), "sinks 'no' is not true or false"),
+    "a misspelt field": (dict(eager_ms=3.0), "unknown fields ['eager_ms']"),
+}
+
+
+@pytest.mark.parametrize(("change", "reason"), BAD_ROWS.values(), ids=BAD_ROWS)
+def test_a_bad_row_fails_only_its_implementation(costed, change, reason) -> None:
+    # quick's bad row was measured fastest (or would rank first as a NaN or a negative time)
+    costed([row("costed:quick", 20.0, **change), row("costed:steady", 60.0)])
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    status, reasons = statuses(report)["costed:quick"]
+    assert status == "failed"
+    assert reasons[0].startswith("cost table rel_costed/costs/cpu.json is malformed: row 0: ")
+    assert reason in reasons[0]
+    assert report.selected == "costed:steady"
+    assert {c.name: c.predicted_us for c in report.candidates}["costed:steady"] == 60.0
+    assert run() == 2.0
+
+
+def test_an_empty_call_is_outside_every_table(costed) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    for dims in (dict(b=0), dict(sq=0)):
+        args = make_inputs(**(dict(b=1, sq=512, h=8, hkv=8, d=64) | dims))
+        report = ad.explain(*args, causal=True)
+        assert report.selected == "costed:quick", dims  # by priority: no work to predict
+        assert all(c.predicted_us is None for c in report.candidates)
+    grads = ad.backward(*make_inputs(b=0, sq=512, h=8, hkv=8, d=64), causal=True)
+    assert grads.dq.shape == (0, 512, 8, 64)
 
 
 def test_a_table_for_another_arch_is_refused(costed) -> None:
