@@ -3,9 +3,9 @@
 A backend ships, per arch it was measured on, ``<package>/costs/<arch>.json`` (the package an
 implementation names in ``cost_tables``), written by ``benchmarks/cost_grid.py`` on that GPU:
 its commit, versions and command, the versions of the distributions its kernels come from
-(``requires``: a table measured with other versions is not used), and one row per
-(implementation, kind, grid point) with the median microseconds per call eager (``eager_us``,
-host work included) and under CUDA graphs (``graph_us``, the GPU's time).
+(``requires``: under other versions the rows still rank, and ``explain`` names the drift), and
+one row per (implementation, kind, grid point) with the median microseconds per call eager
+(``eager_us``, host work included) and under CUDA graphs (``graph_us``, the GPU's time).
 
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
 for a call, each implementation's rows of the same kind (forward or backward), mask class
@@ -176,18 +176,22 @@ class CostTable:
     broken: dict[str, str] = field(default_factory=dict)
 
     @functools.cached_property
-    def stale(self) -> str | None:
-        """Why the rows no longer describe the installed kernels, or ``None``: the table names
-        (``provenance.requires``) the distributions its kernels come from, and one installed
-        at another version (local labels such as ``+cu130`` aside) makes it stale."""
-        for dist, version in dict(self.provenance.get("requires", {})).items():
+    def drift(self) -> str | None:
+        """How the installed kernels' versions differ from those the rows were measured with,
+        or ``None``: the table names (``provenance.requires``) the distributions its kernels
+        come from, compared without local labels such as ``+cu130``. Drift does not retire a
+        table: which kernel is faster changes far less between releases than the kernels do,
+        so the rows still rank, and ``explain`` names the drift beside each prediction."""
+        notes = []
+        for dist, version in self.provenance.get("requires", {}).items():
             try:
                 installed = importlib.metadata.version(dist)
             except importlib.metadata.PackageNotFoundError:
-                installed = None
-            if installed is None or installed.split("+")[0] != str(version).split("+")[0]:
-                return f"{self.source} was measured with {dist} {version}, installed: {installed}"
-        return None
+                notes.append(f"measured with {dist} {version}, not installed")
+                continue
+            if installed.split("+")[0] != version.split("+")[0]:
+                notes.append(f"measured with {dist} {version}, installed {installed}")
+        return "; ".join(notes) or None
 
     def predict(self, impl: str, kind: str, execution: str, shape: Shape) -> Prediction | None:
         """The predicted time of ``impl`` for a call of ``shape``, or ``None`` when no row of
@@ -204,16 +208,26 @@ class CostTable:
         if not nearest or best > COVERAGE:
             return None
         per_work = sum(r.us[execution] / work(r.shape) for r in nearest) / len(nearest)
-        return Prediction(per_work * work(shape), best, tuple(r.shape for r in nearest))
+        shapes = tuple(r.shape for r in nearest)
+        return Prediction(per_work * work(shape), best, shapes, self.drift)
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """A predicted time per call, how far the nearest measured rows were, and which."""
+    """A predicted time per call, how far the nearest measured rows were, which, and how the
+    installed versions differ from those they were measured with (:attr:`CostTable.drift`)."""
 
     us: float
     distance: float
     nearest: tuple[Shape, ...]
+    drift: str | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the prediction came from, as ``explain`` shows it."""
+        near = ", ".join(s.label for s in self.nearest)
+        note = f"cost table: nearest measured {near} (distance {self.distance:.2f})"
+        return note + (f"; {self.drift}" if self.drift else "")
 
 
 class CostTableError(ValueError):
@@ -357,10 +371,11 @@ def load(package: str, arch: str) -> CostTable | None:
 
 def predict(
     package: str | None, impl: str, kind: str, execution: str, arch: Arch, inp: ForwardInputs
-) -> Prediction | str | None:
+) -> Prediction | None:
     """``impl``'s predicted time for ``inp`` from ``package``'s table for ``arch``; ``None``
-    when there is none (no table, a varlen call, nothing measured within :data:`COVERAGE`), or
-    why a table exists but is not used (:attr:`CostTable.stale`)."""
+    when there is none (no table, a varlen or empty call, nothing measured within
+    :data:`COVERAGE`); :class:`CostTableError` when the table, or ``impl``'s rows in it, cannot
+    be read."""
     if package is None:
         return None
     table = load(package, arch.name)
@@ -368,7 +383,5 @@ def predict(
         return None
     if impl in table.broken:
         raise CostTableError(table.broken[impl])
-    if table.stale:
-        return table.stale
     shape = Shape.of(inp)
     return None if shape is None else table.predict(impl, kind, execution, shape)

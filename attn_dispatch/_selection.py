@@ -243,11 +243,7 @@ def _with_prediction(
         return replace(candidate, status=FAILED, reasons=(str(exc),))
     if p is None:
         return candidate
-    if isinstance(p, str):
-        return replace(candidate, prediction=f"cost table not used: {p}")
-    near = ", ".join(s.label for s in p.nearest)
-    note = f"cost table: nearest measured {near} (distance {p.distance:.2f})"
-    return replace(candidate, predicted_us=p.us, prediction=note)
+    return replace(candidate, predicted_us=p.us, prediction=p.source)
 
 
 def _ranking(candidates: list[Candidate]) -> Callable[[Candidate], tuple]:

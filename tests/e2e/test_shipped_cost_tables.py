@@ -1,10 +1,15 @@
 """The cost tables the backends ship (attn_dispatch._costs) parse, name their own backend's
-implementations, say what they were measured with, and rank as measured at their own rows."""
+implementations, say what they were measured with, rank as measured at their own rows, and
+rank the seed shapes under the installed versions, whichever they are."""
 
 from __future__ import annotations
 
-import pytest
+import importlib.metadata
 
+import pytest
+import torch
+
+import attn_dispatch as ad
 from attn_dispatch import _costs
 
 SHIPPED = {
@@ -32,3 +37,52 @@ def test_a_shipped_table_is_well_formed(package, prefix) -> None:
                 if (r.impl, r.kind, r.shape) == (row.impl, row.kind, row.shape)
             ]
             assert predicted.us == pytest.approx(sum(r.us[mode] for r in same) / len(same))
+
+
+# The 20 seed shapes of docs/benchmarks.md (benchmarks/cost_grid.py ``seed_shapes``): B=1,
+# D=128, GQA 64/8 and MHA 8/8, no mask and causal, 1K to 16K.
+SEEDS = [
+    (heads, kv_heads, seqlen, causal)
+    for heads, kv_heads in ((64, 8), (8, 8))
+    for causal in (False, True)
+    for seqlen in (1024, 2048, 4096, 8192, 16384)
+]
+
+
+def drift_of(package: str) -> str | None:
+    """What the shipped table's provenance and the installed versions say ``explain`` notes."""
+    notes = []
+    for dist, measured in _costs.load(package, "sm_90").provenance["requires"].items():
+        try:
+            installed = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            notes.append(f"measured with {dist} {measured}, not installed")
+            continue
+        if installed.split("+")[0] != measured.split("+")[0]:
+            notes.append(f"measured with {dist} {measured}, installed {installed}")
+    return "; ".join(notes) or None
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "seqlen", "causal"), SEEDS)
+def test_the_shipped_tables_rank_the_seed_shapes_under_the_installed_versions(
+    heads, kv_heads, seqlen, causal
+) -> None:
+    """Whatever versions are installed (this environment's torch and FA4 differ from those
+    the tables were measured with), the seed shapes are ranked by a table, and each prediction
+    names how the versions drifted."""
+    for package in SHIPPED:
+        pytest.importorskip(package)
+    q = torch.empty(1, seqlen, heads, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, seqlen, kv_heads, 128, dtype=torch.bfloat16, device="meta")
+    out, dout = torch.empty_like(q), torch.empty_like(q)
+    lse = torch.empty(1, heads, seqlen, dtype=torch.float32, device="meta")
+    report = ad.explain(q, k, k, out, lse, dout, causal=causal, arch="sm_90")
+    chosen = {c.name: c for c in report.candidates}[report.selected]
+    assert chosen.predicted_us is not None, str(report)
+    predicted = [c for c in report.candidates if c.predicted_us is not None]
+    assert {c.name.split(":")[0] for c in predicted} == {p.rstrip(":") for p in SHIPPED.values()}
+    for c in predicted:
+        package = next(p for p, prefix in SHIPPED.items() if c.name.startswith(prefix))
+        drift = drift_of(package)
+        assert c.prediction.startswith("cost table: nearest measured")
+        assert c.prediction.endswith(f"; {drift}" if drift else ")"), c.prediction
