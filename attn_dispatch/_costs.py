@@ -1,11 +1,14 @@
 """Recorded cost tables: measured times that rank implementations instead of hand rules.
 
-A backend ships, per arch it was measured on, ``<package>/costs/<arch>.json`` (the package an
-implementation names in ``cost_tables``), written by ``benchmarks/cost_grid.py`` on that GPU:
-its commit, versions and command, the versions of the distributions its kernels come from
-(``requires``: under other versions the rows still rank, and ``explain`` names the drift), and
-one row per (implementation, kind, grid point) with the median microseconds per call eager
-(``eager_us``, host work included) and under CUDA graphs (``graph_us``, the GPU's time).
+A backend ships, per arch it was measured on, ``<package>/costs/<arch>.json`` (its own
+package's, or the one an implementation names in ``cost_tables``: :func:`tables_of`), written by
+``benchmarks/cost_grid.py`` on that GPU: a format version (:data:`FORMAT`), its commit, versions
+and commands, the versions of the distributions its kernels come from (``requires``: under
+other versions the rows still rank, and ``explain`` names the drift), and one row per
+(implementation, kind, grid point) with the median microseconds per call eager (``eager_us``,
+host work included) and under CUDA graphs (``graph_us``, the GPU's time). The format, and what
+a malformed table or row costs, are documented in docs/design.md ("Recorded cost tables");
+:func:`parse` validates a table against it when it is read.
 
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
 for a call, each implementation's rows of the same kind (forward or backward), mask class
@@ -25,12 +28,20 @@ import importlib.metadata
 import importlib.resources
 import json
 import math
+import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ._arch import Arch
 from ._inputs import ForwardInputs
 
+if TYPE_CHECKING:
+    from ._implementation import Implementation
+
 COSTS_DIR = "costs"
+# The table format this module reads (``format`` in a table; docs/design.md, "Recorded cost
+# tables"). A table of a newer format fails its implementations with a reason, not silently.
+FORMAT = 1
 # The weighted log2 distance (see ``distance``) within which a measured row predicts a call: a
 # factor of 2 in two of length, head dim and group, or of 4 in one, or batch and heads further.
 COVERAGE = 2.0
@@ -237,7 +248,7 @@ class CostTableError(ValueError):
 SIZES = ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim")
 MASKS = ("none", "causal", "window")
 EXECUTIONS = ("eager", "graph")
-TABLE_FIELDS = frozenset({"arch", "provenance", "rows"})
+TABLE_FIELDS = frozenset({"format", "arch", "provenance", "rows"})
 ROW_FIELDS = frozenset(
     {"impl", "kind", *SIZES, "mask", "window", "sinks", "softcap"} | {f"{m}_us" for m in EXECUTIONS}
 )
@@ -315,6 +326,13 @@ def _table(data: object, source: str) -> CostTable:
     bad row fails only the implementation it names (``CostTable.broken``)."""
     if not isinstance(data, dict):
         raise ValueError(f"the top level is {type(data).__name__}, not an object")
+    version = data.get("format")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"format {version!r} is not a format version (this reads {FORMAT})")
+    if version > FORMAT:
+        raise ValueError(
+            f"format {version} is newer than this attn_dispatch reads ({FORMAT}): upgrade it"
+        )
     unknown = sorted(set(data) - TABLE_FIELDS)
     if unknown:
         raise ValueError(f"unknown fields {unknown}")
@@ -346,6 +364,18 @@ def parse(text: str | bytes, source: str) -> CostTable:
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSON errors included
         reason = "nested too deeply" if isinstance(exc, RecursionError) else repr(exc)
         raise CostTableError(f"cost table {source} is malformed: {reason}") from exc
+
+
+def tables_of(impl: Implementation) -> str | None:
+    """The package whose ``costs/`` holds ``impl``'s tables: its ``cost_tables``, else its own
+    top-level package when that has a ``costs/`` folder (so a backend that ships tables beside
+    its code needs to name nothing), else ``None``."""
+    if impl.cost_tables is not None:
+        return impl.cost_tables
+    package = type(impl).__module__.partition(".")[0]
+    if not hasattr(sys.modules.get(package), "__path__"):  # a lone module has no folder
+        return None
+    return package if importlib.resources.files(package).joinpath(COSTS_DIR).is_dir() else None
 
 
 @functools.cache

@@ -238,7 +238,7 @@ def _with_prediction(
     """``candidate`` with its cost table's prediction (and where it came from) when one covers
     ``inp``; a table that cannot be read fails this implementation alone."""
     try:
-        p = _costs.predict(impl.cost_tables, candidate.name, mode, execution, arch, inp)
+        p = _costs.predict(_costs.tables_of(impl), candidate.name, mode, execution, arch, inp)
     except _costs.CostTableError as exc:
         return replace(candidate, status=FAILED, reasons=(str(exc),))
     if p is None:

@@ -15,6 +15,7 @@ from dispatch_helpers import make_inputs, tag_of
 
 import attn_dispatch as ad
 from attn_dispatch import _costs
+from attn_dispatch import backend as adb
 
 GRID = dict(batch=1, heads=8, kv_heads=8, seqlen_q=512, seqlen_k=512, head_dim=64)
 
@@ -29,14 +30,15 @@ def row(impl, eager, graph=None, kind="backward", **changes) -> dict:
     return data | ({"graph_us": graph} if graph else {}) | changes
 
 
-# quick: fastest eager at the measured points; steady: fastest under graphs; plain: no table.
+# quick: fastest eager at the measured points; steady: fastest under graphs; plain: no rows.
+# They name no ``cost_tables``: their own package's costs/ folder is where tables are by default.
 COSTED = """
 class Quick(Tagged):
-    name, tag, priority, cost_tables = "quick", 1.0, {"*": 50}, "rel_costed"
+    name, tag, priority = "quick", 1.0, {"*": 50}
 
 
 class Steady(Tagged):
-    name, tag, priority, cost_tables = "steady", 2.0, {"*": 40}, "rel_costed"
+    name, tag, priority = "steady", 2.0, {"*": 40}
 
 
 class Plain(Tagged):
@@ -58,7 +60,7 @@ def costed(plugins, env, tmp_path):
         hook = "\n\n@adb.hookimpl\ndef attn_dispatch_implementations():\n"
         body += hook + "    return [Quick(), Steady(), Plain(), Fallback()]\n"
         (package / "__init__.py").write_text(body)
-        table = text if text is not None else json.dumps({"arch": arch, "rows": rows})
+        table = text if text is not None else json.dumps({"format": 1, "arch": arch, "rows": rows})
         path = package / "costs" / f"{arch}.json"
         path.write_bytes(table if isinstance(table, bytes) else table.encode())
         _costs.load.cache_clear()
@@ -66,7 +68,7 @@ def costed(plugins, env, tmp_path):
         plugins.modules.append("rel_costed")
         if not (tmp_path / "rel-costed-0.1.dist-info").exists():
             plugins.add("rel-costed", {"costed": "rel_costed"}, {})
-        env.set(ATTN_DISPATCH_PLUGINS="costed")
+        env.set(ATTN_DISPATCH_PLUGINS="costed,reference")
 
     yield write
     _costs.load.cache_clear()
@@ -120,6 +122,7 @@ def test_the_nearest_rows_predict_scaled_by_work_and_ties_average(costed) -> Non
     table = _costs.parse(
         json.dumps(
             {
+                "format": 1,
                 "arch": "cpu",
                 "rows": [
                     row("x:y", 100.0, seqlen_q=1024, seqlen_k=1024),
@@ -192,15 +195,20 @@ def statuses(report) -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 MALFORMED_TABLES = {
-    "a row naming no implementation": '{"arch": "cpu", "rows": [{"kind": "backward"}]}',
-    "requires as a list": json.dumps(
-        {"arch": "cpu", "provenance": {"requires": ["torch"]}, "rows": []}
+    "a row naming no implementation": json.dumps(
+        {"format": 1, "arch": "cpu", "rows": [{"kind": "backward"}]}
     ),
-    "not UTF-8": b'{"arch": "cpu", "rows": [], "provenance": {"gpu": "\xff\xfe"}}',
-    "nested too deeply": '{"arch": "cpu", "rows": [], "provenance": ' + "[" * 100_000,
+    "requires as a list": json.dumps(
+        {"format": 1, "arch": "cpu", "provenance": {"requires": ["torch"]}, "rows": []}
+    ),
+    "not UTF-8": b'{"format": 1, "arch": "cpu", "rows": [], "provenance": {"gpu": "\xff\xfe"}}',
+    "nested too deeply": '{"format": 1, "arch": "cpu", "rows": [], "provenance": ' + "[" * 100_000,
     "not an object": "[]",
-    "rows not a list": '{"arch": "cpu", "rows": {}}',
-    "an unknown field": '{"arch": "cpu", "rows": [], "costs": []}',
+    "rows not a list": '{"format": 1, "arch": "cpu", "rows": {}}',
+    "an unknown field": '{"format": 1, "arch": "cpu", "rows": [], "costs": []}',
+    "no format": '{"arch": "cpu", "rows": []}',
+    "a format as text": '{"format": "1", "arch": "cpu", "rows": []}',
+    "a newer format": '{"format": 2, "arch": "cpu", "rows": []}',
 }
 
 
@@ -209,11 +217,10 @@ def test_a_malformed_table_fails_only_its_implementations(costed, text) -> None:
     costed([], text=text)
     report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
     status = statuses(report)
-    for name in ("costed:quick", "costed:steady"):
-        assert status[name][0] == "failed"
+    for name in ("costed:quick", "costed:steady", "costed:plain", "costed:fallback"):
+        assert status[name][0] == "failed"  # each reads its package's table
         assert "cost table rel_costed/costs/cpu.json is malformed" in status[name][1][0]
-    assert report.selected == "costed:plain"  # the next by priority; nothing silent
-    assert run() == 3.0
+    assert report.selected == "reference:chunked"  # another backend; nothing silent
 
 
 BAD_ROWS = {
@@ -258,8 +265,51 @@ def test_an_empty_call_is_outside_every_table(costed) -> None:
     assert grads.dq.shape == (0, 512, 8, 64)
 
 
+def test_a_newer_format_is_refused_with_a_reason(costed) -> None:
+    costed([], text=json.dumps({"format": 2, "arch": "cpu", "rows": [], "v2": {}}))
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    reason = statuses(report)["costed:quick"][1][0]
+    assert "format 2 is newer than this attn_dispatch reads (1): upgrade it" in reason
+
+
+class Lone(adb.Implementation):
+    """An implementation in a lone module (this test file): no package, so no costs/."""
+
+    backend, name = "lone", "lone"
+
+
+class Elsewhere(Lone):
+    cost_tables = "rel_costed"
+
+
+def test_tables_are_found_in_the_implementations_own_package(costed) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    tables = {i.name: i.cost_tables for b in ad.backends() for i in b.implementations}
+    assert tables["costed:quick"] == tables["costed:plain"] == "rel_costed"
+    assert tables["reference:chunked"] is None  # a package without a costs/ folder
+    assert _costs.tables_of(Lone()) is None
+    assert _costs.tables_of(Elsewhere()) == "rel_costed"  # named: another package's costs/
+    assert run() == 2.0
+
+
+@pytest.mark.parametrize(
+    ("declaration", "problem"),
+    [
+        ("cost_requires = 'torch'", "cost_requires='torch' must be a collection of distribution"),
+        ("cost_requires = None", "cost_requires=None must be a collection of distribution"),
+        ("cost_tables = ''", "cost_tables='' must be None or a non-empty str"),
+    ],
+)
+def test_a_bad_cost_declaration_fails_its_plugin(plugins, env, declaration, problem) -> None:
+    body = f"class Bad(Tagged):\n    name, priority = 'bad', {{'*': 9}}\n    {declaration}\n"
+    plugins.backend("badcost", body, "[Bad()]")
+    with pytest.warns(UserWarning, match=problem):
+        env.set(ATTN_DISPATCH_PLUGINS="badcost,reference")
+    assert ad.explain(*make_inputs()).selected == "reference:chunked"
+
+
 def test_a_table_for_another_arch_is_refused(costed) -> None:
-    costed([row("costed:quick", 90.0)], text=json.dumps({"arch": "sm_90", "rows": []}))
+    costed([row("costed:quick", 90.0)], text=json.dumps({"format": 1, "arch": "sm_90", "rows": []}))
     report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
     reasons = {c.name: c.reasons for c in report.candidates}
     assert "says arch 'sm_90'" in reasons["costed:quick"][0]
@@ -279,7 +329,9 @@ def test_a_table_measured_with_other_versions_still_ranks_and_names_the_drift(
         measured = installed.split("+")[0] + measured
     provenance = {"requires": {"torch": measured}}
     rows = [row("costed:quick", 90.0), row("costed:steady", 60.0)]
-    costed([], text=json.dumps({"arch": "cpu", "provenance": provenance, "rows": rows}))
+    costed(
+        [], text=json.dumps({"format": 1, "arch": "cpu", "provenance": provenance, "rows": rows})
+    )
     report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
     assert report.selected == "costed:steady"  # ranked by the table, not by priority
     note = {c.name: c.prediction for c in report.candidates}["costed:steady"]
@@ -292,7 +344,9 @@ def test_a_table_measured_with_other_versions_still_ranks_and_names_the_drift(
 def test_a_table_needing_a_distribution_not_installed_still_ranks(costed) -> None:
     provenance = {"requires": {"attn-dispatch-no-such-kernels": "1.0"}}
     rows = [row("costed:quick", 90.0), row("costed:steady", 60.0)]
-    costed([], text=json.dumps({"arch": "cpu", "provenance": provenance, "rows": rows}))
+    costed(
+        [], text=json.dumps({"format": 1, "arch": "cpu", "provenance": provenance, "rows": rows})
+    )
     report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
     assert report.selected == "costed:steady"
     assert "measured with attn-dispatch-no-such-kernels 1.0, not installed" in str(report)
@@ -301,7 +355,11 @@ def test_a_table_needing_a_distribution_not_installed_still_ranks(costed) -> Non
 def test_reload_reads_a_changed_table(costed, tmp_path) -> None:
     costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
     assert run() == 2.0
-    table = {"arch": "cpu", "rows": [row("costed:quick", 50.0), row("costed:steady", 60.0)]}
+    table = {
+        "format": 1,
+        "arch": "cpu",
+        "rows": [row("costed:quick", 50.0), row("costed:steady", 60.0)],
+    }
     (tmp_path / "rel_costed" / "costs" / "cpu.json").write_text(json.dumps(table))
     ad.reload()
     assert run() == 1.0

@@ -4,7 +4,11 @@ rank the seed shapes under the installed versions, whichever they are."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import importlib.resources
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +29,9 @@ def test_a_shipped_table_is_well_formed(package, prefix) -> None:
     table = _costs.load(package, "sm_90")
     assert table is not None and table.arch == "sm_90"
     assert table.rows and all(r.impl.startswith(prefix) for r in table.rows)
+    # found where the implementations are, without their naming a package
+    owners = {i.cost_tables for b in ad.backends() for i in b.implementations if prefix in i.name}
+    assert owners == {package}
     info = table.provenance
     assert info["gpu"] and info["commit"] and info["command"] and info["requires"]
     for row in table.rows:  # at its own point a row predicts exactly its own time
@@ -86,3 +93,31 @@ def test_the_shipped_tables_rank_the_seed_shapes_under_the_installed_versions(
         drift = drift_of(package)
         assert c.prediction.startswith("cost table: nearest measured")
         assert c.prediction.endswith(f"; {drift}" if drift else ")"), c.prediction
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cost_grid(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPOSITORY / "benchmarks"))
+    return importlib.import_module("cost_grid")
+
+
+@pytest.mark.parametrize("package", SHIPPED)
+def test_a_shipped_table_is_what_its_provenance_command_writes(cost_grid, package) -> None:
+    """The command a table names runs from a checkout: its rows file is in the repository,
+    and the table writer makes the same rows and ``requires`` (from the implementations'
+    ``cost_requires``) from it."""
+    pytest.importorskip(package)
+    shipped = json.loads((importlib.resources.files(package) / "costs" / "sm_90.json").read_text())
+    command = shipped["provenance"]["command"]
+    files = command.rpartition("cost_grid.py tables ")[2].split()
+    assert files and all((REPOSITORY / f).is_file() for f in files), command
+    rows, run = cost_grid.read_rows([str(REPOSITORY / f) for f in files])
+    command_now = cost_grid.tables_command([str(REPOSITORY / f) for f in files])
+    built = cost_grid.tables(rows, run, command_now)[package]
+    assert built["provenance"]["command"] == command
+    assert built["provenance"]["requires"] == shipped["provenance"]["requires"]
+    assert (built["format"], built["arch"]) == (shipped["format"], shipped["arch"])
+    assert built["rows"] == shipped["rows"]
