@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _autotune, _settings
+from . import _autotune, _costs, _settings
 from ._arch import Arch
 from ._call import parse
 from ._dispatch import BACKWARD, FORWARD, dispatch, select
@@ -272,8 +272,10 @@ class ImplementationInfo:
     softcap: bool = False
     opt_in_reason: str | None = None
     sinks: bool = False
-    # the package shipping its measured cost tables (attn_dispatch._costs), if any
+    # the package shipping its measured cost tables (attn_dispatch._costs), if any, and the
+    # distributions whose versions those tables record
     cost_tables: str | None = None
+    cost_requires: tuple[str, ...] = ()
 
     def priority_for(self, arch: Arch | str) -> int | None:
         """The priority on ``arch`` (``None``: not chosen automatically there)."""
@@ -291,6 +293,7 @@ class ImplementationInfo:
             "sinks": self.sinks,
             "opt_in_reason": self.opt_in_reason,
             "cost_tables": self.cost_tables,
+            "cost_requires": list(self.cost_requires),
         }
 
 
@@ -328,7 +331,8 @@ def _info(record: BackendRecord) -> BackendInfo:
             i.softcap,
             i.opt_in_reason,
             i.sinks,
-            i.cost_tables,
+            _costs.tables_of(i),
+            tuple(i.cost_requires),
         )
         for i in record.implementations
     )

@@ -58,7 +58,12 @@ _COLLECTIONS: dict[str, tuple[Callable[[object], bool], str]] = {
     "vendors": (lambda x: isinstance(x, str) and bool(x), "a collection of vendor names (str)"),
     "archs": (lambda x: isinstance(x, str) and bool(x), "a collection of fnmatch patterns (str)"),
     "causal_aligns": (lambda x: x in CAUSAL_ALIGNS, f"a collection drawn from {CAUSAL_ALIGNS}"),
+    "cost_requires": (
+        lambda x: isinstance(x, str) and bool(x),
+        "a collection of distribution names (str)",
+    ),
 }
+_REQUIRED_COLLECTIONS = ("causal_aligns", "cost_requires")
 
 
 def declaration_problems(impl: object) -> list[str]:
@@ -70,12 +75,13 @@ def declaration_problems(impl: object) -> list[str]:
             problems.append(f"{name}={value!r} must be a bool")
     for name, (accept, wanted) in _COLLECTIONS.items():
         value = getattr(impl, name)
-        optional = name != "causal_aligns"
+        optional = name not in _REQUIRED_COLLECTIONS
         if not (optional and value is None) and not _collection_of(value, accept):
             problems.append(f"{name}={value!r} must be {'None or ' if optional else ''}{wanted}")
-    reason = getattr(impl, "opt_in_reason", None)
-    if reason is not None and not (isinstance(reason, str) and reason):
-        problems.append(f"opt_in_reason={reason!r} must be None or a non-empty str")
+    for name in ("opt_in_reason", "cost_tables"):
+        value = getattr(impl, name, None)
+        if value is not None and not (isinstance(value, str) and value):
+            problems.append(f"{name}={value!r} must be None or a non-empty str")
     for name in ("min_sm", "alignment"):
         value = getattr(impl, name)
         if value is not None and not (_is_int(value) and value > 0):

@@ -1,11 +1,14 @@
 """Recorded cost tables: measured times that rank implementations instead of hand rules.
 
-A backend ships, per arch it was measured on, ``<package>/costs/<arch>.json`` (the package an
-implementation names in ``cost_tables``), written by ``benchmarks/cost_grid.py`` on that GPU:
-its commit, versions and command, the versions of the distributions its kernels come from
-(``requires``: a table measured with other versions is not used), and one row per
+A backend ships, per arch it was measured on, ``<package>/costs/<arch>.json`` (its own
+package's, or the one an implementation names in ``cost_tables``: :func:`tables_of`), written by
+``benchmarks/cost_grid.py`` on that GPU: a format version (:data:`FORMAT`), its commit, versions
+and commands, the versions of the distributions its kernels come from (``requires``: under
+other versions the rows still rank, and ``explain`` names the drift), and one row per
 (implementation, kind, grid point) with the median microseconds per call eager (``eager_us``,
-host work included) and under CUDA graphs (``graph_us``, the GPU's time).
+host work included) and under CUDA graphs (``graph_us``, the GPU's time). The format, and what
+a malformed table or row costs, are documented in docs/design.md ("Recorded cost tables");
+:func:`parse` validates a table against it when it is read.
 
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
 for a call, each implementation's rows of the same kind (forward or backward), mask class
@@ -25,12 +28,20 @@ import importlib.metadata
 import importlib.resources
 import json
 import math
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ._arch import Arch
 from ._inputs import ForwardInputs
 
+if TYPE_CHECKING:
+    from ._implementation import Implementation
+
 COSTS_DIR = "costs"
+# The table format this module reads (``format`` in a table; docs/design.md, "Recorded cost
+# tables"). A table of a newer format fails its implementations with a reason, not silently.
+FORMAT = 1
 # The weighted log2 distance (see ``distance``) within which a measured row predicts a call: a
 # factor of 2 in two of length, head dim and group, or of 4 in one, or batch and heads further.
 COVERAGE = 2.0
@@ -82,8 +93,10 @@ class Shape:
 
     @classmethod
     def of(cls, inp: ForwardInputs) -> Shape | None:
-        """The features of ``inp``; ``None`` where the tables hold no such call (varlen)."""
-        if inp.is_varlen or inp.seqlen_q == 0 or inp.seqlen_k == 0:
+        """The features of ``inp``; ``None`` where the tables hold no such call: varlen, or
+        empty (a zero size: no work to predict, and no logarithm of it)."""
+        sizes = (inp.batch, inp.heads, inp.kv_heads, inp.seqlen_q, inp.seqlen_k, inp.head_dim)
+        if inp.is_varlen or min(sizes) <= 0:
             return None
         mask, width = mask_of(inp.band.left, inp.band.right)
         return cls(
@@ -170,20 +183,26 @@ class CostTable:
     source: str  # the file it was read from
     provenance: dict
     rows: tuple[Row, ...]
+    # implementation -> why its rows cannot be read (a bad row fails its implementation alone)
+    broken: dict[str, str] = field(default_factory=dict)
 
     @functools.cached_property
-    def stale(self) -> str | None:
-        """Why the rows no longer describe the installed kernels, or ``None``: the table names
-        (``provenance.requires``) the distributions its kernels come from, and one installed
-        at another version (local labels such as ``+cu130`` aside) makes it stale."""
-        for dist, version in dict(self.provenance.get("requires", {})).items():
+    def drift(self) -> str | None:
+        """How the installed kernels' versions differ from those the rows were measured with,
+        or ``None``: the table names (``provenance.requires``) the distributions its kernels
+        come from, compared without local labels such as ``+cu130``. Drift does not retire a
+        table: which kernel is faster changes far less between releases than the kernels do,
+        so the rows still rank, and ``explain`` names the drift beside each prediction."""
+        notes = []
+        for dist, version in self.provenance.get("requires", {}).items():
             try:
                 installed = importlib.metadata.version(dist)
             except importlib.metadata.PackageNotFoundError:
-                installed = None
-            if installed is None or installed.split("+")[0] != str(version).split("+")[0]:
-                return f"{self.source} was measured with {dist} {version}, installed: {installed}"
-        return None
+                notes.append(f"measured with {dist} {version}, not installed")
+                continue
+            if installed.split("+")[0] != version.split("+")[0]:
+                notes.append(f"measured with {dist} {version}, installed {installed}")
+        return "; ".join(notes) or None
 
     def predict(self, impl: str, kind: str, execution: str, shape: Shape) -> Prediction | None:
         """The predicted time of ``impl`` for a call of ``shape``, or ``None`` when no row of
@@ -200,51 +219,163 @@ class CostTable:
         if not nearest or best > COVERAGE:
             return None
         per_work = sum(r.us[execution] / work(r.shape) for r in nearest) / len(nearest)
-        return Prediction(per_work * work(shape), best, tuple(r.shape for r in nearest))
+        shapes = tuple(r.shape for r in nearest)
+        return Prediction(per_work * work(shape), best, shapes, self.drift)
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """A predicted time per call, how far the nearest measured rows were, and which."""
+    """A predicted time per call, how far the nearest measured rows were, which, and how the
+    installed versions differ from those they were measured with (:attr:`CostTable.drift`)."""
 
     us: float
     distance: float
     nearest: tuple[Shape, ...]
+    drift: str | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the prediction came from, as ``explain`` shows it."""
+        near = ", ".join(s.label for s in self.nearest)
+        note = f"cost table: nearest measured {near} (distance {self.distance:.2f})"
+        return note + (f"; {self.drift}" if self.drift else "")
 
 
 class CostTableError(ValueError):
-    """A shipped cost table that cannot be read."""
+    """A shipped cost table, or one row of it, that cannot be read."""
 
 
-def _shape(data: dict) -> Shape:
-    return Shape(
-        int(data["batch"]),
-        int(data["heads"]),
-        int(data["kv_heads"]),
-        int(data["seqlen_q"]),
-        int(data["seqlen_k"]),
-        int(data["head_dim"]),
-        str(data["mask"]),
-        None if data.get("window") is None else int(data["window"]),
-        bool(data.get("sinks", False)),
-        bool(data.get("softcap", False)),
-    )
+SIZES = ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim")
+MASKS = ("none", "causal", "window")
+EXECUTIONS = ("eager", "graph")
+TABLE_FIELDS = frozenset({"format", "arch", "provenance", "rows"})
+ROW_FIELDS = frozenset(
+    {"impl", "kind", *SIZES, "mask", "window", "sinks", "softcap"} | {f"{m}_us" for m in EXECUTIONS}
+)
 
 
-def parse(text: str, source: str) -> CostTable:
-    """A cost table from its JSON text (``source`` names it in errors)."""
+def _positive_int(entry: dict, name: str) -> int:
+    value = entry.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} {value!r} is not a positive integer")
+    return value
+
+
+def _flag(entry: dict, name: str) -> bool:
+    value = entry.get(name, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} {value!r} is not true or false")
+    return value
+
+
+def _times(entry: dict) -> dict[str, float]:
+    """The row's microseconds per execution mode: each finite and positive (a NaN or a
+    negative time would rank as the fastest), at least one of them."""
+    us = {}
+    for mode in EXECUTIONS:
+        value = entry.get(f"{mode}_us")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{mode}_us {value!r} is not a number")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{mode}_us {value!r} is not a finite positive time")
+        us[mode] = float(value)
+    if not us:
+        raise ValueError("no time (eager_us or graph_us)")
+    return us
+
+
+def _row(entry: dict, impl: str) -> Row:
+    """One validated row (``ValueError`` naming the bad field)."""
+    unknown = sorted(set(entry) - ROW_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fields {unknown}")
+    kind = entry.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    mask = entry.get("mask")
+    if mask not in MASKS:
+        raise ValueError(f"mask {mask!r} is not one of {MASKS}")
+    window = entry.get("window")
+    if window is not None:
+        if mask != "window":
+            raise ValueError(f"window {window!r} with mask {mask!r}")
+        window = _positive_int(entry, "window")
+    sizes = [_positive_int(entry, name) for name in SIZES]
+    flags = (_flag(entry, "sinks"), _flag(entry, "softcap"))
+    return Row(impl, kind, Shape(*sizes, mask, window, *flags), _times(entry))
+
+
+def _provenance(data: dict) -> dict:
+    info = data.get("provenance", {})
+    if not isinstance(info, dict):
+        raise ValueError(f"provenance {info!r} is not an object")
+    requires = info.get("requires", {})
+    if not isinstance(requires, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in requires.items()
+    ):
+        raise ValueError(
+            f"provenance.requires {requires!r} is not an object of distribution: version"
+        )
+    return info
+
+
+def _table(data: object, source: str) -> CostTable:
+    """A cost table from decoded JSON; ``ValueError`` for what fails the whole table, while a
+    bad row fails only the implementation it names (``CostTable.broken``)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"the top level is {type(data).__name__}, not an object")
+    version = data.get("format")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"format {version!r} is not a format version (this reads {FORMAT})")
+    if version > FORMAT:
+        raise ValueError(
+            f"format {version} is newer than this attn_dispatch reads ({FORMAT}): upgrade it"
+        )
+    unknown = sorted(set(data) - TABLE_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fields {unknown}")
+    arch, entries = data.get("arch"), data.get("rows")
+    if not isinstance(arch, str) or not arch:
+        raise ValueError(f"arch {arch!r} is not an arch name")
+    if not isinstance(entries, list):
+        raise ValueError(f"rows {type(entries).__name__} is not a list")
+    info = _provenance(data)
+    rows, broken = [], {}
+    for number, entry in enumerate(entries):
+        impl = entry.get("impl") if isinstance(entry, dict) else None
+        if not isinstance(impl, str) or not impl:
+            raise ValueError(f"row {number} names no implementation (impl)")
+        try:
+            rows.append(_row(entry, impl))
+        except ValueError as exc:
+            broken.setdefault(impl, f"cost table {source} is malformed: row {number}: {exc}")
+    return CostTable(arch, source, info, tuple(r for r in rows if r.impl not in broken), broken)
+
+
+def parse(text: str | bytes, source: str) -> CostTable:
+    """A cost table from its JSON text or bytes (UTF-8; ``source`` names it in errors);
+    :class:`CostTableError` when the table as a whole cannot be read."""
     try:
-        data = json.loads(text)
-        rows = []
-        for entry in data["rows"]:
-            kind = entry["kind"]
-            if kind not in KINDS:
-                raise ValueError(f"kind {kind!r} is not one of {KINDS}")
-            us = {m: float(entry[f"{m}_us"]) for m in ("eager", "graph") if entry.get(f"{m}_us")}
-            rows.append(Row(str(entry["impl"]), kind, _shape(entry), us))
-        return CostTable(str(data["arch"]), source, dict(data.get("provenance", {})), tuple(rows))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CostTableError(f"cost table {source} is malformed: {exc!r}") from exc
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return _table(json.loads(text), source)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSON errors included
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else repr(exc)
+        raise CostTableError(f"cost table {source} is malformed: {reason}") from exc
+
+
+def tables_of(impl: Implementation) -> str | None:
+    """The package whose ``costs/`` holds ``impl``'s tables: its ``cost_tables``, else its own
+    top-level package when that has a ``costs/`` folder (so a backend that ships tables beside
+    its code needs to name nothing), else ``None``."""
+    if impl.cost_tables is not None:
+        return impl.cost_tables
+    package = type(impl).__module__.partition(".")[0]
+    if not hasattr(sys.modules.get(package), "__path__"):  # a lone module has no folder
+        return None
+    return package if importlib.resources.files(package).joinpath(COSTS_DIR).is_dir() else None
 
 
 @functools.cache
@@ -257,7 +388,12 @@ def load(package: str, arch: str) -> CostTable | None:
         raise CostTableError(f"cost tables of {package!r}: {exc}") from exc
     if not path.is_file():
         return None
-    table = parse(path.read_text(), f"{package}/{COSTS_DIR}/{arch}.json")
+    source = f"{package}/{COSTS_DIR}/{arch}.json"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CostTableError(f"cost table {source} cannot be read: {exc}") from exc
+    table = parse(data, source)
     if table.arch != arch:
         raise CostTableError(f"{table.source} says arch {table.arch!r}")
     return table
@@ -265,16 +401,17 @@ def load(package: str, arch: str) -> CostTable | None:
 
 def predict(
     package: str | None, impl: str, kind: str, execution: str, arch: Arch, inp: ForwardInputs
-) -> Prediction | str | None:
+) -> Prediction | None:
     """``impl``'s predicted time for ``inp`` from ``package``'s table for ``arch``; ``None``
-    when there is none (no table, a varlen call, nothing measured within :data:`COVERAGE`), or
-    why a table exists but is not used (:attr:`CostTable.stale`)."""
+    when there is none (no table, a varlen or empty call, nothing measured within
+    :data:`COVERAGE`); :class:`CostTableError` when the table, or ``impl``'s rows in it, cannot
+    be read."""
     if package is None:
         return None
     table = load(package, arch.name)
     if table is None:
         return None
-    if table.stale:
-        return table.stale
+    if impl in table.broken:
+        raise CostTableError(table.broken[impl])
     shape = Shape.of(inp)
     return None if shape is None else table.predict(impl, kind, execution, shape)

@@ -118,9 +118,13 @@ class Implementation:
     softcap: ClassVar[bool] = False
     sinks: ClassVar[bool] = False
     # The package holding this implementation's measured cost tables, ``costs/<arch>.json``
-    # (see ``attn_dispatch._costs``): where a table covers a call, automatic selection ranks
-    # the measured implementations by predicted time instead of by priority.
+    # (see ``attn_dispatch._costs``; ``None``: its own top-level package, when that has a
+    # ``costs/`` folder): where a table covers a call, automatic selection ranks the measured
+    # implementations by predicted time instead of by priority.
     cost_tables: ClassVar[str | None] = None
+    # The distributions its kernels come from: a cost table records their versions
+    # (``requires``), and ``explain`` names any drift from them.
+    cost_requires: ClassVar[Collection[str]] = ()
 
     @property
     def full_name(self) -> str:

@@ -21,7 +21,7 @@ class Candidate:
     reasons: tuple[str, ...] = ()
     # the recorded cost table's predicted microseconds per call (attn_dispatch._costs)
     predicted_us: float | None = None
-    # where that prediction came from, or why a table exists but was not used
+    # where that prediction came from, with any drift of the versions it was measured with
     prediction: str | None = None
 
     def to_dict(self) -> dict:

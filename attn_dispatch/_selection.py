@@ -238,16 +238,12 @@ def _with_prediction(
     """``candidate`` with its cost table's prediction (and where it came from) when one covers
     ``inp``; a table that cannot be read fails this implementation alone."""
     try:
-        p = _costs.predict(impl.cost_tables, candidate.name, mode, execution, arch, inp)
+        p = _costs.predict(_costs.tables_of(impl), candidate.name, mode, execution, arch, inp)
     except _costs.CostTableError as exc:
         return replace(candidate, status=FAILED, reasons=(str(exc),))
     if p is None:
         return candidate
-    if isinstance(p, str):
-        return replace(candidate, prediction=f"cost table not used: {p}")
-    near = ", ".join(s.label for s in p.nearest)
-    note = f"cost table: nearest measured {near} (distance {p.distance:.2f})"
-    return replace(candidate, predicted_us=p.us, prediction=note)
+    return replace(candidate, predicted_us=p.us, prediction=p.source)
 
 
 def _ranking(candidates: list[Candidate]) -> Callable[[Candidate], tuple]:

@@ -6,8 +6,10 @@ group x length x head dim x mask, and GPT-OSS-style attention sinks), bf16. Per 
 answer is cross-checked against the others (an implementation that disagrees with most of them
 is left out and named); then each is timed eager (``n`` calls back to back, events around
 them: host work included) and as replays of a CUDA graph (the GPU's time). Medians of 3 blocks.
-The rows go to each backend's ``<package>/costs/<arch>.json`` (the package its implementations
-name in ``cost_tables``) with the commit, versions and command (step ``tables``).
+The rows go to each backend's ``<package>/costs/<arch>.json`` (its ``cost_tables`` package:
+by default its own) with the commit, the versions of what its implementations name in
+``cost_requires`` and the repository-relative commands (step ``tables``; the format:
+docs/design.md, "Recorded cost tables").
 
 ``evaluate``: at the 20 seed shapes and at :data:`HELD_OUT` (shapes the grid does not hold),
 times every implementation forced, the default automatic choice and the autotuned choice,
@@ -43,7 +45,9 @@ import torch
 from _provenance import git_commit
 
 import attn_dispatch as ad
+from attn_dispatch._costs import FORMAT as COST_TABLE_FORMAT
 
+REPOSITORY = Path(__file__).resolve().parent.parent
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 HEADS = ((1, 8, 8), (1, 64, 8), (4, 32, 8), (4, 16, 16))  # (batch, query heads, kv heads)
 HEAD_DIMS = (64, 128, 256)
@@ -339,29 +343,22 @@ def provenance(command: str) -> dict:
     }
 
 
-# The distributions each backend's kernels come from: its table is not used under other versions.
-REQUIRES = {
-    "attn_dispatch_triton": ("triton",),
-    "attn_dispatch_torch_sdpa": ("torch",),
-    "attn_dispatch_flash_attn_cute": ("flash-attn-4", "nvidia-cutlass-dsl"),
-}
-
-
-def write_tables(rows: list[dict], run: dict, command: str) -> list[Path]:
-    """Each backend's rows into ``<its cost_tables package>/costs/<arch>.json``; ``run`` is
-    the measuring run's provenance (its GPU, commit and versions)."""
+def tables(rows: list[dict], run: dict, command: str) -> dict[str, dict]:
+    """Each backend's cost table (the format of ``attn_dispatch._costs``) by the package that
+    ships it (``ad.backends()``'s ``cost_tables``); ``run`` is the measuring run's provenance
+    (its GPU, commit and versions). ``requires`` records the versions of the distributions the
+    backend's implementations name in ``cost_requires``."""
     arch = run["arch"]
-    packages: dict[str, list[dict]] = {}
+    packages: dict[str, tuple[list[dict], set[str]]] = {}
     for impl in (i for b in ad.backends() if b.error is None for i in b.implementations):
         if impl.cost_tables:
-            owned = [r for r in rows if r["impl"] == impl.name and r.get("status") == "ok"]
-            packages.setdefault(impl.cost_tables, []).extend(owned)
-    written = []
-    for package, owned in packages.items():
+            owned, requires = packages.setdefault(impl.cost_tables, ([], set()))
+            owned += [r for r in rows if r["impl"] == impl.name and r.get("status") == "ok"]
+            requires.update(impl.cost_requires)
+    built = {}
+    for package, (owned, requires) in packages.items():
         if not owned:
             continue
-        path = Path(str(importlib.resources.files(package))) / "costs" / f"{arch}.json"
-        path.parent.mkdir(exist_ok=True)
         keep = ("impl", "kind", "batch", "heads", "kv_heads", "head_dim", "mask", "window")
         table = []
         for r in owned:
@@ -371,11 +368,38 @@ def write_tables(rows: list[dict], run: dict, command: str) -> list[Path]:
             entry.update(eager_us=r["eager_us"], graph_us=r["graph_us"])
             table.append(entry)
         info = dict(run, command=command)
-        info["requires"] = {d: run["versions"][d] for d in REQUIRES.get(package, ())}
-        data = {"arch": arch, "provenance": info, "rows": table}
-        path.write_text(json.dumps(data, indent=0) + "\n")
+        info["requires"] = {d: run["versions"][d] for d in sorted(requires)}
+        built[package] = {"format": COST_TABLE_FORMAT, "arch": arch, "provenance": info}
+        built[package]["rows"] = table
+    return built
+
+
+def write_tables(rows: list[dict], run: dict, command: str) -> list[Path]:
+    """:func:`tables` into each package's ``costs/<arch>.json``."""
+    written = []
+    for package, table in tables(rows, run, command).items():
+        path = Path(str(importlib.resources.files(package))) / "costs" / f"{table['arch']}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(table, indent=0) + "\n")
         written.append(path)
     return written
+
+
+def in_repository(path: str) -> str:
+    """``path`` relative to the repository when it lies inside (so that the command in a
+    table's provenance reproduces it from a checkout), else its file name alone."""
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(REPOSITORY).as_posix()
+    except ValueError:
+        return resolved.name
+
+
+def tables_command(files: list[str]) -> str:
+    """The commands that measured ``files`` and turn them into tables, repository-relative."""
+    names = [in_repository(f) for f in files]
+    measure = [f"python benchmarks/cost_grid.py measure --out {name}" for name in names]
+    return "; ".join(measure + ["python benchmarks/cost_grid.py tables " + " ".join(names)])
 
 
 def ratio_table(rows: list[dict], labels: dict[str, str]) -> str:
@@ -445,9 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     held = dict(HELD_OUT)
     labels = {pt.label: name for pt, name in held.items()}
     if args.step == "tables":
-        measured = f"python benchmarks/cost_grid.py measure --out ROWS; {command}"
         rows, run = read_rows(args.files)
-        for path in write_tables(rows, run, measured):
+        for path in write_tables(rows, run, tables_command(args.files)):
             print(f"wrote {path}", file=sys.stderr)
         return 0
     if args.step == "report":

@@ -3,6 +3,7 @@ measured implementations by predicted time, on plugins written for each test."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import sys
@@ -14,6 +15,7 @@ from dispatch_helpers import make_inputs, tag_of
 
 import attn_dispatch as ad
 from attn_dispatch import _costs
+from attn_dispatch import backend as adb
 
 GRID = dict(batch=1, heads=8, kv_heads=8, seqlen_q=512, seqlen_k=512, head_dim=64)
 
@@ -28,14 +30,15 @@ def row(impl, eager, graph=None, kind="backward", **changes) -> dict:
     return data | ({"graph_us": graph} if graph else {}) | changes
 
 
-# quick: fastest eager at the measured points; steady: fastest under graphs; plain: no table.
+# quick: fastest eager at the measured points; steady: fastest under graphs; plain: no rows.
+# They name no ``cost_tables``: their own package's costs/ folder is where tables are by default.
 COSTED = """
 class Quick(Tagged):
-    name, tag, priority, cost_tables = "quick", 1.0, {"*": 50}, "rel_costed"
+    name, tag, priority = "quick", 1.0, {"*": 50}
 
 
 class Steady(Tagged):
-    name, tag, priority, cost_tables = "steady", 2.0, {"*": 40}, "rel_costed"
+    name, tag, priority = "steady", 2.0, {"*": 40}
 
 
 class Plain(Tagged):
@@ -57,14 +60,15 @@ def costed(plugins, env, tmp_path):
         hook = "\n\n@adb.hookimpl\ndef attn_dispatch_implementations():\n"
         body += hook + "    return [Quick(), Steady(), Plain(), Fallback()]\n"
         (package / "__init__.py").write_text(body)
-        table = text if text is not None else json.dumps({"arch": arch, "rows": rows})
-        (package / "costs" / f"{arch}.json").write_text(table)
+        table = text if text is not None else json.dumps({"format": 1, "arch": arch, "rows": rows})
+        path = package / "costs" / f"{arch}.json"
+        path.write_bytes(table if isinstance(table, bytes) else table.encode())
         _costs.load.cache_clear()
         sys.modules.pop("rel_costed", None)  # written anew: import it anew
         plugins.modules.append("rel_costed")
         if not (tmp_path / "rel-costed-0.1.dist-info").exists():
             plugins.add("rel-costed", {"costed": "rel_costed"}, {})
-        env.set(ATTN_DISPATCH_PLUGINS="costed")
+        env.set(ATTN_DISPATCH_PLUGINS="costed,reference")
 
     yield write
     _costs.load.cache_clear()
@@ -118,6 +122,7 @@ def test_the_nearest_rows_predict_scaled_by_work_and_ties_average(costed) -> Non
     table = _costs.parse(
         json.dumps(
             {
+                "format": 1,
                 "arch": "cpu",
                 "rows": [
                     row("x:y", 100.0, seqlen_q=1024, seqlen_k=1024),
@@ -185,18 +190,126 @@ def test_meta_tensors_predict_what_the_same_call_on_the_device_does(costed) -> N
         assert [(c.name, c.predicted_us) for c in on_meta.candidates] == predicted
 
 
-def test_a_malformed_table_fails_only_its_implementations(costed) -> None:
-    costed([], text='{"arch": "cpu", "rows": [{"impl": "costed:quick"}]}')
+def statuses(report) -> dict[str, tuple[str, tuple[str, ...]]]:
+    return {c.name: (c.status, c.reasons) for c in report.candidates}
+
+
+MALFORMED_TABLES = {
+    "a row naming no implementation": json.dumps(
+        {"format": 1, "arch": "cpu", "rows": [{"kind": "backward"}]}
+    ),
+    "requires as a list": json.dumps(
+        {"format": 1, "arch": "cpu", "provenance": {"requires": ["torch"]}, "rows": []}
+    ),
+    "not UTF-8": b'{"format": 1, "arch": "cpu", "rows": [], "provenance": {"gpu": "\xff\xfe"}}',
+    "nested too deeply": '{"format": 1, "arch": "cpu", "rows": [], "provenance": ' + "[" * 100_000,
+    "not an object": "[]",
+    "rows not a list": '{"format": 1, "arch": "cpu", "rows": {}}',
+    "an unknown field": '{"format": 1, "arch": "cpu", "rows": [], "costs": []}',
+    "no format": '{"arch": "cpu", "rows": []}',
+    "a format as text": '{"format": "1", "arch": "cpu", "rows": []}',
+    "a newer format": '{"format": 2, "arch": "cpu", "rows": []}',
+}
+
+
+@pytest.mark.parametrize("text", MALFORMED_TABLES.values(), ids=MALFORMED_TABLES)
+def test_a_malformed_table_fails_only_its_implementations(costed, text) -> None:
+    costed([], text=text)
     report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
-    status = {c.name: (c.status, c.reasons) for c in report.candidates}
-    assert status["costed:quick"][0] == "failed"
-    assert "cost table rel_costed/costs/cpu.json is malformed" in status["costed:quick"][1][0]
-    assert report.selected == "costed:plain"  # the next by priority; nothing silent
-    assert run() == 3.0
+    status = statuses(report)
+    for name in ("costed:quick", "costed:steady", "costed:plain", "costed:fallback"):
+        assert status[name][0] == "failed"  # each reads its package's table
+        assert "cost table rel_costed/costs/cpu.json is malformed" in status[name][1][0]
+    assert report.selected == "reference:chunked"  # another backend; nothing silent
+
+
+BAD_ROWS = {
+    "batch 0": (dict(batch=0), "batch 0 is not a positive integer"),
+    "negative head dim": (dict(head_dim=-64), "head_dim -64 is not a positive integer"),
+    "no keys": (dict(seqlen_k=0), "seqlen_k 0 is not a positive integer"),
+    "length as text": (dict(seqlen_q="512"), "seqlen_q '512' is not a positive integer"),
+    "NaN time": (dict(eager_us=math.nan), "eager_us nan is not a finite positive time"),
+    "negative time": (dict(eager_us=-5.0), "eager_us -5.0 is not a finite positive time"),
+    "infinite time": (dict(eager_us=math.inf), "eager_us inf is not a finite positive time"),
+    "no time": (dict(eager_us=None), "no time (eager_us or graph_us)"),
+    "unknown kind": (dict(kind="both"), "kind 'both' is not one of"),
+    "unknown mask": (dict(mask="full"), "mask 'full' is not one of"),
+    "window off a window mask": (dict(window=128), "window 128 with mask 'causal'"),
+    "sinks as text": (dict(sinks="no"), "sinks 'no' is not true or false"),
+    "a misspelt field": (dict(eager_ms=3.0), "unknown fields ['eager_ms']"),
+}
+
+
+@pytest.mark.parametrize(("change", "reason"), BAD_ROWS.values(), ids=BAD_ROWS)
+def test_a_bad_row_fails_only_its_implementation(costed, change, reason) -> None:
+    # quick's bad row was measured fastest (or would rank first as a NaN or a negative time)
+    costed([row("costed:quick", 20.0, **change), row("costed:steady", 60.0)])
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    status, reasons = statuses(report)["costed:quick"]
+    assert status == "failed"
+    assert reasons[0].startswith("cost table rel_costed/costs/cpu.json is malformed: row 0: ")
+    assert reason in reasons[0]
+    assert report.selected == "costed:steady"
+    assert {c.name: c.predicted_us for c in report.candidates}["costed:steady"] == 60.0
+    assert run() == 2.0
+
+
+def test_an_empty_call_is_outside_every_table(costed) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    for dims in (dict(b=0), dict(sq=0)):
+        args = make_inputs(**(dict(b=1, sq=512, h=8, hkv=8, d=64) | dims))
+        report = ad.explain(*args, causal=True)
+        assert report.selected == "costed:quick", dims  # by priority: no work to predict
+        assert all(c.predicted_us is None for c in report.candidates)
+    grads = ad.backward(*make_inputs(b=0, sq=512, h=8, hkv=8, d=64), causal=True)
+    assert grads.dq.shape == (0, 512, 8, 64)
+
+
+def test_a_newer_format_is_refused_with_a_reason(costed) -> None:
+    costed([], text=json.dumps({"format": 2, "arch": "cpu", "rows": [], "v2": {}}))
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    reason = statuses(report)["costed:quick"][1][0]
+    assert "format 2 is newer than this attn_dispatch reads (1): upgrade it" in reason
+
+
+class Lone(adb.Implementation):
+    """An implementation in a lone module (this test file): no package, so no costs/."""
+
+    backend, name = "lone", "lone"
+
+
+class Elsewhere(Lone):
+    cost_tables = "rel_costed"
+
+
+def test_tables_are_found_in_the_implementations_own_package(costed) -> None:
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    tables = {i.name: i.cost_tables for b in ad.backends() for i in b.implementations}
+    assert tables["costed:quick"] == tables["costed:plain"] == "rel_costed"
+    assert tables["reference:chunked"] is None  # a package without a costs/ folder
+    assert _costs.tables_of(Lone()) is None
+    assert _costs.tables_of(Elsewhere()) == "rel_costed"  # named: another package's costs/
+    assert run() == 2.0
+
+
+@pytest.mark.parametrize(
+    ("declaration", "problem"),
+    [
+        ("cost_requires = 'torch'", "cost_requires='torch' must be a collection of distribution"),
+        ("cost_requires = None", "cost_requires=None must be a collection of distribution"),
+        ("cost_tables = ''", "cost_tables='' must be None or a non-empty str"),
+    ],
+)
+def test_a_bad_cost_declaration_fails_its_plugin(plugins, env, declaration, problem) -> None:
+    body = f"class Bad(Tagged):\n    name, priority = 'bad', {{'*': 9}}\n    {declaration}\n"
+    plugins.backend("badcost", body, "[Bad()]")
+    with pytest.warns(UserWarning, match=problem):
+        env.set(ATTN_DISPATCH_PLUGINS="badcost,reference")
+    assert ad.explain(*make_inputs()).selected == "reference:chunked"
 
 
 def test_a_table_for_another_arch_is_refused(costed) -> None:
-    costed([row("costed:quick", 90.0)], text=json.dumps({"arch": "sm_90", "rows": []}))
+    costed([row("costed:quick", 90.0)], text=json.dumps({"format": 1, "arch": "sm_90", "rows": []}))
     report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
     reasons = {c.name: c.reasons for c in report.candidates}
     assert "says arch 'sm_90'" in reasons["costed:quick"][0]
@@ -207,25 +320,46 @@ def test_forcing_ignores_the_table(costed) -> None:
     assert run(backend="costed:quick") == 1.0
 
 
-def test_a_table_measured_with_other_versions_is_not_used(costed) -> None:
-    import importlib.metadata
-
-    torch_version = importlib.metadata.version("torch")
+@pytest.mark.parametrize("measured", ["1.0.0", "99.0.0", "+cu999"])
+def test_a_table_measured_with_other_versions_still_ranks_and_names_the_drift(
+    costed, measured
+) -> None:
+    installed = importlib.metadata.version("torch")
+    if measured.startswith("+"):  # the same release with another local label: no drift
+        measured = installed.split("+")[0] + measured
+    provenance = {"requires": {"torch": measured}}
     rows = [row("costed:quick", 90.0), row("costed:steady", 60.0)]
-    for version, used in ((torch_version.split("+")[0] + "+cu999", True), ("1.0.0", False)):
-        provenance = {"requires": {"torch": version}}
-        costed([], text=json.dumps({"arch": "cpu", "provenance": provenance, "rows": rows}))
-        report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
-        assert report.selected == ("costed:steady" if used else "costed:quick"), version
-        if not used:
-            note = {c.name: c.prediction for c in report.candidates}["costed:quick"]
-            assert "was measured with torch 1.0.0, installed: " + torch_version in note
+    costed(
+        [], text=json.dumps({"format": 1, "arch": "cpu", "provenance": provenance, "rows": rows})
+    )
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    assert report.selected == "costed:steady"  # ranked by the table, not by priority
+    note = {c.name: c.prediction for c in report.candidates}["costed:steady"]
+    assert note.startswith("cost table: nearest measured B=1 H=8/8 S=512 D=64 causal")
+    drift = f"measured with torch {measured}, installed {installed}"
+    assert note.endswith("; " + drift) == (not measured.endswith("+cu999")), note
+    assert run() == 2.0
+
+
+def test_a_table_needing_a_distribution_not_installed_still_ranks(costed) -> None:
+    provenance = {"requires": {"attn-dispatch-no-such-kernels": "1.0"}}
+    rows = [row("costed:quick", 90.0), row("costed:steady", 60.0)]
+    costed(
+        [], text=json.dumps({"format": 1, "arch": "cpu", "provenance": provenance, "rows": rows})
+    )
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    assert report.selected == "costed:steady"
+    assert "measured with attn-dispatch-no-such-kernels 1.0, not installed" in str(report)
 
 
 def test_reload_reads_a_changed_table(costed, tmp_path) -> None:
     costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
     assert run() == 2.0
-    table = {"arch": "cpu", "rows": [row("costed:quick", 50.0), row("costed:steady", 60.0)]}
+    table = {
+        "format": 1,
+        "arch": "cpu",
+        "rows": [row("costed:quick", 50.0), row("costed:steady", 60.0)],
+    }
     (tmp_path / "rel_costed" / "costs" / "cpu.json").write_text(json.dumps(table))
     ad.reload()
     assert run() == 1.0

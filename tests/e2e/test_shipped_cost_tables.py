@@ -1,10 +1,19 @@
 """The cost tables the backends ship (attn_dispatch._costs) parse, name their own backend's
-implementations, say what they were measured with, and rank as measured at their own rows."""
+implementations, say what they were measured with, rank as measured at their own rows, and
+rank the seed shapes under the installed versions, whichever they are."""
 
 from __future__ import annotations
 
-import pytest
+import importlib
+import importlib.metadata
+import importlib.resources
+import json
+from pathlib import Path
 
+import pytest
+import torch
+
+import attn_dispatch as ad
 from attn_dispatch import _costs
 
 SHIPPED = {
@@ -20,6 +29,9 @@ def test_a_shipped_table_is_well_formed(package, prefix) -> None:
     table = _costs.load(package, "sm_90")
     assert table is not None and table.arch == "sm_90"
     assert table.rows and all(r.impl.startswith(prefix) for r in table.rows)
+    # found where the implementations are, without their naming a package
+    owners = {i.cost_tables for b in ad.backends() for i in b.implementations if prefix in i.name}
+    assert owners == {package}
     info = table.provenance
     assert info["gpu"] and info["commit"] and info["command"] and info["requires"]
     for row in table.rows:  # at its own point a row predicts exactly its own time
@@ -32,3 +44,80 @@ def test_a_shipped_table_is_well_formed(package, prefix) -> None:
                 if (r.impl, r.kind, r.shape) == (row.impl, row.kind, row.shape)
             ]
             assert predicted.us == pytest.approx(sum(r.us[mode] for r in same) / len(same))
+
+
+# The 20 seed shapes of docs/benchmarks.md (benchmarks/cost_grid.py ``seed_shapes``): B=1,
+# D=128, GQA 64/8 and MHA 8/8, no mask and causal, 1K to 16K.
+SEEDS = [
+    (heads, kv_heads, seqlen, causal)
+    for heads, kv_heads in ((64, 8), (8, 8))
+    for causal in (False, True)
+    for seqlen in (1024, 2048, 4096, 8192, 16384)
+]
+
+
+def drift_of(package: str) -> str | None:
+    """What the shipped table's provenance and the installed versions say ``explain`` notes."""
+    notes = []
+    for dist, measured in _costs.load(package, "sm_90").provenance["requires"].items():
+        try:
+            installed = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            notes.append(f"measured with {dist} {measured}, not installed")
+            continue
+        if installed.split("+")[0] != measured.split("+")[0]:
+            notes.append(f"measured with {dist} {measured}, installed {installed}")
+    return "; ".join(notes) or None
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "seqlen", "causal"), SEEDS)
+def test_the_shipped_tables_rank_the_seed_shapes_under_the_installed_versions(
+    heads, kv_heads, seqlen, causal
+) -> None:
+    """Whatever versions are installed (this environment's torch and FA4 differ from those
+    the tables were measured with), the seed shapes are ranked by a table, and each prediction
+    names how the versions drifted."""
+    for package in SHIPPED:
+        pytest.importorskip(package)
+    q = torch.empty(1, seqlen, heads, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, seqlen, kv_heads, 128, dtype=torch.bfloat16, device="meta")
+    out, dout = torch.empty_like(q), torch.empty_like(q)
+    lse = torch.empty(1, heads, seqlen, dtype=torch.float32, device="meta")
+    report = ad.explain(q, k, k, out, lse, dout, causal=causal, arch="sm_90")
+    chosen = {c.name: c for c in report.candidates}[report.selected]
+    assert chosen.predicted_us is not None, str(report)
+    predicted = [c for c in report.candidates if c.predicted_us is not None]
+    assert {c.name.split(":")[0] for c in predicted} == {p.rstrip(":") for p in SHIPPED.values()}
+    for c in predicted:
+        package = next(p for p, prefix in SHIPPED.items() if c.name.startswith(prefix))
+        drift = drift_of(package)
+        assert c.prediction.startswith("cost table: nearest measured")
+        assert c.prediction.endswith(f"; {drift}" if drift else ")"), c.prediction
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cost_grid(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPOSITORY / "benchmarks"))
+    return importlib.import_module("cost_grid")
+
+
+@pytest.mark.parametrize("package", SHIPPED)
+def test_a_shipped_table_is_what_its_provenance_command_writes(cost_grid, package) -> None:
+    """The command a table names runs from a checkout: its rows file is in the repository,
+    and the table writer makes the same rows and ``requires`` (from the implementations'
+    ``cost_requires``) from it."""
+    pytest.importorskip(package)
+    shipped = json.loads((importlib.resources.files(package) / "costs" / "sm_90.json").read_text())
+    command = shipped["provenance"]["command"]
+    files = command.rpartition("cost_grid.py tables ")[2].split()
+    assert files and all((REPOSITORY / f).is_file() for f in files), command
+    rows, run = cost_grid.read_rows([str(REPOSITORY / f) for f in files])
+    command_now = cost_grid.tables_command([str(REPOSITORY / f) for f in files])
+    built = cost_grid.tables(rows, run, command_now)[package]
+    assert built["provenance"]["command"] == command
+    assert built["provenance"]["requires"] == shipped["provenance"]["requires"]
+    assert (built["format"], built["arch"]) == (shipped["format"], shipped["arch"])
+    assert built["rows"] == shipped["rows"]

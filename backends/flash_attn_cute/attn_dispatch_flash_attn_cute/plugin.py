@@ -94,7 +94,8 @@ class FlashAttnCute(adb.Implementation):
     """FA4 forward and backward; subclasses fix the arch family and its head dims."""
 
     backend = "flash_attn_cute"
-    cost_tables = "attn_dispatch_flash_attn_cute"  # costs/<arch>.json: measured times
+    # its kernels' versions, recorded by its cost tables (costs/)
+    cost_requires = ("flash-attn-4", "nvidia-cutlass-dsl")
     deterministic = True  # FA4's deterministic backward runs when the call asks for it
     vendors = ("cuda",)
     dtypes = (torch.float16, torch.bfloat16)  # fp8 is forward-only in FA4: not offered

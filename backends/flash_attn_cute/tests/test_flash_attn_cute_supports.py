@@ -197,16 +197,17 @@ def test_sm90_default_choice_with_every_gpu_backend(
     assert report.selected == expected, str(report)
 
 
-def test_sm90_short_mha_goes_to_fa4_eager_and_under_graphs(monkeypatch):
-    """FA4's replayed host code costs less than any other GPU implementation's: MHA 8 1K runs
-    FA4 eager as under CUDA graphs."""
+def test_sm90_short_mha_keeps_fa4_priority_eager_and_under_graphs(monkeypatch):
+    """FA4's replayed host code costs less than any other GPU implementation's: at MHA 8 1K its
+    priority is the same eager as under CUDA graphs (where the cost table covers the call, its
+    measured times rank it; under any installed versions, see docs/design.md)."""
     monkeypatch.setenv("ATTN_DISPATCH_PLUGINS", "flash_attn_cute,torch_sdpa,triton,reference")
     monkeypatch.delenv("ATTN_DISPATCH_ENABLE")
     ad.reload(reset_enabled=True)
     for causal in (False, True):
         for execution in ("eager", "graph"):
             report = explain(dense(1024, h=8, hkv=8), "sm_90", causal=causal, execution=execution)
-            assert report.selected == "flash_attn_cute:sm90", str(report)
+            assert verdicts(report)["flash_attn_cute:sm90"].priority == 60, str(report)
 
 
 @pytest.mark.parametrize("arch", ["sm_100", "sm_103"])
@@ -510,7 +511,6 @@ def test_sm90_short_backward_whose_host_code_runs_every_call_ranks_low_eager(mon
     ad.reload()
     dense_eager = explain(dense(1024, h=8, hkv=8), "sm_90", causal=True, execution="eager")
     assert verdicts(dense_eager)["flash_attn_cute:sm90"].priority == 42
-    assert dense_eager.selected == "torch_sdpa:cudnn"
 
 
 @pytest.mark.parametrize("value", ["maybe", "", "2"])

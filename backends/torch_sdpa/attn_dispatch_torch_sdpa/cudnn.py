@@ -60,7 +60,7 @@ class Cudnn(adb.Implementation):
     """cuDNN SDPA forward/backward (NVIDIA sm80+)."""
 
     backend = "torch_sdpa"
-    cost_tables = "attn_dispatch_torch_sdpa"  # costs/<arch>.json: measured times
+    cost_requires = ("torch",)  # its kernels' versions, recorded by its cost tables (costs/)
     name = "cudnn"
     priority = {"sm_90": 50, "sm_10*": 50, "sm_8*": 35}
     opt_in = False

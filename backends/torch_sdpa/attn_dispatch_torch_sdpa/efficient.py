@@ -113,7 +113,7 @@ class Efficient(adb.Implementation):
     """Memory-efficient attention forward/backward (NVIDIA sm50+, AMD through AOTriton)."""
 
     backend = "torch_sdpa"
-    cost_tables = "attn_dispatch_torch_sdpa"  # costs/<arch>.json: measured times
+    cost_requires = ("torch",)  # its kernels' versions, recorded by its cost tables (costs/)
     name = "efficient"
     priority = {"sm_*": 30, "gfx9*": 15, "gfx1*": 15}
     opt_in = False

@@ -134,7 +134,7 @@ class Flash(adb.Implementation):
     """FlashAttention-2 forward/backward (NVIDIA sm80+, AMD through AOTriton)."""
 
     backend = "torch_sdpa"
-    cost_tables = "attn_dispatch_torch_sdpa"  # costs/<arch>.json: measured times
+    cost_requires = ("torch",)  # its kernels' versions, recorded by its cost tables (costs/)
     name = "flash"
     priority = {"sm_90": 40, "sm_8*": 40, "sm_1*": 40, "gfx9*": 20, "gfx1*": 20}
     opt_in = False

@@ -57,7 +57,7 @@ class Fused(adb.Implementation):
     """Triton FMHA: forward, and backward as preprocess + dK/dV (GQA-walking) + dQ."""
 
     backend = "triton"
-    cost_tables = "attn_dispatch_triton"  # costs/<arch>.json: measured times
+    cost_requires = ("triton",)  # its kernels' versions, recorded by its cost tables (costs/)
     name = "fused"
     priority = {"gfx942": 60, "gfx950": 60, "sm_9*": 45, "sm_10*": 45, "sm_8*": 45}
     opt_in = False
