@@ -18,6 +18,7 @@ import torch
 
 from ._arch import Arch
 from ._inputs import CAUSAL_ALIGNS, BackwardInputs, ForwardInputs
+from ._priorities import rules_problem
 
 _BOOLS = (
     "opt_in",
@@ -91,6 +92,9 @@ def declaration_problems(impl: object) -> list[str]:
         isinstance(p, str) and _is_int(v) for p, v in priority.items()
     ):
         problems.append(f"priority={priority!r} must be a dict of fnmatch pattern (str) -> int")
+    rules = rules_problem(impl.priority_rules)
+    if rules:
+        problems.append(rules)
     return problems
 
 

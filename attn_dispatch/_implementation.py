@@ -10,6 +10,7 @@ import torch
 
 from ._arch import Arch
 from ._inputs import BackwardInputs, ForwardInputs
+from ._priorities import PriorityRule, rule_priority
 
 
 def lookup_priority(table: dict[str, int], arch: Arch) -> int | None:
@@ -61,7 +62,9 @@ class Implementation:
 
     Subclasses set ``backend`` (the entry-point name), ``name``, ``priority`` (fnmatch pattern on
     ``arch.name`` -> int; an exact name beats patterns, else the first matching pattern in order;
-    no match: never chosen automatically there) and ``opt_in`` (with ``opt_in_reason``, a
+    no match: never chosen automatically there), optionally ``priority_rules`` (a tuple of
+    :class:`PriorityRule`: the kinds of calls that rank differently from the arch's entry, see
+    ``attn_dispatch._priorities``) and ``opt_in`` (with ``opt_in_reason``, a
     sentence saying why, shown by ``explain`` and ``list``), declare what they can run with
     the capability attributes below, and implement ``backward`` (and optionally ``forward``)
     and, for what the declarations cannot say, ``supports``.
@@ -99,6 +102,8 @@ class Implementation:
     backend: ClassVar[str] = ""
     name: ClassVar[str] = ""
     priority: ClassVar[dict[str, int]] = {}
+    # the calls ranked otherwise than by ``priority`` (first match wins; per-mode rules first)
+    priority_rules: ClassVar[tuple[PriorityRule, ...]] = ()
     opt_in: ClassVar[bool] = False
     # why it is opt-in (shown by explain and list), e.g. "not yet run on this hardware"
     opt_in_reason: ClassVar[str | None] = None
@@ -143,22 +148,27 @@ class Implementation:
     def priority_for_inputs(self, inp: ForwardInputs, arch: Arch) -> int | None:
         """The priority automatic selection uses for ``inp`` on ``arch`` (optional hook).
 
-        Default: :meth:`priority_for`. Override it to rank a kernel differently at inputs where
-        it was measured faster or slower than the arch's usual order; it runs once per input
-        signature, must be cheap and return an ``int`` or ``None``.
+        Default: the first of ``priority_rules`` without an execution mode that matches, else
+        :meth:`priority_for`. Declare a rule to rank a kernel differently at inputs where it was
+        measured faster or slower than the arch's usual order; override this only for what a
+        rule cannot say. It runs once per input signature, must be cheap and return an ``int``
+        or ``None``.
         """
-        return self.priority_for(arch)
+        declared = rule_priority(self.priority_rules, inp, arch, None)
+        return declared if declared is not None else self.priority_for(arch)
 
     def priority_for_execution(self, inp: ForwardInputs, arch: Arch, execution: str) -> int | None:
         """The priority for ``inp`` on ``arch`` when the call runs as ``execution``
         (``"eager"``: every call pays its host cost, torch.compile'd calls included; ``"graph"``:
         captured into a CUDA graph, see ``attn_dispatch._execution``) (optional hook).
 
-        Default: :meth:`priority_for_inputs`, the same in both modes. Override it where a
-        kernel's host cost makes it slower end to end in eager mode than under graphs. Runs once
-        per input signature and mode; the decision is cached per mode.
+        Default: the first of ``priority_rules`` naming ``execution`` that matches, else
+        :meth:`priority_for_inputs`. Declare such a rule where a kernel's host cost makes it
+        slower end to end in eager mode than under graphs. Runs once per input signature and
+        mode; the decision is cached per mode.
         """
-        return self.priority_for_inputs(inp, arch)
+        declared = rule_priority(self.priority_rules, inp, arch, execution)
+        return declared if declared is not None else self.priority_for_inputs(inp, arch)
 
     def supports(self, inp: ForwardInputs, arch: Arch) -> list[str]:
         """Reasons this implementation cannot run ``inp`` on ``arch``; ``[]`` means it can.

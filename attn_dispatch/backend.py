@@ -30,6 +30,7 @@ from ._inputs import (
     lse_dtype,
     lse_shape,
 )
+from ._priorities import PriorityRule
 from ._requirements import missing_requirement
 from ._settings import env_flag
 from ._validation import build_inputs, kind_of
@@ -43,6 +44,7 @@ __all__ = [
     "ForwardInputs",
     "Gradients",
     "Implementation",
+    "PriorityRule",
     "SettingError",
     "Window",
     "hookimpl",

@@ -78,16 +78,30 @@ EAGER_HOST_BOUND_HEADS = 8  # B*H at most this ...
 EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
 
 
-def host_bound_sm90(inp: adb.ForwardInputs) -> bool:
-    """Whether ``inp`` is a short backward (B*H <= 8, Sk <= 2048) whose every call runs FA4's
-    host code: varlen, attention sinks, ``ATTN_DISPATCH_FA4_REPLAY=0``, or a release the
-    replay was not proven on."""
-    if not isinstance(inp, adb.BackwardInputs):
-        return False
-    if not inp.is_varlen and inp.sinks is None and _fa4.replay_enabled():
-        return False
-    small_heads = inp.batch * inp.heads <= EAGER_HOST_BOUND_HEADS
-    return small_heads and inp.max_seqlen_k <= EAGER_HOST_BOUND_SK
+def replay_off() -> bool:
+    """Whether dense calls run FA4's host code every time: ``ATTN_DISPATCH_FA4_REPLAY=0`` or a
+    release the replay was not proven on (varlen calls and calls with sinks always do)."""
+    return not _fa4.replay_enabled()
+
+
+# A short eager backward (B*H <= 8, Sk <= 2048) on sm_90 whose every call runs FA4's host code:
+# varlen, attention sinks, or a dense call with the replay off. Dense calls with the replay on
+# never match: ``replay_off`` is asked only for them.
+_HOST_BOUND = dict(
+    arch="sm_90",
+    priority=EAGER_HOST_BOUND_PRIORITY,
+    execution="eager",
+    backward=True,
+    max_batch_heads=EAGER_HOST_BOUND_HEADS,
+    max_seqlen_k=EAGER_HOST_BOUND_SK,
+)
+SM90_PRIORITY_RULES = (
+    adb.PriorityRule(**_HOST_BOUND, varlen=True),
+    adb.PriorityRule(**_HOST_BOUND, sinks=True),
+    adb.PriorityRule(**_HOST_BOUND, varlen=False, sinks=False, when=replay_off),
+    adb.PriorityRule("sm_90", VARIANT_PRIORITY, sinks=True),
+    adb.PriorityRule("sm_90", VARIANT_PRIORITY, softcap=True),
+)
 
 
 class FlashAttnCute(adb.Implementation):
@@ -121,6 +135,8 @@ class Sm90(FlashAttnCute):
 
     name = "sm90"
     priority = {"sm_90": PRIORITY}
+    # soft caps and sinks outside the cost table: 44; short eager host-bound backwards: 42
+    priority_rules = SM90_PRIORITY_RULES
     archs = ("sm_90",)
     head_dims = range(8, 257, 8)
 
@@ -130,23 +146,6 @@ class Sm90(FlashAttnCute):
         gqa = inp.heads != inp.kv_heads
         problem = sm90_head_dim_problem(inp.head_dim, inp.head_dim_v, gqa)
         return reasons + ([problem] if problem else [])
-
-    def priority_for_inputs(self, inp: adb.ForwardInputs, arch: ad.Arch) -> int | None:
-        """``VARIANT_PRIORITY`` with attention sinks or a soft cap, else the arch's (the cost
-        table, where it covers a call, ranks by measured time whatever the priority)."""
-        if arch.name == "sm_90" and (inp.sinks is not None or inp.softcap is not None):
-            return VARIANT_PRIORITY
-        return self.priority_for(arch)
-
-    def priority_for_execution(
-        self, inp: adb.ForwardInputs, arch: ad.Arch, execution: str
-    ) -> int | None:
-        """In eager execution, ``EAGER_HOST_BOUND_PRIORITY`` where :func:`host_bound_sm90`;
-        else :meth:`priority_for_inputs` (under CUDA graphs)."""
-        priority = self.priority_for_inputs(inp, arch)
-        if execution == "eager" and arch.name == "sm_90" and host_bound_sm90(inp):
-            return min(EAGER_HOST_BOUND_PRIORITY, priority) if priority is not None else None
-        return priority
 
 
 class Sm100(FlashAttnCute):
