@@ -558,6 +558,8 @@ def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) ->
             cand, clones = _cloned(inp)
             cloned_tensors = tuple(clones.get(id(t), t) for t in tensors)
             try:  # a broken candidate costs only itself; a bad setting is the caller's error
+                # timed as the dispatcher runs it: with its plan, made outside the timing
+                cand.plan = impl.prepare(cand)
                 result = mode.checked(impl, run(cand), cloned_tensors, inp.facts, cand.sinks)
                 _synchronize(device)
             except SettingError:

@@ -2,9 +2,10 @@
 
 A call's decision depends only on tensor metadata and flags. The hot path looks it up (dense
 calls through a C-level guard first, see ``_guards``; then a dictionary keyed on exactly that
-metadata), rebuilds the light inputs object around the cached ``Facts`` and calls the chosen
-implementation. Validation, selection, logging and the check of the implementation's outputs
-happen on the first call of a signature only. The execution mode (``_execution``: eager, or
+metadata), rebuilds the light inputs object around the cached ``Facts`` and the
+implementation's plan (``Implementation.prepare``, made once per decision) and calls the chosen
+implementation. Validation, selection, prepare, logging and the check of the implementation's
+outputs happen on the first call of a signature only. The execution mode (``_execution``: eager, or
 captured into a CUDA graph or declared ``execution_mode("graph")``) is one of the flags both
 lookups key on, so a captured call and an eager call of the same signature never share a decision.
 """
@@ -42,6 +43,8 @@ class Decision(NamedTuple):
     pointers: tuple | None
     # set on guard entries only: some input requires grad (the guard checks requires_grad)
     grad: bool = False
+    # impl.prepare's result for this signature, handed to every call as inp.plan (None on meta)
+    plan: object = None
 
 
 Tensors = tuple[torch.Tensor, ...]
@@ -113,7 +116,8 @@ class Mode(NamedTuple):
     """What differs between forward and backward dispatch."""
 
     name: str
-    # built as inputs(*tensors, cu_q, cu_k, causal, causal_align, deterministic, facts, sinks)
+    # built as inputs(*tensors, cu_q, cu_k, causal, causal_align, deterministic, facts, sinks,
+    # plan)
     inputs: type[ForwardInputs]
     # (impl, result, tensors, facts, sinks) -> result; raises when it breaks the contract
     checked: Callable
@@ -222,6 +226,8 @@ def dispatch(
                     call.causal_align,
                     call.deterministic,
                     decision.facts,
+                    None,
+                    decision.plan,
                 )
                 try:
                     return decision.run(inp)
@@ -252,7 +258,14 @@ def _run(
 ):
     """Call the decision's implementation, with grad recording off (a backend's own ops must
     not build a graph), naming it in any exception it raises."""
-    flags = (call.causal, call.causal_align, call.deterministic, decision.facts, sinks)
+    flags = (
+        call.causal,
+        call.causal_align,
+        call.deterministic,
+        decision.facts,
+        sinks,
+        decision.plan,
+    )
     inp = mode.inputs(*tensors, cu_q, cu_k, *flags)
     if grad and torch.is_grad_enabled():
         torch._C._set_grad_enabled(False)
@@ -267,6 +280,16 @@ def _run(
         return decision.run(inp)
     except Exception as exc:
         _name(exc, decision.impl, mode)
+        raise
+
+
+def prepared(impl: Implementation, inp: ForwardInputs, mode: Mode):
+    """``impl.prepare(inp)``, naming the implementation in any exception it raises (the call
+    fails as if its ``forward`` / ``backward`` had raised; nothing is cached)."""
+    try:
+        return impl.prepare(inp)
+    except Exception as exc:
+        exc.add_note(f"(raised by {impl.full_name}.prepare in attn_dispatch.{mode.name})")
         raise
 
 
@@ -396,9 +419,11 @@ def _first_call(
         if report.forced
         else ("measured" if report.autotune and report.autotune.measured else "automatic"),
     )
-    run = mode.meta if inp.device.type == "meta" else getattr(impl, mode.name)
+    meta = inp.device.type == "meta"
+    run = mode.meta if meta else getattr(impl, mode.name)
     pointers = pointer_residues(tensors, cu_q, cu_k, sinks) if read_pointers else None
-    decision = Decision(inp.facts, impl, run, pointers)
+    plan = None if meta else prepared(impl, inp, mode)
+    decision = Decision(inp.facts, impl, run, pointers, plan=plan)
     grad = _requires_grad(tensors, sinks)
     result = _run(mode, decision, grad, tensors, cu_q, cu_k, call, sinks)
     result = mode.checked(impl, result, tensors, inp.facts, sinks)

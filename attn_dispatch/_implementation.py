@@ -180,6 +180,28 @@ class Implementation:
         """
         return []
 
+    def prepare(self, inp: ForwardInputs) -> object:
+        """This implementation's plan for ``inp``'s signature (optional hook; default ``None``).
+
+        The dispatcher calls it once per cached decision: on the first call of a signature, after
+        selection and before that call runs; every call of the signature then finds the result
+        as ``inp.plan`` in ``forward`` / ``backward``, with no look-up of its own. ``inp`` is a
+        ``BackwardInputs`` for a backward decision and a ``ForwardInputs`` for a forward one.
+
+        A plan may hold only what the signature fixes (shapes, strides, dtypes, devices, flags,
+        and what is derived from them: launch arguments, grids, compiled kernels), never data
+        pointers or tensor values: the decision serves every later call with other tensors of
+        the same signature. It lives as long as the decision: ``reload()``, a cleared cache and
+        a new decision of the signature (autotune, other pointer alignments) drop it, and a new
+        decision gets a new plan (autotune also prepares each candidate it times, for that
+        measurement only). Not called on the ``meta`` device (``inp.plan`` is ``None``
+        there), nor for inputs the dispatcher did not build (``make_inputs``): ``forward`` and
+        ``backward`` must run with ``inp.plan`` ``None``. An exception it raises fails the call
+        as one raised by ``forward`` / ``backward`` would, naming the implementation; nothing is
+        cached, so the next call of the signature asks again.
+        """
+        return None
+
     def backward(self, inp: BackwardInputs) -> Gradients:
         """Compute ``(dq, dk, dv)`` (and ``dsinks`` when ``inp.sinks`` is given)."""
         raise NotImplementedError(f"{self.full_name} does not implement backward")

@@ -135,7 +135,9 @@ class ForwardInputs:
     ``effective_window``) and ``softcap`` (``None`` or a float in ``FLOAT_ARG_RANGE``).
     Derived: ``batch``, ``seqlen_q``, ``seqlen_k`` (max lengths when varlen), ``heads``,
     ``kv_heads``, ``head_dim``, ``head_dim_v``, ``dtype``, ``device``, ``is_varlen``,
-    ``group_size``.
+    ``group_size``. ``plan``: what the implementation's ``prepare`` returned for this call's
+    signature (see ``Implementation.prepare``); ``None`` when it has no ``prepare``, on the
+    ``meta`` device and on inputs the dispatcher did not build (``make_inputs``).
     """
 
     __slots__ = (
@@ -149,6 +151,7 @@ class ForwardInputs:
         "deterministic",
         "facts",
         "sinks",
+        "plan",
     )
 
     def __init__(
@@ -163,6 +166,7 @@ class ForwardInputs:
         deterministic,
         facts: Facts,
         sinks=None,
+        plan=None,
     ) -> None:
         self.q = q
         self.k = k
@@ -174,6 +178,7 @@ class ForwardInputs:
         self.deterministic = deterministic
         self.facts = facts
         self.sinks = sinks
+        self.plan = plan
 
     scale = property(lambda self: self.facts.scale)
     window = property(lambda self: self.facts.window)
@@ -255,6 +260,7 @@ class BackwardInputs(ForwardInputs):
         deterministic,
         facts: Facts,
         sinks=None,
+        plan=None,
     ) -> None:
         # the slots are set here rather than by ForwardInputs.__init__: one call less per dispatch
         self.q = q
@@ -270,6 +276,7 @@ class BackwardInputs(ForwardInputs):
         self.lse = lse
         self.grad_out = grad_out
         self.sinks = sinks
+        self.plan = plan
 
     def _tensor_names(self) -> tuple[str, ...]:
         names = ("q", "k", "v", "out", "lse", "grad_out")

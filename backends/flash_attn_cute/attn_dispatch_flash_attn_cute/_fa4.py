@@ -26,12 +26,14 @@ and one after (compiling takes seconds). Host-side only: CUDA-graph capture and 
 (which calls the dispatcher's custom op, never this code, while tracing) are unaffected.
 
 Per call, the rest is cached per signature (:class:`Plan`): the keyword arguments (scale, mask,
-soft cap, determinism), the variant; the device is switched only when it is not current. A dense
-call whose signature already ran on the current device is found by the identity of its
-``facts`` (the dispatcher's cached decision holds one object per signature) and its flags. Its
-second and third calls are recorded (:mod:`._replay`); when the two did the same work, every
-later call with 16-byte-aligned inputs replays it (FA4's allocations and kernel launches, none
-of its Python): less host time per call than FA4's own entry points.
+soft cap, determinism), the variant; the device is switched only when it is not current. The
+implementation's ``prepare`` makes a signature's :class:`Ready` (its plan, and its replay once
+learned) once per dispatcher decision, which hands it to every call as ``inp.plan``. A dense
+call whose signature already ran on the current device reads it there; its second and third
+calls are recorded (:mod:`._replay`); when the two did the same work, every later call with
+16-byte-aligned inputs replays it (FA4's allocations and kernel launches, none of its Python):
+less host time per call than FA4's own entry points. Inputs without a plan (built outside the
+dispatcher) find theirs in a cache keyed on their facts and flags, and are never replayed.
 """
 
 from __future__ import annotations
@@ -153,8 +155,8 @@ class Plan:
     first_done: bool = False
 
 
-# Plans per (kind, facts, flags the facts do not hold); the dispatcher's cached decision
-# already fixed everything they depend on, so a signature pays for its plan once.
+# Plans of inputs without one of the dispatcher's (``inp.plan`` is None: built outside dispatch)
+# per (kind, facts, flags the facts do not hold), so such a signature pays for its plan once.
 _plans: dict[tuple, Plan] = {}
 MAX_PLANS = 4096
 # Variants whose kernels this process already has: their first calls compile nothing.
@@ -164,13 +166,24 @@ _variants_ready: set[str] = set()
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
-def plan_for(kind: str, inp: adb.ForwardInputs) -> Plan:
-    """The cached :class:`Plan` of ``inp``'s signature (made on its first call).
+def prepare(kind: str, inp: adb.ForwardInputs) -> Ready:
+    """A new :class:`Ready` of ``inp``'s signature for the dispatcher's decision (the
+    implementation's ``prepare``): its plan, with the replay setting in force now."""
+    return Ready(Plan(kind, variant_of(inp, kind), _fixed_kwargs(kind, inp), replay_enabled()))
 
-    The replay setting is part of the key: after ``ad.reload()`` the dispatcher's decisions
-    carry new facts, so no learned replay serves them, and their plans (equal facts) are found
-    again only under the setting in force now. The look-up runs on a signature's first call
-    and on varlen calls, which pay FA4's host code anyway."""
+
+def plan_of(kind: str, inp: adb.ForwardInputs) -> Plan:
+    """The :class:`Plan` of ``inp``: the one the dispatcher handed over, else :func:`plan_for`."""
+    r = inp.plan
+    return plan_for(kind, inp) if r is None else r.plan
+
+
+def plan_for(kind: str, inp: adb.ForwardInputs) -> Plan:
+    """The cached :class:`Plan` of ``inp``'s signature for inputs without a plan of the
+    dispatcher's (made on the first call of the signature).
+
+    The replay setting is part of the key: a plan is found again only under the setting in
+    force now."""
     replay = replay_enabled()
     key = (
         kind,
@@ -283,26 +296,24 @@ def empty_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-# The hot path's front: a dense call whose signature already ran on the current device is found
-# by the identity of its ``Facts`` (one object per cached decision of the dispatcher, so no
-# hashing of the facts' fields) and the flags the facts do not hold. Its entry holds the plan
-# and, once two recorded calls did the same work, the replay of FA4's host code (_replay); the
-# two functions below read them inline, since every Python frame counts at this point.
-_ready_forward: dict[tuple, Ready] = {}
-_ready_backward: dict[tuple, Ready] = {}
+# The hot path's front: ``inp.plan``, the :class:`Ready` the dispatcher keeps with its decision,
+# ``hot`` once a dense call of the signature ran FA4 (its kernels exist). It holds the plan and,
+# once two recorded calls did the same work, the replay of FA4's host code (_replay); the two
+# functions below read them inline, since every Python frame counts at this point.
 _new_gradients = tuple.__new__
 # One recording at a time: a recording swaps FA4's compile caches for the process.
 _recording = threading.Lock()
 
 
 class Ready:
-    """A signature whose kernels exist: its plan, and how far its replay has come."""
+    """One signature's plan and how far its replay has come (the dispatcher's ``inp.plan``);
+    ``hot`` once a dense call of it ran FA4 with real tensors (its kernels exist)."""
 
-    __slots__ = ("facts", "plan", "replay", "recorded", "learning")
+    __slots__ = ("plan", "hot", "replay", "recorded", "learning")
 
-    def __init__(self, facts: object, plan: Plan):
-        self.facts = facts
+    def __init__(self, plan: Plan):
         self.plan = plan
+        self.hot = False
         self.replay: Callable[[tuple], tuple] | None = None
         self.recorded: _replay.Trace | None = None  # the first recording, until the second
         self.learning = plan.replay
@@ -345,15 +356,12 @@ def replay_problem() -> str | None:
     )
 
 
-def _remember(ready: dict, inp: adb.ForwardInputs, plan: Plan) -> None:
-    if inp.cu_seqlens_q is not None or is_fake(inp.q) or not plan.first_done:
-        return
-    if len(ready) >= MAX_PLANS:
-        ready.clear()
-    key = (id(inp.facts), inp.causal, inp.causal_align, inp.deterministic)
-    known = ready.get(key)
-    if known is None or known.facts is not inp.facts:  # keep what a known entry has learned
-        ready[key] = Ready(inp.facts, plan)
+def _remember(inp: adb.ForwardInputs, plan: Plan) -> None:
+    """Let later calls of ``inp``'s signature take the hot path (dense calls with a plan of the
+    dispatcher's, once FA4 has run them with real tensors)."""
+    r = inp.plan
+    if r is not None and inp.cu_seqlens_q is None and not is_fake(inp.q) and plan.first_done:
+        r.hot = True
 
 
 def _learn(r: Ready, fn: Callable, tensors: tuple, keep: tuple[int, ...]) -> tuple:
@@ -402,7 +410,7 @@ def _sinks_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
             lse.copy_(inp.sinks[heads].expand(lse.shape))
         return out, lse
     fa = _interface or interface()
-    plan = plan_for("forward", inp)
+    plan = plan_of("forward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
     out, lse, *_ = _run(
         plan, inp.q, fa._flash_attn_fwd, inp.q, inp.k, inp.v, **kwargs, learnable_sink=inp.sinks
@@ -417,7 +425,7 @@ def _sinks_backward(inp: adb.BackwardInputs) -> ad.Gradients:
         zeros = (torch.zeros_like(t) for t in (inp.q, inp.k, inp.v, inp.sinks))
         return ad.Gradients(*zeros)
     fa = _interface or interface()
-    plan = plan_for("backward", inp)
+    plan = plan_of("backward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
     tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
     dq, dk, dv, dsinks = _run(
@@ -430,13 +438,8 @@ def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` in our layout from FA4's forward."""
     if inp.sinks is not None:
         return _sinks_forward(inp)
-    r = _ready_forward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
-    if (
-        r is not None
-        and r.facts is inp.facts
-        and inp.cu_seqlens_q is None
-        and inp.q.get_device() == _current_device()
-    ):
+    r = inp.plan
+    if r is not None and r.hot and inp.q.get_device() == _current_device():
         tensors = (inp.q, inp.k, inp.v)
         # FA4 copies an input whose pointer is not 16-byte aligned: such calls are not replayed;
         # nor are fake tensors (same facts as real ones), for which FA4 launches nothing
@@ -453,10 +456,10 @@ def forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     if has_no_work(inp):
         return empty_forward(inp)
     fa = _interface or interface()
-    plan = plan_for("forward", inp)
+    plan = plan_of("forward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
     out, lse, *_ = _run(plan, inp.q, fa._flash_attn_fwd, inp.q, inp.k, inp.v, **kwargs)
-    _remember(_ready_forward, inp, plan)
+    _remember(inp, plan)
     return out, lse
 
 
@@ -464,13 +467,8 @@ def backward(inp: adb.BackwardInputs) -> ad.Gradients:
     """``(dq, dk, dv)`` from FA4's backward on the caller's out and lse."""
     if inp.sinks is not None:
         return _sinks_backward(inp)
-    r = _ready_backward.get((id(inp.facts), inp.causal, inp.causal_align, inp.deterministic))
-    if (
-        r is not None
-        and r.facts is inp.facts
-        and inp.cu_seqlens_q is None
-        and inp.q.get_device() == _current_device()
-    ):
+    r = inp.plan
+    if r is not None and r.hot and inp.q.get_device() == _current_device():
         tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
         # as in forward: real tensors, 16-byte-aligned pointers
         if not (
@@ -497,9 +495,9 @@ def backward(inp: adb.BackwardInputs) -> ad.Gradients:
             torch.zeros_like(inp.q), torch.zeros_like(inp.k), torch.zeros_like(inp.v)
         )
     fa = _interface or interface()
-    plan = plan_for("backward", inp)
+    plan = plan_of("backward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
     tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
     dq, dk, dv = _run(plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs)
-    _remember(_ready_backward, inp, plan)
+    _remember(inp, plan)
     return ad.Gradients(dq, dk, dv)

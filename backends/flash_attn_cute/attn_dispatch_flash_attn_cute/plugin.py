@@ -123,6 +123,11 @@ class FlashAttnCute(adb.Implementation):
         reasons = [r for r in (fa4_problem(), mask_problem(inp)) if r]
         return reasons
 
+    def prepare(self, inp: adb.ForwardInputs) -> _fa4.Ready:
+        """The signature's FA4 plan (keyword arguments, variant, replay), made once per
+        decision and read by every call as ``inp.plan``."""
+        return _fa4.prepare("backward" if isinstance(inp, adb.BackwardInputs) else "forward", inp)
+
     # ``impl.forward(inp)`` / ``impl.backward(inp)`` call FA4's wrappers with no method frame
     # of their own: at short problems the host cost per call is what decides eager speed.
     forward = staticmethod(_fa4.forward)

@@ -17,6 +17,7 @@ from attn_dispatch_flash_attn_cute import _fa4
 from attn_dispatch_flash_attn_cute._support import mask_args
 
 import attn_dispatch as ad
+from attn_dispatch import backend as adb
 from attn_dispatch.backend import make_inputs
 
 
@@ -115,24 +116,29 @@ class RecordingFA4:
 def recording_fa4(monkeypatch):
     fa4 = RecordingFA4()
     monkeypatch.setattr(_fa4, "_interface", fa4)
-    monkeypatch.setattr(_fa4, "_ready_forward", {})
-    monkeypatch.setattr(_fa4, "_ready_backward", {})
     monkeypatch.setattr(_fa4, "_current_device", lambda: -1)  # CPU tensors: get_device() is -1
     return fa4
 
 
-def cpu_backward_inputs(facts=None, **flags):
+def planned(inp):
+    """``inp`` with a plan of its own, as the first call of a dispatcher's decision has."""
+    inp.plan = _fa4.prepare("backward" if isinstance(inp, adb.BackwardInputs) else "forward", inp)
+    return inp
+
+
+def cpu_backward_inputs(like=None, **flags):
+    """CPU backward inputs; with ``like``, sharing its facts and plan, as the dispatcher's calls
+    of one decision do (else with a plan of their own)."""
     q = torch.randn(1, 16, 2, 8)
     lse = torch.zeros(1, 2, 16)
     flags = dict(
         dict(causal=False, causal_align="top_left", scale=None, deterministic=False), **flags
     )
     inp = make_inputs(q, q, q, q, lse, q, **flags)
-    if facts is None:
-        return inp
-    return type(inp)(
-        q, q, q, q, lse, q, None, None, inp.causal, inp.causal_align, inp.deterministic, facts
-    )
+    if like is None:
+        return planned(inp)
+    fields = (None, None, inp.causal, inp.causal_align, inp.deterministic, like.facts)
+    return type(inp)(q, q, q, q, lse, q, *fields, None, like.plan)
 
 
 def test_repeated_call_goes_straight_to_fa4_with_its_plan(recording_fa4, monkeypatch):
@@ -140,19 +146,29 @@ def test_repeated_call_goes_straight_to_fa4_with_its_plan(recording_fa4, monkeyp
     first = _fa4.backward(inp)
     planned = []
     monkeypatch.setattr(_fa4, "plan_for", lambda *a: planned.append(a) or pytest.fail("planned"))
-    again = _fa4.backward(cpu_backward_inputs(facts=inp.facts))
+    again = _fa4.backward(cpu_backward_inputs(like=inp))
     assert isinstance(first, ad.Gradients) and isinstance(again, ad.Gradients)
     assert recording_fa4.calls[0] == recording_fa4.calls[1] and not planned
 
 
-def test_known_facts_with_other_flags_get_their_own_plan(recording_fa4):
+def test_each_decision_calls_fa4_with_the_arguments_of_its_own_plan(recording_fa4):
     inp = cpu_backward_inputs()
     _fa4.backward(inp)
-    _fa4.backward(cpu_backward_inputs(facts=inp.facts))  # the hot path
-    # a flag the facts do not hold (the causal flag and its alignment are in the facts' band,
-    # so the dispatcher never shares facts between two causal flags)
-    _fa4.backward(cpu_backward_inputs(facts=inp.facts, deterministic=True))
-    assert [c["deterministic"] for c in recording_fa4.calls] == [False, False, True]
+    _fa4.backward(cpu_backward_inputs(like=inp))  # the hot path
+    # a flag the facts do not hold: another decision of the dispatcher, with its own plan
+    other = cpu_backward_inputs(deterministic=True)
+    _fa4.backward(other)
+    _fa4.backward(cpu_backward_inputs(like=other, deterministic=True))
+    assert [c["deterministic"] for c in recording_fa4.calls] == [False, False, True, True]
+
+
+def test_inputs_without_a_plan_find_theirs_by_their_facts(recording_fa4):
+    q = torch.randn(1, 16, 2, 8)
+    inp = make_inputs(q, q, q, q, torch.zeros(1, 2, 16), q)
+    assert inp.plan is None
+    _fa4.backward(inp)
+    _fa4.backward(inp)
+    assert len(_fa4._plans) == 1 and recording_fa4.calls[0] == recording_fa4.calls[1]
 
 
 def test_call_on_another_device_than_the_current_takes_the_planned_path(recording_fa4, monkeypatch):
@@ -172,7 +188,7 @@ def test_forward_hot_path_returns_out_and_lse(recording_fa4):
     inp = make_inputs(
         q, q, q, causal=False, causal_align="top_left", scale=None, deterministic=False
     )
-    first = _fa4.forward(inp)
+    first = _fa4.forward(planned(inp))
     again = _fa4.forward(inp)
     assert len(first) == len(again) == 2 and len(recording_fa4.calls) == 2
     assert recording_fa4.calls[0] == recording_fa4.calls[1]
@@ -195,7 +211,7 @@ def test_a_ready_call_enters_no_python_function_of_ours_but_one(recording_fa4, m
         if event == "call":
             entered.append(frame.f_code.co_name)
 
-    again = cpu_backward_inputs(facts=inp.facts)
+    again = cpu_backward_inputs(like=inp)
     sys.setprofile(profile)
     try:
         impl.backward(again)
@@ -221,7 +237,6 @@ def test_sinks_go_to_fa4_as_learnable_sink_on_every_call(recording_fa4):
             assert recording_fa4.calls[-2]["learnable_sink"] is sinks
             assert recording_fa4.calls[-1]["learnable_sink"] is sinks
             assert grads.dsinks.dtype == dtype and grads.dsinks.shape == (2,)
-    assert not _fa4._ready_forward and not _fa4._ready_backward
     variants = {p.variant for p in _fa4._plans.values()}
     assert "backward bfloat16 D=8 Dv=8 group=1 causal dense sinks=bfloat16" in variants
     _fa4.backward(make_inputs(q, q, q, q, lse, q, **flags))

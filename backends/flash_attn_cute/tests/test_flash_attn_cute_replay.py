@@ -176,8 +176,6 @@ def toy_fa4(monkeypatch):
     monkeypatch.setattr(_fa4, "_plans", {})
     monkeypatch.setattr(_fa4, "_variants_ready", set())
     monkeypatch.setattr(_fa4, "_records", [])
-    monkeypatch.setattr(_fa4, "_ready_forward", {})
-    monkeypatch.setattr(_fa4, "_ready_backward", {})
     # CPU tensors (get_device() is -1), read from C as torch's own
     monkeypatch.setattr(_fa4, "_current_device", functools.partial(int, -1))
     monkeypatch.delenv(_fa4.REPLAY_VARIABLE, raising=False)
@@ -188,16 +186,19 @@ def toy_fa4(monkeypatch):
 
 def signature_inputs(tensors: tuple, like=None):
     """Backend inputs of ``tensors`` (q, k, v[, out, dout, lse]: FA4's order), bottom-right
-    causal; with ``like``, sharing its facts, as the dispatcher's calls of one signature do."""
+    causal; with ``like``, sharing its facts and plan, as the dispatcher's calls of one decision
+    do; else with a new plan, as the first call of a decision has."""
     if len(tensors) == 6:
         q, k, v, out, dout, lse = tensors
         tensors = (q, k, v, out, lse, dout)
     flags = dict(causal=True, causal_align="bottom_right", scale=None, deterministic=False)
     inp = make_inputs(*tensors, **flags)
     if like is None:
+        kind = "backward" if isinstance(inp, adb.BackwardInputs) else "forward"
+        inp.plan = _fa4.prepare(kind, inp)
         return inp
-    fields = tuple(tensors) + (None, None, True, "bottom_right", False, like.facts)
-    return type(inp)(*fields)
+    fields = tuple(tensors) + (None, None, True, "bottom_right", False, like.facts, None)
+    return type(inp)(*fields, like.plan)
 
 
 def test_the_backend_replays_a_signature_after_two_agreeing_recordings(toy_fa4):
@@ -347,11 +348,11 @@ def test_a_bad_replay_setting_is_named(toy_fa4, monkeypatch, value):
 
 
 def test_replay_switched_off_then_reloaded_stops_a_learned_replay(toy_fa4, monkeypatch):
-    """After ``ad.reload()`` the dispatcher's decisions carry new facts (equal values, another
-    object): the plan found for them is the one of the setting now in force."""
+    """After ``ad.reload()`` the dispatcher's decisions are new, and so are their plans
+    (``prepare``): each has the replay setting in force when it was made."""
     learned_forward(toy_fa4)
     monkeypatch.setenv(_fa4.REPLAY_VARIABLE, "0")
-    reloaded = signature_inputs(qkv(10))  # the facts a decision made after the reload holds
+    reloaded = signature_inputs(qkv(10))  # a decision made after the reload: a new plan
     for seed in range(10, 15):
         q, k, v = qkv(seed)
         inp = reloaded if seed == 10 else signature_inputs((q, k, v), like=reloaded)

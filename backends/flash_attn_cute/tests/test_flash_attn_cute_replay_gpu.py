@@ -74,11 +74,12 @@ def _poison_allocator(nbytes: int) -> None:
 
 
 def _replaying() -> int:
-    return sum(
-        r.replay is not None
-        for ready in (_fa4._ready_forward, _fa4._ready_backward)
-        for r in ready.values()
-    )
+    """How many of the dispatcher's cached FA4 plans (``inp.plan``) replay."""
+    settings = ad._settings.current()
+    decisions = list(settings.decisions.values())
+    decisions += [decision for entries in settings.guarded.values() for _, decision in entries]
+    plans = {id(d.plan): d.plan for d in decisions if isinstance(d.plan, _fa4.Ready)}
+    return sum(r.replay is not None for r in plans.values())
 
 
 def _check(name: str, got: torch.Tensor, want: torch.Tensor, call: int) -> None:
