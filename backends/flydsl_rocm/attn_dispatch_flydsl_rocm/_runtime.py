@@ -80,7 +80,8 @@ def backward(variant: str, inp: adb.BackwardInputs, arch: ad.Arch) -> ad.Gradien
     pre, main, conv = specs_for(variant, arch.name, tag, d, inp.causal, varlen, group)
     if varlen:
         batch = inp.cu_seqlens_q.numel() - 1
-        cu_q, cu_k = inp.cu_seqlens_q, inp.cu_seqlens_k
+        # the kernels index cu_seqlens as a packed array: a strided view would be misread
+        cu_q, cu_k = inp.cu_seqlens_q.contiguous(), inp.cu_seqlens_k.contiguous()
         sq, sk = inp.max_seqlen_q, inp.max_seqlen_k
     else:
         batch = q.shape[0]

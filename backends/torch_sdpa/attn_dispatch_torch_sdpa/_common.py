@@ -42,6 +42,14 @@ def causal_matches(inp: adb.ForwardInputs, native_align: str, masked: bool | Non
     return inp.seqlen_q == inp.seqlen_k
 
 
+def dense_cu_seqlens(inp: adb.ForwardInputs) -> tuple:
+    """``(cu_seqlens_q, cu_seqlens_k)`` as the ATen varlen ops read them: packed arrays (they
+    ignore a view's strides); ``None`` for dense calls. A no-op on contiguous offsets."""
+    if not inp.is_varlen:
+        return None, None
+    return inp.cu_seqlens_q.contiguous(), inp.cu_seqlens_k.contiguous()
+
+
 def may_have_empty_rows(inp: adb.ForwardInputs) -> bool:
     """Whether some query row may see no key (its lse is -inf in our convention)."""
     if inp.is_varlen or inp.window is not None:

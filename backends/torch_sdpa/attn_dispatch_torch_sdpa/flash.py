@@ -121,7 +121,7 @@ def _empty_query_sequence_reasons(inp: adb.ForwardInputs) -> list[str]:
 
 def _varlen_args(inp: adb.ForwardInputs) -> tuple:
     """cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, as both ops take them."""
-    return inp.cu_seqlens_q, inp.cu_seqlens_k, inp.max_seqlen_q, inp.max_seqlen_k
+    return (*c.dense_cu_seqlens(inp), inp.max_seqlen_q, inp.max_seqlen_k)
 
 
 def _torch_deterministic() -> bool:

@@ -64,3 +64,16 @@ def test_seed_shape_gqa_against_reference(impl):
         assert got.shape == want.shape, name
         err = ((got.float() - want).norm() / want.norm()).item()
         assert err < 1e-2, f"d{name}: rel_l2 {err:.2e}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("impl", ["flash", "efficient"])
+def test_strided_cu_seqlens_match_the_oracle(impl):
+    """cu_seqlens given as stride-2 views: the ATen varlen ops read a packed array."""
+    from attn_dispatch.testing import Case, check_backward, check_forward
+
+    case = Case((7, 5, 33), (7, 5, 33), 4, 2, 64, varlen=True, strided_vectors=True)
+    inputs = case.make_inputs(torch.bfloat16, "cuda")
+    assert inputs.cu_seqlens_q.stride(0) != 1
+    check_backward(f"torch_sdpa:{impl}", case, dtype=torch.bfloat16, device="cuda")
+    check_forward(f"torch_sdpa:{impl}", case, dtype=torch.bfloat16, device="cuda")
