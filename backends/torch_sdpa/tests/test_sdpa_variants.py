@@ -156,7 +156,12 @@ def _reasons(report: ad.Report, name: str) -> tuple[str, ...]:
 
 def test_cached_decision_is_not_reused_for_a_window_the_choice_rejects(isolated_plugins):
     """A decision made for plain inputs (cuDNN on sm_90) must not run a windowed call."""
-    isolated_plugins.set(ATTN_DISPATCH_ARCH="sm_90", ATTN_DISPATCH_PLUGINS="torch_sdpa,reference")
+    # flash and efficient disabled: cuDNN, which takes no window, decides the plain call
+    isolated_plugins.set(
+        ATTN_DISPATCH_ARCH="sm_90",
+        ATTN_DISPATCH_PLUGINS="torch_sdpa,reference",
+        ATTN_DISPATCH_DISABLE="torch_sdpa:flash,torch_sdpa:efficient",
+    )
     tensors = _meta_args(d=128)
     assert ad.explain(*tensors).selected == "torch_sdpa:cudnn"
     ad.backward(*tensors)
