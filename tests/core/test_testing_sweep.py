@@ -83,7 +83,9 @@ def test_strided_vectors_hold_the_values_of_contiguous_ones() -> None:
 def test_a_case_with_strided_vectors_is_checked_like_any_other(toys) -> None:
     drawn = _a_case_with_strided_vectors()
     report = sweep.run([drawn], device="cpu", names=["exact:oracle"])
-    assert report.counts["exact:oracle"] == {"ok": 1, "refused": 0, "wrong": 0}, report.wrong
+    assert report.counts["exact:oracle"] == {"ok": 1, "refused": 0, "wrong": 0, "crashed": 0}, (
+        report.wrong
+    )
 
 
 def test_a_compile_group_holds_the_cases_that_share_kernel_variants() -> None:
