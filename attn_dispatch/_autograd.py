@@ -28,8 +28,10 @@ and a compiler plans the following kernels on the promised strides.
 """
 
 import contextlib
+import functools
 import numbers
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -64,6 +66,38 @@ BWD_SINKS_SCHEMA = (
 )
 
 
+# The operators are defined on a library of their own rather than with ``torch.library.custom_op``:
+# its kernels import ``torch._dynamo`` on their first call, whose import creates torchinductor's
+# cache directory (``$TMPDIR/torchinductor_<user>``) in every process that merely calls
+# ``attention``. Here dynamo is kept out of the kernels only once something imported it.
+_LIB = torch.library.Library("attn_dispatch", "DEF")
+
+
+def _operator(name: str, schema: str) -> Callable[[Callable], torch._ops.OpOverloadPacket]:
+    """Define ``attn_dispatch::<name>`` with the decorated function as its kernel (for every
+    device); returns the operator."""
+
+    def define(kernel: Callable) -> torch._ops.OpOverloadPacket:
+        untraced: list[Callable] = []
+
+        @functools.wraps(kernel)
+        def run(*args):
+            # a compiled program that runs this kernel must not trace into the dispatcher;
+            # without dynamo imported nothing can be compiling
+            if not untraced:
+                dynamo = sys.modules.get("torch._dynamo")
+                if dynamo is None:
+                    return kernel(*args)
+                untraced.append(dynamo.disable(kernel, recursive=True))
+            return untraced[0](*args)
+
+        _LIB.define(name + schema)
+        _LIB.impl(name, run, "CompositeExplicitAutograd")
+        return getattr(torch.ops.attn_dispatch, name)
+
+    return define
+
+
 # Where ``backend`` stands among an operator's flags (the schema's order: causal, causal_align,
 # scale, deterministic, backend, window_left, window_right, softcap).
 _BACKEND_FLAG = 4
@@ -85,7 +119,7 @@ def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
     return t
 
 
-@torch.library.custom_op("attn_dispatch::fwd", mutates_args=(), schema=FWD_SCHEMA)
+@_operator("fwd", FWD_SCHEMA)
 def _fwd(
     q,
     k,
@@ -111,14 +145,14 @@ def _fwd(
     return _fresh(out, inputs), _fresh(lse, inputs)
 
 
-@_fwd.register_fake
+@torch.library.register_fake("attn_dispatch::fwd", lib=_LIB)
 def _fwd_fake(q, k, v, cu_seqlens_q, *rest):  # shapes only: the flags do not matter
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     lse = q.new_empty(lse_shape(q.shape, cu_seqlens_q is not None), dtype=lse_dtype(q.dtype))
     return out, lse
 
 
-@torch.library.custom_op("attn_dispatch::bwd", mutates_args=(), schema=BWD_SCHEMA)
+@_operator("bwd", BWD_SCHEMA)
 def _bwd(
     grad_out,
     q,
@@ -147,7 +181,7 @@ def _bwd(
     return _fresh(dq, inputs), _fresh(dk, inputs), _fresh(dv, inputs)
 
 
-@_bwd.register_fake
+@torch.library.register_fake("attn_dispatch::bwd", lib=_LIB)
 def _bwd_fake(grad_out, q, k, v, *rest):  # shapes only: out, lse and the flags do not matter
     return (
         q.new_empty(q.shape),
@@ -156,7 +190,7 @@ def _bwd_fake(grad_out, q, k, v, *rest):  # shapes only: out, lse and the flags 
     )
 
 
-@torch.library.custom_op("attn_dispatch::bwd_sinks", mutates_args=(), schema=BWD_SINKS_SCHEMA)
+@_operator("bwd_sinks", BWD_SINKS_SCHEMA)
 def _bwd_sinks(
     grad_out,
     q,
@@ -186,7 +220,7 @@ def _bwd_sinks(
     return tuple(_fresh(g, inputs) for g in (*grads, grads.dsinks))
 
 
-@_bwd_sinks.register_fake
+@torch.library.register_fake("attn_dispatch::bwd_sinks", lib=_LIB)
 def _bwd_sinks_fake(grad_out, q, k, v, out, lse, sinks, *rest):  # shapes only
     return (
         q.new_empty(q.shape),
@@ -248,7 +282,9 @@ def _backward(ctx, grad_out, grad_lse):
     return grads[:3] + (None,) * (2 + len(ctx.flags)) + (grads[3] if len(grads) == 4 else None,)
 
 
-_fwd.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd(
+    "attn_dispatch::fwd", _backward, setup_context=_setup_context, lib=_LIB
+)
 
 
 def attention(

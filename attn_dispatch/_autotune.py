@@ -26,7 +26,8 @@ The measurement:
   and is not sampled further (candidates run best priority first). On CUDA the
   samples are timed with events (which also see the host's launch cost: eager time); a call in
   ``"graph"`` mode (warm-up under ``ad.execution_mode("graph")``) is captured into a CUDA graph
-  and its replays are timed. On other devices, ``time.perf_counter`` around synchronous calls.
+  and its replays are timed. On other devices, ``clock`` (``time.perf_counter``) around
+  synchronous calls.
 * The cross-check: each pair of results is compared with the dtype's tolerance of
   ``attn_dispatch.testing`` (each implementation may be that far from exact, so two may differ
   by twice that). The candidate that agrees with the most others (ties: the higher priority)
@@ -93,6 +94,9 @@ MAX_CALLS_PER_SAMPLE = 100
 # A candidate whose first warm call takes this many times the best median so far is not
 # sampled further (the reference backend at long sequences would cost seconds per call).
 HOPELESS = 10.0
+# Seconds of the CPU timings (CUDA ones are the device's events). Replaceable so that tests
+# measure counted work instead of a wall-clock ratio, which a loaded machine skews.
+clock: Callable[[], float] = time.perf_counter
 # The files' layout; a file of another format is ignored (measured again). Format 2 added
 # ``measured_on``: format 1 files could hold a verdict taken from non-finite answers.
 FORMAT = 2
@@ -437,10 +441,10 @@ def _sample(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3 / calls
-    begin = time.perf_counter()
+    begin = clock()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - begin) / calls
+    return (clock() - begin) / calls
 
 
 def _timed(fn: Callable[[], Any], device: torch.device, bound: float = math.inf) -> float:

@@ -133,22 +133,27 @@ class Report:
 
 
 def format_table(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
-    """A fixed-width table: name, priority, (predicted time,) status, reasons."""
+    """A fixed-width table: name, priority, (predicted time,) status, (the prediction's source or
+    why a cost table was not used,) reasons. The prediction column is there only when some
+    candidate has one; the reasons (why a candidate may not run) stay reasons alone."""
     predicted = any(c.predicted_us is not None for c in candidates)
-    rows = [("implementation", "priority", *(("predicted",) if predicted else ()), "status")]
-    rows[0] += ("reasons",)
+    sourced = any(c.prediction for c in candidates)
+    header = ["implementation", "priority", *(["predicted"] if predicted else []), "status"]
+    rows = [(*header, *(["prediction"] if sourced else []), "reasons")]
     for c in candidates:
         prio = "-" if c.priority is None else str(c.priority)
         status = c.status + (" (opt-in)" if c.opt_in and c.status != OPT_IN else "")
         time = ("-" if c.predicted_us is None else f"{c.predicted_us:.1f} us",) if predicted else ()
-        notes = c.reasons + ((c.prediction,) if c.prediction else ())
-        rows.append((c.name, prio, *time, status, "; ".join(notes)))
+        source = (c.prediction or "-",) if sourced else ()
+        rows.append((c.name, prio, *time, status, *source, "; ".join(c.reasons)))
     n = len(rows[0]) - 1
     widths = [max(len(row[i]) for row in rows) for i in range(n)]
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:n], widths)) + "  " + row[n]
+        (
+            "  ".join(cell.ljust(width) for cell, width in zip(row[:n], widths)) + "  " + row[n]
+        ).rstrip()
         for row in rows
-    ).rstrip()
+    )
 
 
 def _timing_lines(timings: tuple[Timing, ...], selected: str | None) -> list[str]:

@@ -28,7 +28,9 @@ limits a dense step, the kernels or the per-layer overhead.
 
 GPU run (prints a markdown table and the versions; progress on stderr):
     python benchmarks/e2e_train_step.py --json e2e.json
-CPU smoke run (tiny config, seconds): python benchmarks/e2e_train_step.py --smoke
+CPU smoke run (tiny config; about a minute and a half on two cores, most of it importing and
+building the models; its times check that the paths run, they measure nothing):
+    python benchmarks/e2e_train_step.py --smoke
 """
 
 from __future__ import annotations
@@ -345,14 +347,22 @@ def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, arg
         "attn_dispatch": lambda: ad.attention(q, k, v, causal=True, layout="bhsd"),
     }
     out: dict[str, dict[str, float]] = {"forward": {}, "fwd_bwd": {}}
+    steps = {}
     for name, fn in paths.items():
 
         def step(fn=fn):
             q.grad = k.grad = v.grad = None
             fn().backward(grad)
 
+        steps[name] = step
+        # both passes warmed before anything is timed: a first forward (a decision, a compile,
+        # autograd's first graph) timed as "forward" was longer than a later forward+backward
+        for _ in range(max(1, args.warmup)):
+            step()
+    sync(device)
+    for name, fn in paths.items():
         out["forward"][name] = _median_ms(fn, device, args)
-        out["fwd_bwd"][name] = _median_ms(step, device, args)
+        out["fwd_bwd"][name] = _median_ms(steps[name], device, args)
     return out
 
 
@@ -437,7 +447,9 @@ def _positive(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny config on the CPU (seconds)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny config on the CPU (about 1.5 min)"
+    )
     parser.add_argument("--json", type=Path, help="write the results and versions here")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 2)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -479,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--cases: expected indices in 0..{len(selected) - 1}, got {args.cases!r}")
     results = [run_case(case, args, shape, device, dtype) for case in selected]
     env = versions(device)
+    if args.smoke:  # a tiny CPU run checks that the routes run and agree; it is no benchmark
+        print("smoke run: tiny CPU shapes; the times below are not results (noise dominates)\n")
     print(markdown(results, shape))
     print("\n" + ", ".join(f"{k} {v}" for k, v in env.items()))
     if args.json:

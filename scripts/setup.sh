@@ -8,9 +8,11 @@
 #   --system-site-packages  let .venv see the base interpreter's packages, so an existing CUDA/ROCm
 #                           torch is used instead of installing one (also ATTN_DISPATCH_SYSTEM_SITE=1)
 # PYTHON names the interpreter .venv is made from (default python3). TORCH_INDEX_URL picks the
-# index torch is installed from (default: chosen for the machine, see "PyTorch" below).
-# Output: one "setup: ..." line per step, and pip's own output (with its progress bars) only for
-# steps that download something large. Downloads are cached in .cache/pip (PIP_CACHE_DIR), so
+# index torch is installed from (default: chosen for the machine, see "PyTorch" below); a torch
+# wheel file in a folder is found with PIP_FIND_LINKS=<folder> (pip's own setting).
+# Output: one "setup: ..." line per step, and pip's own output (a line per package, progress
+# bars) for the steps that download something large: torch, triton and the flash_attn_cute
+# backend. Downloads are cached in .cache/pip (PIP_CACHE_DIR), so
 # nothing is written outside the clone. The test plugins under tests/plugins are not installed:
 # the test session puts them on its own path (tests/conftest.py).
 set -euo pipefail
@@ -76,13 +78,23 @@ install_projects() {
 
 # PyTorch: keep one the environment already sees (installed earlier, or a CUDA/ROCm build of the
 # base interpreter through --system-site-packages); else install torch $TORCH_VERSION, the build
-# chosen for the machine and said in one line.
+# chosen for the machine and said in one line, with its download size, before downloading.
+# Without a GPU driver a CPU build is preferred from any source that has one (PyTorch's CPU index,
+# else pip's configured indexes and PIP_FIND_LINKS folders): PyPI's Linux x86-64 build is the CUDA
+# one, whose libraries are of no use there.
+CUDA_TORCH_SIZE="about 2.7 GB to download, 4.6 GB installed: torch, triton and CUDA 13 libraries"
+CPU_TORCH_SIZE="about 190 MB to download"
 index_reachable() {
   "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=15)" \
     "$1/torch/" 2>/dev/null
 }
+# Whether pip's configured sources offer the CPU build by its local version (+cpu).
+cpu_wheel_offered() {
+  "$PY" -m pip install --disable-pip-version-check --dry-run --quiet --no-deps \
+    "torch==$TORCH_VERSION+cpu" >/dev/null 2>&1
+}
 install_torch() {
-  local index="" why
+  local index="" spec="torch==$TORCH_VERSION" why
   if [ -n "${TORCH_INDEX_URL:-}" ]; then
     index="$TORCH_INDEX_URL"
     why="from $index (TORCH_INDEX_URL)"
@@ -98,7 +110,7 @@ install_torch() {
         "(https://download.pytorch.org/whl/cu12x, see https://pytorch.org/get-started/locally/)" >&2
       exit 1
     fi
-    why="with CUDA from PyPI: an NVIDIA driver is present (CUDA 13 libraries, several GB)"
+    why="with CUDA from PyPI: an NVIDIA driver is present ($CUDA_TORCH_SIZE)"
   elif [ -e /dev/kfd ]; then
     # PyTorch's ROCm builds are on its own index, one per ROCm release (rocmX.Y).
     local rocm
@@ -114,13 +126,20 @@ install_torch() {
     why="for ROCm $rocm from $index: an AMD GPU driver is present (/dev/kfd)"
   elif index_reachable "$TORCH_CPU_INDEX"; then
     index="$TORCH_CPU_INDEX"
-    why="CPU-only from $index: no NVIDIA or AMD GPU driver found (about 200 MB)"
+    why="CPU-only from $index: no NVIDIA or AMD GPU driver found ($CPU_TORCH_SIZE)"
+  elif cpu_wheel_offered; then
+    spec="torch==$TORCH_VERSION+cpu"
+    why="CPU-only (+cpu) from pip's configured sources: no NVIDIA or AMD GPU driver found and"
+    why="$why PyTorch's CPU index ($TORCH_CPU_INDEX) is not reachable ($CPU_TORCH_SIZE)"
   else
-    why="from pip's configured index: no GPU driver found, but PyTorch's CPU index is not"
-    why="$why reachable ($TORCH_CPU_INDEX; on Linux x86-64 PyPI's build is CUDA's)"
+    why="with CUDA from pip's configured index ($CUDA_TORCH_SIZE), although no GPU driver"
+    why="$why was found: PyTorch's CPU index ($TORCH_CPU_INDEX) is not reachable and no"
+    why="$why configured source has torch $TORCH_VERSION+cpu. For the CPU build instead, stop"
+    why="$why here (Ctrl-C) and run again with TORCH_INDEX_URL=<an index with CPU wheels> or"
+    why="$why PIP_FIND_LINKS=<a folder holding torch-$TORCH_VERSION+cpu-*.whl>"
   fi
   echo "setup: installing torch $TORCH_VERSION $why"
-  pip_loud "torch==$TORCH_VERSION" ${index:+--index-url "$index"}
+  pip_loud "$spec" ${index:+--index-url "$index"}
 }
 if "$PY" -c "import torch" 2>/dev/null; then
   echo "setup: torch $("$PY" -c 'import torch; print(torch.__version__)') is installed: kept"
@@ -159,7 +178,7 @@ case "$torch_triton" in
     ;;
 esac
 # transformers pinned for tests/integrations (tiny models built from configs, no downloads).
-echo "setup: transformers 5.17.0 (for tests/integrations; about 20 MB with its requirements)"
+echo "setup: transformers 5.17.0 (for tests/integrations; about 160 MB with its requirements)"
 installed "transformers==5.17.0" || pip_quiet "transformers==5.17.0"
 echo "setup: the torch_sdpa and triton backends"
 install_projects backends/torch_sdpa "${triton_backend[@]}"
@@ -169,6 +188,14 @@ echo "setup: the flash_attn_cute backend (flash-attn-4 and NVIDIA's CUTLASS DSL,
 if ! installed backends/flash_attn_cute; then
   pip_loud -e backends/flash_attn_cute
   "$PY" scripts/setup_installed.py record backends/flash_attn_cute
+fi
+# The CUTLASS DSL always brings its CUDA 12 libraries; beside a CUDA 13 torch its cu13 extra adds
+# the CUDA 13 ones, of the DSL release FA4 resolved to.
+torch_cuda="$("$PY" -c 'import torch; print((torch.version.cuda or "").split(".")[0])')"
+if [ "$torch_cuda" = 13 ]; then
+  dsl="$("$PY" -c 'import importlib.metadata as m; print(m.version("nvidia-cutlass-dsl"))')"
+  echo "setup: the CUTLASS DSL's CUDA 13 libraries (nvidia-cutlass-dsl[cu13]==$dsl)"
+  installed "nvidia-cutlass-dsl-libs-cu13==$dsl" || pip_loud "nvidia-cutlass-dsl[cu13]==$dsl"
 fi
 bash backends/flydsl_rocm/ci_setup.sh
 # A test-plugin install left by an older set-up would list toy backends to the user.

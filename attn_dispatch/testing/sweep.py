@@ -460,14 +460,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--cases", type=int, default=300, help="cases to draw (default 300)")
     parser.add_argument("--seed", type=int, default=None, help="default: a fresh one")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--longest", type=int, default=2048, help="longest sequence drawn")
-    parser.add_argument("--shard", default="0/1", help="i/n: run every n-th case from the i-th")
-    parser.add_argument("--json", default=None, help="also write the report here")
     parser.add_argument(
-        "--merge", nargs="+", default=None, help="merge JSON (or JSON-lines) reports, print"
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="device of the cases (default: cuda when available, else cpu; here %(default)s)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no per-case progress line")
+    parser.add_argument(
+        "--longest", type=int, default=2048, help="longest sequence drawn (default %(default)s)"
+    )
+    parser.add_argument(
+        "--shard", default="0/1", help="i/n: run every n-th case from the i-th (default 0/1)"
+    )
+    parser.add_argument(
+        "--json", default=None, help="also write the report here (default: not written)"
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        help="merge JSON (or JSON-lines) reports, print (default: run a sweep)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no per-case progress line (default: one per case)"
+    )
     args = parser.parse_args(argv)
     if args.merge:
         report = merge(_read_reports(args.merge))

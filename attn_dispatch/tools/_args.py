@@ -3,13 +3,40 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import re
+from typing import Any, NoReturn
 
 PROG = "attn-dispatch"
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` that shows every option's default: argparse's ``(default: X)``, unless the help
+    text already says it (a default described in words, such as "default: --seqlen"), and
+    ``(required)`` for a required option."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.required:
+            return f"{text} (required)"
+        if "default" in text:
+            return text
+        return super()._get_help_string(action) or ""
+
+
+def plain(doc: str) -> str:
+    """A docstring as a terminal shows it: without reStructuredText's ``literal`` quotes and
+    ``:role:`target``` markup."""
+    doc = re.sub(r":\w+:`~?([^`]*)`", r"\1", doc)
+    return doc.replace("``", "")
+
+
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line, ``<prog>: error: <message>``, exit 2."""
+    """An ``ArgumentParser`` whose errors are one line, ``<prog>: error: <message>``, exit 2,
+    and whose ``--help`` shows each option's default (:class:`HelpFormatter`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -47,7 +47,7 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 
-from ._args import PROG, Parser, nonnegative_int, positive_int
+from ._args import PROG, Parser, nonnegative_int, plain, positive_int
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
@@ -146,9 +146,9 @@ def _device(text: str) -> torch.device:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog=f"{PROG} bench", description=__doc__.split("\n")[0])
+    p = Parser(prog=f"{PROG} bench", description=plain(__doc__.split("\n")[0]))
     gpu, cpu = SIZE_DEFAULTS["cuda"], SIZE_DEFAULTS["cpu"]
-    p.add_argument("--batch", type=positive_int, default=1, help="default: 1")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch size")
     p.add_argument(
         "--seqlens",
         type=_ints,
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--impls",
         default=None,
         help="comma list of names or fnmatch patterns (e.g. 'torch_sdpa:*,triton'); each "
-        "must match an installed implementation",
+        "must match an installed implementation (default: all)",
     )
     p.add_argument(
         "--include-reference",
@@ -212,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed calls per variant (default 0: enough for ~2 s of the fastest "
         "variant, 41 to 300)",
     )
-    p.add_argument("--warmup", type=nonnegative_int, default=3)
+    p.add_argument(
+        "--warmup", type=nonnegative_int, default=3, help="untimed calls before the timed ones"
+    )
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
@@ -224,10 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", metavar="PATH")
-    p.add_argument("--csv", metavar="PATH")
-    p.add_argument("--plot", metavar="PATH", help="PNG of TFLOP/s vs seqlen (needs matplotlib)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON (default: none)")
+    p.add_argument("--csv", metavar="PATH", help="also write the results as CSV (default: none)")
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="PNG of TFLOP/s vs seqlen (needs matplotlib; default: none)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 

@@ -15,7 +15,7 @@ from attn_dispatch import _settings
 from attn_dispatch import backend as adb
 
 from . import bench, tune
-from ._args import PROG, Parser, nonnegative_int, positive_int
+from ._args import PROG, Parser, nonnegative_int, plain, positive_int
 from ._args import window_sides as _window
 
 DTYPES = {
@@ -223,10 +223,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=PROG, description=__doc__)
+    parser = Parser(prog=PROG, description=plain(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="installed backends, implementations and priorities")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the backends as JSON")
     p = sub.add_parser("explain", help="why each implementation would or would not run a shape")
     p.add_argument(
         "--arch",
@@ -235,20 +235,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="e.g. sm_90, gfx942, gfx950, cpu (default: this machine's: the current GPU's "
         "arch, else cpu; ATTN_DISPATCH_ARCH overrides the detection)",
     )
-    p.add_argument("--batch", type=nonnegative_int, default=1, help="default: 1")
-    p.add_argument("--seqlen", type=nonnegative_int, required=True)
-    p.add_argument("--seqlen-k", type=nonnegative_int, default=None, help="default: --seqlen")
-    p.add_argument("--heads", type=positive_int, required=True)
-    p.add_argument("--kv-heads", type=positive_int, default=None, help="default: --heads")
-    p.add_argument("--head-dim", type=positive_int, required=True)
-    p.add_argument("--head-dim-v", type=positive_int, default=None, help="default: --head-dim")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="default: bf16")
-    p.add_argument("--causal", action="store_true")
+    p.add_argument("--batch", type=nonnegative_int, default=1, help="batch size")
+    p.add_argument("--seqlen", type=nonnegative_int, required=True, help="query sequence length")
+    p.add_argument(
+        "--seqlen-k",
+        type=nonnegative_int,
+        default=None,
+        help="key sequence length (default: --seqlen)",
+    )
+    p.add_argument("--heads", type=positive_int, required=True, help="query heads")
+    p.add_argument(
+        "--kv-heads", type=positive_int, default=None, help="key/value heads (default: --heads)"
+    )
+    p.add_argument("--head-dim", type=positive_int, required=True, help="head dimension")
+    p.add_argument(
+        "--head-dim-v",
+        type=positive_int,
+        default=None,
+        help="head dimension of v (default: --head-dim)",
+    )
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="inputs' dtype")
+    p.add_argument("--causal", action="store_true", help="causal attention")
     p.add_argument(
         "--causal-align",
         choices=("top_left", "bottom_right"),
         default="top_left",
-        help="default: top_left",
+        help="where the causal diagonal starts when Sq != Sk",
     )
     p.add_argument("--scale", type=float, default=None, help="default: 1/sqrt(head dim)")
     p.add_argument(
@@ -257,25 +269,31 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="L,R",
         help="sliding window: keys d-L..d+R around each row's diagonal d; 'none' for an "
-        "unbounded side (e.g. 128,0 or none,64)",
+        "unbounded side (e.g. 128,0 or none,64; default: no window)",
     )
-    p.add_argument("--softcap", type=float, default=None, metavar="C", help="logit soft cap")
-    p.add_argument("--deterministic", action="store_true")
-    p.add_argument("--backend", default=None, help="explain a forced choice")
+    p.add_argument(
+        "--softcap", type=float, default=None, metavar="C", help="logit soft cap (default: none)"
+    )
+    p.add_argument(
+        "--deterministic", action="store_true", help="ask for a deterministic implementation"
+    )
+    p.add_argument(
+        "--backend", default=None, help="explain a forced choice (default: the automatic one)"
+    )
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
         help="explain the choice for a call captured into a CUDA graph, whose priorities may "
         "differ from eager calls (torch.compile alone runs the eager choice)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p = sub.add_parser("demo", help="pick, run and verify a GQA causal backward on this machine")
     p.add_argument("--cpu", action="store_true", help="stay on the CPU even if a GPU is present")
     p.add_argument(
         "--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on a GPU, else f32"
     )
-    p.add_argument("--repeats", type=positive_int, default=5, help="default: 5")
-    p.add_argument("--seed", type=int, default=0, help="default: 0")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     sub.add_parser(
         "bench",
         help="time every implementation on a shape sweep (see bench --help)",

@@ -26,7 +26,7 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 
-from ._args import PROG, Parser, positive_int, window_sides
+from ._args import PROG, Parser, plain, positive_int, window_sides
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 PASSES = ("forward", "backward")
@@ -67,7 +67,7 @@ def shapes_of_file(path: str) -> list[tuple[int, ...]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=f"{PROG} tune", description=__doc__)
+    parser = Parser(prog=f"{PROG} tune", description=plain(__doc__))
     parser.add_argument(
         "--shape",
         type=shape,
@@ -76,12 +76,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="B,S,H,HKV,D[,SK]",
         help="a shape to tune (repeat for more)",
     )
-    parser.add_argument("--shapes", metavar="FILE", help="a file of shapes, one per line")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--window", type=window_sides, default=None, metavar="L,R")
-    parser.add_argument("--softcap", type=float, default=None, metavar="C")
-    parser.add_argument("--deterministic", action="store_true")
+    parser.add_argument(
+        "--shapes", metavar="FILE", help="a file of shapes, one per line (default: none)"
+    )
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="inputs' dtype")
+    parser.add_argument("--causal", action="store_true", help="causal attention")
+    parser.add_argument(
+        "--window",
+        type=window_sides,
+        default=None,
+        metavar="L,R",
+        help="sliding window, as explain's (default: no window)",
+    )
+    parser.add_argument(
+        "--softcap", type=float, default=None, metavar="C", help="logit soft cap (default: none)"
+    )
+    parser.add_argument(
+        "--deterministic", action="store_true", help="tune the deterministic implementations"
+    )
     parser.add_argument(
         "--passes",
         default="forward,backward",
@@ -93,8 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="tune for calls captured into CUDA graphs: the graph-mode decision",
     )
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON here")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument(
+        "--json", metavar="FILE", help="also write the results as JSON here (default: none)"
+    )
     return parser
 
 

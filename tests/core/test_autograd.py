@@ -6,6 +6,10 @@ two-core machine make each small matmul thousands of times slower.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from dispatch_helpers import EXACT
@@ -627,3 +631,22 @@ def test_compile_fullgraph_with_window_and_softcap_matches_eager():
     for a, b in zip(got, (ref.out, ref.dq, ref.dk, ref.dv)):
         torch.testing.assert_close(a, b.float(), atol=1e-5, rtol=1e-4)
     torch.compiler.reset()
+
+
+def test_attention_outside_a_compiler_leaves_the_temp_directory_empty(tmp_path) -> None:
+    """A plain training step writes nothing in the temporary directory: importing torch's
+    compiler stack (which the operators' kernels must not do) creates torchinductor's cache
+    directory there."""
+    script = (
+        "import torch, attn_dispatch as ad\n"
+        "q = torch.randn(1, 8, 2, 16, requires_grad=True)\n"
+        "ad.attention(q, q, q, causal=True).sum().backward()\n"
+        "assert q.grad is not None\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["TMPDIR"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -91,6 +91,19 @@ def test_the_measured_faster_implementation_wins_over_a_higher_priority(costed) 
     assert "nearest measured B=1 H=8/8 S=512 D=64 causal (distance 0.00)" in text
 
 
+def test_the_text_report_shows_predictions_in_their_own_column(costed) -> None:
+    """A prediction's source (or why a table was not used) is no reason: the selected row's
+    reasons cell stays empty."""
+    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    header, *lines = str(report).split("implementation", 1)[1].splitlines()
+    assert header.split() == ["priority", "predicted", "status", "prediction", "reasons"]
+    selected = next(line for line in lines if line.startswith("costed:steady"))
+    source = {c.name: c.prediction for c in report.candidates}["costed:steady"]
+    assert selected.endswith(source), selected  # the prediction column, the reasons empty
+    assert selected.index(source) == ("implementation" + header).index("prediction")
+
+
 def test_each_execution_mode_ranks_by_its_own_times(costed) -> None:
     costed([row("costed:quick", 50.0, graph=80.0), row("costed:steady", 60.0, graph=40.0)])
     args = make_inputs(b=1, sq=512, h=8, hkv=8, d=64)

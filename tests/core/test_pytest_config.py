@@ -14,9 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _pytest_with_project_config(tmp_path) -> subprocess.CompletedProcess:
+def _pytest_with_project_config(tmp_path, *options: str) -> subprocess.CompletedProcess:
     """pytest on the tests in ``tmp_path`` with this project's configuration."""
-    config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
+    config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), *options]
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *config, str(tmp_path)],
         capture_output=True,
@@ -105,3 +105,12 @@ def test_importing_the_cutlass_dsl_writes_nothing_in_the_temp_directory(tmp_path
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_xdist_group_marker_is_known_without_xdist(tmp_path):
+    (tmp_path / "test_grouped.py").write_text(
+        "import pytest\n\n\n@pytest.mark.xdist_group('one')\ndef test_grouped():\n    pass\n"
+    )
+    done = _pytest_with_project_config(tmp_path, "-p", "no:xdist", "-W", "error")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PytestUnknownMarkWarning" not in done.stdout, done.stdout

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 
-from attn_dispatch.tools import cli
+import pytest
+
+from attn_dispatch.testing import sweep
+from attn_dispatch.tools import bench, cli, tune
 
 
 def test_list_json_contract(toys, capsys):
@@ -144,5 +148,54 @@ def test_explain_help_shows_the_defaults(env, capsys):
     assert cli.main(["explain", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--arch ARCH e.g. sm_90, gfx942, gfx950, cpu (default: this machine's" in text
-    assert "--batch BATCH default: 1" in text
-    assert "--dtype {bf16,f16,f32,f64,fp16,fp32} default: bf16" in text
+    assert "--batch BATCH batch size (default: 1)" in text
+    assert "--dtype {bf16,f16,f32,f64,fp16,fp32} inputs' dtype (default: bf16)" in text
+    assert "--seqlen SEQLEN query sequence length (required)" in text
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser of the command line tools, by the command that reaches it."""
+    found = {"attn-dispatch": cli.build_parser()}
+    (subparsers,) = (a for a in found["attn-dispatch"]._actions if a.choices)
+    for name, parser in subparsers.choices.items():
+        if name not in ("bench", "tune"):  # their own parsers, below
+            found[f"attn-dispatch {name}"] = parser
+    found["attn-dispatch bench"] = bench.build_parser()
+    found["attn-dispatch tune"] = tune.build_parser()
+    found["sweep"] = _sweep_parser()
+    return found
+
+
+def _sweep_parser() -> argparse.ArgumentParser:
+    """The parser the sweep's ``main`` builds (it makes it inside ``main``)."""
+    built: list[argparse.ArgumentParser] = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(self, argv=None, namespace=None):
+        built.append(self)
+        raise Stop
+
+    original = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        sweep.main([])
+    except Stop:
+        pass
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    return built[0]
+
+
+@pytest.mark.parametrize("command", list(_parsers()))
+def test_every_option_has_help_that_shows_its_default(command):
+    parser = _parsers()[command]
+    assert "``" not in parser.format_help(), "reStructuredText markup in --help"
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if not action.option_strings or action.default == argparse.SUPPRESS:
+            continue  # positionals, --help
+        assert action.help, f"{command} {action.option_strings[0]} has no help text"
+        shown = formatter._expand_help(action)
+        assert "default" in shown or "(required)" in shown, (command, action.option_strings, shown)

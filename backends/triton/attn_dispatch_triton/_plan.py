@@ -51,14 +51,19 @@ def plans_enabled() -> bool:
     """Whether this triton and environment allow plans (NVIDIA, verified triton, no hooks);
     ``ATTN_DISPATCH_TRITON_PLANS`` is read once, with the core's boolean parser (a bad value
     raises naming it, on every call until fixed: an exception is not cached)."""
-    import triton
-
     if not adb.env_flag(PLANS_VARIABLE, True):
         return False
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or torch.version.hip:
         return False
-    version = tuple(int(x) for x in triton.__version__.split(".")[:2])
-    return version in VERIFIED_TRITON
+    return verified_triton()
+
+
+def verified_triton() -> bool:
+    """Whether the installed triton's launcher is one a plan's replay was checked against
+    (:data:`VERIFIED_TRITON`); on another, every call takes the ``kernel[grid]`` path."""
+    import triton
+
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) in VERIFIED_TRITON
 
 
 def hooks_installed() -> bool:

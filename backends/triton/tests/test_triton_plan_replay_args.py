@@ -18,6 +18,14 @@ from attn_dispatch_triton import _plan  # noqa: E402
 
 from attn_dispatch import backend as adb  # noqa: E402
 
+# Tests that drive triton's own launcher code run where the runtime would replay through it.
+needs_verified_triton = pytest.mark.skipif(
+    not _plan.verified_triton(),
+    reason="plans replay only on triton "
+    + ", ".join(".".join(map(str, v)) for v in _plan.VERIFIED_TRITON)
+    + " (the launcher they were checked against); this triton takes the kernel[grid] path",
+)
+
 
 class _StandInLauncher:
     """The attributes of triton 3.6's ``CudaLauncher`` that a plan reads; records calls."""
@@ -100,6 +108,7 @@ _SIGNATURE = {
 _META = [dict(swizzle=3, elem_size=2, elem_type=10, block_size=[64, 128], fp4_padded=False), None]
 
 
+@needs_verified_triton
 @pytest.mark.parametrize("meta", [_META, None], ids=["tma-and-pointer", "no-metadata"])
 def test_a_replay_expands_descriptors_as_triton_s_wrapper_does(meta, fake_driver) -> None:
     """The C launcher behind triton's descriptor wrapper gets from a replay exactly what the
