@@ -358,20 +358,47 @@ def test_the_default_cache_directory(monkeypatch, tmp_path):
     assert _autotune.cache_directory() == tmp_path / "mine" / "autotune"
 
 
-@pytest.mark.parametrize("damage", ["cut short", "no timings", "negative time"])
+DAMAGES = [
+    "cut short",
+    "no timings",
+    "negative time",
+    "deep brackets",
+    "not utf-8",
+    "a list",
+    "timings a list",
+    "time a string",
+    "time a boolean",
+    "reason a number",
+]
+
+
+def _damaged(entry: dict, damage: str) -> bytes:
+    """The bytes of ``entry``'s file after ``damage``."""
+    text = json.dumps(entry)
+    damaged = {
+        "cut short": text[:40],
+        "no timings": json.dumps({k: v for k, v in entry.items() if k != "timings"}),
+        "negative time": json.dumps(entry | {"timings": {FAST: -1.0}}),
+        "deep brackets": "[" * 100_000,
+        "a list": json.dumps([entry]),
+        "timings a list": json.dumps(entry | {"timings": [FAST, 1.0]}),
+        "time a string": json.dumps(entry | {"timings": {FAST: "1e-6"}}),
+        "time a boolean": json.dumps(entry | {"timings": {FAST: True, SLOW: 1.0}}),
+        "reason a number": json.dumps(entry | {"excluded": {WRONG: 3}}),
+    }
+    if damage == "not utf-8":
+        return b"\xff\xfe" + text.encode("utf-16-le")
+    return damaged[damage].encode()
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_an_unreadable_file_is_measured_again(tuned, cache, damage):
     args = inputs()
     with pytest.warns(UserWarning, match=EXCLUDED):
         ad.backward(*args, causal=True)
     (name,) = files(cache)
     path = cache / "autotune" / name
-    entry = json.loads(path.read_text())
-    if damage == "cut short":
-        path.write_text(path.read_text()[:40])
-    elif damage == "no timings":
-        path.write_text(json.dumps({k: v for k, v in entry.items() if k != "timings"}))
-    else:
-        path.write_text(json.dumps(entry | {"timings": {FAST: -1.0}}))
+    path.write_bytes(_damaged(json.loads(path.read_text()), damage))
     _autotune.forget()
     ad.reload()
     before = calls()[SLOW]
