@@ -1,8 +1,10 @@
-"""Argument parsing shared by the ``attn-dispatch`` command and its ``bench`` subcommand."""
+"""Argument parsing shared by the ``attn-dispatch`` command and its ``bench`` and ``tune``
+subcommands."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import NoReturn
 
 PROG = "attn-dispatch"
@@ -49,3 +51,16 @@ def window_sides(text: str) -> tuple[int | None, int | None]:
         else:
             parsed.append(nonnegative_int(side))
     return parsed[0], parsed[1]
+
+
+def check_output_path(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
+    """Fail before the work, not after it, when ``path`` cannot be written."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        parser.error(f"{option}: {path!r} is a directory")
+    if not os.path.isdir(folder):
+        parser.error(f"{option}: the directory {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        parser.error(f"{option}: the directory {folder!r} is not writable")

@@ -33,7 +33,6 @@ import fnmatch
 import importlib.metadata as md
 import json
 import math
-import os
 import platform
 import random
 import statistics
@@ -47,7 +46,7 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 
-from ._args import PROG, Parser, nonnegative_int, positive_int
+from ._args import PROG, Parser, check_output_path, nonnegative_int, positive_int
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
@@ -784,19 +783,6 @@ def _patterns(impls: str | None) -> list[str] | None:
     return [p.strip() for p in impls.split(",") if p.strip()] if impls else None
 
 
-def _check_output_path(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
-    """Fail before the sweep, not after it, when ``path`` cannot be written."""
-    if path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        parser.error(f"{option}: {path!r} is a directory")
-    if not os.path.isdir(folder):
-        parser.error(f"{option}: the directory {folder!r} does not exist")
-    if not os.access(folder, os.W_OK):
-        parser.error(f"{option}: the directory {folder!r} is not writable")
-
-
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Shape]:
     """What argparse cannot check alone; returns the shapes. Errors go through ``parser``."""
     if args.cuda_graphs and args.device.type != "cuda":
@@ -816,7 +802,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
             f"(installed: {', '.join(installed) or 'none'})"
         )
     for option in ("json", "csv", "plot"):
-        _check_output_path(parser, f"--{option}", getattr(args, option))
+        check_output_path(parser, f"--{option}", getattr(args, option))
     return shapes
 
 

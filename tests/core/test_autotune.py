@@ -487,6 +487,18 @@ def test_the_tune_command_names_bad_arguments(timed_env, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["a missing directory", "a directory"])
+def test_the_tune_command_checks_its_output_path_before_tuning(
+    timed_env, cache, capsys, tmp_path, where
+):
+    path = tmp_path / "no-such-dir" / "r.json" if where == "a missing directory" else tmp_path
+    assert tune("--shape", "1,8,2,2,16", "--device", "cpu", "--json", str(path)) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith("attn-dispatch tune: error: --json: ")
+    assert captured.out == "" and files(cache) == [] and sum(calls().values()) == 0
+
+
 def test_the_tune_command_names_a_bad_line_of_its_file(timed_env, capsys, tmp_path):
     shapes = tmp_path / "shapes.txt"
     shapes.write_text("1,8,2,2,16\n1,8,2,2\n")
