@@ -7,6 +7,8 @@ import argparse
 import os
 from typing import NoReturn
 
+import torch
+
 PROG = "attn-dispatch"
 
 
@@ -35,6 +37,25 @@ def _int_at_least(text: str, low: int) -> int:
     if value < low:
         raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
     return value
+
+
+def cpu_or_cuda(text: str) -> torch.device:
+    """argparse type: ``cpu``, or ``cuda[:N]`` when that GPU is present."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: no CUDA or ROCm GPU is available to this torch ({torch.__version__})"
+            )
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: there are only {count} GPUs")
+    return device
 
 
 def window_sides(text: str) -> tuple[int | None, int | None]:

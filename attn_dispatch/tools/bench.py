@@ -46,7 +46,7 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 
-from ._args import PROG, Parser, check_output_path, nonnegative_int, positive_int
+from ._args import PROG, Parser, check_output_path, cpu_or_cuda, nonnegative_int, positive_int
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
@@ -125,25 +125,6 @@ def _ints(text: str) -> list[int]:
     return [positive_int(x.strip()) for x in values]
 
 
-def _device(text: str) -> torch.device:
-    """argparse type: ``cpu``, or ``cuda[:N]`` when that GPU is present."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}")
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: no CUDA or ROCm GPU is available to this torch ({torch.__version__})"
-            )
-        if device.index is not None and device.index >= count:
-            raise argparse.ArgumentTypeError(f"{text!r}: there are only {count} GPUs")
-    return device
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=f"{PROG} bench", description=__doc__.split("\n")[0])
     gpu, cpu = SIZE_DEFAULTS["cuda"], SIZE_DEFAULTS["cpu"]
@@ -219,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the host's cost of a call; CUDA only)",
     )
     p.add_argument(
-        "--device", type=_device, default=None, help="cuda or cpu (default: cuda if available)"
+        "--device", type=cpu_or_cuda, default=None, help="cuda or cpu (default: cuda if available)"
     )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
