@@ -4,10 +4,13 @@ subcommands."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import NoReturn
 
 import torch
+
+MAX_TENSOR_BYTES = 2**63 - 1  # torch counts a tensor's bytes in an int64
 
 PROG = "attn-dispatch"
 
@@ -85,3 +88,24 @@ def check_output_path(parser: argparse.ArgumentParser, option: str, path: str | 
         parser.error(f"{option}: the directory {folder!r} does not exist")
     if not os.access(folder, os.W_OK):
         parser.error(f"{option}: the directory {folder!r} is not writable")
+
+
+def random_tensor(
+    size: tuple[int, ...], generator: torch.Generator, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """``torch.randn`` of ``size``; sizes beyond what a tensor or this device's memory holds
+    are a ValueError naming the shape (the commands' sizes come from their arguments)."""
+    nbytes = math.prod(size) * dtype.itemsize
+    if nbytes > MAX_TENSOR_BYTES:
+        raise ValueError(
+            f"a tensor of shape {list(size)} would take {float(nbytes):.3g} bytes, more than a "
+            "tensor can hold (2**63 - 1); give smaller sizes"
+        )
+    try:
+        return torch.randn(size, generator=generator, device=device, dtype=dtype)
+    except RuntimeError as exc:  # torch.OutOfMemoryError on a GPU, a RuntimeError on the CPU
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"cannot allocate a tensor of shape {list(size)} ({nbytes / 2**30:.3g} GiB) on "
+            f"{device}: give smaller sizes ({first})"
+        ) from None

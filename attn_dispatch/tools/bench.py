@@ -46,7 +46,15 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 
-from ._args import PROG, Parser, check_output_path, cpu_or_cuda, nonnegative_int, positive_int
+from ._args import (
+    PROG,
+    Parser,
+    check_output_path,
+    cpu_or_cuda,
+    nonnegative_int,
+    positive_int,
+    random_tensor,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
@@ -401,7 +409,7 @@ def make_sets(shape: Shape, device: torch.device, gen: torch.Generator) -> list[
     for _ in range(n_sets):
 
         def rnd(*size):
-            return torch.randn(size, generator=gen, device=device, dtype=dtype)
+            return random_tensor(size, gen, device, dtype)
 
         q, k, v, do = rnd(b, s, h, d), rnd(b, s, hkv, d), rnd(b, s, hkv, d), rnd(b, s, h, d)
         out, lse = ad.forward(q, k, v, causal=shape.causal)

@@ -26,7 +26,7 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 
-from ._args import PROG, Parser, check_output_path, positive_int, window_sides
+from ._args import PROG, Parser, check_output_path, positive_int, random_tensor, window_sides
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 PASSES = ("forward", "backward")
@@ -148,7 +148,7 @@ def _tune_one(dims: tuple[int, ...], args, passes: list[str], device: torch.devi
     gen = torch.Generator(device=device).manual_seed(args.seed)
 
     def rnd(*size):
-        return torch.randn(size, generator=gen, device=device, dtype=dtype)
+        return random_tensor(size, gen, device, dtype)
 
     q, k, v = rnd(b, s, h, d), rnd(b, sk, hkv, d), rnd(b, sk, hkv, d)
     flags = dict(
