@@ -169,7 +169,7 @@ def current() -> Settings:
     return settings  # type: ignore[return-value]
 
 
-def _install(settings: Settings) -> None:
+def _install(settings: Settings | None) -> None:
     global installed
     installed = settings
 
@@ -188,7 +188,14 @@ def reload(*, reset_enabled: bool = False) -> None:
     with _lock:
         if reset_enabled:
             _programmatic_enabled.clear()
-        _install(_load())
+        try:
+            settings = _load()
+        except SettingError:
+            # no call may go on with the settings of the environment before: the next one
+            # reads the environment again and raises until it is fixed
+            _install(None)
+            raise
+        _install(settings)
 
 
 # The backends this project ships under backends/<name>: a name among them that no plugin provides
