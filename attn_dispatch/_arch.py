@@ -9,8 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ._errors import SettingError
+
 ARCH_ENV = "ATTN_DISPATCH_ARCH"
-_SM = re.compile(r"sm_?(\d+)")
+# ``sm_90a`` / ``sm_100a`` (nvcc's and FlashAttention's names for the arch-specific feature
+# sets) name the same chips as ``sm_90`` / ``sm_100``
+_SM = re.compile(r"sm_?(\d+)a?")
 _GFX = re.compile(r"gfx[0-9a-f]+")
 
 
@@ -46,7 +50,8 @@ class Arch:
 
     @classmethod
     def parse(cls, text: str) -> Arch:
-        """Parse ``cpu``, ``sm_90`` / ``sm90``, or a gfx name with optional feature suffixes."""
+        """Parse ``cpu``, ``sm_90`` / ``sm90`` / ``sm_90a``, or a gfx name with optional
+        feature suffixes."""
         if not isinstance(text, str):
             raise TypeError(
                 f"arch must be a str such as 'sm_90' or 'gfx950', got {type(text).__name__}"
@@ -62,7 +67,7 @@ class Arch:
             return cls("rocm", base, raw)
         raise ValueError(
             f"arch={text!r} is not a known arch; expected 'cpu', 'sm_<major><minor>' "
-            "(e.g. 'sm_90') or a gfx name (e.g. 'gfx942', 'gfx950:sramecc+:xnack-')"
+            "(e.g. 'sm_90' or 'sm_90a') or a gfx name (e.g. 'gfx942', 'gfx950:sramecc+:xnack-')"
         )
 
 
@@ -90,12 +95,24 @@ def resolve_arch(device: torch.device, override: Arch | None = None) -> Arch:
     return CPU
 
 
+def arch_from_env() -> Arch | None:
+    """``ATTN_DISPATCH_ARCH``: ``None`` when unset or blank, else the arch it names; a value
+    that names none raises :class:`SettingError` naming the variable."""
+    text = os.environ.get(ARCH_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return Arch.parse(text)
+    except ValueError as exc:
+        raise SettingError(f"{ARCH_ENV}: {exc}") from None
+
+
 def detect_arch(device: torch.device | str | None = None) -> Arch:
     """The arch of ``device`` (default: the current CUDA/ROCm device if any, else CPU).
 
     ``ATTN_DISPATCH_ARCH`` overrides detection; it changes the arch, not where tensors live.
     """
-    override = os.environ.get(ARCH_ENV)
+    override = arch_from_env()
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return resolve_arch(torch.device(device), Arch.parse(override) if override else None)
+    return resolve_arch(torch.device(device), override)

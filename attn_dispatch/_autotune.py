@@ -328,7 +328,9 @@ def lookup(config: Config, key: dict) -> dict | None:
         entry = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        # ValueError covers bad JSON and bytes that are not UTF-8 (UnicodeDecodeError);
+        # the decoder raises RecursionError on deeply nested brackets
         log.warning("attn_dispatch: autotune: ignoring unreadable %s (%s)", path, exc)
         return None
     if not _well_formed(entry, key):
@@ -348,11 +350,16 @@ def _well_formed(entry: object, key: dict) -> bool:
     return (
         isinstance(timings, dict)
         and isinstance(excluded, dict)
-        and all(isinstance(t, (int, float)) and t >= 0 for t in timings.values())
+        and all(_seconds(t) for t in timings.values())
         and all(isinstance(r, str) for r in excluded.values())
         and isinstance(measured_on, dict)
         and measured_on.get("finite") is True
     )
+
+
+def _seconds(value: object) -> bool:
+    """Whether ``value`` is a time a measurement writes (JSON's ``true`` is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def store(config: Config, key: dict, entry: dict) -> None:

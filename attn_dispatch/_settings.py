@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from . import _autotune
-from ._arch import ARCH_ENV, Arch
+from ._arch import Arch, arch_from_env
 from ._errors import SettingError, UnknownBackendError
 from ._registry import Registry, discover
 
@@ -65,16 +65,6 @@ def env_flag(variable: str, default: bool, environ: Mapping[str, str] | None = N
             "off (any case), or the variable unset"
         )
     return value
-
-
-def _arch_from_env() -> Arch | None:
-    text = os.environ.get(ARCH_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        return Arch.parse(text)
-    except ValueError as exc:
-        raise SettingError(f"{ARCH_ENV}: {exc}") from None
 
 
 @dataclass
@@ -140,7 +130,7 @@ def _warn_unknown(variable: str, names: list[str], known: set[str]) -> None:
 def _load() -> Settings:
     if getattr(_loading, "active", False):
         raise RuntimeError(REENTRANT_LOAD)
-    arch_override = _arch_from_env()
+    arch_override = arch_from_env()
     plugins_env = os.environ.get(PLUGINS_ENV)
     allowlist = None if plugins_env is None else _split(plugins_env)
     _loading.active = True
@@ -179,7 +169,7 @@ def current() -> Settings:
     return settings  # type: ignore[return-value]
 
 
-def _install(settings: Settings) -> None:
+def _install(settings: Settings | None) -> None:
     global installed
     installed = settings
 
@@ -198,7 +188,14 @@ def reload(*, reset_enabled: bool = False) -> None:
     with _lock:
         if reset_enabled:
             _programmatic_enabled.clear()
-        _install(_load())
+        try:
+            settings = _load()
+        except SettingError:
+            # no call may go on with the settings of the environment before: the next one
+            # reads the environment again and raises until it is fixed
+            _install(None)
+            raise
+        _install(settings)
 
 
 # The backends this project ships under backends/<name>: a name among them that no plugin provides

@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 import torch
 
 import attn_dispatch as ad
+from attn_dispatch import _settings
 from attn_dispatch import backend as adb
 
+from ..tools._args import Parser, check_output_path, cpu_or_cuda, nonnegative_int, positive_int
 from .cases import Case, CaseInputs, place
 from .conformance import Unsupported, check_backward, check_forward
 from .oracle import OracleResult, oracle_of
@@ -441,35 +443,137 @@ def merge(reports: Iterable[dict]) -> Report:
     return merged or Report(seed=0)
 
 
-def _read_reports(paths: Sequence[str]) -> list[dict]:
-    """Reports from JSON files (one report each) or JSON-lines files (one per line)."""
+# What each key of a report (``Report.to_dict``) holds, checked before a merge adds them up.
+# A row's "crashed" count is optional: reports written before that outcome existed lack it.
+_COUNT_KEYS = ("ok", "refused", "wrong")
+_OPTIONAL_COUNT_KEYS = ("crashed",)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+def _table(value: object, entry: Callable[[object], bool]) -> bool:
+    return isinstance(value, dict) and all(entry(v) for v in value.values())
+
+
+def _count_row(row: object) -> bool:
+    """One implementation's counts: every outcome's key, "crashed" optional, nothing else."""
+    if not isinstance(row, dict) or not _table(row, _count):
+        return False
+    return set(_COUNT_KEYS) <= set(row) <= set(_COUNT_KEYS + _OPTIONAL_COUNT_KEYS)
+
+
+def _malformed(part: object) -> str | None:
+    """What keeps ``part`` from being a sweep report, or ``None``."""
+    if not isinstance(part, dict):
+        return f"expected a report (a JSON object), got {type(part).__name__}"
+    checks = {
+        "seed": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "cases": _count,
+        "seconds": _seconds,
+        "wrong": lambda v: isinstance(v, list) and all(isinstance(w, str) for w in v),
+        "counts": lambda v: _table(v, _count_row),
+        "chosen": lambda v: _table(v, _count),
+        "busy": lambda v: _table(v, _seconds),
+    }
+    missing = [key for key in checks if key not in part and key != "busy"]
+    if missing:
+        return f"not a sweep report: no {', '.join(map(repr, missing))}"
+    bad = [key for key, check in checks.items() if key in part and not check(part[key])]
+    if bad:
+        return f"not a sweep report: bad {', '.join(map(repr, bad))}"
+    return None
+
+
+def _documents(text: str) -> list[tuple[str, object]]:
+    """``(where, document)`` of one JSON document, or of JSON lines (one per line)."""
+    try:
+        return [("", json.loads(text))]
+    except json.JSONDecodeError:
+        pass
     found = []
-    for path in paths:
-        with open(path) as f:
-            text = f.read()
-        try:
-            found.append(json.loads(text))
-        except json.JSONDecodeError:  # several documents: one per line
-            found += [json.loads(line) for line in text.splitlines() if line.strip()]
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                found.append((f", line {number}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"line {number} is not JSON ({exc})") from None
     return found
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def _read_reports(paths: Sequence[str]) -> list[dict]:
+    """Reports from JSON files (one report each) or JSON-lines files (one per line); a file
+    that cannot be read, or holds no report or something else, is a ValueError naming it."""
+    found = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                documents = _documents(f.read())
+        except OSError as exc:
+            raise ValueError(f"--merge: cannot read {path}: {exc.strerror or exc}") from None
+        except (ValueError, RecursionError) as exc:  # bytes not UTF-8, a bad line, deep nesting
+            raise ValueError(f"--merge {path}: not JSON: {exc}") from None
+        if not documents:
+            raise ValueError(f"--merge {path}: holds no report")
+        for where, part in documents:
+            why = _malformed(part)
+            if why is not None:
+                raise ValueError(f"--merge {path}{where}: {why}")
+            found.append(part)
+    return found
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """argparse type: ``i/n``, integers with 0 <= i < n."""
+    parts = text.split("/")
+    try:
+        i, n = (int(part) for part in parts)
+    except ValueError:
+        i, n = -1, 0
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"expected i/n with 0 <= i < n (e.g. 0/4), got {text!r}")
+    return i, n
+
+
+def _longest(text: str) -> int:
+    """argparse type: the longest sequence length drawn, at least 2 (the drawn lengths
+    include ones from 2 up)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
         prog="python -m attn_dispatch.testing.sweep", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--cases", type=int, default=300, help="cases to draw (default 300)")
+    parser.add_argument(
+        "--cases", type=nonnegative_int, default=300, help="cases to draw (default 300)"
+    )
     parser.add_argument("--seed", type=int, default=None, help="default: a fresh one")
     parser.add_argument(
         "--device",
+        type=cpu_or_cuda,
         default="cuda" if torch.cuda.is_available() else "cpu",
         help="device of the cases (default: cuda when available, else cpu; here %(default)s)",
     )
     parser.add_argument(
-        "--longest", type=int, default=2048, help="longest sequence drawn (default %(default)s)"
+        "--longest",
+        type=_longest,
+        default=2048,
+        help="longest sequence drawn, at least 2 (default %(default)s)",
     )
     parser.add_argument(
-        "--shard", default="0/1", help="i/n: run every n-th case from the i-th (default 0/1)"
+        "--shard",
+        type=_shard,
+        default="0/1",
+        help="i/n: run every n-th case from the i-th (default 0/1)",
     )
     parser.add_argument(
         "--json", default=None, help="also write the report here (default: not written)"
@@ -483,13 +587,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quiet", action="store_true", help="no per-case progress line (default: one per case)"
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run or merge a sweep; returns the exit status: 1 when anything was wrong, 2 (one line
+    on stderr, as argparse does) for a bad argument, input file or ``ATTN_DISPATCH_*`` value."""
+    parser = build_parser()
     args = parser.parse_args(argv)
+    check_output_path(parser, "--json", args.json)
     if args.merge:
-        report = merge(_read_reports(args.merge))
+        try:
+            report = merge(_read_reports(args.merge))
+        except ValueError as exc:
+            parser.error(str(exc))
     else:
-        i, n = (int(x) for x in args.shard.split("/"))
-        if not 0 <= i < n:
-            parser.error(f"--shard: expected i/n with 0 <= i < n, got {args.shard}")
+        try:
+            # a bad ATTN_DISPATCH_* variable (a forced name included) is a usage error, up
+            # front: inside the sweep it would count as every implementation's wrong answer
+            _settings.resolve_forced(None, _settings.current())
+        except (ValueError, TypeError) as exc:
+            parser.error(str(exc))
+        i, n = args.shard
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
         cases = draw_cases(args.cases, seed, longest=args.longest)[i::n]
         print(f"sweep: seed {seed}, {len(cases)} cases on {args.device}", flush=True)
@@ -497,8 +616,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = run(cases, device=args.device, progress=say)
         report.seed = seed
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.to_dict(), f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(report.to_dict(), f, indent=1)
+        except OSError as exc:  # checked first, but the disk can still fill up
+            parser.error(f"--json: writing the report: {exc}")
     for failure in report.wrong:
         print("WRONG", failure, file=sys.stderr)
     print(report.table())

@@ -33,7 +33,6 @@ import fnmatch
 import importlib.metadata as md
 import json
 import math
-import os
 import platform
 import random
 import statistics
@@ -47,7 +46,16 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 
-from ._args import PROG, Parser, nonnegative_int, plain, positive_int
+from ._args import (
+    PROG,
+    Parser,
+    check_output_path,
+    cpu_or_cuda,
+    nonnegative_int,
+    plain,
+    positive_int,
+    random_tensor,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_SEQLENS = "1024,2048,4096,8192,16384"
@@ -124,25 +132,6 @@ def _ints(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
     return [positive_int(x.strip()) for x in values]
-
-
-def _device(text: str) -> torch.device:
-    """argparse type: ``cpu``, or ``cuda[:N]`` when that GPU is present."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}")
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: no CUDA or ROCm GPU is available to this torch ({torch.__version__})"
-            )
-        if device.index is not None and device.index >= count:
-            raise argparse.ArgumentTypeError(f"{text!r}: there are only {count} GPUs")
-    return device
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the host's cost of a call; CUDA only)",
     )
     p.add_argument(
-        "--device", type=_device, default=None, help="cuda or cpu (default: cuda if available)"
+        "--device", type=cpu_or_cuda, default=None, help="cuda or cpu (default: cuda if available)"
     )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--no-matmul", action="store_true", help="skip the matmul ceiling")
@@ -427,7 +416,7 @@ def make_sets(shape: Shape, device: torch.device, gen: torch.Generator) -> list[
     for _ in range(n_sets):
 
         def rnd(*size):
-            return torch.randn(size, generator=gen, device=device, dtype=dtype)
+            return random_tensor(size, gen, device, dtype)
 
         q, k, v, do = rnd(b, s, h, d), rnd(b, s, hkv, d), rnd(b, s, hkv, d), rnd(b, s, h, d)
         out, lse = ad.forward(q, k, v, causal=shape.causal)
@@ -790,19 +779,6 @@ def _patterns(impls: str | None) -> list[str] | None:
     return [p.strip() for p in impls.split(",") if p.strip()] if impls else None
 
 
-def _check_output_path(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
-    """Fail before the sweep, not after it, when ``path`` cannot be written."""
-    if path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        parser.error(f"{option}: {path!r} is a directory")
-    if not os.path.isdir(folder):
-        parser.error(f"{option}: the directory {folder!r} does not exist")
-    if not os.access(folder, os.W_OK):
-        parser.error(f"{option}: the directory {folder!r} is not writable")
-
-
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Shape]:
     """What argparse cannot check alone; returns the shapes. Errors go through ``parser``."""
     if args.cuda_graphs and args.device.type != "cuda":
@@ -822,7 +798,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
             f"(installed: {', '.join(installed) or 'none'})"
         )
     for option in ("json", "csv", "plot"):
-        _check_output_path(parser, f"--{option}", getattr(args, option))
+        check_output_path(parser, f"--{option}", getattr(args, option))
     return shapes
 
 

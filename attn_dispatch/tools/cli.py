@@ -15,7 +15,7 @@ from attn_dispatch import _settings
 from attn_dispatch import backend as adb
 
 from . import bench, tune
-from ._args import PROG, Parser, nonnegative_int, plain, positive_int
+from ._args import MAX_TENSOR_BYTES, PROG, Parser, nonnegative_int, plain, positive_int
 from ._args import window_sides as _window
 
 DTYPES = {
@@ -26,7 +26,6 @@ DTYPES = {
     "fp32": torch.float32,
     "f64": torch.float64,
 }
-MAX_TENSOR_BYTES = 2**63 - 1  # torch counts a tensor's bytes in an int64
 
 
 def _arch(text: str) -> ad.Arch:

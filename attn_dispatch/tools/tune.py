@@ -26,7 +26,15 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 
-from ._args import PROG, Parser, plain, positive_int, window_sides
+from ._args import (
+    PROG,
+    Parser,
+    check_output_path,
+    plain,
+    positive_int,
+    random_tensor,
+    window_sides,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 PASSES = ("forward", "backward")
@@ -162,7 +170,7 @@ def _tune_one(dims: tuple[int, ...], args, passes: list[str], device: torch.devi
     gen = torch.Generator(device=device).manual_seed(args.seed)
 
     def rnd(*size):
-        return torch.randn(size, generator=gen, device=device, dtype=dtype)
+        return random_tensor(size, gen, device, dtype)
 
     q, k, v = rnd(b, s, h, d), rnd(b, sk, hkv, d), rnd(b, sk, hkv, d)
     flags = dict(
@@ -205,7 +213,9 @@ def _device(text: str | None) -> torch.device:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_output_path(parser, "--json", args.json)
     passes = _passes(args.passes)
     shapes = list(args.shape) + (shapes_of_file(args.shapes) if args.shapes else [])
     if not shapes:
@@ -230,7 +240,10 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
+        try:
+            Path(args.json).write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:  # checked before tuning, but the disk can still fill up
+            parser.error(f"--json: writing the results: {exc}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
@@ -14,6 +15,9 @@ from attn_dispatch import backend as adb
         ("cpu", "cpu", "cpu"),
         ("sm_90", "cuda", "sm_90"),
         ("sm80", "cuda", "sm_80"),
+        ("sm_90a", "cuda", "sm_90"),
+        ("sm_100a", "cuda", "sm_100"),
+        ("SM90a", "cuda", "sm_90"),
         ("gfx942", "rocm", "gfx942"),
         ("gfx950:sramecc+:xnack-", "rocm", "gfx950"),
     ],
@@ -23,7 +27,7 @@ def test_parse(text, vendor, name):
     assert (arch.vendor, arch.name, arch.full) == (vendor, name, text)
 
 
-@pytest.mark.parametrize("text", ["", "h100", "sm_", "gfxzz"])
+@pytest.mark.parametrize("text", ["", "h100", "sm_", "gfxzz", "sm_90b", "sm_a"])
 def test_parse_rejects_unknown(text):
     with pytest.raises(ValueError, match="arch"):
         ad.Arch.parse(text)
@@ -34,6 +38,27 @@ def test_detect_cpu_and_override(monkeypatch):
     assert ad.detect_arch("cpu") == ad.Arch("cpu", "cpu", "cpu")
     monkeypatch.setenv("ATTN_DISPATCH_ARCH", "gfx950")
     assert ad.detect_arch("cpu").name == "gfx950"
+
+
+def test_a_bad_override_is_a_setting_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("ATTN_DISPATCH_ARCH", "bogus")
+    with pytest.raises(ad.SettingError, match="ATTN_DISPATCH_ARCH: arch='bogus'"):
+        ad.detect_arch("cpu")
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\t"])
+def test_a_blank_override_is_unset_for_detection_and_dispatch(env, blank):
+    env.set(ATTN_DISPATCH_ARCH=blank)
+    assert ad.detect_arch("cpu") == ad.Arch("cpu", "cpu", "cpu")
+    q = torch.zeros(1, 4, 2, 16)
+    assert ad.explain(q, q, q).arch.name == "cpu"
+
+
+def test_the_arch_specific_names_override_as_their_chip(env):
+    env.set(ATTN_DISPATCH_ARCH="sm_90a")
+    assert ad.detect_arch("cpu").name == "sm_90"
+    q = torch.zeros(1, 4, 2, 16)
+    assert ad.explain(q, q, q).arch.name == "sm_90"
 
 
 def test_priority_patterns():

@@ -352,20 +352,47 @@ def test_the_default_cache_directory(monkeypatch, tmp_path):
     assert _autotune.cache_directory() == tmp_path / "mine" / "autotune"
 
 
-@pytest.mark.parametrize("damage", ["cut short", "no timings", "negative time"])
+DAMAGES = [
+    "cut short",
+    "no timings",
+    "negative time",
+    "deep brackets",
+    "not utf-8",
+    "a list",
+    "timings a list",
+    "time a string",
+    "time a boolean",
+    "reason a number",
+]
+
+
+def _damaged(entry: dict, damage: str) -> bytes:
+    """The bytes of ``entry``'s file after ``damage``."""
+    text = json.dumps(entry)
+    damaged = {
+        "cut short": text[:40],
+        "no timings": json.dumps({k: v for k, v in entry.items() if k != "timings"}),
+        "negative time": json.dumps(entry | {"timings": {FAST: -1.0}}),
+        "deep brackets": "[" * 100_000,
+        "a list": json.dumps([entry]),
+        "timings a list": json.dumps(entry | {"timings": [FAST, 1.0]}),
+        "time a string": json.dumps(entry | {"timings": {FAST: "1e-6"}}),
+        "time a boolean": json.dumps(entry | {"timings": {FAST: True, SLOW: 1.0}}),
+        "reason a number": json.dumps(entry | {"excluded": {WRONG: 3}}),
+    }
+    if damage == "not utf-8":
+        return b"\xff\xfe" + text.encode("utf-16-le")
+    return damaged[damage].encode()
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_an_unreadable_file_is_measured_again(tuned, cache, damage):
     args = inputs()
     with pytest.warns(UserWarning, match=EXCLUDED):
         ad.backward(*args, causal=True)
     (name,) = files(cache)
     path = cache / "autotune" / name
-    entry = json.loads(path.read_text())
-    if damage == "cut short":
-        path.write_text(path.read_text()[:40])
-    elif damage == "no timings":
-        path.write_text(json.dumps({k: v for k, v in entry.items() if k != "timings"}))
-    else:
-        path.write_text(json.dumps(entry | {"timings": {FAST: -1.0}}))
+    path.write_bytes(_damaged(json.loads(path.read_text()), damage))
     _autotune.forget()
     ad.reload()
     before = calls()[SLOW]
@@ -529,6 +556,18 @@ def test_the_tune_command_measures_each_shape_once(timed_env, cache, capsys, tmp
 def test_the_tune_command_names_bad_arguments(timed_env, capsys, argv, message):
     assert tune(*argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["a missing directory", "a directory"])
+def test_the_tune_command_checks_its_output_path_before_tuning(
+    timed_env, cache, capsys, tmp_path, where
+):
+    path = tmp_path / "no-such-dir" / "r.json" if where == "a missing directory" else tmp_path
+    assert tune("--shape", "1,8,2,2,16", "--device", "cpu", "--json", str(path)) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith("attn-dispatch tune: error: --json: ")
+    assert captured.out == "" and files(cache) == [] and sum(calls().values()) == 0
 
 
 def test_the_tune_command_names_a_bad_line_of_its_file(timed_env, capsys, tmp_path):

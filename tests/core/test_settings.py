@@ -119,6 +119,23 @@ def test_debug_variable_garbage_is_an_error_naming_it(env, value):
 
 
 @pytest.mark.parametrize(
+    "variable", ["ATTN_DISPATCH_DEBUG", "ATTN_DISPATCH_AUTOTUNE", "ATTN_DISPATCH_ARCH"]
+)
+def test_a_reload_that_fails_leaves_no_settings_to_go_on_with(env, monkeypatch, variable):
+    """After a reload refused a bad variable, calls raise too: none runs on the settings of
+    the environment before."""
+    env.set(**EXACT)
+    ad.backward(*make_inputs())
+    monkeypatch.setenv(variable, "maybe")
+    with pytest.raises(ad.SettingError, match=variable):
+        ad.reload()
+    with pytest.raises(ad.SettingError, match=variable):
+        ad.explain(*make_inputs())
+    monkeypatch.delenv(variable)
+    assert ad.explain(*make_inputs()).selected is not None
+
+
+@pytest.mark.parametrize(
     "value, on",
     [
         *((v, True) for v in ("1", "true", "True", "YES", "on", " 1", "yes\n")),

@@ -180,6 +180,106 @@ def test_the_command_line_reports_shards_and_merges_them(toys, tmp_path, capsys)
     assert status == 1  # the toys are wrong wherever they run
 
 
-def test_a_bad_shard_is_refused() -> None:
-    with pytest.raises(SystemExit):
-        sweep.main(["--shard", "2/2"])
+def _one_error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("python -m attn_dispatch.testing.sweep: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--shard", "2/2"], "argument --shard: expected i/n with 0 <= i < n"),
+        (["--shard", "abc"], "argument --shard: expected i/n with 0 <= i < n"),
+        (["--shard", "1"], "argument --shard: expected i/n with 0 <= i < n"),
+        (["--shard", "1/2/3"], "argument --shard: expected i/n with 0 <= i < n"),
+        (["--device", "bogus"], "argument --device: expected cpu or cuda[:N], got 'bogus'"),
+        (["--longest", "1"], "argument --longest: expected an integer >= 2, got 1"),
+        (["--cases", "-1"], "argument --cases: expected an integer >= 0, got -1"),
+        (
+            ["--cases", "0", "--json", "/no/such/dir/x.json"],
+            "--json: the directory '/no/such/dir' does not",
+        ),
+    ],
+)
+def test_a_bad_argument_is_one_line_and_status_2(capsys, argv, message) -> None:
+    with pytest.raises(SystemExit) as exit:
+        sweep.main(argv)
+    assert exit.value.code == 2
+    assert message in _one_error_line(capsys)
+
+
+REPORT = sweep.Report(seed=1, cases=1, counts={"a:b": {"ok": 1, "refused": 0, "wrong": 0}})
+MERGE_INPUTS = {
+    "missing": (None, "cannot read"),
+    "not JSON": (b"sweep: seed 3\n", "not JSON"),
+    "an empty object": (b"{}", "not a sweep report: no 'seed', 'cases'"),
+    "a list": (b"[1, 2]", "expected a report (a JSON object), got list"),
+    "truncated": (json.dumps(REPORT.to_dict()).encode()[:-9], "not JSON"),
+    "empty": (b"", "holds no report"),
+    "deep brackets": (b"[" * 100_000, "not JSON"),
+    "not utf-8": (b"\xff\xfe{}", "not JSON"),
+    "a bad count": (
+        json.dumps(REPORT.to_dict() | {"counts": {"a:b": {"ok": "1"}}}).encode(),
+        "bad 'counts'",
+    ),
+    "a bad line": (
+        (json.dumps(REPORT.to_dict()) + "\n" + json.dumps({"seed": 1}) + "\n").encode(),
+        "line 2: not a sweep report",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(MERGE_INPUTS))
+def test_a_file_merge_cannot_read_is_one_line_and_status_2(tmp_path, capsys, what) -> None:
+    content, message = MERGE_INPUTS[what]
+    path = tmp_path / "part.json"
+    if content is not None:
+        path.write_bytes(content)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(REPORT.to_dict()))
+    with pytest.raises(SystemExit) as exit:
+        sweep.main(["--merge", str(good), str(path)])
+    assert exit.value.code == 2
+    line = _one_error_line(capsys)
+    assert str(path) in line and message in line
+
+
+def test_merge_reads_json_lines(tmp_path, capsys) -> None:
+    path = tmp_path / "parts.jsonl"
+    path.write_text("\n".join(json.dumps(REPORT.to_dict()) for _ in range(2)) + "\n")
+    assert sweep.main(["--merge", str(path)]) == 0
+    assert "sweep seed=1: 2 cases" in capsys.readouterr().out
+
+
+def test_merge_reads_crashed_counts_and_reports_without_them(tmp_path, capsys) -> None:
+    crashed = sweep.Report(
+        seed=1, cases=1, counts={"a:b": {"ok": 0, "refused": 0, "wrong": 0, "crashed": 1}}
+    )
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    new.write_text(json.dumps(crashed.to_dict()))
+    old.write_text(json.dumps(REPORT.to_dict()))  # a row without "crashed"
+    assert sweep.main(["--merge", str(new), str(old), "--json", str(tmp_path / "m.json")]) == 1
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert merged["counts"]["a:b"] == {"ok": 1, "refused": 0, "wrong": 0, "crashed": 1}
+    capsys.readouterr()
+
+
+def test_merge_refuses_a_row_with_an_unknown_count(tmp_path, capsys) -> None:
+    part = REPORT.to_dict() | {"counts": {"a:b": {"ok": 1, "refused": 0, "wrong": 0, "x": 1}}}
+    path = tmp_path / "part.json"
+    path.write_text(json.dumps(part))
+    with pytest.raises(SystemExit) as exit:
+        sweep.main(["--merge", str(path)])
+    assert exit.value.code == 2
+    assert "bad 'counts'" in _one_error_line(capsys)
+
+
+def test_a_bad_setting_is_a_usage_error_not_a_wrong_answer(env, capsys) -> None:
+    env.set(ATTN_DISPATCH_BACKEND="nope")
+    with pytest.raises(SystemExit) as exit:
+        sweep.main(["--cases", "1", "--device", "cpu", "--longest", "8", "--quiet"])
+    assert exit.value.code == 2
+    assert "ATTN_DISPATCH_BACKEND" in _one_error_line(capsys)

@@ -63,6 +63,29 @@ def test_bad_arguments_are_one_line_and_status_2(env, capsys, argv, expected):
     assert expected in _error_line(capsys)
 
 
+TUNE = ["tune", "--device", "cpu", "--dtype", "f32", "--shape"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (BENCH_RUN + ["--device", "cpu", "--seqlens", str(10**15)], "cannot allocate a tensor"),
+        (
+            BENCH_RUN + ["--device", "cpu", "--batch", str(10**20)],
+            "more than a tensor can hold",
+        ),
+        (TUNE + [f"1,{10**15},2,2,16"], "cannot allocate a tensor of shape [1, 1000000000000000"),
+        (TUNE + [f"1,{10**20},2,2,16"], "more than a tensor can hold"),
+    ],
+)
+def test_sizes_beyond_memory_are_one_line_and_status_2(env, capsys, argv, expected):
+    """bench and tune allocate their inputs: a size no memory holds is a usage error."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("attn-dispatch: error: "), err
+    assert expected in err[0] and "give smaller sizes" in err[0]
+
+
 def test_bench_default_kv_heads_must_divide_heads(env, capsys):
     assert cli.main(BENCH[:-4] + ["--heads", "12", "--device", "cpu"]) == 2
     assert "--kv-heads 8 (the default) does not divide --heads 12" in _error_line(capsys)

@@ -176,4 +176,7 @@ class Sm100(FlashAttnCute):
 @adb.hookimpl
 def attn_dispatch_implementations() -> list[adb.Implementation]:
     """The flash_attn_cute backend's implementations."""
+    # Checked when the plugins load, whatever FA4 release is installed (or none): a bad value
+    # is an error even where the replay is never used (another arch, a release it is off for).
+    adb.env_flag(_fa4.REPLAY_VARIABLE, True)
     return [Sm90(), Sm100()]

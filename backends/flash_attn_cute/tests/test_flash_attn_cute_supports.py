@@ -518,11 +518,25 @@ def test_a_bad_replay_setting_is_an_error_never_another_backend(monkeypatch, val
     """FA4's priority reads the setting: a bad value must reach the caller rather than mark FA4
     failed and let cuDNN run."""
     monkeypatch.setenv("ATTN_DISPATCH_FA4_REPLAY", value)
-    ad.reload()
-    args = dense(1024, h=8, hkv=8)
     message = f"ATTN_DISPATCH_FA4_REPLAY={value!r} is not a boolean"
     with pytest.raises(ad.SettingError, match=message):
+        ad.reload()
+    args = dense(1024, h=8, hkv=8)
+    with pytest.raises(ad.SettingError, match=message):
         explain(args, "sm_90", causal=True, execution="eager")
+
+
+@pytest.mark.parametrize("release", ["4.0.0b40", None])
+def test_a_bad_replay_setting_is_an_error_whatever_fa4_is_installed(monkeypatch, release):
+    """Read when the plugins load: on a release the replay is off for, or with no FA4 (where
+    the setting is never used), a bad value is still the caller's error, never ignored."""
+    monkeypatch.setattr(_support, "installed_version", lambda: release)
+    monkeypatch.setenv("ATTN_DISPATCH_FA4_REPLAY", "maybe")
+    with pytest.raises(ad.SettingError, match="ATTN_DISPATCH_FA4_REPLAY='maybe'"):
+        ad.reload()
+    q = torch.empty(1, 16, 2, 64, device="meta")
+    with pytest.raises(ad.SettingError, match="ATTN_DISPATCH_FA4_REPLAY='maybe'"):
+        ad.explain(q, q, q, arch="sm_80")
 
 
 def test_sm90_forward_keeps_the_arch_priority_at_small_shapes():

@@ -31,6 +31,8 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
 
+from ._plan import PLANS_VARIABLE
+
 TRITON_REQUIREMENT = ">=3.2"
 # Triton ships as "triton" (PyPI, NVIDIA and AMD wheels) and, with some PyTorch builds,
 # as "pytorch-triton-rocm" / "pytorch-triton".
@@ -151,4 +153,7 @@ class FusedAtomic(Fused):
 @adb.hookimpl
 def attn_dispatch_implementations() -> list[adb.Implementation]:
     """The triton backend's implementations."""
+    # Checked when the plugins load, whatever triton is installed: a bad value is an error
+    # even where plans are never used (the interpreter, ROCm, another triton release).
+    adb.env_flag(PLANS_VARIABLE, True)
     return [Fused(), FusedAtomic()]

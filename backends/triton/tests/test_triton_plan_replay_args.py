@@ -238,3 +238,16 @@ def test_a_bad_plans_setting_is_named(plans_setting, value):
     plans_setting.setenv("ATTN_DISPATCH_TRITON_PLANS", value)
     with pytest.raises(adb.SettingError, match=f"ATTN_DISPATCH_TRITON_PLANS={value!r} is not"):
         _plan.plans_enabled()
+
+
+def test_a_bad_plans_setting_is_an_error_when_the_plugins_load(isolated_plugins, monkeypatch):
+    """Even where plans are never used (here: the interpreter, or no GPU), a bad value is the
+    caller's error when the plugins load, and on every call after."""
+    import attn_dispatch as ad
+
+    monkeypatch.setenv("ATTN_DISPATCH_TRITON_PLANS", "maybe")
+    with pytest.raises(adb.SettingError, match="ATTN_DISPATCH_TRITON_PLANS='maybe' is not"):
+        ad.reload()
+    q = torch.empty(1, 16, 2, 64, device="meta")
+    with pytest.raises(adb.SettingError, match="ATTN_DISPATCH_TRITON_PLANS='maybe' is not"):
+        ad.explain(q, q, q, arch="sm_90")
