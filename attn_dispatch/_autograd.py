@@ -244,7 +244,9 @@ def _backward(ctx, grad_out, grad_lse):
     # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
     # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
     tensors = (grad_out.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    if ctx.scope == scope():  # the usual case: backward in the forward's scope, nothing to set
+    if _is_compiling() or ctx.scope == scope():
+        # the usual case: backward in the forward's scope, nothing to set; a compiled backward
+        # reads the scope it runs in
         grads = _op_gradients(ctx, tensors, sinks, ctx.flags)
     else:
         with in_scope(ctx.scope):
@@ -321,7 +323,9 @@ class _Attention(torch.autograd.Function):
         # flags
         if grad_out is None:
             return (None,) * 9
-        if ctx.recorded[3] == scope():  # the usual case: backward in the forward's scope
+        if _is_compiling() or ctx.recorded[3] == scope():
+            # the usual case: backward in the forward's scope; a compiled backward (compiled
+            # autograd) reads the scope it runs in
             dq, dk, dv, dsinks = _eager_gradients(ctx, grad_out)
         else:
             with in_scope(ctx.recorded[3]):
