@@ -1,7 +1,14 @@
-"""``attention``: the differentiable op, forward and backward both by dispatch.
+"""``attention``: the differentiable op, forward and backward both by dispatch, by two paths.
 
-Two custom operators carry the work, so ``torch.compile`` sees them as opaque nodes whose output
-shapes come from fake (meta) implementations:
+**Eager** (plain tensors, nothing tracing the call): one ``torch.autograd.Function``
+(``_Attention``) whose forward calls the dispatcher as :func:`attn_dispatch.forward` does and
+whose backward calls it as :func:`attn_dispatch.backward` does. Eager mode pays for nothing but
+the dispatch and one autograd node: the custom-op layer below (binding the schema's arguments,
+the wrapping of its registered autograd) costs about 1 ms of host time per layer's forward and
+backward, several times the dispatch itself.
+
+**Traced**: three custom operators, which ``torch.compile`` and export see as opaque nodes whose
+output shapes come from fake (meta) implementations:
 
 * ``attn_dispatch::fwd(q, k, v, ...) -> (out, lse)`` dispatches as :func:`attn_dispatch.forward`;
 * ``attn_dispatch::bwd(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)`` dispatches as
@@ -10,21 +17,28 @@ shapes come from fake (meta) implementations:
   is its twin for calls with attention sinks (a separate operator, so calls without sinks
   allocate nothing for a gradient they do not have).
 
-``attention`` checks its flags once; the operators build the dispatcher's ``Call`` from their
-schema-typed flags without checking them again (``_call.of_schema``), and a signature's first
-call validates their values with the tensors, as for any call.
+A call takes them while compiling or exporting, under a dispatch mode (``FakeTensorMode``,
+``make_fx``'s proxy modes) or a functorch transform, and with meta or subclass tensors
+(:func:`_traced`: a few attribute checks); the eager node's backward takes ``bwd`` where
+compiled autograd traces it. Autograd links the operators as it links the eager node's passes.
 
-Autograd links them: the forward saves ``q, k, v, out, lse`` (and the cu_seqlens) and the
-backward of ``fwd`` calls ``bwd``. The backward decides under the scope its forward ran in
-(``use_backend``, ``execution_mode``: the context variables a call reads), which the forward
-records on the node: autograd runs a CUDA backward on its own device thread, whose context is
-not the caller's, and a backward run outside the caller's ``with`` block would otherwise decide
-by another scope than its forward. Selection happens inside the operators, in Python, cached per
-input signature, so nothing in the hot path waits for the device: varlen lengths travel as
-Python ints and no tensor value is read on the host (CUDA-graph capturable once warmed up).
+``attention`` checks its flags once, for both paths; the dispatcher's ``Call`` is built from
+them without checking them again (``_call.of_schema``), and a signature's first call validates
+their values with the tensors, as for any call.
 
-Outputs are always fresh, contiguous tensors. The fake implementations promise exactly that,
-and a compiler plans the following kernels on the promised strides.
+Both forwards save ``q, k, v, out, lse`` (and the cu_seqlens and sinks). The backward decides
+under the scope its forward ran in (``use_backend``, ``execution_mode``: the context variables a
+call reads), which the forward records on the node: autograd runs a CUDA backward on its own
+device thread, whose context is not the caller's, and a backward run outside the caller's
+``with`` block would otherwise decide by another scope than its forward. A compiled backward
+reads the scope it runs in. Selection happens in the dispatcher, in Python, cached per input
+signature, so nothing in the hot path waits for the device: varlen lengths travel as Python
+ints and no tensor value is read on the host (CUDA-graph capturable once warmed up).
+
+Outputs and gradients are always fresh, contiguous tensors (the eager node hands gradients of
+``layout="bhsd"`` inputs back contiguous in that layout, as autograd stores them). The fake
+implementations promise exactly that, and a compiler plans the following kernels on the
+promised strides.
 """
 
 import contextlib
@@ -228,7 +242,7 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
 
 
-def _op_gradients(ctx, tensors: tuple, sinks, flags: tuple) -> tuple:
+def _op_gradients(tensors: tuple, sinks, flags: tuple) -> tuple:
     """``(dq, dk, dv, dsinks)`` by the backward operator: ``tensors`` are grad_out, q, k, v,
     out, lse and the two cu_seqlens; ``flags`` the max_seqlens and the flags, in schema order."""
     if sinks is None:
@@ -247,10 +261,10 @@ def _backward(ctx, grad_out, grad_lse):
     if _is_compiling() or ctx.scope == scope():
         # the usual case: backward in the forward's scope, nothing to set; a compiled backward
         # reads the scope it runs in
-        grads = _op_gradients(ctx, tensors, sinks, ctx.flags)
+        grads = _op_gradients(tensors, sinks, ctx.flags)
     else:
         with in_scope(ctx.scope):
-            grads = _op_gradients(ctx, tensors, sinks, ctx.flags)
+            grads = _op_gradients(tensors, sinks, ctx.flags)
     return grads[:3] + (None,) * (2 + len(ctx.flags)) + grads[3:]
 
 
@@ -350,7 +364,7 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     grad_out = grad_out.contiguous()
     if ctx.__class__ is not _EAGER_NODE or _traced(grad_out, q, k, v, out, lse, sinks):
         tensors = (grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        dq, dk, dv, dsinks = _op_gradients(ctx, tensors, sinks, (*max_seqlens, *flags))
+        dq, dk, dv, dsinks = _op_gradients(tensors, sinks, (*max_seqlens, *flags))
     else:
         tensors = (q, k, v, out, lse, grad_out)
         seqlens = (cu_seqlens_q, cu_seqlens_k, *max_seqlens)

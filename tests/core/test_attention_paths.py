@@ -152,10 +152,11 @@ def test_compile_fullgraph_takes_both_operators():
     def recorder(graphs):
         def compile_graph(gm, example_inputs):
             graphs.append([str(node.target) for node in gm.graph.nodes])
-            return gm.forward
+            return make_boxed_func(gm.forward)
 
         return compile_graph
 
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     backend = aot_autograd(
