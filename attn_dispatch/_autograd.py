@@ -94,8 +94,10 @@ def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: tuple, sinks=
 def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
     """``t`` as a contiguous tensor that shares no memory with any of ``inputs``."""
     t = t.contiguous()
-    if any(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for x in inputs):
-        t = t.clone()
+    storage = t.untyped_storage().data_ptr()
+    for x in inputs:
+        if x.untyped_storage().data_ptr() == storage:
+            return t.clone()
     return t
 
 
@@ -325,7 +327,7 @@ class _Attention(torch.autograd.Function):
         tensors = _bshd(q, k, v) if heads_first else (q, k, v)
         seqlens = (cu_seqlens_q, cu_seqlens_k, *max_seqlens)
         out, lse = _dispatched(FORWARD, tensors, seqlens, flags, sinks)
-        (out,) = _fresh_all((out,), tensors)
+        out = _fresh(out, tensors)
         ctx.save_for_backward(q, k, v, out, lse.contiguous(), cu_seqlens_q, cu_seqlens_k, sinks)
         ctx.recorded = (heads_first, max_seqlens, flags, scope())
         ctx.set_materialize_grads(False)
