@@ -246,3 +246,16 @@ def test_export_keeps_the_operator():
     targets = [str(node.target) for node in program.graph.nodes]
     assert any("attn_dispatch.fwd" in t for t in targets), targets
     torch.testing.assert_close(program.module()(q, k, v), attention(q, k, v))
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_activation_checkpointing_recomputes_the_eager_node(reentrant):
+    """``torch.utils.checkpoint`` reruns the eager forward in the backward: same gradients."""
+    from torch.utils.checkpoint import checkpoint
+
+    q, k, v = leaves(heads_first=True)
+    want = torch.autograd.grad(attention(q, k, v, heads_first=True).sum(), (q, k, v))
+    out = checkpoint(attention, q, k, v, None, True, use_reentrant=reentrant)
+    out.sum().backward()
+    for got, w in zip((q.grad, k.grad, v.grad), want):
+        torch.testing.assert_close(got, w)
