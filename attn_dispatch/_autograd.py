@@ -280,6 +280,7 @@ _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
+_grad_enabled = torch.is_grad_enabled
 
 
 def _traced(*tensors) -> bool:
@@ -364,7 +365,13 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
     # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
     grad_out = grad_out.contiguous()
-    if ctx.__class__ is not _EAGER_NODE or _traced(grad_out, q, k, v, out, lse, sinks):
+    # A backward recording a graph (``create_graph=True``) takes the operator too: its result then
+    # carries the operator's node, which refuses a second differentiation rather than drop it.
+    if (
+        ctx.__class__ is not _EAGER_NODE
+        or _grad_enabled()
+        or _traced(grad_out, q, k, v, out, lse, sinks)
+    ):
         tensors = (grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
         dq, dk, dv, dsinks = _op_gradients(tensors, sinks, (*max_seqlens, *flags))
     else:
