@@ -1,7 +1,14 @@
-"""``attention``: the differentiable op, forward and backward both by dispatch.
+"""``attention``: the differentiable op, forward and backward both by dispatch, by two paths.
 
-Two custom operators carry the work, so ``torch.compile`` sees them as opaque nodes whose output
-shapes come from fake (meta) implementations:
+**Eager** (plain tensors, nothing tracing the call): one ``torch.autograd.Function``
+(``_Attention``) whose forward calls the dispatcher as :func:`attn_dispatch.forward` does and
+whose backward calls it as :func:`attn_dispatch.backward` does. Eager mode pays for nothing but
+the dispatch and one autograd node: the custom-op layer below (binding the schema's arguments,
+the wrapping of its registered autograd) costs about 1 ms of host time per layer's forward and
+backward, several times the dispatch itself.
+
+**Traced**: three custom operators, which ``torch.compile`` and export see as opaque nodes whose
+output shapes come from fake (meta) implementations:
 
 * ``attn_dispatch::fwd(q, k, v, ...) -> (out, lse)`` dispatches as :func:`attn_dispatch.forward`;
 * ``attn_dispatch::bwd(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv)`` dispatches as
@@ -10,21 +17,28 @@ shapes come from fake (meta) implementations:
   is its twin for calls with attention sinks (a separate operator, so calls without sinks
   allocate nothing for a gradient they do not have).
 
-``attention`` checks its flags once; the operators build the dispatcher's ``Call`` from their
-schema-typed flags without checking them again (``_call.of_schema``), and a signature's first
-call validates their values with the tensors, as for any call.
+A call takes them while compiling or exporting, under a dispatch mode (``FakeTensorMode``,
+``make_fx``'s proxy modes) or a functorch transform, and with meta or subclass tensors
+(:func:`_traced`: a few attribute checks); the eager node's backward takes ``bwd`` where
+compiled autograd traces it. Autograd links the operators as it links the eager node's passes.
 
-Autograd links them: the forward saves ``q, k, v, out, lse`` (and the cu_seqlens) and the
-backward of ``fwd`` calls ``bwd``. The backward decides under the scope its forward ran in
-(``use_backend``, ``execution_mode``: the context variables a call reads), which the forward
-records on the node: autograd runs a CUDA backward on its own device thread, whose context is
-not the caller's, and a backward run outside the caller's ``with`` block would otherwise decide
-by another scope than its forward. Selection happens inside the operators, in Python, cached per
-input signature, so nothing in the hot path waits for the device: varlen lengths travel as
-Python ints and no tensor value is read on the host (CUDA-graph capturable once warmed up).
+``attention`` checks its flags once, for both paths; the dispatcher's ``Call`` is built from
+them without checking them again (``_call.of_schema``), and a signature's first call validates
+their values with the tensors, as for any call.
 
-Outputs are always fresh, contiguous tensors. The fake implementations promise exactly that,
-and a compiler plans the following kernels on the promised strides.
+Both forwards save ``q, k, v, out, lse`` (and the cu_seqlens and sinks). The backward decides
+under the scope its forward ran in (``use_backend``, ``execution_mode``: the context variables a
+call reads), which the forward records on the node: autograd runs a CUDA backward on its own
+device thread, whose context is not the caller's, and a backward run outside the caller's
+``with`` block would otherwise decide by another scope than its forward. A compiled backward
+reads the scope it runs in. Selection happens in the dispatcher, in Python, cached per input
+signature, so nothing in the hot path waits for the device: varlen lengths travel as Python
+ints and no tensor value is read on the host (CUDA-graph capturable once warmed up).
+
+Outputs and gradients are always fresh, contiguous tensors (the eager node hands gradients of
+``layout="bhsd"`` inputs back contiguous in that layout, as autograd stores them). The fake
+implementations promise exactly that, and a compiler plans the following kernels on the
+promised strides.
 """
 
 import contextlib
@@ -114,8 +128,10 @@ def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: tuple, sinks=
 def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
     """``t`` as a contiguous tensor that shares no memory with any of ``inputs``."""
     t = t.contiguous()
-    if any(t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() for x in inputs):
-        t = t.clone()
+    storage = t.untyped_storage().data_ptr()
+    for x in inputs:
+        if x.untyped_storage().data_ptr() == storage:
+            return t.clone()
     return t
 
 
@@ -262,6 +278,14 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
 
 
+def _op_gradients(tensors: tuple, sinks, flags: tuple) -> tuple:
+    """``(dq, dk, dv, dsinks)`` by the backward operator: ``tensors`` are grad_out, q, k, v,
+    out, lse and the two cu_seqlens; ``flags`` the max_seqlens and the flags, in schema order."""
+    if sinks is None:
+        return (*_bwd(*tensors, *flags), None)
+    return _bwd_sinks(*tensors[:6], sinks, *tensors[6:], *flags)
+
+
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     # one gradient per input: q, k, v, the two cu_seqlens, the flags, sinks
@@ -269,22 +293,139 @@ def _backward(ctx, grad_out, grad_lse):
         return (None,) * (6 + len(ctx.flags))
     # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
     # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
-    grad_out = grad_out.contiguous()
-    if sinks is None:
-        op, tensors = _bwd, (grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    else:
-        op, tensors = _bwd_sinks, (grad_out, q, k, v, out, lse, sinks, cu_seqlens_q, cu_seqlens_k)
-    if ctx.scope == scope():  # the usual case: backward in the forward's scope, nothing to set
-        grads = op(*tensors, *ctx.flags)
+    tensors = (grad_out.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    if _is_compiling() or ctx.scope == scope():
+        # the usual case: backward in the forward's scope, nothing to set; a compiled backward
+        # reads the scope it runs in
+        grads = _op_gradients(tensors, sinks, ctx.flags)
     else:
         with in_scope(ctx.scope):
-            grads = op(*tensors, *ctx.flags)
-    return grads[:3] + (None,) * (2 + len(ctx.flags)) + (grads[3] if len(grads) == 4 else None,)
+            grads = _op_gradients(tensors, sinks, ctx.flags)
+    return grads[:3] + (None,) * (2 + len(ctx.flags)) + grads[3:]
 
 
 torch.library.register_autograd(
     "attn_dispatch::fwd", _backward, setup_context=_setup_context, lib=_LIB
 )
+
+
+# What an eager call may hand to the dispatcher directly: anything else (a fake, functional or
+# distributed tensor, any subclass) takes the operators, whose dispatch keys handle it.
+_PLAIN = (Tensor, torch.nn.Parameter)
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_functorch_active = torch._C._are_functorch_transforms_active
+_grad_enabled = torch.is_grad_enabled
+
+
+def _traced(*tensors) -> bool:
+    """Whether a call with ``tensors`` (``None`` for an absent one) is being traced or
+    transformed, rather than run: compiling or exporting, a dispatch mode (``FakeTensorMode``,
+    ``make_fx``'s proxy modes, pre-dispatch tracing), a functorch transform, meta or subclass
+    tensors. Cheap: the eager path asks it once per pass."""
+    if _is_compiling() or _dispatch_modes() or _functorch_active():
+        return True
+    for t in tensors:
+        if t is not None and t.__class__ not in _PLAIN:
+            return True
+    if tensors[0].is_meta:
+        return True
+    # make_fx's pre-dispatch tracing keeps its modes on a stack of their own, with a torch
+    # function mode on; ``torch.device(...)`` blocks also enable one, but push no dispatch mode.
+    return _function_modes() and torch._ops._len_torch_dispatch_stack_pre_dispatch() > 0
+
+
+def _fresh_all(outputs: tuple, inputs: tuple) -> tuple:
+    """:func:`_fresh` for each of ``outputs`` (``None`` stays), the inputs' storages read once."""
+    storages = {x.untyped_storage().data_ptr() for x in inputs if x is not None}
+    fresh = []
+    for t in outputs:
+        if t is not None:
+            t = t.contiguous()
+            if t.untyped_storage().data_ptr() in storages:
+                t = t.clone()
+        fresh.append(t)
+    return tuple(fresh)
+
+
+class _Attention(torch.autograd.Function):
+    """The eager path of :func:`attention`: forward and backward call the dispatcher directly.
+
+    The operators' custom-op layer (argument binding, the autograd registration's wrapping) costs
+    several times the host time of the dispatch it wraps, which eager mode need not pay. With
+    ``heads_first`` the node takes q, k, v as [B, H, S, D] and transposes them itself: views made
+    here record no autograd nodes of their own. A backward traced by compiled autograd (whose
+    ``ctx`` is not this node's own) or otherwise traced takes the backward operator instead, so
+    that a compiler sees it as one opaque node."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, heads_first, max_seqlens, flags):
+        tensors = _bshd(q, k, v) if heads_first else (q, k, v)
+        seqlens = (cu_seqlens_q, cu_seqlens_k, *max_seqlens)
+        out, lse = _dispatched(FORWARD, tensors, seqlens, flags, sinks)
+        out = _fresh(out, tensors)
+        ctx.save_for_backward(q, k, v, out, lse.contiguous(), cu_seqlens_q, cu_seqlens_k, sinks)
+        ctx.recorded = (heads_first, max_seqlens, flags, scope())
+        ctx.set_materialize_grads(False)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        # one gradient per input: q, k, v, the two cu_seqlens, sinks, heads_first, max_seqlens,
+        # flags
+        if grad_out is None:
+            return (None,) * 9
+        if _is_compiling() or ctx.recorded[3] == scope():
+            # the usual case: backward in the forward's scope; a compiled backward (compiled
+            # autograd) reads the scope it runs in
+            dq, dk, dv, dsinks = _eager_gradients(ctx, grad_out)
+        else:
+            with in_scope(ctx.recorded[3]):
+                dq, dk, dv, dsinks = _eager_gradients(ctx, grad_out)
+        return dq, dk, dv, None, None, dsinks, None, None, None
+
+
+def _bshd(*tensors: Tensor) -> tuple[Tensor, ...]:
+    return tuple([t.transpose(1, 2) for t in tensors])
+
+
+def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
+    """``(dq, dk, dv, dsinks)`` of the eager node, dq, dk and dv in its inputs' layout: by the
+    dispatcher, or by the backward operator where compiled autograd or another tracer runs the
+    node's backward."""
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
+    heads_first, max_seqlens, flags, _ = ctx.recorded
+    if heads_first:
+        q, k, v = _bshd(q, k, v)
+    # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
+    # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
+    grad_out = grad_out.contiguous()
+    # A backward recording a graph (``create_graph=True``) takes the operator too: its result then
+    # carries the operator's node, which refuses a second differentiation rather than drop it.
+    if (
+        ctx.__class__ is not _EAGER_NODE
+        or _grad_enabled()
+        or _traced(grad_out, q, k, v, out, lse, sinks)
+    ):
+        tensors = (grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        dq, dk, dv, dsinks = _op_gradients(tensors, sinks, (*max_seqlens, *flags))
+    else:
+        tensors = (q, k, v, out, lse, grad_out)
+        seqlens = (cu_seqlens_q, cu_seqlens_k, *max_seqlens)
+        grads = _dispatched(BACKWARD, tensors, seqlens, flags, sinks)
+        dq, dk, dv = _bshd(*grads[:3]) if heads_first else grads[:3]
+        # contiguous in the inputs' layout, so that autograd takes them as the leaves' .grad
+        # without another copy
+        return _fresh_all((dq, dk, dv, grads.dsinks), (*tensors, sinks))
+    if heads_first:
+        dq, dk, dv = _bshd(dq, dk, dv)
+    return dq, dk, dv, dsinks
+
+
+# The node class of an eager call's backward; compiled autograd calls ``backward`` with a stand-in
+# context of another class.
+_EAGER_NODE = _Attention._backward_cls
 
 
 def attention(
@@ -323,23 +464,111 @@ def attention(
     """
     # The operator schema would reject a non-tensor (a numpy array, a list) with a RuntimeError
     # that prints its value: the dispatcher's TypeError instead.
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _require_tensor(name, t)
+    _require_tensor("q", q)
+    _require_tensor("k", k)
+    _require_tensor("v", v)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None or sinks is not None:
+        for name, t in (
+            ("cu_seqlens_q", cu_seqlens_q),
+            ("cu_seqlens_k", cu_seqlens_k),
+            ("sinks", sinks),
+        ):
+            if t is not None:
+                _require_tensor(name, t)
+    heads_first = _heads_first(layout, cu_seqlens_q, cu_seqlens_k, (q, k, v))
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    # The operator schema would coerce or reject these with its own error; say it the library's
+    # way instead (the rest is validated by the dispatcher, on a signature's first call).
+    check_flags(causal, causal_align, deterministic)
+    if max_seqlen_q is not None or max_seqlen_k is not None:
+        max_seqlen_q, max_seqlen_k = _checked_max_seqlens(
+            (q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+        )
+        if any(isinstance(m, int) and m > INT64_MAX for m in (max_seqlen_q, max_seqlen_k)):
+            # Dense or malformed varlen inputs: the schema cannot carry the value, so the
+            # dispatcher's validation names what is wrong before the operator would.
+            call = unforced(
+                "forward",
+                causal=causal,
+                causal_align=causal_align,
+                scale=scale,
+                deterministic=deterministic,
+            )
+            dense = _bshd(q, k, v) if heads_first else (q, k, v)
+            build_inputs(call, dense, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"argument 'backend': expected a str or None, got {type(backend).__name__}")
+    if _is_compiling():
+        scale, softcap = _traced_float("scale", scale), _traced_float("softcap", softcap)
+    else:
+        if scale is not None:
+            scale = resolve_scale(scale, 1)
+        if softcap is not None:
+            softcap = check_softcap(softcap)
+    if window is None:
+        window_left = window_right = None
+    else:
+        window = check_window(window, (numbers.Integral, torch.SymInt))
+        window_left, window_right = (None, None) if window is None else window
+    # A meta tensor among real ones would send the operator to its fake implementation, which
+    # returns uninitialised memory: refuse mixed devices here, as the dispatcher does.
+    device = q.device
     for name, t in (
+        ("k", k),
+        ("v", v),
         ("cu_seqlens_q", cu_seqlens_q),
         ("cu_seqlens_k", cu_seqlens_k),
         ("sinks", sinks),
     ):
-        if t is not None:
-            _require_tensor(name, t)
-    heads_first = _heads_first(layout, cu_seqlens_q, cu_seqlens_k, (q, k, v))
-    if heads_first:
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    # The operator schema would coerce or reject these with its own error; say it the library's
-    # way instead (the rest is validated by the dispatcher inside the operator).
-    check_flags(causal, causal_align, deterministic)
+        if t is not None and t.device != device:
+            raise ValueError(
+                f"argument '{name}': expected device {device} (same as q), got {t.device}"
+            )
+    flags = (
+        causal,
+        causal_align,
+        scale,
+        deterministic,
+        backend,
+        window_left,
+        window_right,
+        softcap,
+    )
+    if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
+        # eager: one autograd node, dispatching directly (see _Attention)
+        out = _Attention.apply(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            sinks,
+            heads_first,
+            (max_seqlen_q, max_seqlen_k),
+            flags,
+        )
+    else:
+        if heads_first:
+            q, k, v = _bshd(q, k, v)
+        out, _ = _fwd(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            *flags,
+            # passed only when given: a call without sinks keeps the operator's original arguments
+            *(() if sinks is None else (sinks,)),
+        )
+    return out.transpose(1, 2) if heads_first else out
+
+
+def _checked_max_seqlens(tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The max_seqlens as the operators take them: ints as ``ad.forward`` takes them (numpy
+    ints too) or traced ones, a varlen value beyond its packed tensor capped."""
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, _INTS)):
             raise TypeError(f"argument '{name}': expected a Python int, got {type(value).__name__}")
@@ -349,61 +578,9 @@ def attention(
     # No sequence is longer than its packed tensor: a larger max_seqlen (up to beyond int64,
     # which the schema cannot carry) means the same as the token count.
     if cu_seqlens_q is not None and cu_seqlens_k is not None:
-        max_seqlen_q = _capped_max_seqlen(max_seqlen_q, q)
-        max_seqlen_k = _capped_max_seqlen(max_seqlen_k, k)
-    if any(isinstance(m, int) and m > INT64_MAX for m in (max_seqlen_q, max_seqlen_k)):
-        # Dense or malformed varlen inputs: the schema cannot carry the value, so the
-        # dispatcher's validation names what is wrong before the operator would.
-        call = unforced(
-            "forward",
-            causal=causal,
-            causal_align=causal_align,
-            scale=scale,
-            deterministic=deterministic,
-        )
-        build_inputs(call, (q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(f"argument 'backend': expected a str or None, got {type(backend).__name__}")
-    if torch.compiler.is_compiling():
-        scale, softcap = _traced_float("scale", scale), _traced_float("softcap", softcap)
-    else:
-        scale = None if scale is None else resolve_scale(scale, 1)
-        softcap = check_softcap(softcap)
-    window = check_window(window, (numbers.Integral, torch.SymInt))
-    window_left, window_right = (None, None) if window is None else window
-    # A meta tensor among real ones would send the operator to its fake implementation, which
-    # returns uninitialised memory: refuse mixed devices here, as the dispatcher does.
-    for name, t in (
-        ("k", k),
-        ("v", v),
-        ("cu_seqlens_q", cu_seqlens_q),
-        ("cu_seqlens_k", cu_seqlens_k),
-        ("sinks", sinks),
-    ):
-        if isinstance(t, Tensor) and isinstance(q, Tensor) and t.device != q.device:
-            raise ValueError(
-                f"argument '{name}': expected device {q.device} (same as q), got {t.device}"
-            )
-    out, _ = _fwd(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        window_left,
-        window_right,
-        softcap,
-        # passed only when given: a call without sinks keeps the operator's original arguments
-        *(() if sinks is None else (sinks,)),
-    )
-    return out.transpose(1, 2) if heads_first else out
+        max_seqlen_q = _capped_max_seqlen(max_seqlen_q, tensors[0])
+        max_seqlen_k = _capped_max_seqlen(max_seqlen_k, tensors[1])
+    return max_seqlen_q, max_seqlen_k
 
 
 def _traced_float(name: str, value):

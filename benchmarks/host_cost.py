@@ -8,11 +8,13 @@ tensor, as a training step runs it) through one more layer of the stack than the
 * ``sdpa``: ``F.scaled_dot_product_attention(..., is_causal=True, enable_gqa=True)`` and its
   autograd backward, the baseline;
 * ``ad.attention``: the automatic choice, then each installed implementation forced
-  (``backend=``) that accepts the call;
+  (``backend=``) that accepts the call; in eager mode one autograd node whose passes dispatch
+  as ``ad.forward`` and ``ad.backward`` do;
 * ``custom ops``: the operators ``attn_dispatch::fwd`` and ``attn_dispatch::bwd`` called
-  directly, without autograd (``ad.attention`` minus its argument checks and the autograd node);
-* ``ad.forward + ad.backward``: the public dispatch calls (the operators minus their wrapping:
-  the custom-op dispatch, the copies they promise);
+  directly, without autograd: what a compiled or traced ``ad.attention`` runs (an eager call
+  does not go through them);
+* ``ad.forward + ad.backward``: the public dispatch calls (``ad.attention`` minus its argument
+  checks, its autograd node and the copies it promises);
 * ``direct``: the chosen implementations' ``forward(inp)`` and ``backward(inp)`` on the inputs
   objects ``ad.decide`` returns: no dispatch, no autograd; ``ad.attention`` minus this row is
   the library's own cost.
