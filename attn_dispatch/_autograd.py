@@ -309,6 +309,25 @@ torch.library.register_autograd(
 )
 
 
+def _refuse_double_backward(name: str) -> Callable:
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"Trying to backward through attn_dispatch.{name}: attention's gradients are not "
+            "differentiable (a second differentiation is not supported)"
+        )
+
+    return backward
+
+
+# The backward operators have no derivative. Registered, a second differentiation (a gradient
+# penalty through ``create_graph=True``) is an error; without it, torch's fallback for an
+# operator with no autograd kernel only warns and drops attention's share of that gradient.
+for _name in ("bwd", "bwd_sinks"):
+    torch.library.register_autograd(
+        f"attn_dispatch::{_name}", _refuse_double_backward(_name), lib=_LIB
+    )
+
+
 # What an eager call may hand to the dispatcher directly: anything else (a fake, functional or
 # distributed tensor, any subclass) takes the operators, whose dispatch keys handle it.
 _PLAIN = (Tensor, torch.nn.Parameter)
