@@ -6,7 +6,7 @@ that also adds dQ into an fp32 scratch, a convert pass. :class:`~._launcher.Back
 makes the launches (its module describes the kernels), :mod:`._launch_policy` decides their
 grids. On NVIDIA GPUs a repeated call of the same signature replays a recorded
 :class:`~._plan.Plan` instead (same compiled kernels and arguments, a fraction of the host time),
-kept by the signature's :class:`~._plan.Prepared` (:func:`prepare`, once per dispatcher decision)
+kept by the signature's :class:`~._plan.Prepared` (:func:`signature`, once per dispatcher decision)
 or, for a call without one, found by a key built from every tensor of the call.
 """
 
@@ -24,7 +24,7 @@ from ._common import LOG2E, dense_vector, last_dim_contiguous
 from ._launch_strategy import DIRECT, RecordingStrategy
 from ._launcher import BackwardLaunch
 
-__all__ = ["BackwardLaunch", "attention_backward", "prepare"]
+__all__ = ["BackwardLaunch", "attention_backward", "plannable", "signature"]
 
 
 def attention_backward(
@@ -62,7 +62,7 @@ def attention_backward(
     reproducible). ``gluon=False`` keeps the Gluon sm_90 kernels out (configs asking for them
     run the portable ``tl`` kernels, as where Gluon does not apply): calls with attention sinks,
     whose numbers on those kernels no test has checked yet. ``plan``: the call's signature
-    from :func:`prepare` (the dispatcher's ``inp.plan``), which keeps its launch plans; without
+    from :func:`signature` (the dispatcher's ``inp.plan``), which keeps its launch plans; without
     one a repeated call finds its plan by a key built from every tensor of the call.
     """
     scale = float(scale)  # one specialization (fp32) whatever the caller passes
@@ -70,7 +70,7 @@ def attention_backward(
     cu_seqlens_q, cu_seqlens_k = dense_vector(cu_seqlens_q), dense_vector(cu_seqlens_k)
     # a Prepared covers calls that allocate their gradients (its key holds no dq/dk/dv)
     prepared = plan if dq is None and dk is None and dv is None else None
-    planned = config is None and (prepared is not None or _plannable(q))
+    planned = config is None and (prepared is not None or plannable(q))
     if planned and not _plan.hooks_installed():
         q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
         inputs = (q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k)
@@ -138,45 +138,6 @@ def attention_backward(
     return grads
 
 
-def prepare(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    grad_out: torch.Tensor,
-    *,
-    band: adb.Band,
-    cu_seqlens_q: torch.Tensor | None = None,
-    cu_seqlens_k: torch.Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    softcap: float | None = None,
-    atomic_dq: bool = False,
-    gluon: bool = True,
-) -> _plan.Prepared | None:
-    """The :class:`~._plan.Prepared` signature of a call of :func:`attention_backward` with
-    these arguments (``plan=``), or ``None`` where plans never run (not CUDA, plans off)."""
-    if not _plannable(q):
-        return None
-    return signature(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_out,
-        band=band,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        softcap=softcap,
-        atomic_dq=atomic_dq,
-        gluon=gluon,
-    )
-
-
 def signature(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -194,8 +155,9 @@ def signature(
     atomic_dq: bool = False,
     gluon: bool = True,
 ) -> _plan.Prepared:
-    """:func:`prepare`'s result on any device: the signature as :func:`attention_backward`
-    sees it (after its contiguity copies), without gradients given."""
+    """The :class:`~._plan.Prepared` signature of a call of :func:`attention_backward` with
+    these arguments (its ``plan``), without gradients given: the tensors as it sees them (after
+    its contiguity copies). Useful only where :func:`plannable`."""
     q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
     cu_q, cu_k = dense_vector(cu_seqlens_q), dense_vector(cu_seqlens_k)
     flags = (band, atomic_dq, softcap, gluon)
@@ -203,7 +165,8 @@ def signature(
     return _plan.Prepared(_static_key(tensors, max_seqlen_q, max_seqlen_k, flags))
 
 
-def _plannable(q: torch.Tensor) -> bool:
+def plannable(q: torch.Tensor) -> bool:
+    """Whether launch plans run for ``q``'s device (CUDA, plans on)."""
     return q.is_cuda and _plan.plans_enabled()
 
 

@@ -118,7 +118,7 @@ def test_a_tuning_change_drops_the_prepared_plans(launches) -> None:
 def test_a_call_without_a_prepared_signature_keeps_the_key_path(launches, monkeypatch) -> None:
     """Inputs built outside dispatch (``inp.plan`` is ``None``) find their plan by key."""
     recorded, replayed = launches
-    monkeypatch.setattr(backward, "_plannable", lambda q: True)  # CPU tensors stand for a GPU's
+    monkeypatch.setattr(backward, "plannable", lambda q: True)  # CPU tensors stand for a GPU's
     for _ in range(2):
         _backward(_call(), None)
     assert len(_plan._PLANS) == 1 and len(replayed) == len(recorded)
@@ -127,7 +127,7 @@ def test_a_call_without_a_prepared_signature_keeps_the_key_path(launches, monkey
 
 def test_preallocated_gradients_take_the_key_path(launches, monkeypatch) -> None:
     """The prepared key holds no dq/dk/dv: a call given them is planned by its full key."""
-    monkeypatch.setattr(backward, "_plannable", lambda q: True)
+    monkeypatch.setattr(backward, "plannable", lambda q: True)
     tensors = _call()
     prepared = backward.signature(*tensors, **_FLAGS)
     grads = {name: torch.empty_like(t) for name, t in zip(("dq", "dk", "dv"), tensors[:3])}
