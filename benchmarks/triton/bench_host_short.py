@@ -51,11 +51,9 @@ def plan_status(args: tuple, causal: bool, backend: str) -> str:
     _plan.clear()
     for _ in range(2):
         ad.backward(*args, causal=causal, backend=backend)
-    plans = list(_plan._PLANS.values())
+    plans = _plan.recorded()
     if not plans:
-        return "no plan (normal path)"
-    if any(p is None for p in plans):
-        return "not plannable (normal path every call)"
+        return "no plan (normal path, or not plannable)"
     return f"plan, {sum(len(p.launches) for p in plans)} launches"
 
 

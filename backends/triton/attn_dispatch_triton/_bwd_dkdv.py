@@ -53,7 +53,7 @@ from ._common import (
     band_offsets,
     band_where,
     load_head_rows,
-    load_tile,
+    load_strided_tile,
     log2_scores,
     query_block_ranges,
     score_grad,
@@ -113,15 +113,7 @@ def _attn_bwd_dkdv_inner(
         if LOAD_TMA:
             q = q_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M, BLOCK_D)
         else:
-            q = load_tile(
-                q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
-                offs_m,
-                q_len,
-                offs_d,
-                D,
-                MASKED,
-                BLOCK_D != D,
-            )
+            q = load_strided_tile(q_base, stride_qs, offs_m, q_len, offs_d, D, MASKED, BLOCK_D)
         if dp_first:
             do = _load_do(
                 do_base,
@@ -205,15 +197,7 @@ def _load_do(
         do = do_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M, BLOCK_DV)
     else:
         offs_dv = tl.arange(0, BLOCK_DV)
-        do = load_tile(
-            do_base + offs_m[:, None] * stride_dos + offs_dv[None, :],
-            offs_m,
-            q_len,
-            offs_dv,
-            DV,
-            MASKED,
-            BLOCK_DV != DV,
-        )
+        do = load_strided_tile(do_base, stride_dos, offs_m, q_len, offs_dv, DV, MASKED, BLOCK_DV)
     return do
 
 

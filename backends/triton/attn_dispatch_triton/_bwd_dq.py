@@ -31,7 +31,7 @@ from ._common import (
     band_where,
     key_block_ranges,
     load_head_rows,
-    load_tile,
+    load_strided_tile,
     log2_scores,
     score_grad,
     seq_bounds,
@@ -83,24 +83,8 @@ def _attn_bwd_dq_inner(
             k = k_desc.load(at).reshape(BLOCK_N, BLOCK_D)
             v = v_desc.load(at).reshape(BLOCK_N, BLOCK_DV)
         else:
-            k = load_tile(
-                k_base + offs_n[:, None] * stride_ks + offs_d[None, :],
-                offs_n,
-                k_len,
-                offs_d,
-                D,
-                MASKED,
-                BLOCK_D != D,
-            )
-            v = load_tile(
-                v_base + offs_n[:, None] * stride_vs + offs_dv[None, :],
-                offs_n,
-                k_len,
-                offs_dv,
-                DV,
-                MASKED,
-                BLOCK_DV != DV,
-            )
+            k = load_strided_tile(k_base, stride_ks, offs_n, k_len, offs_d, D, MASKED, BLOCK_D)
+            v = load_strided_tile(v_base, stride_vs, offs_n, k_len, offs_dv, DV, MASKED, BLOCK_DV)
         # -- P = exp2(Q K^T * qk_scale - lse2)  (capped: exp2(c log2(e) tanh(s / c) - lse2))
         x, t = log2_scores(tl.dot(q, tl.trans(k)), qk_scale, cap, SOFTCAP)
         p = tl.math.exp2(x - lse2[:, None])

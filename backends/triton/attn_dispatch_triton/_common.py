@@ -287,6 +287,23 @@ def load_tile(ptrs, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, CHECK_
 
 
 @triton.jit
+def load_strided_tile(
+    base, stride, rows, n_rows, cols, n_cols, CHECK_ROWS: tl.constexpr, BLOCK_COLS
+):
+    """:func:`load_tile` of rows ``rows`` (``stride`` apart) and columns ``cols`` (``BLOCK_COLS``
+    of them, the first ``n_cols`` real) at ``base``; columns are checked only when padded."""
+    return load_tile(
+        base + rows[:, None] * stride + cols[None, :],
+        rows,
+        n_rows,
+        cols,
+        n_cols,
+        CHECK_ROWS,
+        BLOCK_COLS != n_cols,
+    )
+
+
+@triton.jit
 def store_tile(ptrs, x, rows, n_rows, cols, n_cols, CHECK_COLS: tl.constexpr):
     """Store a 2-D tile, rows always checked (the last tile of a sequence is partial)."""
     if CHECK_COLS:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -379,7 +380,46 @@ class Plan:
             side.join(stream)
 
 
-_PLANS: dict[tuple, Plan | None] = {}
+_PLANS: dict[tuple, Plan | None] = {}  # plans of calls without a Prepared (outside dispatch)
+_generation = 0  # bumped by clear(): a Prepared holding plans of an older one drops them
+_PREPARED: weakref.WeakSet = weakref.WeakSet()  # live Prepared objects, for recorded()
+MAX_PREPARED_PLANS = 16  # per signature: one per (current device, alignment bits) seen
+
+
+class Prepared:
+    """One signature's plans: what the implementation's ``prepare`` returns, so that a call of
+    a dispatcher decision finds its plans as ``inp.plan`` without building a plan key.
+
+    ``key`` holds what the signature fixes (shapes, strides, dtypes, flags, varlen lengths,
+    the tensors' device); a call still tells the two facts a decision does not fix: the current
+    device and the 16-byte alignment bits of its pointers (a decision serves every pointer).
+    The plans are dropped when :func:`clear` runs (the tuned configurations changed).
+    """
+
+    __slots__ = ("key", "plans", "generation", "__weakref__")
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+        self.plans: dict[tuple[int, int], Plan] = {}
+        self.generation = _generation
+        _PREPARED.add(self)
+
+    def get(self, device: int, align: int) -> Plan | bool:
+        """The plan of a call on ``device`` with pointer alignment bits ``align``; ``False``
+        when none was recorded (since the last :func:`clear`)."""
+        if self.generation != _generation:
+            self.plans.clear()
+            self.generation = _generation
+        return self.plans.get((device, align), False)
+
+    def put(self, device: int, align: int, plan: Plan) -> None:
+        """Remember the plan of a call on ``device`` with alignment bits ``align``."""
+        if self.generation != _generation:
+            self.plans.clear()
+            self.generation = _generation
+        if len(self.plans) >= MAX_PREPARED_PLANS:
+            self.plans.clear()
+        self.plans[device, align] = plan
 
 
 def get(key: tuple) -> Plan | None | bool:
@@ -395,5 +435,18 @@ def put(key: tuple, plan: Plan | None) -> None:
 
 
 def clear() -> None:
-    """Forget every plan (e.g. after the tuned configurations changed)."""
+    """Forget every plan (e.g. after the tuned configurations changed), those held by
+    :class:`Prepared` signatures included (each drops its own at its next call)."""
+    global _generation
+    _generation += 1
     _PLANS.clear()
+
+
+def recorded() -> list[Plan]:
+    """Every plan recorded since the last :func:`clear`, with or without a :class:`Prepared`
+    (for tests and benchmarks that inspect what was recorded)."""
+    plans = [plan for plan in _PLANS.values() if plan is not None]
+    for prepared in list(_PREPARED):
+        if prepared.generation == _generation:
+            plans.extend(prepared.plans.values())
+    return plans

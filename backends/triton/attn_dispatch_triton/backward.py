@@ -5,10 +5,14 @@ Fused-atomic design (``atomic_dq=True``, ``triton:fused_atomic``): preprocess, a
 that also adds dQ into an fp32 scratch, a convert pass. :class:`~._launcher.BackwardLaunch`
 makes the launches (its module describes the kernels), :mod:`._launch_policy` decides their
 grids. On NVIDIA GPUs a repeated call of the same signature replays a recorded
-:class:`~._plan.Plan` instead (same compiled kernels and arguments, a fraction of the host time).
+:class:`~._plan.Plan` instead (same compiled kernels and arguments, a fraction of the host time),
+kept by the signature's :class:`~._plan.Prepared` (:func:`signature`, once per dispatcher decision)
+or, for a call without one, found by a key built from every tensor of the call.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -20,7 +24,7 @@ from ._common import LOG2E, dense_vector, last_dim_contiguous
 from ._launch_strategy import DIRECT, RecordingStrategy
 from ._launcher import BackwardLaunch
 
-__all__ = ["BackwardLaunch", "attention_backward"]
+__all__ = ["BackwardLaunch", "attention_backward", "plannable", "signature"]
 
 
 def attention_backward(
@@ -44,6 +48,7 @@ def attention_backward(
     dv: torch.Tensor | None = None,
     atomic_dq: bool = False,
     gluon: bool = True,
+    plan: _plan.Prepared | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` of attention, shaped and typed like ``(q, k, v)``.
 
@@ -56,43 +61,41 @@ def attention_backward(
     accumulated with fp32 atomics from the key-side kernel (fewer products, not bitwise
     reproducible). ``gluon=False`` keeps the Gluon sm_90 kernels out (configs asking for them
     run the portable ``tl`` kernels, as where Gluon does not apply): calls with attention sinks,
-    whose numbers on those kernels no test has checked yet.
+    whose numbers on those kernels no test has checked yet. ``plan``: the call's signature
+    from :func:`signature` (the dispatcher's ``inp.plan``), which keeps its launch plans; without
+    one a repeated call finds its plan by a key built from every tensor of the call.
     """
     scale = float(scale)  # one specialization (fp32) whatever the caller passes
     # before the plan's signature: a plan replays the pointers of the tensors the kernels read
     cu_seqlens_q, cu_seqlens_k = dense_vector(cu_seqlens_q), dense_vector(cu_seqlens_k)
-    planned = config is None and q.is_cuda and _plan.plans_enabled()
+    # a Prepared covers calls that allocate their gradients (its key holds no dq/dk/dv)
+    prepared = plan if dq is None and dk is None and dv is None else None
+    planned = config is None and (prepared is not None or plannable(q))
     if planned and not _plan.hooks_installed():
         q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
-        key, values = _signature(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            grad_out,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q,
-            max_seqlen_k,
-            dq,
-            dk,
-            dv,
-            scale,
-            (band, atomic_dq, softcap, gluon),
-        )
-        plan = _plan.get(key)
-        if plan is not False:
+        inputs = (q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k)
+        values, align = _values(inputs, (dq, dk, dv), scale)
+        device = _current_device()
+        if prepared is not None:
+            found = prepared.get(device, align)
+            keep = functools.partial(prepared.put, device, align)
+        else:
+            flags = (band, atomic_dq, softcap, gluon)
+            key = (_static_key((*inputs, dq, dk, dv), max_seqlen_q, max_seqlen_k, flags), device)
+            key += (align,)
+            found = _plan.get(key)
+            keep = functools.partial(_plan.put, key)
+        if found is not False:
             dq = torch.empty_like(q) if dq is None else dq
             dk = torch.empty_like(k) if dk is None else dk
             dv = torch.empty_like(v) if dv is None else dv
             values[_plan.DQ], values[_plan.DK] = dq.data_ptr(), dk.data_ptr()
             values[_plan.DV] = dv.data_ptr()
-            plan.run(values, q.device, _current_stream(key[0]))
+            found.run(values, q.device, _current_stream(device))
             return dq, dk, dv
         strategy = RecordingStrategy(_plan.Recorder())
     else:
-        key, strategy = None, DIRECT
+        keep, strategy = None, DIRECT
     launch = BackwardLaunch(
         q,
         k,
@@ -129,48 +132,68 @@ def attention_backward(
     if not gluon:
         config = {name: {k: x for k, x in c.items() if k != "GLUON"} for name, c in config.items()}
     grads = launch.run(config)
-    plan = strategy.plan(launch.plan_extra)  # (None when direct: nothing recorded)
-    if plan is not None:
-        _plan.put(key, plan)
+    recorded = strategy.plan(launch.plan_extra)  # (None when direct: nothing recorded)
+    if recorded is not None:
+        keep(recorded)
     return grads
 
 
-def _signature(
-    q, k, v, out, lse, grad_out, cu_q, cu_k, max_seqlen_q, max_seqlen_k, dq, dk, dv, scale, flags
-) -> tuple[tuple, list]:
-    """The plan key of a call (everything the kernels specialize on) and its per-call values.
+def signature(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    *,
+    band: adb.Band,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    softcap: float | None = None,
+    atomic_dq: bool = False,
+    gluon: bool = True,
+) -> _plan.Prepared:
+    """The :class:`~._plan.Prepared` signature of a call of :func:`attention_backward` with
+    these arguments (its ``plan``), without gradients given: the tensors as it sees them (after
+    its contiguity copies). Useful only where :func:`plannable`."""
+    q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
+    cu_q, cu_k = dense_vector(cu_seqlens_q), dense_vector(cu_seqlens_k)
+    flags = (band, atomic_dq, softcap, gluon)
+    tensors = (q, k, v, out, lse, grad_out, cu_q, cu_k, None, None, None)
+    return _plan.Prepared(_static_key(tensors, max_seqlen_q, max_seqlen_k, flags))
 
-    Shapes, strides and dtypes of every tensor, 16-byte alignment of every pointer, flags,
-    varlen lengths and the current device; data pointers and the scale are the values.
-    """
+
+def plannable(q: torch.Tensor) -> bool:
+    """Whether launch plans run for ``q``'s device (CUDA, plans on)."""
+    return q.is_cuda and _plan.plans_enabled()
+
+
+# The per-call value index of each tensor of a call: inputs, then the gradients if given.
+_INPUTS = (_plan.Q, _plan.K, _plan.V, _plan.OUT, _plan.LSE, _plan.DO, _plan.CU_Q, _plan.CU_K)
+_GRADS = (_plan.DQ, _plan.DK, _plan.DV)
+
+
+def _static_key(tensors: tuple, max_seqlen_q, max_seqlen_k, flags: tuple) -> tuple:
+    """What a plan depends on that the signature fixes: shapes, strides and dtypes of the eleven
+    tensors (``None`` for an absent one), their device, flags and varlen lengths."""
+    sig = [None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors]
+    return (tensors[0].device.index, flags, max_seqlen_q, max_seqlen_k, *sig)
+
+
+def _values(inputs: tuple, grads: tuple, scale: float) -> tuple[list, int]:
+    """A call's per-call values (data pointers, the scale) and the 16-byte alignment bits of its
+    pointers: what a plan depends on beyond the signature, with the current device."""
     values = [None] * _plan.N_VALUES
-    sig = []
     align = 0
-    for index, t in (
-        (_plan.Q, q),
-        (_plan.K, k),
-        (_plan.V, v),
-        (_plan.OUT, out),
-        (_plan.LSE, lse),
-        (_plan.DO, grad_out),
-        (_plan.CU_Q, cu_q),
-        (_plan.CU_K, cu_k),
-        (_plan.DQ, dq),
-        (_plan.DK, dk),
-        (_plan.DV, dv),
-    ):
-        if t is None:
-            sig.append(None)
-            continue
-        ptr = t.data_ptr()
-        values[index] = ptr
-        align |= (ptr % 16 != 0) << index
-        sig.append((t.shape, t.stride(), t.dtype))
-    values[_plan.SCALE] = scale = float(scale)
+    for index, t in zip(_INPUTS + _GRADS, inputs + grads):
+        if t is not None:
+            ptr = values[index] = t.data_ptr()
+            align |= (ptr % 16 != 0) << index
+    values[_plan.SCALE] = scale
     values[_plan.QK_SCALE] = scale * LOG2E
-    device = _current_device()
-    key = (device, q.device.index, flags, max_seqlen_q, max_seqlen_k, align, *sig)
-    return key, values
+    return values, align
 
 
 def _current_device() -> int:

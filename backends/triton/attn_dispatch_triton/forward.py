@@ -45,7 +45,7 @@ from ._common import (
     dense_vector,
     key_block_ranges,
     last_dim_contiguous,
-    load_tile,
+    load_strided_tile,
     log2_scores,
     lse_strides,
     padded_dim,
@@ -91,15 +91,7 @@ def _attn_fwd_inner(
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + offs_n0
         # -- s = q k^T, in the log2 domain
-        k = load_tile(
-            k_base + offs_n[:, None] * stride_ks + offs_d[None, :],
-            offs_n,
-            k_len,
-            offs_d,
-            D,
-            MASKED,
-            BLOCK_D != D,
-        )
+        k = load_strided_tile(k_base, stride_ks, offs_n, k_len, offs_d, D, MASKED, BLOCK_D)
         qk, _ = log2_scores(tl.dot(q, tl.trans(k)), qk_scale, cap, SOFTCAP)
         if MASKED:
             keep = offs_n[None, :] < k_len
@@ -120,15 +112,7 @@ def _attn_fwd_inner(
         alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- o += p v
-        v = load_tile(
-            v_base + offs_n[:, None] * stride_vs + offs_dv[None, :],
-            offs_n,
-            k_len,
-            offs_dv,
-            DV,
-            MASKED,
-            BLOCK_DV != DV,
-        )
+        v = load_strided_tile(v_base, stride_vs, offs_n, k_len, offs_dv, DV, MASKED, BLOCK_DV)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return acc, l_i, m_i
@@ -199,15 +183,7 @@ def _attn_fwd(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q = load_tile(
-        q_base + offs_m[:, None] * stride_qs + offs_d[None, :],
-        offs_m,
-        q_len,
-        offs_d,
-        D,
-        True,
-        BLOCK_D != D,
-    )
+    q = load_strided_tile(q_base, stride_qs, offs_m, q_len, offs_d, D, True, BLOCK_D)
 
     # Key ranges: [lo, full_lo) and [full_hi, hi) masked (band edges, partial tail), between
     # them whole blocks without a mask; nothing outside [lo, hi).

@@ -103,6 +103,23 @@ class Fused(adb.Implementation):
         sinks = None if inp.sinks is None else inp.sinks.float()
         return attention_forward(inp.q, inp.k, inp.v, **self._flags(inp), sinks=sinks)
 
+    def prepare(self, inp: adb.ForwardInputs) -> object:
+        """A backward signature's launch plans (``_plan.Prepared``), so that a repeated call
+        replays them without building a plan key; ``None`` for a forward decision (the forward
+        has no plans) and where plans never run (not CUDA, plans off)."""
+        if not isinstance(inp, adb.BackwardInputs):
+            return None
+        from .backward import plannable, signature
+
+        if not plannable(inp.q):
+            return None
+        flags = self._backward_flags(inp)
+        del flags["scale"]  # a per-call value of a plan, not part of its signature
+        return signature(inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out, **flags)
+
+    def _backward_flags(self, inp: adb.BackwardInputs) -> dict:
+        return dict(self._flags(inp), atomic_dq=self.atomic_dq, gluon=inp.sinks is None)
+
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (and ``dsinks``: the lse includes the
         sinks, so the dQ/dK/dV kernels are those of a call without them)."""
@@ -115,9 +132,8 @@ class Fused(adb.Implementation):
             inp.out,
             inp.lse,
             inp.grad_out,
-            **self._flags(inp),
-            atomic_dq=self.atomic_dq,
-            gluon=inp.sinks is None,
+            **self._backward_flags(inp),
+            plan=inp.plan,
         )
         if inp.sinks is None:
             return ad.Gradients(dq, dk, dv)

@@ -98,9 +98,7 @@ def tuned_d64(tmp_path, monkeypatch):
 def _recorded_launches() -> list:
     from attn_dispatch_triton import _plan
 
-    return [
-        launch for plan in _plan._PLANS.values() if plan is not None for launch in plan.launches
-    ]
+    return [launch for plan in _plan.recorded() for launch in plan.launches]
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
@@ -218,7 +216,7 @@ def _replays_zero_the_added_buffer(case: tuple, **keys: int) -> list[tuple]:
     with tuning.trial_with(tuning.arch_of(device), "dkdvq", 128, causal, h // hkv, sk, **keys):
         _plan.clear()
         test_replayed_plan_uses_the_new_tensors((*case, "triton:fused_atomic"), d=128)
-        assert any(plan.part_zeroed for plan in _plan._PLANS.values() if plan)
+        assert any(plan.part_zeroed for plan in _plan.recorded())
         return [launch.grid for launch in _recorded_launches()]
 
 

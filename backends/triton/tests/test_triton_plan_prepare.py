@@ -1,0 +1,156 @@
+"""Launch plans kept by the implementation's ``prepare`` (CPU).
+
+A dispatcher decision calls ``prepare`` once per signature and hands its result to every call as
+``inp.plan``: the backward then finds its plan by the two facts a decision does not fix (the
+current device, the pointers' alignment) instead of a key built from every tensor. Plans only
+run on NVIDIA GPUs, so here the launches are recorded without running (as in
+``test_triton_plan_replay_args.py``) and replayed through stand-ins of triton's launcher, and the
+current device and stream, which need a GPU driver, are fixed numbers. What runs for real is our
+side: which plan a call finds, records or drops. The GPU tests replay real plans.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from attn_dispatch_triton import _plan, backward, tuning  # noqa: E402
+from attn_dispatch_triton.plugin import Fused  # noqa: E402
+
+from attn_dispatch import backend as adb  # noqa: E402
+
+
+class _StandInLauncher:
+    """The attributes of triton 3.6's ``CudaLauncher`` a plan reads; counts replayed launches."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+
+    def __init__(self, counter: list) -> None:
+        self.launch = lambda *args: counter.append(args)
+
+
+class _StandInKernel:
+    function, packed_metadata = "function-handle", ("packed", "metadata")
+
+    def __init__(self, counter: list) -> None:
+        self.run = _StandInLauncher(counter)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """``(recorded, replayed)``: launches recorded (not run) and launches replayed so far."""
+    recorded, replayed = [], []
+
+    def record(self, kernel, grid, args, kwargs, side=None):
+        recorded.append(kernel)
+        full = list(args) + [kwargs[n] for n in kernel.arg_names[len(args) :]]
+        self.launches.append((_StandInKernel(replayed), tuple(grid), full, side is not None))
+
+    monkeypatch.setattr(_plan.Recorder, "launch", record)
+    monkeypatch.setattr(backward, "_current_device", lambda: 0)
+    monkeypatch.setattr(backward, "_current_stream", lambda device: 99)
+    _plan.clear()
+    yield recorded, replayed
+    _plan.clear()
+
+
+def _call(h: int = 4, hkv: int = 2, s: int = 40, d: int = 32, offset: int = 0) -> tuple:
+    """A backward call's tensors (``offset`` elements into their storage: other alignment)."""
+
+    def tensor(*shape):
+        flat = torch.randn(offset + torch.Size(shape).numel(), dtype=torch.float16)
+        return flat[offset:].view(shape)
+
+    q, k, v, do = tensor(1, s, h, d), tensor(1, s, hkv, d), tensor(1, s, hkv, d), tensor(1, s, h, d)
+    return q, k, v, torch.randn_like(q), torch.randn(1, h, s), do
+
+
+_FLAGS = dict(band=adb.Band.of(None, True, "top_left"), softcap=None)
+
+
+def _backward(tensors: tuple, plan) -> None:
+    backward.attention_backward(*tensors, **_FLAGS, scale=0.2, plan=plan)
+
+
+def test_a_prepared_signature_records_once_and_replays_after(launches) -> None:
+    recorded, replayed = launches
+    prepared = backward.signature(*_call(), **_FLAGS)
+    _backward(_call(), prepared)
+    assert recorded and not replayed, "the first call records its launches"
+    n = len(recorded)
+    for _ in range(2):
+        _backward(_call(), prepared)
+    assert len(recorded) == n and len(replayed) == 2 * n, "later calls replay the plan"
+    assert not _plan._PLANS, "a prepared call keeps its plan in its signature, not by key"
+    assert list(prepared.plans) == [(0, 0)]
+
+
+def test_a_prepared_signature_keeps_a_plan_per_alignment(launches) -> None:
+    """A decision serves every pointer: a call with other 16-byte alignments records its own."""
+    recorded, _ = launches
+    prepared = backward.signature(*_call(), **_FLAGS)
+    _backward(_call(), prepared)
+    n = len(recorded)
+    _backward(_call(offset=1), prepared)  # 2 bytes off: every pointer misaligned
+    assert len(recorded) == 2 * n
+    assert len(prepared.plans) == 2
+
+
+def test_a_tuning_change_drops_the_prepared_plans(launches) -> None:
+    """Configurations tried by ``tuning.trial`` must not be replayed from a plan recorded with
+    the earlier ones (nor those after the trial from one recorded within it)."""
+    recorded, replayed = launches
+    prepared = backward.signature(*_call(), **_FLAGS)
+    _backward(_call(), prepared)
+    n = len(recorded)
+    key = tuning.lookup_keys(32, True, 2, 40)[0]
+    with tuning.trial("cpu", key, {}):
+        _backward(_call(), prepared)
+        assert len(recorded) == 2 * n and not replayed, "recorded again within the trial"
+    _backward(_call(), prepared)
+    assert len(recorded) == 3 * n and not replayed, "recorded again after the trial"
+    _backward(_call(), prepared)
+    assert len(replayed) == n
+
+
+def test_a_call_without_a_prepared_signature_keeps_the_key_path(launches, monkeypatch) -> None:
+    """Inputs built outside dispatch (``inp.plan`` is ``None``) find their plan by key."""
+    recorded, replayed = launches
+    monkeypatch.setattr(backward, "plannable", lambda q: True)  # CPU tensors stand for a GPU's
+    for _ in range(2):
+        _backward(_call(), None)
+    assert len(_plan._PLANS) == 1 and len(replayed) == len(recorded)
+    assert len(_plan.recorded()) == 1
+
+
+def test_preallocated_gradients_take_the_key_path(launches, monkeypatch) -> None:
+    """The prepared key holds no dq/dk/dv: a call given them is planned by its full key."""
+    monkeypatch.setattr(backward, "plannable", lambda q: True)
+    tensors = _call()
+    prepared = backward.signature(*tensors, **_FLAGS)
+    grads = {name: torch.empty_like(t) for name, t in zip(("dq", "dk", "dv"), tensors[:3])}
+    backward.attention_backward(*tensors, **_FLAGS, scale=0.2, plan=prepared, **grads)
+    assert not prepared.plans and len(_plan._PLANS) == 1
+
+
+def test_the_prepared_key_is_fixed_by_the_signature() -> None:
+    """Same shapes, strides, dtypes and flags: one key, whatever the data and pointers; a tensor
+    whose last dim is strided is keyed as the contiguous copy the backward runs on."""
+    key = backward.signature(*_call(), **_FLAGS).key
+    assert backward.signature(*_call(offset=3), **_FLAGS).key == key
+    assert backward.signature(*_call(s=48), **_FLAGS).key != key
+    causal = dict(_FLAGS, band=adb.Band.of(None, False, "top_left"))
+    assert backward.signature(*_call(), **causal).key != key
+    q, *rest = _call()
+    strided = torch.randn(q.shape[::-1], dtype=q.dtype).permute(3, 2, 1, 0)
+    assert strided.stride(-1) != 1
+    assert backward.signature(strided, *rest, **_FLAGS).key == key
+
+
+def test_prepare_makes_no_signature_where_plans_never_run() -> None:
+    """The forward has no plans, and plans run on CUDA only: ``prepare`` returns ``None``."""
+    q, k, v, out, lse, do = _call()
+    assert Fused().prepare(adb.make_inputs(q, k, v)) is None
+    assert Fused().prepare(adb.make_inputs(q, k, v, out, lse, do)) is None
