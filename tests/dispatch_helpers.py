@@ -140,3 +140,6 @@ class DeclinesVariants(IgnoresVariants):
 # numbers in float64, no real backend): ``env.set(**TOYS)``.
 TOYS = {"ATTN_DISPATCH_TEST_PLUGINS": "1", "ATTN_DISPATCH_PLUGINS": "toy"}
 EXACT = {"ATTN_DISPATCH_TEST_PLUGINS": "1", "ATTN_DISPATCH_PLUGINS": "exact"}
+
+# Case(..., **BOTTOM_RIGHT): a causal mask aligned to the last key, as in Sq != Sk cases.
+BOTTOM_RIGHT = {"causal": True, "causal_align": "bottom_right"}

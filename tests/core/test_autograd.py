@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dispatch_helpers import EXACT
+from dispatch_helpers import BOTTOM_RIGHT, EXACT
 
 import attn_dispatch as ad
 from attn_dispatch import _autograd, _call, _validation
@@ -34,26 +34,9 @@ CASES = [
     Case((24, 24), (40, 40), heads=4, kv_heads=2, head_dim=16, seed=2),  # GQA, Sq != Sk
     Case((33,), (33,), heads=4, kv_heads=1, head_dim=16, causal=True, seed=3),  # MQA
     Case((16,), (40,), heads=2, kv_heads=2, head_dim=8, causal=True, seed=4),
-    Case(
-        (16,),
-        (40,),
-        heads=2,
-        kv_heads=2,
-        head_dim=8,
-        causal=True,
-        causal_align="bottom_right",
-        seed=5,
-    ),
-    Case(
-        (40,),
-        (16,),
-        heads=4,
-        kv_heads=2,
-        head_dim=8,
-        causal=True,
-        causal_align="bottom_right",
-        seed=6,
-    ),  # rows that see no key
+    Case((16,), (40,), heads=2, kv_heads=2, head_dim=8, **BOTTOM_RIGHT, seed=5),
+    # rows that see no key
+    Case((40,), (16,), heads=4, kv_heads=2, head_dim=8, **BOTTOM_RIGHT, seed=6),
     Case(
         (5, 17, 0, 9),
         (7, 17, 3, 2),
@@ -61,8 +44,7 @@ CASES = [
         kv_heads=2,
         head_dim=16,
         head_dim_v=8,
-        causal=True,
-        causal_align="bottom_right",
+        **BOTTOM_RIGHT,
         varlen=True,
         seed=7,
     ),
@@ -87,8 +69,7 @@ CASES = [
         heads=2,
         kv_heads=1,
         head_dim=8,
-        causal=True,
-        causal_align="bottom_right",
+        **BOTTOM_RIGHT,
         window=(3, None),
         softcap=1.5,
         seed=32,
@@ -138,16 +119,7 @@ def test_gradients_match_oracle(case: Case, backend: str | None) -> None:
 
 
 GRADCHECK_CASES = [
-    Case(
-        (3,),
-        (5,),
-        heads=2,
-        kv_heads=1,
-        head_dim=3,
-        causal=True,
-        causal_align="bottom_right",
-        seed=11,
-    ),
+    Case((3,), (5,), heads=2, kv_heads=1, head_dim=3, **BOTTOM_RIGHT, seed=11),
     Case((4,), (4,), heads=2, kv_heads=2, head_dim=2, head_dim_v=3, layout="transposed", seed=12),
     Case((2, 3), (3, 1), heads=2, kv_heads=1, head_dim=2, causal=True, varlen=True, seed=13),
     Case((5,), (6,), heads=2, kv_heads=1, head_dim=3, window=(1, 2), softcap=0.8, seed=34),
