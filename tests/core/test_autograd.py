@@ -278,6 +278,20 @@ def test_errors_are_the_dispatchers() -> None:
 # torch.compile
 
 
+def _causal_self_attention(q, k, v, cu_seqlens=None, max_seqlen=None) -> torch.Tensor:
+    """``ad.attention`` with a causal mask, queries and keys packed by the same ``cu_seqlens``."""
+    return ad.attention(
+        q,
+        k,
+        v,
+        causal=True,
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_k=cu_seqlens,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen,
+    )
+
+
 class Block(torch.nn.Module):
     """Q/K/V projections (GQA: 4 query heads, 2 kv heads), ad.attention, output projection."""
 
@@ -292,16 +306,7 @@ class Block(torch.nn.Module):
         shape = x.shape[:-1]
         q = self.wq(x).view(*shape, self.heads, self.head_dim)
         k, v = self.wkv(x).view(*shape, 2, self.kv_heads, self.head_dim).unbind(-3)
-        o = ad.attention(
-            q,
-            k,
-            v,
-            causal=True,
-            cu_seqlens_q=cu_seqlens,
-            cu_seqlens_k=cu_seqlens,
-            max_seqlen_q=max_seqlen,
-            max_seqlen_k=max_seqlen,
-        )
+        o = _causal_self_attention(q, k, v, cu_seqlens, max_seqlen)
         return self.wo(o.reshape(*shape, -1))
 
 
@@ -365,17 +370,7 @@ def test_compile_dynamic_varlen_is_one_graph() -> None:
 
     @torch.compile(backend=counting, fullgraph=True, dynamic=True)
     def step(q, k, v, cu, max_len):
-        out = ad.attention(
-            q,
-            k,
-            v,
-            causal=True,
-            cu_seqlens_q=cu,
-            cu_seqlens_k=cu,
-            max_seqlen_q=max_len,
-            max_seqlen_k=max_len,
-        )
-        return out
+        return _causal_self_attention(q, k, v, cu, max_len)
 
     for lengths in ([3, 7], [6, 7], [12, 8, 1]):
         total = sum(lengths)
