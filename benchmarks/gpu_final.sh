@@ -12,18 +12,12 @@
 #             (benchmarks/e2e_train_step.py)
 # Results go to $OUT (at most 8 files); each step has a time cap.
 set -u
-STEPS=",${STEPS:-tests,bench,graphs,overhead,e2e},"
-step() { [[ $STEPS == *",$1,"* ]]; }
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-PY=${PY:-python3}
-# One FA4 disk cache for every process below: kernels compiled once are loaded after that.
-export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
-export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FA4_CACHE_DIR:-/tmp/fa4_cache}
+DEFAULT_STEPS=tests,bench,graphs,overhead,e2e
+source "$(dirname "${BASH_SOURCE[0]}")/_gpu_common.sh"
+fa4_disk_cache /tmp/fa4_cache
 
-$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends/reference \
-  -e backends/torch_sdpa -e backends/triton -e backends/flash_attn_cute -e backends/flydsl_rocm 2>&1 \
-  | grep -v WARN | tail -3
+install_editable -e . -e backends/reference -e backends/torch_sdpa -e backends/triton \
+  -e backends/flash_attn_cute -e backends/flydsl_rocm
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   git log -1 --format='commit %H' 2>/dev/null
   $PY - <<'EOF'
@@ -44,12 +38,9 @@ head -8 "$OUT/env.txt"
 
 if step tests; then
   echo "== tests (GPU included)"
-  workers=()
-  if $PY -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-14}"); fi
-  # SIGINT at the cap: pytest still prints its summary of what ran.
-  timeout -s INT -k 15 "${TESTS_TIMEOUT:-420}" $PY -m pytest -q -p no:cacheprovider \
-    "${workers[@]}" tests backends/*/tests benchmarks --tb=short -rfE \
-    > "$OUT/gpu_tests.txt" 2>&1
+  xdist_workers 14
+  capped_pytest "${TESTS_TIMEOUT:-420}" "$OUT/gpu_tests.txt" "${workers[@]}" \
+    tests backends/*/tests benchmarks --tb=short -rfE
   echo "tests rc=$?"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20
   tail -1 "$OUT/gpu_tests.txt"

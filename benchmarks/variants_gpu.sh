@@ -11,11 +11,8 @@
 # (200 and 260 s). Files in $OUT: env.txt, gpu_tests.txt, variants.txt, variants.json.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-STEPS=",${STEPS:-tests,bench},"
-step() { [[ $STEPS == *",$1,"* ]]; }
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-PY=${PY:-python3}
+DEFAULT_STEPS=tests,bench
+source benchmarks/_gpu_common.sh
 packages=(-e . -e backends/reference -e backends/torch_sdpa -e backends/triton)
 tests=(backends/triton/tests/test_triton_gluon.py backends/triton/tests/test_triton_gpu.py
        backends/torch_sdpa/tests/test_sdpa_gpu.py)
@@ -25,8 +22,7 @@ if $PY -c "import flash_attn.cute" 2>/dev/null; then
   tests+=(backends/flash_attn_cute/tests/test_flash_attn_cute_gpu.py)
   select="$select or multi_tile"
 fi
-$PY -m pip install -q --no-index --no-deps --no-build-isolation "${packages[@]}" 2>&1 \
-  | grep -v WARN | tail -3
+install_editable "${packages[@]}"
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"
@@ -35,11 +31,9 @@ $PY -m pip install -q --no-index --no-deps --no-build-isolation "${packages[@]}"
 
 if step tests; then
   echo "== GPU tests: $select"
-  workers=()
-  if $PY -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-12}"); fi
-  # SIGINT at the cap: pytest still prints its summary of what ran.
-  timeout -s INT -k 15 200 $PY -m pytest -q -p no:cacheprovider "${workers[@]}" "${tests[@]}" \
-    -k "$select" --tb=short -rfE > "$OUT/gpu_tests.txt" 2>&1
+  xdist_workers 12
+  capped_pytest 200 "$OUT/gpu_tests.txt" "${workers[@]}" "${tests[@]}" -k "$select" \
+    --tb=short -rfE
   echo "gpu tests rc=$?"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -30
   tail -2 "$OUT/gpu_tests.txt"

@@ -32,7 +32,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -279,17 +279,8 @@ def main(argv: list[str] | None = None) -> Result:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = Config(
-        layers=args.layers,
-        dim=args.dim,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        digits=args.digits,
-        batch=args.batch,
-        steps=args.steps,
-        lr=args.lr,
-        seed=args.seed,
-    )
+    # every Config field that has a command-line option takes the option's value
+    cfg = Config(**{f.name: getattr(args, f.name) for f in fields(Config) if f.name in vars(args)})
     result = compare(cfg, torch.device(args.device), getattr(torch, args.dtype))
     print_table(result)
     failures = []

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dispatch_helpers import Plugins
+from dispatch_helpers import TOYS, Plugins
 
 from attn_dispatch.testing.fixtures import IsolatedEnv, add_plugin_path, isolated_plugins
 
@@ -33,6 +33,13 @@ def toys(env: IsolatedEnv) -> IsolatedEnv:
     sys.modules.pop("attn_dispatch_test_plugins.broken_import", None)
     with pytest.warns(UserWarning, match="failed to load"):
         env.set(ATTN_DISPATCH_TEST_PLUGINS="1")
+    return env
+
+
+@pytest.fixture
+def toy_backends(env: IsolatedEnv) -> IsolatedEnv:
+    """Only the toy backends active (``dispatch_helpers.TOYS``), no installed one."""
+    env.set(**TOYS)
     return env
 
 

@@ -35,7 +35,7 @@ def make_inputs(b=1, sq=8, sk=None, h=4, hkv=2, d=16, dv=None, dtype=torch.float
 
 def tag_of(grads) -> float:
     """Which toy implementation produced ``grads`` (each fills its outputs with its tag)."""
-    return float(grads[0].flatten()[0])
+    return toy_tag(grads[0])
 
 
 # The source every plugin written by ``Plugins.backend`` starts with: implementations that fill
@@ -140,3 +140,19 @@ class DeclinesVariants(IgnoresVariants):
 # numbers in float64, no real backend): ``env.set(**TOYS)``.
 TOYS = {"ATTN_DISPATCH_TEST_PLUGINS": "1", "ATTN_DISPATCH_PLUGINS": "toy"}
 EXACT = {"ATTN_DISPATCH_TEST_PLUGINS": "1", "ATTN_DISPATCH_PLUGINS": "exact"}
+
+
+def toy_leaves() -> list[torch.Tensor]:
+    """Seeded q, k, v (B=1, S=8, 4 query heads, 2 kv heads, D=16) that require grad."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = ((1, 8, 4, 16), (1, 8, 2, 16), (1, 8, 2, 16))
+    return [torch.randn(s, generator=gen).requires_grad_(True) for s in shapes]
+
+
+def toy_tag(t: torch.Tensor) -> float:
+    """The value a toy backend writes into all of its output: which one computed ``t``."""
+    return float(t.detach().flatten()[0])
+
+
+# Case(..., **BOTTOM_RIGHT): a causal mask aligned to the last key, as in Sq != Sk cases.
+BOTTOM_RIGHT = {"causal": True, "causal_align": "bottom_right"}

@@ -16,19 +16,13 @@
 # bench_fa4.json, bench_fa4.txt, bench_fa4_graphs.json, bench_fa4_graphs.txt.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-STEPS=",${STEPS:-compile,tests,bench,graphs},"
-step() { [[ $STEPS == *",$1,"* ]]; }
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-PY=${PY:-python3}
-# FA4 reads these when it is imported: every process below shares one fresh disk cache, so the
-# first step measures real compilations and later steps load what earlier ones compiled.
-export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
-export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FA4_CACHE_DIR:-$(mktemp -d /tmp/fa4_cache.XXXXXX)}
+DEFAULT_STEPS=compile,tests,bench,graphs
+source benchmarks/_gpu_common.sh
+# A fresh FA4 disk cache: the first step measures real compilations.
+fa4_disk_cache "$(mktemp -d /tmp/fa4_cache.XXXXXX)"
 
-$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends/reference \
-  -e backends/torch_sdpa -e backends/triton -e backends/flash_attn_cute \
-  2>&1 | grep -v WARN | tail -3
+install_editable -e . -e backends/reference -e backends/torch_sdpa -e backends/triton \
+  -e backends/flash_attn_cute
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   $PY - <<'EOF'
 import importlib.metadata as md
@@ -58,12 +52,9 @@ fi
 
 if step tests; then
   echo "== GPU tests"
-  workers=()
-  if $PY -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-12}"); fi
-  # SIGINT at the cap: pytest still prints its summary of what ran.
-  timeout -s INT -k 15 130 $PY -m pytest -q -p no:cacheprovider "${workers[@]}" \
-    backends/flash_attn_cute/tests/test_flash_attn_cute_gpu.py --tb=short -rfE \
-    > "$OUT/gpu_tests.txt" 2>&1
+  xdist_workers 12
+  capped_pytest 130 "$OUT/gpu_tests.txt" "${workers[@]}" \
+    backends/flash_attn_cute/tests/test_flash_attn_cute_gpu.py --tb=short -rfE
   echo "gpu tests rc=$?"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20
   tail -2 "$OUT/gpu_tests.txt"

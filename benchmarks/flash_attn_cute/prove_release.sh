@@ -17,33 +17,29 @@
 # gpu_tests.txt.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-STEPS=",${STEPS:-scan,replay,tests},"
-step() { [[ $STEPS == *",$1,"* ]]; }
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-prove_out}; mkdir -p "$OUT"
-PY=${PY:-python3}
-export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1
-export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FA4_CACHE_DIR:-$(mktemp -d /tmp/fa4_cache.XXXXXX)}
+DEFAULT_STEPS=scan,replay,tests
+DEFAULT_OUT=prove_out
+source benchmarks/_gpu_common.sh
+fa4_disk_cache "$(mktemp -d /tmp/fa4_cache.XXXXXX)"
 if [ $# -ge 1 ]; then
   target=$(mktemp -d /tmp/fa4_release.XXXXXX)
   $PY -m pip install -q --no-deps --no-index --target "$target" "$1" || exit 1
   export PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}"
 fi
-$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . -e backends/reference \
-  -e backends/torch_sdpa -e backends/triton -e backends/flash_attn_cute 2>&1 | grep -v WARN | tail -3
+install_editable -e . -e backends/reference -e backends/torch_sdpa -e backends/triton \
+  -e backends/flash_attn_cute
 { nvidia-smi --query-gpu=name,driver_version --format=csv
   $PY -c "import importlib.metadata as md, torch; print('torch', torch.__version__)
 print('flash-attn-4', md.version('flash-attn-4'))
 from attn_dispatch_flash_attn_cute import _support
 print('gate:', _support.fa4_problem() or 'admitted')"
 } 2>&1 | tee "$OUT/env.txt"
-workers=()
-if $PY -c "import xdist" 2>/dev/null; then workers=(-n "${WORKERS:-8}"); fi
+xdist_workers 8
 
 if step scan; then
   echo "== head-dim scan"
-  timeout -s INT -k 15 570 $PY -m pytest -q -p no:cacheprovider "${workers[@]}" -rA \
-    backends/flash_attn_cute/tests/test_flash_attn_cute_head_dims_gpu.py > "$OUT/scan.txt" 2>&1
+  capped_pytest 570 "$OUT/scan.txt" "${workers[@]}" -rA \
+    backends/flash_attn_cute/tests/test_flash_attn_cute_head_dims_gpu.py
   echo "scan rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/scan.txt" | head -20; tail -1 "$OUT/scan.txt"
   $PY - "$OUT/scan.txt" <<'PYEOF'
 import re, sys
@@ -58,17 +54,16 @@ fi
 
 if step replay; then
   echo "== replay GPU tests"
-  timeout -s INT -k 15 570 $PY -m pytest -q -p no:cacheprovider -rfEs \
-    backends/flash_attn_cute/tests/test_flash_attn_cute_replay_gpu.py > "$OUT/replay.txt" 2>&1
+  capped_pytest 570 "$OUT/replay.txt" -rfEs \
+    backends/flash_attn_cute/tests/test_flash_attn_cute_replay_gpu.py
   echo "replay rc=$?"; tail -3 "$OUT/replay.txt"
 fi
 
 if step tests; then
   echo "== the backend's GPU tests and the fake-compile test"
-  timeout -s INT -k 15 570 $PY -m pytest -q -p no:cacheprovider "${workers[@]}" -rfE \
+  capped_pytest 570 "$OUT/gpu_tests.txt" "${workers[@]}" -rfE \
     backends/flash_attn_cute/tests/test_flash_attn_cute_gpu.py \
-    backends/flash_attn_cute/tests/test_flash_attn_cute_fake_compile.py \
-    > "$OUT/gpu_tests.txt" 2>&1
+    backends/flash_attn_cute/tests/test_flash_attn_cute_fake_compile.py
   echo "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20
   tail -2 "$OUT/gpu_tests.txt"
 fi

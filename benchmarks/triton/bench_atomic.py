@@ -25,11 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
@@ -47,11 +45,14 @@ from bench_kernels import (  # noqa: E402
     bwd_flops,
     cfg,
     check_against_oracle,
+    checked_backward_args,
     checked_problem,
+    compile_in_workers,
     gpu_environment,
     log,
     make_problem,
     rel,
+    run_extra_checks,
     sdpa_backward_ms,
 )
 
@@ -115,9 +116,7 @@ def precompile(workers: int) -> None:
         ("split", (s, g), causal) for causal in (False, True) for s in (1024, 4096) for g in (1, 8)
     ]
     jobs += [("atomic", c, causal) for c in ATOMIC_CANDIDATES for causal in (False, True)]
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-        for line in ex.map(_warm, jobs):
-            log("  compiled", line)
+    compile_in_workers(_warm, jobs, workers)
 
 
 def main() -> None:
@@ -159,11 +158,7 @@ def main() -> None:
             out,
             lse,
             do,
-            band=adb.Band.of(None, causal, "top_left"),
-            scale=scale,
-            dq=grads[0],
-            dk=grads[1],
-            dv=grads[2],
+            **checked_backward_args(grads, causal, scale),
             atomic_dq=True,
             config={"pre": PRE, "dkdvq": cands[0], "cvt": CVT} if smoke else None,
         )
@@ -175,18 +170,7 @@ def main() -> None:
         del q, k, v, do, out, lse, grads
     jobs = [("extra", e, dev, smoke, True) for e in extra]
     jobs.append(("varlen", None, dev, smoke, True))
-    if smoke:
-        extra_results = [_extra_job(j) for j in jobs]
-    else:
-        with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn")) as ex:
-            extra_results = list(ex.map(_safe_extra_job, jobs))
-    for r in extra_results:
-        res["checks"].append(r)
-        log(
-            f"check {r['case']}: "
-            + " ".join(f"{n}={e:.2e}" for n, e in r["errors"].items())
-            + (f" empty-ok={r['empty_sequences_ok']}" if "empty_sequences_ok" in r else "")
-        )
+    res["checks"].extend(run_extra_checks(jobs, smoke, worker=_safe_extra_job))
     empty_cache(smoke)
 
     # ---- 4. timing

@@ -212,6 +212,12 @@ def checked_problem(
     return q, k, v, do, out, lse, grads
 
 
+def checked_backward_args(grads: tuple, causal: bool, scale: float) -> dict:
+    """The keyword arguments of a backward on ``checked_problem``'s inputs writing ``grads``."""
+    dq, dk, dv = grads
+    return dict(band=adb.Band.of(None, causal, "top_left"), scale=scale, dq=dq, dk=dk, dv=dv)
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a = a.double()
     if torch.isnan(a).any():
@@ -331,10 +337,15 @@ def precompile(workers: int, dkdv_cands: list, dq_cands: list) -> None:
     jobs = [("fwd", FWD, causal, d) for causal in (False, True) for d in (128,)]
     jobs += [("dkdv", c, causal, 128) for c in dkdv_cands for causal in (False, True)]
     jobs += [("dq", c, causal, 128) for c in dq_cands for causal in (False, True)]
+    compile_in_workers(_warm, jobs, workers)
+
+
+def compile_in_workers(warm, jobs: list, workers: int) -> None:
+    """``warm`` on every job in spawned worker processes (they fill Triton's disk cache)."""
     import multiprocessing as mp
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-        for line in ex.map(_warm, jobs):
+        for line in ex.map(warm, jobs):
             log("  compiled", line)
 
 
@@ -390,39 +401,16 @@ def main() -> None:
     default = {"pre": pre_cfg, "dkdv": dkdv_cands[0], "dq": dq_cands[0]}
     for name, h, hk, s, causal in shapes:
         q, k, v, do, out, lse, grads = checked_problem(h, hk, s, d, causal, scale, dev, fwd_cfg)
-        BackwardLaunch(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            do,
-            band=adb.Band.of(None, causal, "top_left"),
-            scale=scale,
-            dq=grads[0],
-            dk=grads[1],
-            dv=grads[2],
-        ).run(default)
+        BackwardLaunch(q, k, v, out, lse, do, **checked_backward_args(grads, causal, scale)).run(
+            default
+        )
         heads = list(range(min(h, 16)))
         err = check_against_oracle(q, k, v, do, out, lse, grads, causal, False, scale, heads)
         results["shapes"][name] = {"errors": err, "checked_heads": len(heads)}
         log(f"check {name}: " + " ".join(f"{k_}={v_:.2e}" for k_, v_ in err.items()))
     jobs = [("extra", e, dev, smoke) for e in (EXTRA[:2] if smoke else EXTRA)]
     jobs.append(("varlen", None, dev, smoke))
-    if smoke:
-        extra_results = [_extra_job(j) for j in jobs]
-    else:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn")) as ex:
-            extra_results = list(ex.map(_extra_job, jobs))
-    for r in extra_results:
-        results["extra_checks"].append(r)
-        log(
-            f"check {r['case']}: "
-            + " ".join(f"{k_}={v_:.2e}" for k_, v_ in r["errors"].items())
-            + (f" empty-ok={r['empty_sequences_ok']}" if "empty_sequences_ok" in r else "")
-        )
+    results["extra_checks"].extend(run_extra_checks(jobs, smoke))
 
     # ---- 4. tuning: every candidate per seed shape, per kernel
     per_shape: dict = {}
@@ -547,6 +535,25 @@ EXTRA = [  # (label, h, hk, sq, sk, d, causal, bottom_right, dtype)
     ("sq<sk tl causal d256", 4, 2, 250, 411, 256, True, False, "bfloat16"),
     ("odd d32 mqa", 8, 1, 333, 333, 32, False, False, "float16"),
 ]
+
+
+def run_extra_checks(jobs: list, smoke: bool, worker=None) -> list[dict]:
+    """``_extra_job`` on each job, logging each result: inline when ``smoke``, else each in its
+    own spawned process through ``worker`` (default ``_extra_job``), all at once."""
+    if smoke:
+        results = [_extra_job(j) for j in jobs]
+    else:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(len(jobs), mp_context=mp.get_context("spawn")) as ex:
+            results = list(ex.map(worker or _extra_job, jobs))
+    for r in results:
+        log(
+            f"check {r['case']}: "
+            + " ".join(f"{n}={e:.2e}" for n, e in r["errors"].items())
+            + (f" empty-ok={r['empty_sequences_ok']}" if "empty_sequences_ok" in r else "")
+        )
+    return results
 
 
 def _extra_job(job: tuple) -> dict:

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from dispatch_helpers import EXACT
+from dispatch_helpers import BOTTOM_RIGHT, EXACT
 
 import attn_dispatch as ad
 from attn_dispatch import _autograd, _call, _validation
@@ -38,26 +38,9 @@ CASES = [
     Case((24, 24), (40, 40), heads=4, kv_heads=2, head_dim=16, seed=2),  # GQA, Sq != Sk
     Case((33,), (33,), heads=4, kv_heads=1, head_dim=16, causal=True, seed=3),  # MQA
     Case((16,), (40,), heads=2, kv_heads=2, head_dim=8, causal=True, seed=4),
-    Case(
-        (16,),
-        (40,),
-        heads=2,
-        kv_heads=2,
-        head_dim=8,
-        causal=True,
-        causal_align="bottom_right",
-        seed=5,
-    ),
-    Case(
-        (40,),
-        (16,),
-        heads=4,
-        kv_heads=2,
-        head_dim=8,
-        causal=True,
-        causal_align="bottom_right",
-        seed=6,
-    ),  # rows that see no key
+    Case((16,), (40,), heads=2, kv_heads=2, head_dim=8, **BOTTOM_RIGHT, seed=5),
+    # rows that see no key
+    Case((40,), (16,), heads=4, kv_heads=2, head_dim=8, **BOTTOM_RIGHT, seed=6),
     Case(
         (5, 17, 0, 9),
         (7, 17, 3, 2),
@@ -65,8 +48,7 @@ CASES = [
         kv_heads=2,
         head_dim=16,
         head_dim_v=8,
-        causal=True,
-        causal_align="bottom_right",
+        **BOTTOM_RIGHT,
         varlen=True,
         seed=7,
     ),
@@ -91,8 +73,7 @@ CASES = [
         heads=2,
         kv_heads=1,
         head_dim=8,
-        causal=True,
-        causal_align="bottom_right",
+        **BOTTOM_RIGHT,
         window=(3, None),
         softcap=1.5,
         seed=32,
@@ -142,16 +123,7 @@ def test_gradients_match_oracle(case: Case, backend: str | None) -> None:
 
 
 GRADCHECK_CASES = [
-    Case(
-        (3,),
-        (5,),
-        heads=2,
-        kv_heads=1,
-        head_dim=3,
-        causal=True,
-        causal_align="bottom_right",
-        seed=11,
-    ),
+    Case((3,), (5,), heads=2, kv_heads=1, head_dim=3, **BOTTOM_RIGHT, seed=11),
     Case((4,), (4,), heads=2, kv_heads=2, head_dim=2, head_dim_v=3, layout="transposed", seed=12),
     Case((2, 3), (3, 1), heads=2, kv_heads=1, head_dim=2, causal=True, varlen=True, seed=13),
     Case((5,), (6,), heads=2, kv_heads=1, head_dim=3, window=(1, 2), softcap=0.8, seed=34),
@@ -310,6 +282,20 @@ def test_errors_are_the_dispatchers() -> None:
 # torch.compile
 
 
+def _causal_self_attention(q, k, v, cu_seqlens=None, max_seqlen=None) -> torch.Tensor:
+    """``ad.attention`` with a causal mask, queries and keys packed by the same ``cu_seqlens``."""
+    return ad.attention(
+        q,
+        k,
+        v,
+        causal=True,
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_k=cu_seqlens,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_k=max_seqlen,
+    )
+
+
 class Block(torch.nn.Module):
     """Q/K/V projections (GQA: 4 query heads, 2 kv heads), ad.attention, output projection."""
 
@@ -324,16 +310,7 @@ class Block(torch.nn.Module):
         shape = x.shape[:-1]
         q = self.wq(x).view(*shape, self.heads, self.head_dim)
         k, v = self.wkv(x).view(*shape, 2, self.kv_heads, self.head_dim).unbind(-3)
-        o = ad.attention(
-            q,
-            k,
-            v,
-            causal=True,
-            cu_seqlens_q=cu_seqlens,
-            cu_seqlens_k=cu_seqlens,
-            max_seqlen_q=max_seqlen,
-            max_seqlen_k=max_seqlen,
-        )
+        o = _causal_self_attention(q, k, v, cu_seqlens, max_seqlen)
         return self.wo(o.reshape(*shape, -1))
 
 
@@ -397,17 +374,7 @@ def test_compile_dynamic_varlen_is_one_graph() -> None:
 
     @torch.compile(backend=counting, fullgraph=True, dynamic=True)
     def step(q, k, v, cu, max_len):
-        out = ad.attention(
-            q,
-            k,
-            v,
-            causal=True,
-            cu_seqlens_q=cu,
-            cu_seqlens_k=cu,
-            max_seqlen_q=max_len,
-            max_seqlen_k=max_len,
-        )
-        return out
+        return _causal_self_attention(q, k, v, cu, max_len)
 
     for lengths in ([3, 7], [6, 7], [12, 8, 1]):
         total = sum(lengths)

@@ -12,27 +12,11 @@ import contextvars
 
 import pytest
 import torch
-from dispatch_helpers import TOYS
+from dispatch_helpers import toy_leaves, toy_tag
 
 import attn_dispatch as ad
 
 FAST, SLOW, NONDET, GRAPH_ONLY = 1.0, 2.0, 3.0, 7.0
-
-
-@pytest.fixture
-def toy_backends(env):
-    env.set(**TOYS)
-    return env
-
-
-def leaves():
-    gen = torch.Generator().manual_seed(0)
-    shapes = ((1, 8, 4, 16), (1, 8, 2, 16), (1, 8, 2, 16))
-    return [torch.randn(s, generator=gen).requires_grad_(True) for s in shapes]
-
-
-def tag(t: torch.Tensor) -> float:
-    return float(t.detach().flatten()[0])
 
 
 def in_fresh_context(fn) -> None:
@@ -41,55 +25,55 @@ def in_fresh_context(fn) -> None:
 
 
 def test_backward_outside_the_forced_scope_runs_the_forced_backend(toy_backends):
-    q, k, v = leaves()
+    q, k, v = toy_leaves()
     with ad.use_backend("toy:slow"):
         out = ad.attention(q, k, v)
-    assert tag(out) == SLOW
+    assert toy_tag(out) == SLOW
     in_fresh_context(out.sum().backward)
-    assert tag(q.grad) == tag(k.grad) == tag(v.grad) == SLOW
+    assert toy_tag(q.grad) == toy_tag(k.grad) == toy_tag(v.grad) == SLOW
 
 
 def test_backward_in_another_scope_keeps_the_forwards(toy_backends):
     """The scope is the forward's, in whatever scope the backward runs: a forward outside any
     ``use_backend`` has its backward chosen automatically, even inside one."""
-    q, k, v = leaves()
+    q, k, v = toy_leaves()
     out = ad.attention(q, k, v)
     with ad.use_backend("toy:slow"):
         out.sum().backward()
-    assert tag(q.grad) == NONDET  # toy:nondet ranks first on the CPU
+    assert toy_tag(q.grad) == NONDET  # toy:nondet ranks first on the CPU
     with ad.use_backend("toy:fast"):
         out = ad.attention(q, k, v)
     with ad.use_backend("toy:slow"):
         out.sum().backward()
-    assert tag(q.grad) == NONDET + FAST  # accumulated onto the first gradient
+    assert toy_tag(q.grad) == NONDET + FAST  # accumulated onto the first gradient
 
 
 def test_backward_of_a_graph_warm_up_decides_as_graph(toy_backends):
     """A warm-up under ``execution_mode("graph")`` makes the decisions its capture reuses: the
     backward's too, wherever autograd runs it."""
-    q, k, v = leaves()
+    q, k, v = toy_leaves()
     with ad.execution_mode("graph"):
         out = ad.attention(q, k, v)
-    assert tag(out) == GRAPH_ONLY
+    assert toy_tag(out) == GRAPH_ONLY
     in_fresh_context(out.sum().backward)
-    assert tag(q.grad) == GRAPH_ONLY
+    assert toy_tag(q.grad) == GRAPH_ONLY
 
 
 def test_backward_in_the_forwards_scope_sees_it_unchanged(toy_backends):
-    q, k, v = leaves()
+    q, k, v = toy_leaves()
     with ad.use_backend("toy:slow"), ad.execution_mode("eager"):
         ad.attention(q, k, v).sum().backward()
         assert ad._settings.forced_var.get() == "toy:slow"
-    assert tag(q.grad) == SLOW
+    assert toy_tag(q.grad) == SLOW
     assert ad._settings.forced_var.get() is None and ad._execution._declared.get() is None
 
 
 def test_backward_argument_still_beats_the_scope(toy_backends):
-    q, k, v = leaves()
+    q, k, v = toy_leaves()
     with ad.use_backend("toy:slow"):
         out = ad.attention(q, k, v, backend="toy:fast")
     in_fresh_context(out.sum().backward)
-    assert tag(q.grad) == FAST
+    assert toy_tag(q.grad) == FAST
 
 
 @pytest.mark.gpu
@@ -124,8 +108,8 @@ def test_context_parallel_local_attention_backward_keeps_its_forwards_scope(toy_
     follows the same rule as ``ad.attention``."""
     from attn_dispatch.distributed._ulysses import LocalAttention
 
-    q, k, v = leaves()
+    q, k, v = toy_leaves()
     with ad.use_backend("toy:slow"):
         out = LocalAttention.apply(q, k, v, {"causal": False})
     in_fresh_context(out.sum().backward)
-    assert tag(q.grad) == SLOW
+    assert toy_tag(q.grad) == SLOW

@@ -176,7 +176,9 @@ SUBPROCESS = textwrap.dedent(
 )
 
 
-def run_process(cache, **env_vars) -> dict:
+def process_env(cache, **env_vars) -> dict:
+    """This process's environment without its ATTN_DISPATCH_* settings, autotuning the timed
+    plugin into ``cache``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_DISPATCH_")}
     env.update(
         ATTN_DISPATCH_TEST_PLUGINS="timed",
@@ -185,6 +187,11 @@ def run_process(cache, **env_vars) -> dict:
         ATTN_DISPATCH_CACHE_DIR=str(cache),
         **env_vars,
     )
+    return env
+
+
+def run_process(cache, **env_vars) -> dict:
+    env = process_env(cache, **env_vars)
     done = subprocess.run(
         [sys.executable, "-c", SUBPROCESS], capture_output=True, text=True, env=env, timeout=300
     )
@@ -205,13 +212,7 @@ def test_a_new_process_reuses_the_measurement_without_timing(tmp_path):
 
 def test_concurrent_processes_measuring_one_key_leave_one_whole_file(tmp_path):
     cache = tmp_path / "shared"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_DISPATCH_")}
-    env.update(
-        ATTN_DISPATCH_TEST_PLUGINS="timed",
-        ATTN_DISPATCH_PLUGINS="timed",
-        ATTN_DISPATCH_AUTOTUNE="1",
-        ATTN_DISPATCH_CACHE_DIR=str(cache),
-    )
+    env = process_env(cache)
     command = [sys.executable, "-c", SUBPROCESS]
     running = [
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

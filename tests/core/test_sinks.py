@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dispatch_helpers import EXACT, TOYS, make_inputs
+from dispatch_helpers import BOTTOM_RIGHT, EXACT, TOYS, make_inputs
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
@@ -137,8 +137,7 @@ def test_an_implementation_that_forgets_dsinks_is_named(env, monkeypatch) -> Non
             heads=4,
             kv_heads=1,
             head_dim=8,
-            causal=True,
-            causal_align="bottom_right",
+            **BOTTOM_RIGHT,
             window=(2, 0),
             softcap=2.0,
             sinks=True,

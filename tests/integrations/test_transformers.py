@@ -537,18 +537,24 @@ class Refill:
 REFILLS = ["inference_mode", "numpy", "data"]
 
 
-@pytest.mark.parametrize("route", REFILLS)
-def test_refilled_position_ids_are_read_again(route):
+def _logits_after_refill(route, ids, name: str, first, second) -> tuple:
+    """(got, want): a llama's logits with the model input ``name`` refilled in place from
+    ``first`` to ``second`` (by ``route``) after one forward, and with ``second`` given afresh."""
     _, ours = make_pair("llama", torch.float64)
-    ids = tokens(1)
-    first, second = (packed_inputs(lens)["position_ids"] for lens in (DOCS, (3, 9)))
     with torch.no_grad():
-        want = ours(ids, position_ids=second.clone(), use_cache=False).logits
+        want = ours(ids, **{name: second.clone()}, use_cache=False).logits
     refill = Refill(route, first)
     with refill.context():
-        ours(ids, position_ids=refill.buf, use_cache=False)
+        ours(ids, **{name: refill.buf}, use_cache=False)
         refill.fill(second)
-        got = ours(ids, position_ids=refill.buf, use_cache=False).logits
+        got = ours(ids, **{name: refill.buf}, use_cache=False).logits
+    return got, want
+
+
+@pytest.mark.parametrize("route", REFILLS)
+def test_refilled_position_ids_are_read_again(route):
+    first, second = (packed_inputs(lens)["position_ids"] for lens in (DOCS, (3, 9)))
+    got, want = _logits_after_refill(route, tokens(1), "position_ids", first, second)
     torch.testing.assert_close(got, want, **TOL[torch.float64])
 
 
@@ -585,16 +591,8 @@ def test_refilled_position_ids_passed_straight_to_attention_forward_are_read_aga
 
 @pytest.mark.parametrize("route", REFILLS)
 def test_refilled_attention_mask_between_forwards_is_read_again(route):
-    _, ours = make_pair("llama", torch.float64)
-    ids = tokens(3)
     first, second = padding("left"), padding("right")
-    with torch.no_grad():
-        want = ours(ids, attention_mask=second.clone(), use_cache=False).logits
-    refill = Refill(route, first)
-    with refill.context():
-        ours(ids, attention_mask=refill.buf, use_cache=False)
-        refill.fill(second)
-        got = ours(ids, attention_mask=refill.buf, use_cache=False).logits
+    got, want = _logits_after_refill(route, tokens(3), "attention_mask", first, second)
     real = second.bool()
     torch.testing.assert_close(got[real], want[real], **TOL[torch.float64])
 
