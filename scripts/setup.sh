@@ -3,6 +3,12 @@
 # root (created on the first run; the interpreter it is made from is never installed into, so a
 # PEP 668 "externally managed" system python3 works). Safe to run again: what is installed and
 # unchanged is not installed again.
+# Every pip install of the run is constrained by the stack of the platform (constraints/):
+# constraints/nvidia.txt where an NVIDIA driver is present (the measured stack of
+# docs/benchmarks.md: torch 2.11.0, triton 3.6.0, flash-attn-4 4.0.0b36), constraints/cpu.txt
+# without a GPU driver (the stack CI tests); ROCm has none. A torch of the user's (--system-site-
+# packages, TORCH_INDEX_URL, or one installed earlier at another version) is kept, and then only
+# the pins other than torch and triton apply.
 # Usage: bash scripts/setup.sh [--minimal] [--system-site-packages]
 #   --minimal               only the core and the reference backend (enough for `attn-dispatch demo`)
 #   --system-site-packages  let .venv see the base interpreter's packages, so an existing CUDA/ROCm
@@ -29,11 +35,24 @@ for arg in "$@"; do
 done
 BASE="${PYTHON:-python3}"
 VENV=.venv
-TORCH_VERSION=2.13.0
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+has_nvidia_driver() { [ -e /proc/driver/nvidia/version ] || nvidia-smi -L >/dev/null 2>&1; }
+# The pinned stack of this platform (see the header); ROCm has none.
+if [ "$(uname -s)" = Linux ] && has_nvidia_driver; then
+  STACK=constraints/nvidia.txt
+  stack_name="the measured stack"
+elif [ "$(uname -s)" = Linux ] && [ -e /dev/kfd ]; then
+  STACK=""
+else
+  STACK=constraints/cpu.txt
+  stack_name="the CPU stack CI tests"
+fi
+# The version a constraints file pins for a distribution (empty: none).
+pin() { sed -n "s/^$1==\([^ ;#]*\).*/\1/p" "$2"; }
+TORCH_VERSION="$(pin torch "${STACK:-constraints/cpu.txt}")"
 # triton for a torch that brings none (the CPU build): the release the H200 measurements used, so
 # CI checks the same compiler. A CUDA or ROCm torch pins its own triton, which is kept.
-TRITON_FOR_CPU_TORCH=3.6.0
+TRITON_FOR_CPU_TORCH="$(pin triton constraints/cpu.txt)"
 export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$PWD/.cache/pip}"
 
 # Debian/Ubuntu ship python3 without venv/ensurepip (package python3-venv): add it where we may.
@@ -100,8 +119,8 @@ install_torch() {
     why="from $index (TORCH_INDEX_URL)"
   elif [ "$(uname -s)" != Linux ]; then
     why="from PyPI (this OS's build: no CUDA libraries)"
-  elif [ -e /proc/driver/nvidia/version ] || nvidia-smi -L >/dev/null 2>&1; then
-    # PyPI's Linux torch 2.13.0 is the CUDA 13.0 build: the driver must run CUDA 13.
+  elif has_nvidia_driver; then
+    # PyPI's Linux torch (2.11.0 and later) is the CUDA 13.0 build: the driver must run CUDA 13.
     local cuda
     cuda="$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9]*' | grep -o '[0-9]*$' || true)"
     if [ -n "$cuda" ] && [ "$cuda" -lt 13 ]; then
@@ -141,8 +160,47 @@ install_torch() {
   echo "setup: installing torch $TORCH_VERSION $why"
   pip_loud "$spec" ${index:+--index-url "$index"}
 }
-if "$PY" -c "import torch" 2>/dev/null; then
-  echo "setup: torch $("$PY" -c 'import torch; print(torch.__version__)') is installed: kept"
+# The constraints every pip install of the run gets (PIP_CONSTRAINT: the helper scripts' pips
+# too, beside any the user set): the platform's stack, less torch and triton where the user's
+# torch is kept (a pin of them would replace it).
+use_constraints() {
+  export PIP_CONSTRAINT="${USER_PIP_CONSTRAINT:+$USER_PIP_CONSTRAINT }$1"
+}
+USER_PIP_CONSTRAINT="${PIP_CONSTRAINT:-}"
+# "torch 2.11.0, triton 3.6.0, ..." for the distributions named (those the stack pins).
+stack_versions() {
+  local dist sep="" version
+  for dist in "$@"; do
+    version="$(pin "$dist" "$STACK")"
+    if [ -n "$version" ]; then printf '%s%s %s' "$sep" "$dist" "$version"; sep=", "; fi
+  done
+}
+without_torch() {
+  local file="$VENV/attn_dispatch_constraints.txt"
+  grep -v -E '^(torch|triton)==' "$STACK" >"$file"
+  use_constraints "$file"
+}
+installed_torch="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
+if [ -z "$STACK" ]; then
+  echo "setup: no pinned stack for ROCm: the newest releases the backends admit"
+elif [ -n "$installed_torch" ] && [ "${installed_torch%%+*}" != "$TORCH_VERSION" ]; then
+  without_torch
+  echo "setup: $stack_name without its torch and triton pins ($STACK; $(stack_versions \
+    flash-attn-4 nvidia-cutlass-dsl)): torch $installed_torch is installed, so no torch or" \
+    "triton version is forced (remove $VENV for torch $TORCH_VERSION)"
+elif [ "$system_site" = 1 ] || [ -n "${TORCH_INDEX_URL:-}" ]; then
+  without_torch
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then keep="TORCH_INDEX_URL picks torch"
+  else keep="--system-site-packages (ATTN_DISPATCH_SYSTEM_SITE=1) keeps the base interpreter's torch"
+  fi
+  echo "setup: $stack_name without its torch and triton pins ($STACK; $(stack_versions \
+    flash-attn-4 nvidia-cutlass-dsl)): $keep, so no torch or triton version is forced"
+else
+  use_constraints "$STACK"
+  echo "setup: $stack_name: $(stack_versions torch triton flash-attn-4) ($STACK)"
+fi
+if [ -n "$installed_torch" ]; then
+  echo "setup: torch $installed_torch is installed: kept"
 else
   install_torch
 fi
@@ -178,14 +236,23 @@ case "$torch_triton" in
     ;;
 esac
 # transformers pinned for tests/integrations (tiny models built from configs, no downloads).
-echo "setup: transformers 5.17.0 (for tests/integrations; about 160 MB with its requirements)"
-installed "transformers==5.17.0" || pip_quiet "transformers==5.17.0"
+TRANSFORMERS="$(pin transformers "${STACK:-constraints/cpu.txt}")"
+echo "setup: transformers $TRANSFORMERS (for tests/integrations; about 160 MB with its requirements)"
+installed "transformers==$TRANSFORMERS" || pip_quiet "transformers==$TRANSFORMERS"
 echo "setup: the torch_sdpa and triton backends"
 install_projects backends/torch_sdpa "${triton_backend[@]}"
 # FlashAttention-4 with its real dependency (flash-attn-4 and the CUTLASS DSL): its CPU tests
 # check supports/explain and compile FA4's kernels in fake mode.
+fa4_pins=()
+if [ -n "$STACK" ]; then
+  for dist in flash-attn-4 nvidia-cutlass-dsl; do
+    version="$(pin "$dist" "$STACK")"
+    if [ -n "$version" ]; then fa4_pins+=("$dist==$version"); fi
+  done
+fi
 echo "setup: the flash_attn_cute backend (flash-attn-4 and NVIDIA's CUTLASS DSL, 265 MB)"
-if ! installed backends/flash_attn_cute; then
+# A pinned release differing from the one installed installs the backend again (the stack moved).
+if ! installed backends/flash_attn_cute "${fa4_pins[@]}"; then
   pip_loud -e backends/flash_attn_cute
   "$PY" scripts/setup_installed.py record backends/flash_attn_cute
 fi
