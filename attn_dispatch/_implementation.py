@@ -13,6 +13,16 @@ from ._inputs import BackwardInputs, ForwardInputs
 from ._priorities import PriorityRule, rule_priority
 
 
+class FastPath(NamedTuple):
+    """An optional speed-up of an implementation and whether this installation runs it: ``name``
+    (e.g. "launch-plan replay"), ``on``, and ``reason``, a sentence saying why (the version
+    gate it passed or failed, a setting that turned it off)."""
+
+    name: str
+    on: bool
+    reason: str
+
+
 def lookup_priority(table: dict[str, int], arch: Arch) -> int | None:
     """The entry of ``table`` for ``arch.name``: an exact key wins, else the first fnmatch
     pattern in order; ``None`` when nothing matches."""
@@ -178,6 +188,14 @@ class Implementation:
         Must be cheap and import nothing heavy. ``inp`` is a ``BackwardInputs`` for backward
         dispatch and a ``ForwardInputs`` for forward dispatch.
         """
+        return []
+
+    def fast_paths(self) -> list[FastPath]:
+        """This implementation's optional speed-ups and whether this installation runs them
+        (optional hook; default none): those gated on a dependency's version or a setting, so
+        that ``attn-dispatch doctor`` can name what is off on the installed stack and why. Reads
+        versions and settings only (no device, no compile); an exception it raises is reported
+        as this implementation's, the others' still shown."""
         return []
 
     def prepare(self, inp: ForwardInputs) -> object:

@@ -20,7 +20,7 @@ from ._arch import Arch
 from ._call import unforced
 from ._errors import SettingError
 from ._hookspecs import ENTRY_POINT_GROUP, hookimpl
-from ._implementation import Gradients, Implementation
+from ._implementation import FastPath, Gradients, Implementation
 from ._inputs import (
     CAUSAL_ALIGNS,
     BackwardInputs,
@@ -41,6 +41,7 @@ __all__ = [
     "Arch",
     "Band",
     "BackwardInputs",
+    "FastPath",
     "ForwardInputs",
     "Gradients",
     "Implementation",

@@ -1,4 +1,5 @@
-"""The ``attn-dispatch`` command: ``list``, ``explain``, ``demo``, ``bench``, ``tune``."""
+"""The ``attn-dispatch`` command: ``list``, ``explain``, ``demo``, ``doctor``, ``bench``,
+``tune``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import attn_dispatch as ad
 from attn_dispatch import _settings
 from attn_dispatch import backend as adb
 
-from . import bench, tune
+from . import bench, doctor, tune
 from ._args import MAX_TENSOR_BYTES, PROG, Parser, nonnegative_int, plain, positive_int
 from ._args import window_sides as _window
 
@@ -293,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--repeats", type=positive_int, default=5, help="timed runs")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p = sub.add_parser(
+        "doctor",
+        help="the installed versions against the measured stack, and each fast path off here "
+        "and why",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.add_parser(
         "bench",
         help="time every implementation on a shape sweep (see bench --help)",
@@ -337,7 +344,10 @@ def _run(argv: list[str]) -> int:
             return tune.main(argv[1:])
         args = build_parser().parse_args(argv)
         _settings.current()  # a bad ATTN_DISPATCH_* variable is then a usage error, up front
-        return {"list": _cmd_list, "explain": _cmd_explain, "demo": _cmd_demo}[args.command](args)
+        commands = {"list": _cmd_list, "explain": _cmd_explain, "demo": _cmd_demo}
+        if args.command == "doctor":
+            return doctor.run(args.json)
+        return commands[args.command](args)
     except (ValueError, TypeError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

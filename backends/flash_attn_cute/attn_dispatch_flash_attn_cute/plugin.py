@@ -52,6 +52,7 @@ from attn_dispatch import backend as adb
 from . import _fa4
 from ._support import (
     fa4_problem,
+    installed_version,
     mask_problem,
     sm90_head_dim_problem,
     sm100_head_dim_problem,
@@ -116,6 +117,21 @@ class FlashAttnCute(adb.Implementation):
     window = True  # FA4's window_size_left / right, the alignment mapped exactly (_support)
     softcap = True  # FA4's softcap: c tanh(s / c) on the scaled scores, as the contract
     sinks = True  # FA4's learnable_sink (its lse includes the sinks, as the contract's)
+
+    def fast_paths(self) -> list[adb.FastPath]:
+        """FA4's host-code replay: on with a release it was proven on (``_releases``) unless
+        ``ATTN_DISPATCH_FA4_REPLAY`` turns it off."""
+        name = "host-code replay"
+        problem = fa4_problem()
+        if problem is not None:
+            return [adb.FastPath(name, False, problem)]
+        problem = _fa4.replay_problem()
+        if problem is not None:
+            return [adb.FastPath(name, False, problem)]
+        if not adb.env_flag(_fa4.REPLAY_VARIABLE, True):
+            return [adb.FastPath(name, False, f"{_fa4.REPLAY_VARIABLE} turns it off")]
+        version = installed_version()
+        return [adb.FastPath(name, True, f"proven on FA4 {version}, the release installed")]
 
     def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: FA4 installed within the tested range, and a causal mask

@@ -7,7 +7,6 @@ import importlib.util
 import os
 
 import torch
-import triton
 
 
 def interpreting() -> bool:
@@ -43,11 +42,11 @@ def gluon_sm90(device: torch.device) -> bool:
         return False
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
         return False
+    from ._gates import triton_version
     from ._tma_rows import GLUON_TRITON
 
-    version = tuple(int(x) for x in triton.__version__.split(".")[:2])
     return (
-        version in GLUON_TRITON
+        triton_version() in GLUON_TRITON
         and importlib.util.find_spec("triton.experimental.gluon") is not None
     )
 

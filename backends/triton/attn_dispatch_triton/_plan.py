@@ -62,9 +62,9 @@ def plans_enabled() -> bool:
 def verified_triton() -> bool:
     """Whether the installed triton's launcher is one a plan's replay was checked against
     (:data:`VERIFIED_TRITON`); on another, every call takes the ``kernel[grid]`` path."""
-    import triton
+    from ._gates import triton_version
 
-    return tuple(int(x) for x in triton.__version__.split(".")[:2]) in VERIFIED_TRITON
+    return triton_version() in VERIFIED_TRITON
 
 
 def hooks_installed() -> bool:

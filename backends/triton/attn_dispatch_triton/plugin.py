@@ -74,6 +74,13 @@ class Fused(adb.Implementation):
     sinks = True  # attention sinks (the forward's epilogue; dsinks by _bwd_sinks)
     atomic_dq = False  # dQ by the split kernel (no atomics)
 
+    def fast_paths(self) -> list[adb.FastPath]:
+        """The Gluon sm_90 kernels and the launch-plan replay, each on only with a triton it
+        was checked with (``_gates``)."""
+        from . import _gates
+
+        return _gates.fast_paths()
+
     def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: an installed triton, and batch*heads within one grid axis."""
         missing = triton_missing()
