@@ -34,6 +34,17 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = [
+    "BFLOAT16",
+    "FLOAT16",
+    "FLOAT32",
+    "FLOAT64",
+    "TF32",
+    "Tolerance",
+    "error_metrics",
+    "tolerance_for",
+]
+
 
 @dataclass(frozen=True)
 class Tolerance:

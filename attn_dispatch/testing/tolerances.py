@@ -4,24 +4,5 @@ The table and its derivation live in the core (:mod:`attn_dispatch._tolerances`)
 autotune's cross-check reads it too; this is the kit's public name for it.
 """
 
-from .._tolerances import (
-    BFLOAT16,
-    FLOAT16,
-    FLOAT32,
-    FLOAT64,
-    TF32,
-    Tolerance,
-    error_metrics,
-    tolerance_for,
-)
-
-__all__ = [
-    "BFLOAT16",
-    "FLOAT16",
-    "FLOAT32",
-    "FLOAT64",
-    "TF32",
-    "Tolerance",
-    "error_metrics",
-    "tolerance_for",
-]
+from .._tolerances import *  # noqa: F403 (the kit's name for every one of them)
+from .._tolerances import __all__  # noqa: F401
