@@ -21,12 +21,11 @@ from ._api import (
 )
 from ._arch import Arch, detect_arch
 from ._autograd import attention
-from ._autotune import autotune
 from ._errors import NoBackendError, SettingError, UnknownBackendError
 from ._execution import execution_mode
 from ._implementation import Gradients
 from ._report import Candidate, Measurement, Report, Timing
-from ._settings import enable, reload, use_backend
+from ._settings import autotune, enable, reload, use_backend
 from ._varlen import Varlen, varlen_from_key_mask, varlen_from_mask, varlen_from_position_ids
 
 __version__ = "0.2.0"

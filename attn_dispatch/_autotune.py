@@ -26,14 +26,15 @@ The measurement:
   and is not sampled further (candidates run best priority first). On CUDA the
   samples are timed with events (which also see the host's launch cost: eager time); a call in
   ``"graph"`` mode (warm-up under ``ad.execution_mode("graph")``) is captured into a CUDA graph
-  and its replays are timed. On other devices, ``clock`` (``time.perf_counter``) around
-  synchronous calls.
-* The cross-check: each pair of results is compared with the dtype's tolerance of
-  ``attn_dispatch.testing`` (each implementation may be that far from exact, so two may differ
-  by twice that). The candidate that agrees with the most others (ties: the higher priority)
-  defines the consensus; every candidate that disagrees with it is excluded, named in a
-  ``warnings.warn``. With two candidates that disagree, the higher-priority one is trusted.
-  A candidate that raises, returns malformed results or cannot be captured is excluded too.
+  and its replays are timed. On other devices, ``_measure.clock`` (``time.perf_counter``)
+  around synchronous calls.
+* The cross-check (``_measure.consensus``): each pair of results is compared with the dtype's
+  tolerance (``_tolerances``, the conformance kit's; each implementation may be that far from
+  exact, so two may differ by twice that). The candidate that agrees with the most others
+  (ties: the higher priority) defines the consensus; every candidate that disagrees with it is
+  excluded, named in a ``warnings.warn``. With two candidates that disagree, the
+  higher-priority one is trusted. A candidate that raises, returns malformed results or cannot
+  be captured is excluded too.
 * Only finite answers are judged. A call whose inputs hold NaN or an infinity (lse: NaN or
   +inf; -inf is a row that sees no key) is run by the priority decision, not measured, and
   neither cached nor persisted: the next call of its signature measures. A candidate whose
@@ -65,12 +66,12 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from . import _measure
 from ._errors import SettingError
 from ._report import (
     BLOCKED,
@@ -82,11 +83,11 @@ from ._report import (
     Report,
     Timing,
 )
+from ._settings import CACHE_DIR_ENV
+from ._settings import AutotuneConfig as Config
 
 log = logging.getLogger("attn_dispatch")
 
-AUTOTUNE_ENV = "ATTN_DISPATCH_AUTOTUNE"
-CACHE_DIR_ENV = "ATTN_DISPATCH_CACHE_DIR"
 # Timed samples per candidate (the median is kept) and the least time one sample spans.
 REPEATS = 5
 SAMPLE_SECONDS = 2e-3
@@ -94,95 +95,11 @@ MAX_CALLS_PER_SAMPLE = 100
 # A candidate whose first warm call takes this many times the best median so far is not
 # sampled further (the reference backend at long sequences would cost seconds per call).
 HOPELESS = 10.0
-# Seconds of the CPU timings (CUDA ones are the device's events). Replaceable so that tests
-# measure counted work instead of a wall-clock ratio, which a loaded machine skews.
-clock: Callable[[], float] = time.perf_counter
 # The files' layout; a file of another format is ignored (measured again). Format 2 added
 # ``measured_on``: format 1 files could hold a verdict taken from non-finite answers.
 FORMAT = 2
 # The statuses of the implementations that accept a call (whose versions key its measurement).
 ACCEPTING = (SELECTED, SUPPORTED, BLOCKED, OPT_IN)
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """Autotune as the settings hold it (``None`` there: off): where measurements persist."""
-
-    directory: Path
-
-
-def configured(override: bool | None = None) -> Config | None:
-    """The autotune settings from the environment (``ATTN_DISPATCH_AUTOTUNE``, a boolean read
-    as every boolean variable is, and ``ATTN_DISPATCH_CACHE_DIR`` for the directory), with
-    ``override`` (``autotune()``) taking precedence over the variable. A value that is not a
-    boolean is a ``SettingError`` (a ``ValueError``) naming the variable."""
-    from ._settings import env_flag
-
-    on = env_flag(AUTOTUNE_ENV, False) if override is None else override
-    return Config(cache_directory()) if on else None
-
-
-def cache_directory() -> Path:
-    """Where measurements persist: ``ATTN_DISPATCH_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/attn_dispatch``, else ``~/.cache/attn_dispatch``; files go to its
-    ``autotune`` subdirectory."""
-    explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
-    if explicit:
-        return Path(explicit).expanduser() / "autotune"
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "attn_dispatch" / "autotune"
-
-
-# --- the switch ---------------------------------------------------------------------------
-
-# What autotune() set (None: follow the environment variable); read by the settings' load.
-override: bool | None = None
-
-
-class _Switch:
-    """What :func:`autotune` returns: the switch is already set; as a context manager it
-    restores the previous setting on exit."""
-
-    def __init__(self, previous: bool | None) -> None:
-        self._previous = previous
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: object) -> None:
-        _set(self._previous)
-
-
-def autotune(enabled: bool = True) -> _Switch:
-    """Switch autotune on (or off with ``False``) for the whole process, over
-    ``ATTN_DISPATCH_AUTOTUNE``; ``autotune(None)`` follows the variable again. Cached decisions
-    are dropped, so every signature is decided afresh under the new setting.
-
-    Used as a context manager, the previous setting is restored when the block ends::
-
-        ad.autotune(True)          # from now on
-        with ad.autotune():        # inside the block only
-            train_step()
-
-    The setting is process-wide (not per thread), like ``torch.backends.cudnn.benchmark``.
-    """
-    if enabled is not None and not isinstance(enabled, bool):
-        raise TypeError(f"argument 'enabled': expected a bool or None, got {enabled!r}")
-    previous = override
-    _set(enabled)
-    return _Switch(previous)
-
-
-def _set(enabled: bool | None) -> None:
-    global override
-    from . import _settings
-
-    with _settings._lock:
-        config = configured(enabled)  # before anything changes: it may raise
-        settings = _settings.current()
-        override = enabled
-        _settings._install(settings.fresh(autotune=config))
 
 
 # --- keys: what a measurement is valid for --------------------------------------------------
@@ -208,33 +125,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-@functools.cache
-def _distribution_versions(distribution: str) -> tuple[tuple[str, str], ...]:
-    """``distribution``'s version and those of the installed distributions it requires (a
-    kernel library a backend wraps, such as flash-attn-4 or triton, changes its speed)."""
-    from importlib import metadata
-
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    try:
-        versions = {distribution: metadata.version(distribution)}
-        requires = metadata.requires(distribution) or []
-    except metadata.PackageNotFoundError:
-        return ()
-    for text in requires:
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
-            continue
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        try:
-            versions[req.name] = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            continue
-    return tuple(sorted(versions.items()))
-
-
 def versions(settings: Any, names: list[str]) -> dict[str, str]:
     """The versions a measurement of the implementations ``names`` depends on: torch (and its
     CUDA, cuDNN), attn_dispatch, and each candidate backend's distribution with what it
@@ -254,8 +144,10 @@ def versions(settings: Any, names: list[str]) -> dict[str, str]:
         if record is None or record.distribution is None:
             continue
         found[f"{backend}:{record.distribution}"] = record.version or "?"
-        for dist, version in _distribution_versions(record.distribution):
-            found.setdefault(dist, version)
+        requires = _measure.distribution_versions([record.distribution], requirements=True)
+        for dist, version in requires.items():
+            if version is not None:
+                found.setdefault(dist, version)
     return found
 
 
@@ -432,88 +324,17 @@ def _cloned(inp: Any) -> tuple[Any, dict[int, torch.Tensor]]:
     return copied, clones
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _sample(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
-    """Seconds per call over ``calls`` back-to-back calls."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / calls
-    begin = clock()
-    for _ in range(calls):
-        fn()
-    return (clock() - begin) / calls
-
-
-def _timed(fn: Callable[[], Any], device: torch.device, bound: float = math.inf) -> float:
+def _timed(fn: Any, device: torch.device, bound: float = math.inf) -> float:
     """The median seconds per call of ``REPEATS`` samples (see the module docstring); a first
     call slower than ``bound`` is the answer (it cannot win)."""
-    first = _sample(fn, device, 1)
-    if first > bound:
-        return first
-    calls = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(SAMPLE_SECONDS / max(first, 1e-9))))
-    samples = sorted(_sample(fn, device, calls) for _ in range(REPEATS))
-    return samples[len(samples) // 2]
-
-
-def _graph_replay(fn: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
-    """``fn`` captured into a CUDA graph (after a run on a side stream, as capture wants);
-    the returned function replays it."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def _describe_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-
-
-def _agreement(a: tuple, b: tuple, forward: bool, dtype: torch.dtype) -> str | None:
-    """``None`` when results ``a`` and ``b`` agree within twice the dtype's tolerance, else
-    what differs."""
-    from .testing.tolerances import error_metrics, tolerance_for
-
-    tol = tolerance_for(dtype)
-    tensors = [(x, y) for x, y in zip(a, b) if isinstance(x, torch.Tensor)]
-    floor = 0.0
-    if not forward:  # dq, dk, dv: the kit's floor, a tenth of the largest of them (dsinks, a
-        # sum over every row, would make it too loose for them; it is compared without one)
-        floor = 0.1 * max(
-            (y.detach().abs().max().item() for _, y in tensors[:3] if y.numel()), default=0.0
-        )
-    names = ("out", "lse") if forward else ("dq", "dk", "dv", "dsinks")
-    for index, (x, y) in enumerate(tensors):
-        name = names[index] if index < len(names) else f"result {index}"
-        if forward and index == 1:
-            xd, yd = x.detach().double(), y.detach().double()
-            if not torch.equal(torch.isneginf(xd), torch.isneginf(yd)):
-                return f"{name}: -inf at other rows"
-            finite = torch.isfinite(yd)
-            diff = (xd - yd).abs()[finite]
-            bound = 2 * (tol.lse_atol + tol.lse_rtol * yd.abs()[finite])
-            if torch.isnan(xd).any() or bool((diff > bound).any()):
-                worst = diff.max().item() if diff.numel() else float("nan")
-                return f"{name}: |difference| up to {worst:.3g}"
-            continue
-        max_err, rel_l2 = error_metrics(x, y, 0.0 if index >= 3 else floor)
-        if not (max_err <= 2 * tol.max_err and rel_l2 <= 2 * tol.rel_l2):
-            return f"{name}: max_err={max_err:.3g}, rel_l2={rel_l2:.3g}"
-    return None
+    return _measure.seconds_per_call(
+        fn,
+        device,
+        repeats=REPEATS,
+        sample_seconds=SAMPLE_SECONDS,
+        max_calls=MAX_CALLS_PER_SAMPLE,
+        bound=bound,
+    )
 
 
 INPUT_NAMES = ("q", "k", "v", "out", "lse", "grad_out", "sinks")
@@ -551,7 +372,7 @@ def _measured_on(inp: Any) -> dict:
     return {"finite": True, "largest": largest}
 
 
-def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) -> dict:
+def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) -> dict:
     """Run and time every implementation of ``pool`` (best priority first) on clones of
     ``inp``; cross-check their finite results. Returns ``{"timings": {name: seconds},
     "excluded": {name: reason}, "judged": bool}``; ``judged`` is False when candidates ran but
@@ -572,27 +393,26 @@ def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) ->
                 # timed as the dispatcher runs it: with its plan, made outside the timing
                 cand.plan = impl.prepare(cand)
                 result = mode.checked(impl, run(cand), cloned_tensors, inp.facts, cand.sinks)
-                _synchronize(device)
+                _measure.synchronize(device)
             except SettingError:
                 raise
             except Exception as exc:
-                excluded[name] = f"raised {_describe_error(exc)}"
+                excluded[name] = f"raised {_measure.describe_error(exc)}"
                 log.warning("attn_dispatch: autotune excluded %s: %s", name, excluded[name])
                 continue
             try:
                 fn = functools.partial(run, cand)
-                fn = _graph_replay(fn, device) if graph else fn
+                fn = _measure.graph_replays([fn], device)[0] if graph else fn
                 bound = HOPELESS * min(timings.values(), default=math.inf)
                 timings[name] = _timed(fn, device, bound)
             except SettingError:
                 raise
             except Exception as exc:
                 what = "cannot be captured into a CUDA graph" if graph else "raised while timed"
-                excluded[name] = f"{what}: {_describe_error(exc)}"
+                excluded[name] = f"{what}: {_measure.describe_error(exc)}"
                 log.warning("attn_dispatch: autotune excluded %s: %s", name, excluded[name])
                 continue
-            dsinks = getattr(result, "dsinks", None)  # cross-checked as the other gradients
-            results[name] = tuple(result) + (() if dsinks is None else (dsinks,))
+            results[name] = _measure.answer(result)  # dsinks cross-checked as the gradients
     non_finite = {
         name: bad
         for name, result in results.items()
@@ -606,7 +426,8 @@ def _measure(mode: Any, inp: Any, tensors: tuple, pool: list, execution: str) ->
             f"returned non-finite {', '.join(bad)} where {', '.join(finite)} returned finite values"
         )
         _exclude(name, reason, excluded, timings)
-    _cross_check(finite, excluded, timings, forward, inp.dtype)
+    for name, reason in _measure.consensus(finite, forward, inp.dtype).items():
+        _exclude(name, reason, excluded, timings)
     return {"timings": timings, "excluded": excluded, "judged": True}
 
 
@@ -622,37 +443,6 @@ def _exclude(name: str, reason: str, excluded: dict[str, str], timings: dict) ->
 @contextlib.contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-
-def _cross_check(
-    results: dict[str, tuple],
-    excluded: dict[str, str],
-    timings: dict[str, float],
-    forward: bool,
-    dtype: torch.dtype,
-) -> None:
-    """Exclude the candidates that disagree with the consensus (see the module docstring);
-    ``results`` is ordered best priority first."""
-    names = list(results)
-    if len(names) < 2:
-        return
-    differs = {
-        (a, b): _agreement(results[a], results[b], forward, dtype)
-        for a in names
-        for b in names
-        if a != b
-    }
-    agreeing = {a: [b for b in names if b != a and differs[(a, b)] is None] for a in names}
-    pivot = max(names, key=lambda a: (len(agreeing[a]), -names.index(a)))
-    consensus = [pivot, *agreeing[pivot]]
-    for name in names:
-        if name in consensus:
-            continue
-        reason = (
-            f"its results disagree with {', '.join(consensus)} beyond the "
-            f"{str(dtype).removeprefix('torch.')} tolerance ({differs[(name, pivot)]})"
-        )
-        _exclude(name, reason, excluded, timings)
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -743,7 +533,7 @@ def choose(
             return dataclasses.replace(report, autotune=Measurement("pending", (), note)), winner
         pool = [registry.implementations[name] for name in admitted]
         start = time.perf_counter()
-        found = _measure(mode, inp, real, pool, call.execution)
+        found = _measure_pool(mode, inp, real, pool, call.execution)
         if not found["judged"]:
             note = (
                 "not measured (no candidate returned finite results): the priority decision "

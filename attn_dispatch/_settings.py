@@ -1,4 +1,5 @@
-"""The selection environment: env vars, ``enable()``, ``use_backend()``, loaded plugins.
+"""The selection environment: env vars, ``enable()``, ``use_backend()``, ``autotune()``, loaded
+plugins.
 
 Everything here is read once, on the first dispatch, and again on ``reload()``. Settings objects
 are never changed once installed: ``enable()`` and ``reload()`` install a new one, with an empty
@@ -17,8 +18,8 @@ import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from . import _autotune
 from ._arch import Arch, arch_from_env
 from ._errors import SettingError, UnknownBackendError
 from ._registry import Registry, discover
@@ -30,6 +31,8 @@ DEBUG_ENV = "ATTN_DISPATCH_DEBUG"
 ENABLE_ENV = "ATTN_DISPATCH_ENABLE"
 DISABLE_ENV = "ATTN_DISPATCH_DISABLE"
 PLUGINS_ENV = "ATTN_DISPATCH_PLUGINS"
+AUTOTUNE_ENV = "ATTN_DISPATCH_AUTOTUNE"
+CACHE_DIR_ENV = "ATTN_DISPATCH_CACHE_DIR"
 
 # The name use_backend() forces in this context. A call's forced name is its ``backend``
 # argument, else this, else ``ATTN_DISPATCH_BACKEND``: ``_call`` reads it so on every call, and
@@ -67,6 +70,34 @@ def env_flag(variable: str, default: bool, environ: Mapping[str, str] | None = N
     return value
 
 
+@dataclass(frozen=True)
+class AutotuneConfig:
+    """Autotune as the settings hold it (``None`` there: off): where measurements persist."""
+
+    directory: Path
+
+
+def autotune_config(override: bool | None = None) -> AutotuneConfig | None:
+    """The autotune settings from the environment (``ATTN_DISPATCH_AUTOTUNE``, a boolean read
+    as every boolean variable is, and ``ATTN_DISPATCH_CACHE_DIR`` for the directory), with
+    ``override`` (``autotune()``) taking precedence over the variable. A value that is not a
+    boolean is a ``SettingError`` (a ``ValueError``) naming the variable."""
+    on = env_flag(AUTOTUNE_ENV, False) if override is None else override
+    return AutotuneConfig(cache_directory()) if on else None
+
+
+def cache_directory() -> Path:
+    """Where autotune's measurements persist: ``ATTN_DISPATCH_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/attn_dispatch``, else ``~/.cache/attn_dispatch``; files go to its
+    ``autotune`` subdirectory."""
+    explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
+    if explicit:
+        return Path(explicit).expanduser() / "autotune"
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "attn_dispatch" / "autotune"
+
+
 @dataclass
 class Settings:
     """A snapshot of the environment and the loaded plugins (never changed once installed,
@@ -79,7 +110,7 @@ class Settings:
     arch_override: Arch | None
     debug: bool = False
     # ``None``: autotune off; else where its measurements persist (see _autotune)
-    autotune: _autotune.Config | None = None
+    autotune: AutotuneConfig | None = None
     # signature key -> Decision (see _dispatch).
     decisions: dict = field(default_factory=dict)
     # flags -> [(guard, Decision)]: the C-level front of ``decisions`` (see _guards).
@@ -105,6 +136,8 @@ _lock = threading.RLock()
 # path and call current() only while it is None.
 installed: Settings | None = None
 _programmatic_enabled: set[str] = set()
+# What autotune() set (None: follow the environment variable).
+autotune_override: bool | None = None
 # Set while this thread discovers plugins: a plugin that calls back into the library from its
 # import or hook would otherwise wait for itself, or start discovery again.
 _loading = threading.local()
@@ -152,7 +185,7 @@ def _load() -> Settings:
         disabled=frozenset(disabled),
         arch_override=arch_override,
         debug=env_flag(DEBUG_ENV, False),
-        autotune=_autotune.configured(_autotune.override),
+        autotune=autotune_config(autotune_override),
     )
 
 
@@ -259,3 +292,46 @@ def use_backend(name: str) -> Iterator[None]:
         yield
     finally:
         forced_var.reset(token)
+
+
+class _Switch:
+    """What :func:`autotune` returns: the switch is already set; as a context manager it
+    restores the previous setting on exit."""
+
+    def __init__(self, previous: bool | None) -> None:
+        self._previous = previous
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        _set_autotune(self._previous)
+
+
+def autotune(enabled: bool | None = True) -> _Switch:
+    """Switch autotune on (or off with ``False``) for the whole process, over
+    ``ATTN_DISPATCH_AUTOTUNE``; ``autotune(None)`` follows the variable again. Cached decisions
+    are dropped, so every signature is decided afresh under the new setting.
+
+    Used as a context manager, the previous setting is restored when the block ends::
+
+        ad.autotune(True)          # from now on
+        with ad.autotune():        # inside the block only
+            train_step()
+
+    The setting is process-wide (not per thread), like ``torch.backends.cudnn.benchmark``.
+    """
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"argument 'enabled': expected a bool or None, got {enabled!r}")
+    previous = autotune_override
+    _set_autotune(enabled)
+    return _Switch(previous)
+
+
+def _set_autotune(enabled: bool | None) -> None:
+    global autotune_override
+    with _lock:
+        config = autotune_config(enabled)  # before anything changes: it may raise
+        settings = current()
+        autotune_override = enabled
+        _install(settings.fresh(autotune=config))

@@ -2,10 +2,11 @@
 
 ``measure``: every implementation with a priority on this GPU's arch (the reference backend
 aside) runs forced, forward and backward, at every point of :data:`GRID` (batch x heads x GQA
-group x length x head dim x mask, and GPT-OSS-style attention sinks), bf16. Per point, each
-answer is cross-checked against the others (an implementation that disagrees with most of them
-is left out and named); then each is timed eager (``n`` calls back to back, events around
-them: host work included) and as replays of a CUDA graph (the GPU's time). Medians of 3 blocks.
+group x length x head dim x mask, and GPT-OSS-style attention sinks), bf16. Per point, the
+answers are cross-checked as autotune cross-checks them (``attn_dispatch._measure``: twice the
+bf16 tolerance; an implementation that disagrees with the consensus is left out and named);
+then each is timed eager (``n`` calls back to back, events around them: host work included)
+and as replays of a CUDA graph (the GPU's time). Medians of 3 blocks.
 The rows go to each backend's ``<package>/costs/<arch>.json`` (its ``cost_tables`` package:
 by default its own) with the commit, the versions of what its implementations name in
 ``cost_requires`` and the repository-relative commands (step ``tables``; the format:
@@ -30,12 +31,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import importlib.metadata as md
 import importlib.resources
 import itertools
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ import torch
 from _provenance import git_commit
 
 import attn_dispatch as ad
+from attn_dispatch import _measure
 from attn_dispatch._costs import FORMAT as COST_TABLE_FORMAT
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -55,9 +55,9 @@ WINDOW = 1024  # keys each row sees in the windowed points (causal, left side 10
 SINK_WINDOW = 128  # GPT-OSS's sliding layers
 SOFTCAP = 50.0  # Gemma-2's attention logit cap
 MAX_WORK = 64 * 16384 * 16384 * 128  # B*H*S*S*D of the largest seed shape
-TOLERANCE = 2e-2  # relative L2 between two bf16 answers that agree
 BLOCKS = 3
 TARGET_S = 0.05  # timed seconds per block
+CUDA = torch.device("cuda")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,20 +169,8 @@ def make(point: Point, device: str = "cuda", seed: int = 0) -> dict:
 def call(kind: str, t: dict, backend: str | None):
     f = t["flags"]
     if kind == "forward":
-        return ad.forward(t["q"], t["k"], t["v"], backend=backend, **f)[0]
+        return ad.forward(t["q"], t["k"], t["v"], backend=backend, **f)
     return ad.backward(t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], backend=backend, **f)
-
-
-def answer(kind: str, result) -> list[torch.Tensor]:
-    return [result] if kind == "forward" else [result.dq, result.dk, result.dv]
-
-
-def agree(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    for x, y in zip(a, b):
-        x, y = x.float(), y.float()
-        if not torch.isfinite(x).all() or (x - y).norm() > TOLERANCE * y.norm().clamp_min(1e-6):
-            return False
-    return True
 
 
 def tensors(kind: str, t: dict) -> tuple:
@@ -204,55 +192,23 @@ def candidates(kind: str, t: dict) -> list[str]:
     ]
 
 
-def consensus(answers: dict[str, list[torch.Tensor]]) -> tuple[set[str], dict[str, str]]:
-    """Who agrees with at least half of the others (all when two or fewer)."""
-    names = list(answers)
-    if len(names) <= 2:
-        return set(names), {}
-    ok, out = set(), {}
-    for a in names:
-        votes = sum(agree(answers[a], answers[b]) for b in names if b != a)
-        if 2 * votes >= len(names) - 1:
-            ok.add(a)
-        else:
-            out[a] = f"agreed with {votes} of {len(names) - 1} others"
-    return ok, out
-
-
 # ----------------------------------------------------------------------------------------------
 # Timing
 
 
-def _block(fn, n: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / n
-
-
 def time_eager(fn) -> float:
+    """µs per call of ``fn``: one warm-up call, then the median of ``BLOCKS`` blocks of
+    back-to-back calls (2 to 200, about ``TARGET_S`` each) between events."""
     fn()
-    torch.cuda.synchronize()
-    first = _block(fn, 1)
-    n = max(2, min(200, int(TARGET_S * 1e6 / max(first, 1.0))))
-    return statistics.median(_block(fn, n) for _ in range(BLOCKS))
+    seconds = _measure.seconds_per_call(
+        fn, CUDA, repeats=BLOCKS, sample_seconds=TARGET_S, min_calls=2, max_calls=200
+    )
+    return seconds * 1e6
 
 
 def time_graph(fn) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    us = time_eager(graph.replay)
-    del graph
-    return us
+    """µs per replay of ``fn`` captured into a CUDA graph (timed as :func:`time_eager`)."""
+    return time_eager(_measure.graph_replays([fn], CUDA)[0])
 
 
 def measure_point(point: Point, kinds, timed: bool, autotune: bool = False) -> list:
@@ -264,10 +220,10 @@ def measure_point(point: Point, kinds, timed: bool, autotune: bool = False) -> l
         answers, errors = {}, {}
         for name in names:
             try:
-                answers[name] = answer(kind, call(kind, t, name))
+                answers[name] = _measure.answer(call(kind, t, name))
             except Exception as exc:  # a failure is a row, not the end of the run
-                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-        ok, disagreed = consensus(answers)
+                errors[name] = _measure.describe_error(exc)
+        disagreed = _measure.consensus(answers, kind == "forward", torch.bfloat16)
         for name in names:
             row = dict(dataclasses.asdict(point), impl=name, kind=kind)
             row["label"] = point.label
@@ -292,7 +248,7 @@ def timings(kind: str, t: dict, backend: str | None) -> dict:
         graph = time_graph(lambda: call(kind, t, backend))
         return dict(status="ok", eager_us=round(eager, 2), graph_us=round(graph, 2))
     except Exception as exc:
-        return dict(status="error", note=f"{type(exc).__name__}: {exc}"[:300])
+        return dict(status="error", note=_measure.describe_error(exc))
 
 
 def auto_rows(point: Point, kind: str, t: dict) -> list[dict]:
@@ -311,20 +267,13 @@ def auto_rows(point: Point, kind: str, t: dict) -> list[dict]:
                     row[f"{execution}_us"] = round(timer(lambda: call(kind, t, None)), 2)
                     row["chosen_" + execution] = chosen
                 except Exception as exc:
-                    row.update(status="error", note=f"{type(exc).__name__}: {exc}"[:300])
+                    row.update(status="error", note=_measure.describe_error(exc))
         rows.append(row)
     return rows
 
 
 # ----------------------------------------------------------------------------------------------
 # Tables
-
-
-def version(dist: str) -> str | None:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
 
 
 DISTRIBUTIONS = ("torch", "triton", "flash-attn-4", "nvidia-cutlass-dsl")
@@ -337,7 +286,7 @@ def provenance(command: str) -> dict:
         "date": datetime.date.today().isoformat(),
         "commit": git_commit() or None,
         "command": command,
-        "versions": {d: version(d) for d in DISTRIBUTIONS},
+        "versions": _measure.distribution_versions(DISTRIBUTIONS),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
     }

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .. import _autotune, _settings
+from .. import _settings
 from .._requirements import missing_requirement
 
 # Every variable the core reads (what selection sees), and the one the project's test plugins
@@ -76,7 +76,7 @@ def _forget_settings() -> None:
     missing_requirement.cache_clear()
     with _settings._lock:
         _settings._programmatic_enabled.clear()
-        _autotune.override = None
+        _settings.autotune_override = None
         _settings._install(None)
 
 

@@ -30,7 +30,6 @@ import argparse
 import csv
 import dataclasses
 import fnmatch
-import importlib.metadata as md
 import json
 import math
 import platform
@@ -38,13 +37,13 @@ import random
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 import attn_dispatch as ad
-from attn_dispatch import _settings
+from attn_dispatch import _measure, _settings
+from attn_dispatch._tolerances import error_metrics, tolerance_for
 
 from ._args import (
     PROG,
@@ -67,6 +66,13 @@ SIZE_DEFAULTS = {
 }
 L2_FALLBACK_BYTES = 60 * 2**20
 AUTO, DIRECT = "auto", "direct"
+# Whose versions the results record (when installed).
+DISTRIBUTIONS = (
+    "triton",
+    "attn-dispatch-torch-sdpa",
+    "attn-dispatch-triton",
+    "attn-dispatch-reference",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,11 +280,7 @@ class Timer:
     """Per-call device time (CUDA events) or wall time (CPU), plus host time of the call."""
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+        self.device = device
 
     def run(self, calls: Sequence[Callable[[], object]], warmup: int, repeats: int):
         """Median µs per call and median host µs per call, rotating over ``calls``."""
@@ -287,31 +289,10 @@ class Timer:
 
     def samples(self, calls: Sequence[Callable[[], object]], warmup: int, repeats: int):
         """µs per call and host µs per call of ``repeats`` calls, rotating over ``calls``."""
-        for i in range(max(warmup, len(calls))):
-            calls[i % len(calls)]()
-        self.sync()
-        host = []
-        if self.cuda:
-            events = [
-                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                for _ in range(repeats)
-            ]
-            for i, (start, end) in enumerate(events):
-                start.record()
-                t0 = time.perf_counter()
-                calls[i % len(calls)]()
-                host.append(time.perf_counter() - t0)
-                end.record()
-            torch.cuda.synchronize()
-            times = [s.elapsed_time(e) * 1e3 for s, e in events]
-        else:
-            times = []
-            for i in range(repeats):
-                t0 = time.perf_counter()
-                calls[i % len(calls)]()
-                times.append((time.perf_counter() - t0) * 1e6)
-            host = [t / 1e6 for t in times]
-        return times, [h * 1e6 for h in host]
+        _warm_up(calls, warmup)
+        _measure.synchronize(self.device)
+        spans = [_measure.timed(calls[i % len(calls)], self.device) for i in range(repeats)]
+        return [s.seconds() * 1e6 for s in spans], [s.host * 1e6 for s in spans]
 
     def interleaved(self, variants: dict, warmup: int, repeats: int, seed: int = 0) -> dict:
         """(median µs, median host µs, calls, interquartile range / median) per variant over
@@ -325,63 +306,33 @@ class Timer:
         """
         keys = list(variants)
         for key in keys:
-            calls = variants[key]
-            for i in range(max(warmup, len(calls))):
-                calls[i % len(calls)]()
+            _warm_up(variants[key], warmup)
         schedule = [key for key in keys for _ in range(repeats)]
         random.Random(seed).shuffle(schedule)
-        count = dict.fromkeys(keys, 0)
-        host: dict = {key: [] for key in keys}
-        marks: dict = {key: [] for key in keys}
-        self.sync()
+        spans: dict = {key: [] for key in keys}
+        _measure.synchronize(self.device)
         for key in schedule:
             calls = variants[key]
-            if self.cuda:
-                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                start.record()
-            t0 = time.perf_counter()
-            calls[count[key] % len(calls)]()
-            t1 = time.perf_counter()
-            count[key] += 1
-            host[key].append((t1 - t0) * 1e6)
-            if self.cuda:
-                end.record()
-                marks[key].append((start, end))
-        self.sync()
+            spans[key].append(_measure.timed(calls[len(spans[key]) % len(calls)], self.device))
+        _measure.synchronize(self.device)
         result = {}
         for key in keys:
-            times = [s.elapsed_time(e) * 1e3 for s, e in marks[key]] if self.cuda else host[key]
+            times = [s.seconds() * 1e6 for s in spans[key]]
             median = statistics.median(times)
             q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (median,) * 3
             result[key] = (
                 median,
-                statistics.median(host[key]),
+                statistics.median(s.host * 1e6 for s in spans[key]),
                 len(times),
                 (q3 - q1) / median if median else 0.0,
             )
         return result
 
 
-def graph_replays(calls: Sequence[Callable[[], object]]) -> list[Callable[[], object]]:
-    """The replays of one CUDA graph per call (each call bound to its input set).
-
-    The calls run once more on a side stream first, as ``torch.cuda.graph`` asks (lazy
-    initialisation must not happen during a capture), declared as graph execution so that the
-    automatic choice they warm up is the one the capture reuses; the graphs keep their own
-    memory, and their outputs are never read."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), ad.execution_mode("graph"):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graphs = []
-    for call in calls:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        graphs.append(graph)
-    return [graph.replay for graph in graphs]
+def _warm_up(calls: Sequence[Callable[[], object]], warmup: int) -> None:
+    """``warmup`` calls rotating over ``calls``, and at least one of each."""
+    for i in range(max(warmup, len(calls))):
+        calls[i % len(calls)]()
 
 
 def matmul_ceiling(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
@@ -487,21 +438,18 @@ def reference_grads(shape: Shape, t: dict) -> tuple[torch.Tensor, ...]:
 
 
 def compare(grads, ref) -> tuple[float, float]:
-    """Worst ``max|x-ref|/max|ref|`` and ``||x-ref||/||ref||`` over dq, dk, dv."""
+    """Worst ``max|x-ref|/max|ref|`` and ``||x-ref||/||ref||`` over dq, dk, dv (the metrics of
+    the tolerance table); ``inf`` for a gradient that is not finite."""
     worst_max, worst_l2 = 0.0, 0.0
     for g, r in zip(grads, ref, strict=True):
-        diff = g.to(r.dtype) - r
-        scale = r.abs().max().clamp_min(1e-30)
-        worst_max = max(worst_max, float(diff.abs().max() / scale))
-        worst_l2 = max(worst_l2, float(diff.norm() / r.norm().clamp_min(1e-30)))
         if not bool(torch.isfinite(g).all()):
             return math.inf, math.inf
+        max_err, rel_l2 = error_metrics(g, r)
+        worst_max, worst_l2 = max(worst_max, max_err), max(worst_l2, rel_l2)
     return worst_max, worst_l2
 
 
 def _tolerance(dtype: str) -> tuple[float, float]:
-    from attn_dispatch.testing.tolerances import tolerance_for
-
     tol = tolerance_for(DTYPES[dtype])
     return tol.max_err, tol.rel_l2
 
@@ -572,7 +520,7 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             checked = "" if ref is None else f"checked (rel_l2={row.rel_l2:.1e}), "
             log(f"  {name}: {checked}warmed up, first call {first[0]:.1f} us")
         except Exception as exc:  # one broken implementation must not end the sweep
-            row.status, row.note = "ERROR", f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            row.status, row.note = "ERROR", _measure.describe_error(exc)
             log(f"  {name}: {row.note}")
     if chosen is not None and not any(r.impl == chosen and r.status != "ok" for r in rows):
         auto = Row(shape, chosen, AUTO)
@@ -586,13 +534,11 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
     if args.cuda_graphs:
         for row in list(variants):
             try:
-                variants[row] = graph_replays(variants[row])
+                variants[row] = _measure.graph_replays(variants[row], device)
             except Exception as exc:  # an implementation that cannot be captured is reported
                 del variants[row]
                 row.status = "ERROR"
-                row.note = f"CUDA graph capture failed: {type(exc).__name__}: {exc}".splitlines()[
-                    0
-                ][:200]
+                row.note = f"CUDA graph capture failed: {_measure.describe_error(exc)}"
                 log(f"  {row.impl} ({row.kind}): {row.note}")
     log(f"  timing {len(variants)} variants, interleaved")
     try:
@@ -625,16 +571,8 @@ def environment(device: torch.device) -> dict:
         "attn_dispatch": ad.__version__,
         "device": str(device),
     }
-    for dist in (
-        "triton",
-        "attn-dispatch-torch-sdpa",
-        "attn-dispatch-triton",
-        "attn-dispatch-reference",
-    ):
-        try:
-            env[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
+    installed = _measure.distribution_versions(DISTRIBUTIONS)
+    env.update((dist, version) for dist, version in installed.items() if version is not None)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(

@@ -21,7 +21,7 @@ import torch
 from attn_dispatch_test_plugins import timed
 
 import attn_dispatch as ad
-from attn_dispatch import _autotune
+from attn_dispatch import _autotune, _measure, _settings
 from attn_dispatch.testing.oracle import oracle
 
 SLOW, WRONG, FAST = "timed:slow", "timed:wrong", "timed:fast"
@@ -37,7 +37,7 @@ def cache(tmp_path):
 def timed_env(env, cache, monkeypatch):
     """The timed plugins alone, timed by their counted clock, measurements under ``cache``;
     autotune not switched on."""
-    monkeypatch.setattr(_autotune, "clock", timed.CLOCK)
+    monkeypatch.setattr(_measure, "clock", timed.CLOCK)
     timed.CALLS.clear()
     _autotune.forget()
     env.set(
@@ -159,9 +159,9 @@ SUBPROCESS = textwrap.dedent(
     import json, warnings
     import torch
     import attn_dispatch as ad
-    from attn_dispatch import _autotune
+    from attn_dispatch import _measure
     from attn_dispatch_test_plugins import timed
-    _autotune.clock = timed.CLOCK
+    _measure.clock = timed.CLOCK
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 16, 4, 16, generator=gen)
     k, v = (torch.randn(1, 16, 2, 16, generator=gen) for _ in range(2))
@@ -263,7 +263,8 @@ def test_versions_name_the_backend_distribution_and_what_it_requires(timed_env):
     assert found["timed:attn-dispatch-test-plugins"] == "0.0.1"
     assert found["torch"] == torch.__version__ and found["attn-dispatch"] == ad.__version__
     # a backend's requirements (e.g. the kernel library it wraps) are part of the key
-    assert ("packaging", _version("packaging")) in _autotune._distribution_versions("attn-dispatch")
+    found = _measure.distribution_versions(["attn-dispatch"], requirements=True)
+    assert found["packaging"] == _version("packaging")
 
 
 def _version(name: str) -> str:
@@ -344,13 +345,13 @@ def test_every_spelling_of_true_switches_it_on(timed_env, value):
 def test_the_default_cache_directory(monkeypatch, tmp_path):
     monkeypatch.delenv("ATTN_DISPATCH_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert _autotune.cache_directory() == tmp_path / "attn_dispatch" / "autotune"
+    assert _settings.cache_directory() == tmp_path / "attn_dispatch" / "autotune"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     expected = tmp_path / "home" / ".cache" / "attn_dispatch" / "autotune"
-    assert _autotune.cache_directory() == expected
+    assert _settings.cache_directory() == expected
     monkeypatch.setenv("ATTN_DISPATCH_CACHE_DIR", str(tmp_path / "mine"))
-    assert _autotune.cache_directory() == tmp_path / "mine" / "autotune"
+    assert _settings.cache_directory() == tmp_path / "mine" / "autotune"
 
 
 DAMAGES = [
@@ -587,7 +588,7 @@ def test_a_hopeless_candidate_is_not_sampled_further(timed_env):
     inp = make_inputs(*args, causal=True, causal_align="top_left", scale=None, deterministic=False)
     registry = ad._settings.current().registry
     pool = [registry.implementations[FAST], registry.implementations[SLOW]]
-    found = _autotune._measure(BACKWARD, inp, args, pool, "eager")
+    found = _autotune._measure_pool(BACKWARD, inp, args, pool, "eager")
     assert calls()[SLOW] == 2  # the cross-checked run and one timed call
     assert calls()[FAST] >= 1 + 1 + _autotune.REPEATS
     assert found["timings"] == pytest.approx({FAST: timed.FAST_SECONDS, SLOW: timed.SLOW_SECONDS})
@@ -616,8 +617,8 @@ def test_a_call_with_sinks_is_measured_apart_and_its_dsinks_cross_checked(timed_
     assert "sinks" not in keys[0] and keys[1].pop("sinks") == [[4], [1], "float32"]
     assert keys[0] == keys[1]
     grads = (torch.ones(2, 3), torch.ones(2, 3), torch.ones(2, 3))
-    same = _autotune._agreement((*grads, sinks), (*grads, sinks.clone()), False, torch.float32)
-    other = _autotune._agreement((*grads, sinks), (*grads, sinks + 1), False, torch.float32)
+    same = _measure.agreement((*grads, sinks), (*grads, sinks.clone()), False, torch.float32)
+    other = _measure.agreement((*grads, sinks), (*grads, sinks + 1), False, torch.float32)
     assert same is None and other.startswith("dsinks:")
 
 
@@ -668,4 +669,4 @@ def test_dsinks_does_not_loosen_the_cross_check_of_the_other_gradients():
     dq = torch.ones(64)
     big_dsinks = torch.full((4,), 1000.0)
     wrong = (dq * 1.5, dq, dq, big_dsinks)
-    assert _autotune._agreement(wrong, (dq, dq, dq, big_dsinks), False, torch.bfloat16)
+    assert _measure.agreement(wrong, (dq, dq, dq, big_dsinks), False, torch.bfloat16)

@@ -1,6 +1,7 @@
 """The tools (``attn_dispatch.tools``: the command and the bench) sit on top of the core: no
 core module imports them, they import one another without a circle, and the console script
-leads to them."""
+leads to them. Within the core, the settings and the measuring modules sit below autotune: none
+of them is on a circle of imports."""
 
 from __future__ import annotations
 
@@ -94,6 +95,22 @@ def test_the_tools_import_one_another_without_a_circle():
         )
 
     assert not [name for name in TOOLS if reaches(name, name)]
+
+
+@pytest.mark.parametrize(
+    "name", ["attn_dispatch._settings", "attn_dispatch._autotune", "attn_dispatch._measure"]
+)
+def test_the_settings_and_measuring_modules_are_on_no_import_circle(name):
+    def imports(module: str) -> set[str]:
+        path = PACKAGE / f"{module.rsplit('.', 1)[1]}.py"
+        found = _imported_modules(path, "attn_dispatch")
+        return {m for m in CORE if m in found and m != "attn_dispatch"}
+
+    seen, frontier = set(), imports(name)
+    while frontier:
+        seen |= frontier
+        frontier = {m for module in frontier for m in imports(module)} - seen
+    assert name not in seen, f"{name} imports (through others) a module that imports it"
 
 
 @pytest.mark.parametrize("name", TOOLS)

@@ -2,7 +2,7 @@
 
 Active only with ``ATTN_DISPATCH_TEST_PLUGINS=timed`` (not with ``=1``: the toys' tests never see
 them). All three compute with the float64 oracle's formulas (``exact``) and advance ``CLOCK`` by
-their cost; tests time them with it (``_autotune.clock = timed.CLOCK``), so the measured ratio
+their cost; tests time them with it (``_measure.clock = timed.CLOCK``), so the measured ratio
 is the same on an idle and on a loaded machine. On the CPU:
 
 * ``timed:slow`` — correct, highest priority, costs ``SLOW_SECONDS`` per call;

@@ -1,0 +1,236 @@
+"""Measuring implementations: timing, CUDA-graph replays, agreement of answers, versions.
+
+The one place where autotune (``_autotune``), the ``bench`` command (``tools/bench.py``) and the
+cost-table writer (``benchmarks/cost_grid.py``) time calls, capture them into CUDA graphs,
+judge whether two implementations' answers agree and record the versions they measured.
+
+* Timing: on CUDA, events around the calls (the device's time, which also sees the host's
+  launch cost when the calls are eager); elsewhere :data:`clock` around synchronous calls.
+* Agreement: two answers agree within twice the dtype's tolerance of :mod:`._tolerances` (each
+  may be that far from exact); the consensus of several is :func:`consensus`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ._execution import execution_mode
+from ._tolerances import error_metrics, tolerance_for
+
+# Seconds of the CPU timings (CUDA ones are the device's events). Replaceable so that tests
+# measure counted work instead of a wall-clock ratio, which a loaded machine skews.
+clock: Callable[[], float] = time.perf_counter
+
+
+# --- timing -------------------------------------------------------------------------------
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (nothing to wait for off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclasses.dataclass
+class Span:
+    """One timed stretch of calls: the host's seconds, and on CUDA the events around it."""
+
+    host: float
+    events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+    def seconds(self) -> float:
+        """The stretch's seconds: between its events on CUDA (waits for the end one), else the
+        host's."""
+        if self.events is None:
+            return self.host
+        start, end = self.events
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+
+def timed(fn: Callable[[], Any], device: torch.device, calls: int = 1) -> Span:
+    """``calls`` back-to-back calls of ``fn``, timed (nothing waits: read the span later)."""
+    events = None
+    if device.type == "cuda":
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        events[0].record()
+    begin = clock()
+    for _ in range(calls):
+        fn()
+    host = clock() - begin
+    if events is not None:
+        events[1].record()
+    return Span(host, events)
+
+
+def sample(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
+    """Seconds per call over ``calls`` back-to-back calls, started on an idle device."""
+    synchronize(device)
+    return timed(fn, device, calls).seconds() / calls
+
+
+def seconds_per_call(
+    fn: Callable[[], Any],
+    device: torch.device,
+    *,
+    repeats: int,
+    sample_seconds: float,
+    max_calls: int,
+    min_calls: int = 1,
+    bound: float = math.inf,
+) -> float:
+    """The median seconds per call of ``repeats`` samples of ``fn`` (warmed up by the caller).
+
+    One call first sizes the samples: each is enough back-to-back calls to last
+    ``sample_seconds`` (``min_calls`` to ``max_calls``). A first call slower than ``bound`` is
+    the answer (it cannot win against what took ``bound``)."""
+    first = sample(fn, device, 1)
+    if first > bound:
+        return first
+    calls = max(min_calls, min(max_calls, math.ceil(sample_seconds / max(first, 1e-9))))
+    samples = sorted(sample(fn, device, calls) for _ in range(repeats))
+    return samples[len(samples) // 2]
+
+
+def graph_replays(
+    calls: Sequence[Callable[[], Any]], device: torch.device
+) -> list[Callable[[], Any]]:
+    """One CUDA graph per call of ``calls``; returns their replays.
+
+    The calls run once more on a side stream first, as ``torch.cuda.graph`` asks (lazy
+    initialisation must not happen during a capture), declared as graph execution so that a
+    dispatched call warms up the decision its capture reuses; the graphs keep their own memory
+    (alive as long as their replays)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side), execution_mode("graph"):
+        for call in calls:
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graphs = []
+    for call in calls:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        graphs.append(graph)
+    return [graph.replay for graph in graphs]
+
+
+def describe_error(exc: BaseException) -> str:
+    """``exc`` in one short line, for a report or a row."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+# --- agreement ----------------------------------------------------------------------------
+
+
+def answer(result: Any) -> tuple:
+    """The tensors of a forward's or backward's result that are cross-checked: ``(out, lse)``,
+    or ``(dq, dk, dv)`` with ``dsinks`` when the call had sinks."""
+    dsinks = getattr(result, "dsinks", None)
+    return tuple(result) + (() if dsinks is None else (dsinks,))
+
+
+def agreement(a: tuple, b: tuple, forward: bool, dtype: torch.dtype) -> str | None:
+    """``None`` when answers ``a`` and ``b`` (see :func:`answer`) agree within twice the dtype's
+    tolerance, else what differs."""
+    tol = tolerance_for(dtype)
+    tensors = [(x, y) for x, y in zip(a, b) if isinstance(x, torch.Tensor)]
+    floor = 0.0
+    if not forward:  # dq, dk, dv: the kit's floor, a tenth of the largest of them (dsinks, a
+        # sum over every row, would make it too loose for them; it is compared without one)
+        floor = 0.1 * max(
+            (y.detach().abs().max().item() for _, y in tensors[:3] if y.numel()), default=0.0
+        )
+    names = ("out", "lse") if forward else ("dq", "dk", "dv", "dsinks")
+    for index, (x, y) in enumerate(tensors):
+        name = names[index] if index < len(names) else f"result {index}"
+        if forward and index == 1:
+            xd, yd = x.detach().double(), y.detach().double()
+            if not torch.equal(torch.isneginf(xd), torch.isneginf(yd)):
+                return f"{name}: -inf at other rows"
+            finite = torch.isfinite(yd)
+            diff = (xd - yd).abs()[finite]
+            bound = 2 * (tol.lse_atol + tol.lse_rtol * yd.abs()[finite])
+            if torch.isnan(xd).any() or bool((diff > bound).any()):
+                worst = diff.max().item() if diff.numel() else float("nan")
+                return f"{name}: |difference| up to {worst:.3g}"
+            continue
+        max_err, rel_l2 = error_metrics(x, y, 0.0 if index >= 3 else floor)
+        if not (max_err <= 2 * tol.max_err and rel_l2 <= 2 * tol.rel_l2):
+            return f"{name}: max_err={max_err:.3g}, rel_l2={rel_l2:.3g}"
+    return None
+
+
+def consensus(answers: dict[str, tuple], forward: bool, dtype: torch.dtype) -> dict[str, str]:
+    """The candidates of ``answers`` (ordered best priority first) that disagree with the
+    consensus, with why: the candidate that agrees with the most others (ties: the higher
+    priority) defines it, so of two that disagree the higher-priority one is trusted."""
+    names = list(answers)
+    if len(names) < 2:
+        return {}
+    differs = {
+        (a, b): agreement(answers[a], answers[b], forward, dtype)
+        for a in names
+        for b in names
+        if a != b
+    }
+    agreeing = {a: [b for b in names if b != a and differs[(a, b)] is None] for a in names}
+    pivot = max(names, key=lambda a: (len(agreeing[a]), -names.index(a)))
+    agreed = [pivot, *agreeing[pivot]]
+    return {
+        name: (
+            f"its results disagree with {', '.join(agreed)} beyond the "
+            f"{str(dtype).removeprefix('torch.')} tolerance ({differs[(name, pivot)]})"
+        )
+        for name in names
+        if name not in agreed
+    }
+
+
+# --- versions -----------------------------------------------------------------------------
+
+
+def distribution_versions(
+    distributions: Iterable[str], *, requirements: bool = False
+) -> dict[str, str | None]:
+    """Each distribution's installed version (``None`` when it is not installed); with
+    ``requirements``, also those of the installed distributions each one requires (a kernel
+    library a backend wraps, such as flash-attn-4 or triton, changes its speed)."""
+    found: dict[str, str | None] = {}
+    for distribution in distributions:
+        for name, version in _versions(distribution, requirements):
+            found.setdefault(name, version)
+    return found
+
+
+@functools.cache
+def _versions(distribution: str, requirements: bool) -> tuple[tuple[str, str | None], ...]:
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        found = {distribution: metadata.version(distribution)}
+        requires = (metadata.requires(distribution) or []) if requirements else []
+    except metadata.PackageNotFoundError:
+        return ((distribution, None),)
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            found.setdefault(req.name, metadata.version(req.name))
+        except metadata.PackageNotFoundError:
+            continue
+    return tuple(sorted(found.items()))

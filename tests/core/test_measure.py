@@ -1,0 +1,60 @@
+"""The measuring module (``attn_dispatch._measure``) shared by autotune, ``bench`` and the
+cost-table writer: CPU timing on its replaceable clock, the cross-check's consensus, versions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_dispatch import _measure
+
+CPU = torch.device("cpu")
+
+
+class Counted:
+    """A function whose every call advances a clock by ``cost`` seconds."""
+
+    def __init__(self, cost: float) -> None:
+        self.cost, self.now, self.calls = cost, 0.0, 0
+
+    def __call__(self) -> None:
+        self.now += self.cost
+        self.calls += 1
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_seconds_per_call_is_the_median_of_samples_sized_to_their_length(monkeypatch):
+    fn = Counted(1e-3)
+    monkeypatch.setattr(_measure, "clock", fn.clock)
+    seconds = _measure.seconds_per_call(
+        fn, CPU, repeats=3, sample_seconds=5e-3, max_calls=100, min_calls=1
+    )
+    assert seconds == pytest.approx(1e-3)
+    assert fn.calls == 1 + 3 * 5  # one call sizes the samples, then 3 samples of 5 calls
+
+
+def test_a_first_call_beyond_the_bound_is_the_answer(monkeypatch):
+    fn = Counted(1.0)
+    monkeypatch.setattr(_measure, "clock", fn.clock)
+    seconds = _measure.seconds_per_call(
+        fn, CPU, repeats=5, sample_seconds=1e-3, max_calls=100, bound=0.5
+    )
+    assert seconds == 1.0 and fn.calls == 1
+
+
+def test_consensus_excludes_the_one_that_disagrees_and_trusts_priority_between_two():
+    dq = torch.randn(2, 8, 2, 4, dtype=torch.float64)
+    right, wrong = (dq, dq, dq), (dq, dq, 1.5 * dq)
+    three = _measure.consensus({"a": wrong, "b": right, "c": right}, False, torch.float64)
+    assert list(three) == ["a"] and "disagree with b, c" in three["a"]
+    two = _measure.consensus({"a": right, "b": wrong}, False, torch.float64)
+    assert list(two) == ["b"]
+    assert _measure.consensus({"a": right, "b": right}, False, torch.float64) == {}
+
+
+def test_versions_of_a_distribution_that_is_not_installed_are_none():
+    found = _measure.distribution_versions(["torch", "no-such-distribution-here"])
+    assert found["torch"] is not None
+    assert found["no-such-distribution-here"] is None
