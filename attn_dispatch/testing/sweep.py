@@ -585,9 +585,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="merge JSON (or JSON-lines) reports, print (default: run a sweep)",
     )
     parser.add_argument(
+        "--case",
+        type=nonnegative_int,
+        default=None,
+        help="run only the drawn case of this index (a failure's case#), e.g. in a fresh "
+        "process under compute-sanitizer (default: every case)",
+    )
+    parser.add_argument(
+        "--implementations",
+        type=_names,
+        default=None,
+        help="comma-separated implementations to run, besides the automatic choice "
+        "(default: every installed one)",
+    )
+    parser.add_argument(
         "--quiet", action="store_true", help="no per-case progress line (default: one per case)"
     )
     return parser
+
+
+def _names(text: str) -> list[str]:
+    """argparse type: a comma-separated list of implementation names."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected backend:impl names, got {text!r}")
+    return names
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -610,10 +632,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(str(exc))
         i, n = args.shard
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
-        cases = draw_cases(args.cases, seed, longest=args.longest)[i::n]
+        if args.case is None:
+            cases = draw_cases(args.cases, seed, longest=args.longest)[i::n]
+        else:  # the draw is sequential: the first K + 1 cases are those of any larger run
+            cases = draw_cases(args.case + 1, seed, longest=args.longest)[args.case :]
         print(f"sweep: seed {seed}, {len(cases)} cases on {args.device}", flush=True)
         say = None if args.quiet else (lambda line: print(line, flush=True))
-        report = run(cases, device=args.device, progress=say)
+        unknown = sorted(set(args.implementations or ()) - set(implementations()))
+        if unknown:
+            parser.error(
+                f"--implementations: not installed: {', '.join(unknown)} "
+                f"(installed: {', '.join(implementations())})"
+            )
+        report = run(cases, device=args.device, names=args.implementations, progress=say)
         report.seed = seed
     if args.json:
         try:

@@ -283,3 +283,18 @@ def test_a_bad_setting_is_a_usage_error_not_a_wrong_answer(env, capsys) -> None:
         sweep.main(["--cases", "1", "--device", "cpu", "--longest", "8", "--quiet"])
     assert exit.value.code == 2
     assert "ATTN_DISPATCH_BACKEND" in _one_error_line(capsys)
+
+
+def test_one_case_replays_by_its_index_on_the_named_implementations(toys, capsys) -> None:
+    args = ["--seed", "4", "--device", "cpu", "--longest", "16", "--quiet"]
+    assert sweep.main([*args, "--case", "3", "--implementations", "exact:oracle"]) == 0
+    out = capsys.readouterr().out
+    assert "1 cases on cpu" in out and "exact:oracle" in out and "toy:" not in out
+    replayed = sweep.draw_cases(4, 4, longest=16)[3]
+    assert replayed.describe() == sweep.draw_cases(40, 4, longest=16)[3].describe()
+
+
+def test_an_implementation_not_installed_is_a_usage_error(toys, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        sweep.main(["--device", "cpu", "--case", "0", "--implementations", "nope:nothing"])
+    assert exit_.value.code == 2 and "not installed: nope:nothing" in capsys.readouterr().err
