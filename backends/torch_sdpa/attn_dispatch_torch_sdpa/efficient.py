@@ -92,10 +92,19 @@ def _rocm_reasons(inp: adb.ForwardInputs) -> list[str]:
 
 
 def _cuda_reasons(inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
-    """bf16 needs sm_80; the bottom-right mask is wrong where rows see no key (Sq > Sk)."""
+    """bf16 needs sm_80; varlen only with shared offsets; the bottom-right mask is wrong where
+    rows see no key (Sq > Sk)."""
     reasons = []
     if inp.dtype == torch.bfloat16 and (arch.sm or 0) < 80:
         reasons.append(f"dtype=bfloat16 on {arch.name}: needs sm_80 or newer")
+    if inp.is_varlen and inp.cu_seqlens_q is not inp.cu_seqlens_k:
+        # The offsets' values live on the device (never read on the host), so sequences with
+        # queries but no keys, or keys but no queries, cannot be told apart from others.
+        reasons.append(
+            "varlen with distinct cu_seqlens_q and cu_seqlens_k on CUDA: PyTorch's kernel "
+            "faulted (illegal memory access) on sequences whose queries or keys are empty, and "
+            "the offsets are not read on the host to rule those out"
+        )
     if (
         inp.causal
         and not c.causal_matches(inp, "top_left")

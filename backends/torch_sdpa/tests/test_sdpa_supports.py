@@ -127,12 +127,23 @@ def test_varlen_support():
     assert report.selected == "torch_sdpa:flash"
     causal = ad.explain(*args, **flags, causal=True, arch="sm_90")
     assert "bottom_right" in _reasons(causal, "torch_sdpa:flash")
-    assert causal.selected == "torch_sdpa:efficient"
+    assert "distinct cu_seqlens_q" in _reasons(causal, "torch_sdpa:efficient")
     args, flags = _varlen(same_offsets=True)
     same = ad.explain(*args, **flags, causal=True, arch="sm_90")
     assert same.selected == "torch_sdpa:flash"
     rocm = ad.explain(*args, **flags, arch="gfx942")
     assert "ROCm" in _reasons(rocm, "torch_sdpa:flash")
+
+
+def test_efficient_takes_varlen_only_with_shared_offsets():
+    """Distinct offsets may pair empty query sequences with keys (or the reverse), where the
+    kernel read out of bounds; shared offsets cannot."""
+    args, flags = _varlen(same_offsets=False)
+    distinct = _status(ad.explain(*args, **flags, arch="sm_90"))["torch_sdpa:efficient"]
+    assert distinct[0] == "rejected" and "illegal memory access" in " ".join(distinct[1])
+    args, flags = _varlen(same_offsets=True)
+    shared = _status(ad.explain(*args, **flags, arch="sm_90"))["torch_sdpa:efficient"]
+    assert shared[0] in ("selected", "supported"), shared
 
 
 def test_deterministic_requests():
