@@ -24,7 +24,7 @@ from ._selection import no_backend_error
 from ._validation import build_inputs, kind_of
 
 # The kinds as globals: the shells read them on every call.
-_FORWARD_KIND, _BACKWARD_KIND = Kind.FORWARD, Kind.BACKWARD
+_FWD, _BWD = Kind.FORWARD, Kind.BACKWARD
 
 
 def backward(
@@ -63,16 +63,7 @@ def backward(
     """
     settings = _settings.installed or _settings.current()
     call = parse(
-        _BACKWARD_KIND,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        window,
-        softcap,
-        sinks is not None,
-        settings,
+        _BWD, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
     )
     return dispatch(
         BACKWARD,
@@ -109,16 +100,7 @@ def forward(
     (``lse`` includes ``sinks`` when given)."""
     settings = _settings.installed or _settings.current()
     call = parse(
-        _FORWARD_KIND,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        window,
-        softcap,
-        sinks is not None,
-        settings,
+        _FWD, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
     )
     return dispatch(
         FORWARD,
@@ -168,17 +150,10 @@ def explain(
     """
     tensors = (q, k, v, out, lse, grad_out)
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    settings = _settings.current()
+    kind = kind_of(tensors)
     call = parse(
-        kind_of(tensors),
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        window,
-        softcap,
-        sinks is not None,
-        _settings.current(),
+        kind, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
     )
     return _decision(call, tensors, seqlens, sinks, arch, execution, debug=False)[0]
 
@@ -246,16 +221,7 @@ def decide(
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     settings = _settings.current()
     call = parse(
-        kind,
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        window,
-        softcap,
-        sinks is not None,
-        settings,
+        kind, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
     )
     report, impl, inp = _decision(call, tensors, seqlens, sinks, arch, execution, settings.debug)
     if impl is None:

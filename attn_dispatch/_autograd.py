@@ -116,7 +116,7 @@ def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: OpFlags, sink
     """Dispatch an operator's call: ``seqlens`` (cu_seqlens_q/_k, max_seqlen_q/_k) and
     ``flags`` as its schema passes them."""
     settings = _settings.installed or _settings.current()
-    call = of_schema(mode.kind, flags, sinks is not None, settings)
+    call = of_schema(mode.kind, flags, sinks, settings)
     return dispatch(mode, tensors, *seqlens, call, settings, sinks)
 
 

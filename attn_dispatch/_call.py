@@ -69,14 +69,15 @@ def parse(
     backend,
     window,
     softcap,
-    sinks: bool,
+    sinks,
     settings: _settings.Settings,
 ) -> Call:
     """The ``Call`` of a public call's flags, with the checks its cache key cannot make.
 
     ``(True, 1)`` and ``(1, 1)`` are equal keys, as are ``softcap=True`` and ``softcap=1.0``:
     the flags whose type decides validity are checked here on every call (cheap identity tests
-    first); their values are validated with the tensors on a signature's first call."""
+    first); their values are validated with the tensors on a signature's first call.
+    ``sinks``: the call's sink logits or ``None`` (the Call records whether it has them)."""
     if deterministic is None:
         deterministic = _deterministic_default()
     if causal_align.__class__ is not str:
@@ -98,7 +99,7 @@ def parse(
     )
 
 
-def of_schema(kind: Kind, flags: OpFlags, sinks: bool, settings: _settings.Settings) -> Call:
+def of_schema(kind: Kind, flags: OpFlags, sinks, settings: _settings.Settings) -> Call:
     """The ``Call`` of the operators' flags. Their schema typed every flag and ``attention``
     checked them before the operator ran, so nothing is checked again (values still are, with
     the tensors, on a signature's first call). Both unbounded sides mean no window."""
@@ -144,7 +145,7 @@ def _in_context(
             window,
             softcap,
             execution,
-            sinks,
+            sinks is not None,
             forced_by,
         ),
     )
