@@ -13,8 +13,8 @@ import torch
 
 from . import _autotune, _costs, _settings
 from ._arch import Arch
-from ._call import parse
-from ._dispatch import BACKWARD, FORWARD, dispatch, select
+from ._call import Call, Kind, parse
+from ._dispatch import BACKWARD, FORWARD, Mode, dispatch, select
 from ._execution import check_execution
 from ._implementation import Gradients, Implementation, lookup_priority
 from ._inputs import ForwardInputs
@@ -22,6 +22,9 @@ from ._registry import BackendRecord, _declaration_problems
 from ._report import Report
 from ._selection import no_backend_error
 from ._validation import build_inputs, kind_of
+
+# The kinds as globals: the shells read them on every call.
+_FWD, _BWD = Kind.FORWARD, Kind.BACKWARD
 
 
 def backward(
@@ -60,7 +63,7 @@ def backward(
     """
     settings = _settings.installed or _settings.current()
     call = parse(
-        "backward", causal, causal_align, scale, deterministic, backend, window, softcap, settings
+        _BWD, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
     )
     return dispatch(
         BACKWARD,
@@ -70,7 +73,6 @@ def backward(
         max_seqlen_q,
         max_seqlen_k,
         call,
-        backend,
         settings,
         sinks,
     )
@@ -98,7 +100,7 @@ def forward(
     (``lse`` includes ``sinks`` when given)."""
     settings = _settings.installed or _settings.current()
     call = parse(
-        "forward", causal, causal_align, scale, deterministic, backend, window, softcap, settings
+        _FWD, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
     )
     return dispatch(
         FORWARD,
@@ -108,7 +110,6 @@ def forward(
         max_seqlen_q,
         max_seqlen_k,
         call,
-        backend,
         settings,
         sinks,
     )
@@ -149,9 +150,12 @@ def explain(
     """
     tensors = (q, k, v, out, lse, grad_out)
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = (causal, causal_align, scale, deterministic, backend, window, softcap)
-    report, _, _ = _decision(None, tensors, seqlens, flags, arch, execution, False, sinks)
-    return report
+    settings = _settings.current()
+    kind = kind_of(tensors)
+    call = parse(
+        kind, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
+    )
+    return _decision(call, tensors, seqlens, sinks, arch, execution, debug=False)[0]
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,9 @@ class Choice:
     report: Report
 
 
-MODES = ("backward", "forward")
+MODES = (Kind.BACKWARD.value, Kind.FORWARD.value)
+# the dispatcher's strategy for each kind (what ``_autotune`` measures with)
+_MODES: dict[Kind, Mode] = {BACKWARD.kind: BACKWARD, FORWARD.kind: FORWARD}
 
 
 def decide(
@@ -210,50 +216,45 @@ def decide(
         raise ValueError(f"argument 'mode': expected 'backward' or 'forward', got {mode!r}")
     if mode == "forward" and (out is not None or lse is not None or grad_out is not None):
         raise TypeError("decide(mode='forward') takes q, k and v only, not out, lse or grad_out")
-    tensors = (q, k, v, out, lse, grad_out) if mode == "backward" else (q, k, v)
+    kind = Kind(mode)
+    tensors = (q, k, v, out, lse, grad_out) if kind is Kind.BACKWARD else (q, k, v)
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = (causal, causal_align, scale, deterministic, backend, window, softcap)
-    debug = _settings.current().debug
-    report, impl, inp = _decision(mode, tensors, seqlens, flags, arch, execution, debug, sinks)
+    settings = _settings.current()
+    call = parse(
+        kind, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
+    )
+    report, impl, inp = _decision(call, tensors, seqlens, sinks, arch, execution, settings.debug)
     if impl is None:
         raise no_backend_error(report)
     return Choice(impl.full_name, impl, inp, report)
 
 
 def _decision(
-    mode: str | None,
+    call: Call,
     tensors: tuple,
     seqlens: tuple,
-    flags: tuple,
+    sinks,
     arch,
     execution,
     debug: bool,
-    sinks=None,
 ) -> tuple[Report, Implementation | None, ForwardInputs]:
-    """Validate a call's arguments and decide it as the dispatcher does (``_dispatch.select``).
+    """Validate ``call`` with its tensors and decide it as the dispatcher does
+    (``_dispatch.select``).
 
-    ``seqlens``: cu_seqlens_q/_k, max_seqlen_q/_k; ``flags``: causal, causal_align, scale,
-    deterministic, backend, window, softcap. ``mode``: ``None`` infers it from the tensors
-    (backward when any of out/lse/grad_out is given, as ``explain`` does); ``debug``: also
-    check cu_seqlens values on a GPU, as the dispatcher does in debug mode; ``sinks``: the
-    call's sink logits or ``None``."""
+    ``seqlens``: cu_seqlens_q/_k, max_seqlen_q/_k; ``sinks``: the call's sink logits or
+    ``None``; ``arch`` and ``execution``: as ``explain`` takes them; ``debug``: also check
+    cu_seqlens values on a GPU, as the dispatcher does in debug mode."""
     settings = _settings.current()
-    causal, causal_align, scale, deterministic, backend, window, softcap = flags
-    mode = mode or kind_of(tensors)
-    call = parse(
-        mode, causal, causal_align, scale, deterministic, backend, window, softcap, settings
-    )
     if execution is not None:
         call = call._replace(execution=check_execution(execution))
     if arch is not None and not isinstance(arch, Arch):
         arch = Arch.parse(arch)
     inp = build_inputs(call, tensors, *seqlens, debug, sinks)
-    report, impl, _ = select(settings, inp, mode, backend, call.execution, arch)
+    report, impl, _ = select(settings, inp, call, arch)
     if settings.autotune is not None and report.forced is None and impl is not None:
         if arch is None and inp.device.type != "meta":  # a measurement is of a real device
-            dispatch_mode = BACKWARD if mode == "backward" else FORWARD
             report, impl = _autotune.choose(
-                settings, dispatch_mode, inp, call, tensors, seqlens, report, measure=False
+                settings, _MODES[call.kind], inp, call, tensors, seqlens, report, measure=False
             )
     return report, impl, inp
 

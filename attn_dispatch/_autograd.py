@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from . import _execution, _settings
-from ._call import of_schema, unforced
+from ._call import Call, Kind, OpFlags, of_schema
 from ._dispatch import BACKWARD, FORWARD, Mode, dispatch
 from ._inputs import INT64_MAX, lse_dtype, lse_shape
 from ._validation import (
@@ -112,17 +112,12 @@ def _operator(name: str, schema: str) -> Callable[[Callable], torch._ops.OpOverl
     return define
 
 
-# Where ``backend`` stands among an operator's flags (the schema's order: causal, causal_align,
-# scale, deterministic, backend, window_left, window_right, softcap).
-_BACKEND_FLAG = 4
-
-
-def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: tuple, sinks=None):
+def _dispatched(mode: Mode, tensors: tuple, seqlens: tuple, flags: OpFlags, sinks=None):
     """Dispatch an operator's call: ``seqlens`` (cu_seqlens_q/_k, max_seqlen_q/_k) and
     ``flags`` as its schema passes them."""
     settings = _settings.installed or _settings.current()
-    call = of_schema(mode.name, *flags, settings)
-    return dispatch(mode, tensors, *seqlens, call, flags[_BACKEND_FLAG], settings, sinks)
+    call = of_schema(mode.kind, flags, sinks, settings)
+    return dispatch(mode, tensors, *seqlens, call, settings, sinks)
 
 
 def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
@@ -155,8 +150,10 @@ def _fwd(
     sinks=None,
 ):
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = (causal, causal_align, scale, deterministic, backend, window_left, window_right)
-    out, lse = _dispatched(FORWARD, (q, k, v), seqlens, (*flags, softcap), sinks)
+    flags = OpFlags(
+        causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap
+    )
+    out, lse = _dispatched(FORWARD, (q, k, v), seqlens, flags, sinks)
     inputs = (q, k, v)
     return _fresh(out, inputs), _fresh(lse, inputs)
 
@@ -190,9 +187,11 @@ def _bwd(
     softcap,
 ):
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = (causal, causal_align, scale, deterministic, backend, window_left, window_right)
+    flags = OpFlags(
+        causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap
+    )
     tensors = (q, k, v, out, lse, grad_out)
-    dq, dk, dv = _dispatched(BACKWARD, tensors, seqlens, (*flags, softcap))
+    dq, dk, dv = _dispatched(BACKWARD, tensors, seqlens, flags)
     inputs = (grad_out, q, k, v, out, lse)
     return _fresh(dq, inputs), _fresh(dk, inputs), _fresh(dv, inputs)
 
@@ -229,9 +228,11 @@ def _bwd_sinks(
     softcap,
 ):
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = (causal, causal_align, scale, deterministic, backend, window_left, window_right)
+    flags = OpFlags(
+        causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap
+    )
     tensors = (q, k, v, out, lse, grad_out)
-    grads = _dispatched(BACKWARD, tensors, seqlens, (*flags, softcap), sinks)
+    grads = _dispatched(BACKWARD, tensors, seqlens, flags, sinks)
     inputs = (grad_out, q, k, v, out, lse, sinks)
     return tuple(_fresh(g, inputs) for g in (*grads, grads.dsinks))
 
@@ -270,38 +271,44 @@ def in_scope(recorded: tuple[str | None, str | None]) -> Iterator[None]:
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, *flags, sinks = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *flags, sinks = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
-    ctx.flags = flags
+    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
+    ctx.flags = OpFlags(*flags)
     ctx.scope = scope()
     ctx.set_materialize_grads(False)
 
 
-def _op_gradients(tensors: tuple, sinks, flags: tuple) -> tuple:
+def _op_gradients(tensors: tuple, sinks, max_seqlens: tuple, flags: OpFlags) -> tuple:
     """``(dq, dk, dv, dsinks)`` by the backward operator: ``tensors`` are grad_out, q, k, v,
-    out, lse and the two cu_seqlens; ``flags`` the max_seqlens and the flags, in schema order."""
+    out, lse and the two cu_seqlens, ``max_seqlens`` max_seqlen_q and max_seqlen_k."""
     if sinks is None:
-        return (*_bwd(*tensors, *flags), None)
-    return _bwd_sinks(*tensors[:6], sinks, *tensors[6:], *flags)
+        return (*_bwd(*tensors, *max_seqlens, *flags), None)
+    return _bwd_sinks(*tensors[:6], sinks, *tensors[6:], *max_seqlens, *flags)
+
+
+# The operator's inputs that carry no gradient between k and sinks: cu_seqlens_q/_k,
+# max_seqlen_q/_k and the flags.
+_NO_GRAD_INPUTS = 4 + len(OpFlags._fields)
 
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
-    # one gradient per input: q, k, v, the two cu_seqlens, the flags, sinks
+    # one gradient per input: q, k, v, the cu_seqlens, max_seqlens and flags, sinks
     if grad_out is None:
-        return (None,) * (6 + len(ctx.flags))
+        return (None,) * (4 + _NO_GRAD_INPUTS)
     # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
     # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
     tensors = (grad_out.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     if _is_compiling() or ctx.scope == scope():
         # the usual case: backward in the forward's scope, nothing to set; a compiled backward
         # reads the scope it runs in
-        grads = _op_gradients(tensors, sinks, ctx.flags)
+        grads = _op_gradients(tensors, sinks, ctx.max_seqlens, ctx.flags)
     else:
         with in_scope(ctx.scope):
-            grads = _op_gradients(tensors, sinks, ctx.flags)
-    return grads[:3] + (None,) * (2 + len(ctx.flags)) + grads[3:]
+            grads = _op_gradients(tensors, sinks, ctx.max_seqlens, ctx.flags)
+    return grads[:3] + (None,) * _NO_GRAD_INPUTS + grads[3:]
 
 
 torch.library.register_autograd(
@@ -428,7 +435,7 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
         or _traced(grad_out, q, k, v, out, lse, sinks)
     ):
         tensors = (grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        dq, dk, dv, dsinks = _op_gradients(tensors, sinks, (*max_seqlens, *flags))
+        dq, dk, dv, dsinks = _op_gradients(tensors, sinks, max_seqlens, flags)
     else:
         tensors = (q, k, v, out, lse, grad_out)
         seqlens = (cu_seqlens_q, cu_seqlens_k, *max_seqlens)
@@ -507,13 +514,7 @@ def attention(
         if any(isinstance(m, int) and m > INT64_MAX for m in (max_seqlen_q, max_seqlen_k)):
             # Dense or malformed varlen inputs: the schema cannot carry the value, so the
             # dispatcher's validation names what is wrong before the operator would.
-            call = unforced(
-                "forward",
-                causal=causal,
-                causal_align=causal_align,
-                scale=scale,
-                deterministic=deterministic,
-            )
+            call = Call(Kind.FORWARD, causal, causal_align, scale, deterministic)
             dense = _bshd(q, k, v) if heads_first else (q, k, v)
             build_inputs(call, dense, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if backend is not None and not isinstance(backend, str):
@@ -544,15 +545,15 @@ def attention(
             raise ValueError(
                 f"argument '{name}': expected device {device} (same as q), got {t.device}"
             )
-    flags = (
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        backend,
-        window_left,
-        window_right,
-        softcap,
+    flags = OpFlags(
+        causal=causal,
+        causal_align=causal_align,
+        scale=scale,
+        deterministic=deterministic,
+        backend=backend,
+        window_left=window_left,
+        window_right=window_right,
+        softcap=softcap,
     )
     if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
         # eager: one autograd node, dispatching directly (see _Attention)

@@ -168,6 +168,11 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
+# Call fields a measurement does not depend on: the kind is the key's "mode", the forced name
+# (and its source) skips measuring, and the sinks' presence is their metadata's field.
+_NOT_MEASURED = ("backend", "kind", "sinks", "forced_by")
+
+
 def signature_key(
     settings: Any,
     mode: str,
@@ -182,12 +187,12 @@ def signature_key(
     metadata and the attention sinks' (a call with sinks holds a field more, so the keys of
     calls without them are as they were). ``call`` is the dispatcher's ``Call`` (a NamedTuple
     of every flag)."""
-    flags = {k: _plain(v) for k, v in call._asdict().items() if k not in ("backend", "kind")}
+    flags = {k: _plain(v) for k, v in call._asdict().items() if k not in _NOT_MEASURED}
     cu_q, cu_k, *_ = seqlens
     sinks = {} if inp.sinks is None else {"sinks": _meta(inp.sinks)}
     return sinks | {
         "device": device_name(inp.device),
-        "mode": mode,
+        "mode": str(mode),
         "flags": flags,
         "resolved": [_plain(inp.scale), _plain(inp.max_seqlen_q), _plain(inp.max_seqlen_k)],
         "tensors": [_meta(t) for t in tensors],
@@ -378,7 +383,7 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
     "excluded": {name: reason}, "judged": bool}``; ``judged`` is False when candidates ran but
     none returned finite results (nothing to compare: the measurement must not be kept)."""
     device = inp.device
-    forward = mode.name == "forward"
+    forward = mode.kind == "forward"
     graph = execution == "graph" and device.type == "cuda"
     results: dict[str, tuple] = {}
     timings: dict[str, float] = {}
@@ -386,7 +391,7 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
     with torch.no_grad(), torch.cuda.device(device) if device.type == "cuda" else _nothing():
         for impl in pool:
             name = impl.full_name
-            run = getattr(impl, mode.name)
+            run = getattr(impl, mode.kind)
             cand, clones = _cloned(inp)
             cloned_tensors = tuple(clones.get(id(t), t) for t in tensors)
             try:  # a broken candidate costs only itself; a bad setting is the caller's error
@@ -416,7 +421,7 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
     non_finite = {
         name: bad
         for name, result in results.items()
-        if (bad := _non_finite(dict(zip(RESULT_NAMES[mode.name], result))))
+        if (bad := _non_finite(dict(zip(RESULT_NAMES[mode.kind], result))))
     }
     finite = {name: r for name, r in results.items() if name not in non_finite}
     if non_finite and not finite:
@@ -512,7 +517,7 @@ def choose(
     # versions of every implementation that accepts the inputs, blocked or opt-in ones too:
     # blocking or enabling one later changes what may run, not what was measured
     accepting = [c.name for c in report.candidates if c.status in ACCEPTING]
-    key = signature_key(settings, mode.name, call, tuple(real), seqlens, inp, accepting)
+    key = signature_key(settings, mode.kind, call, tuple(real), seqlens, inp, accepting)
     entry = lookup(settings.autotune, key)
     covered = entry is not None and all(
         n in entry["timings"] or n in entry["excluded"] for n in admitted
@@ -553,7 +558,7 @@ def choose(
         status = "measured"
         log.info(
             "attn_dispatch: autotune measured %s %r in %.2f s: %s",
-            mode.name,
+            mode.kind,
             inp,
             time.perf_counter() - start,
             ", ".join(f"{n} {t * 1e6:.1f} us" for n, t in found["timings"].items()),

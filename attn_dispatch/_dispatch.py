@@ -20,7 +20,7 @@ import torch
 
 from . import _autotune, _guards, _settings
 from ._arch import Arch, resolve_arch
-from ._call import Call
+from ._call import Call, Kind
 from ._implementation import Gradients, Implementation
 from ._inputs import BackwardInputs, Facts, ForwardInputs, lse_dtype, lse_shape
 from ._report import Report
@@ -115,7 +115,7 @@ def _meta_forward(inp: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
 class Mode(NamedTuple):
     """What differs between forward and backward dispatch."""
 
-    name: str
+    kind: Kind
     # built as inputs(*tensors, cu_q, cu_k, causal, causal_align, deterministic, facts, sinks,
     # plan)
     inputs: type[ForwardInputs]
@@ -125,8 +125,8 @@ class Mode(NamedTuple):
     meta: Callable
 
 
-BACKWARD = Mode("backward", BackwardInputs, _checked_gradients, _meta_backward)
-FORWARD = Mode("forward", ForwardInputs, _checked_forward, _meta_forward)
+BACKWARD = Mode(Kind.BACKWARD, BackwardInputs, _checked_gradients, _meta_backward)
+FORWARD = Mode(Kind.FORWARD, ForwardInputs, _checked_forward, _meta_forward)
 
 
 def arch_for(settings: _settings.Settings, device: torch.device) -> Arch:
@@ -138,20 +138,19 @@ def arch_for(settings: _settings.Settings, device: torch.device) -> Arch:
 def select(
     settings: _settings.Settings,
     inp: ForwardInputs,
-    mode: str,
-    backend_arg,
-    execution: str,
+    call: Call,
     arch: Arch | None = None,
 ) -> tuple[Report, Implementation | None, bool]:
-    """The decision on validated inputs, as the first call of a signature makes it (``decide``
-    and ``explain`` make it here too): the forced name checked, the arch resolved (``arch``:
-    a hypothetical target), every verdict. See ``_selection.evaluate`` for what it returns."""
-    if mode == "backward" and not isinstance(inp, BackwardInputs):
+    """The decision on ``call``'s validated inputs, as the first call of a signature makes it
+    (``decide`` and ``explain`` make it here too): the forced name checked, the arch resolved
+    (``arch``: a hypothetical target), every verdict. See ``_selection.evaluate`` for what it
+    returns."""
+    if call.kind is Kind.BACKWARD and not isinstance(inp, BackwardInputs):
         # validation took the call for a forward: out, lse and grad_out are all None
         raise TypeError("argument 'out': expected a torch.Tensor, got NoneType")
-    forced = _settings.resolve_forced(backend_arg, settings)
+    forced = _settings.resolve_forced(call.backend, call.forced_by)
     target = arch or arch_for(settings, inp.device)
-    return evaluate(settings, inp, target, mode, forced, execution)
+    return evaluate(settings, inp, target, call.kind.value, forced, call.execution)
 
 
 def pointer_residues(tensors: Tensors, cu_q, cu_k, sinks=None) -> tuple:
@@ -203,16 +202,15 @@ def dispatch(
     max_q,
     max_k,
     call: Call,
-    backend_arg,
     settings: _settings.Settings,
     sinks=None,
 ):
     """Run ``tensors`` (q, k, v[, out, lse, grad_out]) by the cached or a new decision.
 
-    ``call`` holds the flags (``_call.parse`` / ``of_schema``), ``backend_arg`` the ``backend``
-    argument as given (a first call checks the forced name and says where it came from).
-    ``sinks``: the call's sink logits or ``None``; calls with sinks take the dictionary path
-    (the guards cover the six tensors of a call without them)."""
+    ``call`` holds the flags (``_call.parse`` / ``of_schema``), the forced name among them (a
+    first call checks it and says where it came from). ``sinks``: the call's sink logits or
+    ``None``; calls with sinks take the dictionary path (the guards cover the six tensors of a
+    call without them)."""
     if cu_q is None and cu_k is None and max_q is None and max_k is None and sinks is None:
         entries = settings.guarded.get(call)
         if entries and (decision := _guards.match(entries, tensors)) is not None:
@@ -241,9 +239,7 @@ def dispatch(
         guard_call = call
     else:
         guard_call = None
-    return _looked_up(
-        mode, settings, tensors, cu_q, cu_k, max_q, max_k, call, guard_call, backend_arg, sinks
-    )
+    return _looked_up(mode, settings, tensors, cu_q, cu_k, max_q, max_k, call, guard_call, sinks)
 
 
 def _run(
@@ -258,7 +254,10 @@ def _run(
 ):
     """Call the decision's implementation, with grad recording off (a backend's own ops must
     not build a graph), naming it in any exception it raises."""
-    flags = (
+    inp = mode.inputs(
+        *tensors,
+        cu_q,
+        cu_k,
         call.causal,
         call.causal_align,
         call.deterministic,
@@ -266,7 +265,6 @@ def _run(
         sinks,
         decision.plan,
     )
-    inp = mode.inputs(*tensors, cu_q, cu_k, *flags)
     if grad and torch.is_grad_enabled():
         torch._C._set_grad_enabled(False)
         try:
@@ -289,12 +287,12 @@ def prepared(impl: Implementation, inp: ForwardInputs, mode: Mode):
     try:
         return impl.prepare(inp)
     except Exception as exc:
-        exc.add_note(f"(raised by {impl.full_name}.prepare in attn_dispatch.{mode.name})")
+        exc.add_note(f"(raised by {impl.full_name}.prepare in attn_dispatch.{mode.kind})")
         raise
 
 
 def _name(exc: Exception, impl: Implementation, mode: Mode) -> None:
-    exc.add_note(f"(raised by {impl.full_name} in attn_dispatch.{mode.name})")
+    exc.add_note(f"(raised by {impl.full_name} in attn_dispatch.{mode.kind})")
 
 
 def _requires_grad(tensors: Tensors, sinks=None) -> bool:
@@ -311,7 +309,6 @@ def _looked_up(
     max_k,
     call: Call,
     guard_call: Call | None,
-    backend_arg,
     sinks=None,
 ):
     """The dictionary path: a known signature (re-checking what it must), else a first call."""
@@ -335,7 +332,6 @@ def _looked_up(
             call,
             key,
             guard_call,
-            backend_arg,
             sinks,
         )
     _revisit(settings, decision, tensors, cu_q, cu_k, guard_call, sinks)
@@ -388,12 +384,11 @@ def _first_call(
     call: Call,
     key: tuple | None,
     guard_call: Call | None,
-    backend_arg,
     sinks=None,
 ):
     """Validate, select, run, check the outputs, then cache the decision."""
     inp = build_inputs(call, tensors, cu_q, cu_k, max_q, max_k, settings.debug, sinks)
-    report, impl, read_pointers = select(settings, inp, mode.name, backend_arg, call.execution)
+    report, impl, read_pointers = select(settings, inp, call)
     if impl is None:
         raise no_backend_error(report)
     if settings.autotune is not None and report.forced is None and inp.device.type != "meta":
@@ -410,7 +405,7 @@ def _first_call(
             key = guard_call = None
     log.info(
         "attn_dispatch: %s %r -> %s on %s, %s (%s)",
-        mode.name,
+        mode.kind,
         inp,
         impl.full_name,
         report.arch.full,
@@ -420,7 +415,7 @@ def _first_call(
         else ("measured" if report.autotune and report.autotune.measured else "automatic"),
     )
     meta = inp.device.type == "meta"
-    run = mode.meta if meta else getattr(impl, mode.name)
+    run = mode.meta if meta else getattr(impl, mode.kind)
     pointers = pointer_residues(tensors, cu_q, cu_k, sinks) if read_pointers else None
     plan = None if meta else prepared(impl, inp, mode)
     decision = Decision(inp.facts, impl, run, pointers, plan=plan)

@@ -8,9 +8,19 @@ inputs object.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import NamedTuple
 
 import torch
+
+
+class Kind(StrEnum):
+    """Which pass a call runs; equal to (and formatted as) its name, ``"forward"`` or
+    ``"backward"``, the public ``mode`` strings."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
 
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 # A sliding window (left, right): keys d_i - left .. d_i + right of row i; None: unbounded side.

@@ -257,18 +257,12 @@ def check_name(name: object, argument: str) -> str:
     return name
 
 
-def resolve_forced(backend: object, settings: Settings) -> str | None:
-    """The name forced for a call (the ``backend`` argument, else ``use_backend()``, else
-    ``ATTN_DISPATCH_BACKEND``), checked: an unknown name raises listing the known ones (a
-    ``use_backend`` name too: a reload since its ``with`` began may have dropped it)."""
-    if backend is not None:
-        return check_name(backend, "backend")
-    name = forced_var.get()
-    if name is not None:
-        return check_name(name, "use_backend")
-    if settings.forced_env is not None:
-        check_name(settings.forced_env, BACKEND_ENV)
-    return settings.forced_env
+def resolve_forced(name: str | None, forced_by: str | None) -> str | None:
+    """A call's forced name (``Call.backend``: the ``backend`` argument, else ``use_backend()``,
+    else ``ATTN_DISPATCH_BACKEND``) checked, the error naming ``forced_by``, where it came from:
+    an unknown name raises listing the known ones (a ``use_backend`` name too: a reload since
+    its ``with`` began may have dropped it)."""
+    return None if name is None else check_name(name, forced_by)
 
 
 def enable(*names: str) -> None:

@@ -22,6 +22,7 @@ from ._inputs import (
     Band,
     Facts,
     ForwardInputs,
+    Kind,
     Window,
     lse_dtype,
 )
@@ -30,10 +31,11 @@ if TYPE_CHECKING:
     from ._call import Call  # _call imports this module's checks
 
 
-def kind_of(tensors: tuple) -> str:
-    """``"backward"`` when any of out/lse/grad_out (after q, k, v in ``tensors``) is given, else
-    ``"forward"``: what a call is, for validation and the callers that need to know first."""
-    return "forward" if all(t is None for t in tensors[3:]) else "backward"
+def kind_of(tensors: tuple) -> Kind:
+    """``Kind.BACKWARD`` when any of out/lse/grad_out (after q, k, v in ``tensors``) is given,
+    else ``Kind.FORWARD``: what a call is, for validation and the callers that need to know
+    first."""
+    return Kind.FORWARD if all(t is None for t in tensors[3:]) else Kind.BACKWARD
 
 
 def build_inputs(
@@ -51,10 +53,18 @@ def build_inputs(
     check the values of cu_seqlens and sinks on a GPU (which waits for the device)."""
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     facts = validate(call, tensors, *seqlens, debug, sinks)
-    flags = (call.causal, call.causal_align, call.deterministic, facts, sinks)
-    if kind_of(tensors) == "forward":
-        return ForwardInputs(*tensors[:3], cu_seqlens_q, cu_seqlens_k, *flags)
-    return BackwardInputs(*tensors, cu_seqlens_q, cu_seqlens_k, *flags)
+    inputs = ForwardInputs if kind_of(tensors) is Kind.FORWARD else BackwardInputs
+    given = tensors[:3] if inputs is ForwardInputs else tensors
+    return inputs(
+        *given,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        call.causal,
+        call.causal_align,
+        call.deterministic,
+        facts,
+        sinks,
+    )
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -259,7 +269,7 @@ def validate(
     q, k, v, out, lse, grad_out = (*tensors, None, None, None)[:6]
     causal, causal_align, scale = call.causal, call.causal_align, call.scale
     deterministic, window, softcap = call.deterministic, call.window, call.softcap
-    backward = kind_of(tensors) == "backward"
+    backward = kind_of(tensors) is Kind.BACKWARD
     q = _require_tensor("q", q)
     k = _require_tensor("k", k)
     v = _require_tensor("v", v)

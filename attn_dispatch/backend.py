@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ._arch import Arch
-from ._call import unforced
+from ._call import Call
 from ._errors import SettingError
 from ._hookspecs import ENTRY_POINT_GROUP, hookimpl
 from ._implementation import FastPath, Gradients, Implementation
@@ -89,14 +89,16 @@ def make_inputs(
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     tensors = (q, k, v, out, lse, grad_out)
-    call = unforced(
+    # nothing forced, eager, nothing checked yet: validation checks the flags with the tensors
+    call = Call(
         kind_of(tensors),
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        deterministic=deterministic,
+        causal,
+        causal_align,
+        scale,
+        deterministic,
         window=window,
         softcap=softcap,
+        sinks=sinks is not None,
     )
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return build_inputs(call, tensors, *seqlens, sinks=sinks)

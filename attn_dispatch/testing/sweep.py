@@ -627,7 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             # a bad ATTN_DISPATCH_* variable (a forced name included) is a usage error, up
             # front: inside the sweep it would count as every implementation's wrong answer
-            _settings.resolve_forced(None, _settings.current())
+            _settings.resolve_forced(_settings.current().forced_env, _settings.BACKEND_ENV)
         except (ValueError, TypeError) as exc:
             parser.error(str(exc))
         i, n = args.shard

@@ -103,7 +103,7 @@ def test_eager_output_is_fresh_when_the_implementation_aliases(monkeypatch):
 
     def aliasing(mode, tensors, *_):
         q = tensors[0]
-        if mode.name == "forward":
+        if mode.kind == "forward":
             return q, q.new_zeros(q.shape[0], q.shape[2], q.shape[1])
         grads = ad.Gradients(q, tensors[1], tensors[2])
         return grads
@@ -134,7 +134,7 @@ def test_missing_output_gradient_gives_no_gradients(monkeypatch):
     real = _autograd.dispatch
 
     def spy(mode, *args):
-        seen.append(mode.name)
+        seen.append(mode.kind)
         return real(mode, *args)
 
     monkeypatch.setattr(_autograd, "dispatch", spy)

@@ -189,10 +189,10 @@ def _spy_calls(monkeypatch) -> list:
     seen = []
     real_dispatch = _autograd.dispatch
 
-    def spy(mode, tensors, cu_q, cu_k, max_q, max_k, call, backend_arg, settings, sinks=None):
+    def spy(mode, tensors, cu_q, cu_k, max_q, max_k, call, settings, sinks=None):
         seen.append(call)
         seqlens = (cu_q, cu_k, max_q, max_k)
-        return real_dispatch(mode, tensors, *seqlens, call, backend_arg, settings, sinks)
+        return real_dispatch(mode, tensors, *seqlens, call, settings, sinks)
 
     monkeypatch.setattr(_autograd, "dispatch", spy)
     return seen

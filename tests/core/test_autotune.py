@@ -604,7 +604,7 @@ def test_a_call_with_sinks_is_measured_apart_and_its_dsinks_cross_checked(timed_
     q, k, v, out, lse, grad_out = inputs()
     sinks = torch.zeros(4)
     flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
-    call = _call.unforced("backward", **flags)
+    call = _call.Call(_call.Kind.BACKWARD, **flags)
     settings = ad._settings.current()
     tensors = (q, k, v, out, lse, grad_out)
     seqlens = (None, None, None, None)

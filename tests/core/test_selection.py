@@ -95,6 +95,20 @@ def test_unknown_names_are_errors_that_list_known_names(toys):
         run()
 
 
+def test_a_forced_name_comes_from_the_first_source_that_sets_it_and_names_it(toys):
+    """The ``backend`` argument, else ``use_backend``, else ``ATTN_DISPATCH_BACKEND``: only
+    the name in force is checked, and its error names where it came from."""
+    toys.set(ATTN_DISPATCH_BACKEND="nope")
+    with pytest.raises(ad.UnknownBackendError, match="argument 'ATTN_DISPATCH_BACKEND'"):
+        run()
+    assert run(backend="toy:fast") == FAST
+    with ad.use_backend("toy:slow"):
+        assert run() == SLOW
+        assert run(backend="toy:fast") == FAST
+        with pytest.raises(ad.UnknownBackendError, match="argument 'backend'"):
+            run(backend="toy:fastest")
+
+
 def test_opt_in_needs_enabling_but_forcing_works(toys):
     assert run() != EXPERIMENTAL
     assert run(backend="toy:experimental") == EXPERIMENTAL
