@@ -23,6 +23,7 @@ tensors predicts what the same call on the device does.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import importlib.resources
@@ -30,6 +31,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._arch import Arch
@@ -185,6 +187,11 @@ class CostTable:
     rows: tuple[Row, ...]
     # implementation -> why its rows cannot be read (a bad row fails its implementation alone)
     broken: dict[str, str] = field(default_factory=dict)
+    user: bool = False  # the user's own table (the cache directory's), not a shipped one
+
+    def covers(self, impl: str) -> bool:
+        """Whether the table holds rows of ``impl`` (or rows that fail it)."""
+        return impl in self.broken or any(r.impl == impl for r in self.rows)
 
     @functools.cached_property
     def drift(self) -> str | None:
@@ -220,7 +227,8 @@ class CostTable:
             return None
         per_work = sum(r.us[execution] / work(r.shape) for r in nearest) / len(nearest)
         shapes = tuple(r.shape for r in nearest)
-        return Prediction(per_work * work(shape), best, shapes, self.drift)
+        user = self.source if self.user else None
+        return Prediction(per_work * work(shape), best, shapes, self.drift, user)
 
 
 @dataclass(frozen=True)
@@ -232,17 +240,20 @@ class Prediction:
     distance: float
     nearest: tuple[Shape, ...]
     drift: str | None = None
+    # the file of the user's own table (``attn-dispatch tune --grid``), ``None`` for a shipped one
+    user_table: str | None = None
 
     @property
     def source(self) -> str:
         """Where the prediction came from, as ``explain`` shows it."""
         near = ", ".join(s.label for s in self.nearest)
-        note = f"cost table: nearest measured {near} (distance {self.distance:.2f})"
+        table = f"user cost table {self.user_table}" if self.user_table else "cost table"
+        note = f"{table}: nearest measured {near} (distance {self.distance:.2f})"
         return note + (f"; {self.drift}" if self.drift else "")
 
 
 class CostTableError(ValueError):
-    """A shipped cost table, or one row of it, that cannot be read."""
+    """A shipped or user cost table, or one row of it, that cannot be read."""
 
 
 SIZES = ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k", "head_dim")
@@ -399,16 +410,73 @@ def load(package: str, arch: str) -> CostTable | None:
     return table
 
 
+def owner(impl: Implementation) -> str:
+    """The package that names ``impl``'s tables: :func:`tables_of`, else its own top-level
+    package (a user table can cover an implementation that ships none)."""
+    return tables_of(impl) or type(impl).__module__.partition(".")[0]
+
+
+def user_path(directory: Path, package: str, arch: str) -> Path:
+    """The user's table of ``package``'s implementations on ``arch`` in ``directory`` (the
+    cache directory's ``costs``: ``_settings.costs_directory``)."""
+    return directory / arch / f"{package}.json"
+
+
+def load_user(directory: Path, package: str, arch: str) -> CostTable | None:
+    """The user's own table of ``package`` for ``arch`` (:func:`user_path`), ``None`` when
+    there is none; :class:`CostTableError` when the file cannot be read."""
+    return _load_file(str(user_path(directory, package, arch)), arch)
+
+
+@functools.cache
+def _load_file(path: str, arch: str) -> CostTable | None:
+    file = Path(path)
+    if not file.is_file():
+        return None
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise CostTableError(f"cost table {path} cannot be read: {exc}") from exc
+    table = parse(data, path)
+    if table.arch != arch:
+        raise CostTableError(f"{path} says arch {table.arch!r}")
+    return dataclasses.replace(table, user=True)
+
+
+def clear() -> None:
+    """Forget the tables read so far (``ad.reload()``: re-read them)."""
+    load.cache_clear()
+    _load_file.cache_clear()
+
+
+def table_for(
+    package: str | None, user: tuple[Path, str] | None, impl: str, arch: str
+) -> CostTable | None:
+    """The table that ranks ``impl`` on ``arch``: the user's own table (``user``: its
+    directory and package) when it holds rows of ``impl``, else ``package``'s shipped one."""
+    if user is not None:
+        table = load_user(*user, arch)
+        if table is not None and table.covers(impl):
+            return table
+    return None if package is None else load(package, arch)
+
+
 def predict(
-    package: str | None, impl: str, kind: str, execution: str, arch: Arch, inp: ForwardInputs
+    package: str | None,
+    impl: str,
+    kind: str,
+    execution: str,
+    arch: Arch,
+    inp: ForwardInputs,
+    user: tuple[Path, str] | None = None,
 ) -> Prediction | None:
-    """``impl``'s predicted time for ``inp`` from ``package``'s table for ``arch``; ``None``
+    """``impl``'s predicted time for ``inp`` from the user's own table (``user``: the
+    directory of the user's tables and the package it is named after) when it holds
+    ``impl``'s rows, else from ``package``'s shipped table for ``arch``; ``None``
     when there is none (no table, a varlen or empty call, nothing measured within
     :data:`COVERAGE`); :class:`CostTableError` when the table, or ``impl``'s rows in it, cannot
     be read."""
-    if package is None:
-        return None
-    table = load(package, arch.name)
+    table = table_for(package, user, impl, arch.name)
     if table is None:
         return None
     if impl in table.broken:

@@ -35,7 +35,7 @@ from ._implementation import Implementation
 from ._inputs import BackwardInputs, ForwardInputs
 from ._registry import describe_error
 from ._report import BLOCKED, FAILED, OPT_IN, REJECTED, SELECTED, SUPPORTED, Candidate, Report
-from ._settings import DISABLE_ENV, Settings
+from ._settings import DISABLE_ENV, Settings, costs_directory
 
 log = logging.getLogger("attn_dispatch")
 
@@ -238,7 +238,9 @@ def _with_prediction(
     """``candidate`` with its cost table's prediction (and where it came from) when one covers
     ``inp``; a table that cannot be read fails this implementation alone."""
     try:
-        p = _costs.predict(_costs.tables_of(impl), candidate.name, mode, execution, arch, inp)
+        package = _costs.tables_of(impl)
+        user = (costs_directory(), _costs.owner(impl))
+        p = _costs.predict(package, candidate.name, mode, execution, arch, inp, user)
     except _costs.CostTableError as exc:
         return replace(candidate, status=FAILED, reasons=(str(exc),))
     if p is None:

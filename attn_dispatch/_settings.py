@@ -86,16 +86,27 @@ def autotune_config(override: bool | None = None) -> AutotuneConfig | None:
     return AutotuneConfig(cache_directory()) if on else None
 
 
-def cache_directory() -> Path:
-    """Where autotune's measurements persist: ``ATTN_DISPATCH_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/attn_dispatch``, else ``~/.cache/attn_dispatch``; files go to its
-    ``autotune`` subdirectory."""
+def cache_root() -> Path:
+    """The user's cache directory: ``ATTN_DISPATCH_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/attn_dispatch``, else ``~/.cache/attn_dispatch``."""
     explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
     if explicit:
-        return Path(explicit).expanduser() / "autotune"
+        return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "attn_dispatch" / "autotune"
+    return base / "attn_dispatch"
+
+
+def cache_directory() -> Path:
+    """Where autotune's measurements persist: the ``autotune`` subdirectory of
+    :func:`cache_root`."""
+    return cache_root() / "autotune"
+
+
+def costs_directory() -> Path:
+    """Where the user's own cost tables are (``attn-dispatch tune --grid``): the ``costs``
+    subdirectory of :func:`cache_root`, one folder per arch."""
+    return cache_root() / "costs"
 
 
 @dataclass
@@ -213,11 +224,11 @@ def reload(*, reset_enabled: bool = False) -> None:
 
     Opt-ins made with ``enable()`` are kept unless ``reset_enabled=True``.
     """
-    from ._costs import load
+    from ._costs import clear
     from ._requirements import missing_requirement
 
     missing_requirement.cache_clear()
-    load.cache_clear()
+    clear()
     with _lock:
         if reset_enabled:
             _programmatic_enabled.clear()

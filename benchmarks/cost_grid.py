@@ -10,7 +10,8 @@ and as replays of a CUDA graph (the GPU's time). Medians of 3 blocks.
 The rows go to each backend's ``<package>/costs/<arch>.json`` (its ``cost_tables`` package:
 by default its own) with the commit, the versions of what its implementations name in
 ``cost_requires`` and the repository-relative commands (step ``tables``; the format:
-docs/design.md, "Recorded cost tables").
+docs/design.md, "Recorded cost tables"). The grid, the measuring of a point and the table
+writer are ``attn_dispatch.tools.grid``'s, which ``attn-dispatch tune --grid`` shares.
 
 ``evaluate``: at the 20 seed shapes and at :data:`HELD_OUT` (shapes the grid does not hold),
 times every implementation forced, the default automatic choice and the autotuned choice,
@@ -32,7 +33,6 @@ import argparse
 import dataclasses
 import datetime
 import importlib.resources
-import itertools
 import json
 import os
 import sys
@@ -45,68 +45,13 @@ from _provenance import git_commit
 
 import attn_dispatch as ad
 from attn_dispatch import _measure
-from attn_dispatch._costs import FORMAT as COST_TABLE_FORMAT
+from attn_dispatch.tools import grid as _grid
+from attn_dispatch.tools.grid import MAX_WORK, Point, call, grid, tables, tensors
+
+__all__ = ["MAX_WORK", "Point", "grid", "tables"]
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-HEADS = ((1, 8, 8), (1, 64, 8), (4, 32, 8), (4, 16, 16))  # (batch, query heads, kv heads)
-HEAD_DIMS = (64, 128, 256)
-WINDOW = 1024  # keys each row sees in the windowed points (causal, left side 1023)
-SINK_WINDOW = 128  # GPT-OSS's sliding layers
-SOFTCAP = 50.0  # Gemma-2's attention logit cap
-MAX_WORK = 64 * 16384 * 16384 * 128  # B*H*S*S*D of the largest seed shape
-BLOCKS = 3
-TARGET_S = 0.05  # timed seconds per block
 CUDA = torch.device("cuda")
-
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-    batch: int
-    heads: int
-    kv_heads: int
-    seqlen: int
-    head_dim: int
-    mask: str  # none, causal, window
-    window: int | None = None
-    sinks: bool = False
-    softcap: bool = False
-
-    @property
-    def label(self) -> str:
-        mask = {"none": "", "causal": " causal"}.get(self.mask, f" window {self.window}")
-        sinks = (" sinks" if self.sinks else "") + (" softcap" if self.softcap else "")
-        return (
-            f"B={self.batch} H={self.heads}/{self.kv_heads} S={self.seqlen} "
-            f"D={self.head_dim}{mask}{sinks}"
-        )
-
-    def flags(self) -> dict:
-        flags: dict = {"causal": self.mask != "none"}
-        if self.mask == "window":
-            flags["window"] = (self.window - 1, 0)
-        if self.softcap:
-            flags["softcap"] = SOFTCAP
-        return flags
-
-
-def grid() -> list[Point]:
-    points = []
-    for b, h, hkv in HEADS:
-        for d in HEAD_DIMS:
-            for s in SEQLENS:
-                if b * h * s * s * d > MAX_WORK:
-                    continue
-                points += [Point(b, h, hkv, s, d, "none"), Point(b, h, hkv, s, d, "causal")]
-                if s > WINDOW:
-                    points.append(Point(b, h, hkv, s, d, "window", WINDOW))
-    for s in (1024, 2048, 4096, 16384):
-        points.append(Point(1, 64, 8, s, 64, "causal", None, True))
-        points.append(Point(1, 64, 8, s, 64, "window", SINK_WINDOW, True))
-    for (b, h, hkv, d), s in itertools.product(((1, 64, 8, 128), (2, 16, 8, 256)), (2048, 8192)):
-        points.append(Point(b, h, hkv, s, d, "causal", softcap=True))
-        points.append(Point(b, h, hkv, s, d, "window", 4096 if s > 4096 else WINDOW, softcap=True))
-    return points
 
 
 def seed_shapes() -> list[Point]:
@@ -147,108 +92,22 @@ HELD_OUT = [
 
 
 # ----------------------------------------------------------------------------------------------
-# Calls
-
-
-def make(point: Point, device: str = "cuda", seed: int = 0) -> dict:
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def rand(*shape):
-        return torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
-
-    b, s, d = point.batch, point.seqlen, point.head_dim
-    q, dout = rand(b, s, point.heads, d), rand(b, s, point.heads, d)
-    k, v = rand(b, s, point.kv_heads, d), rand(b, s, point.kv_heads, d)
-    flags = point.flags()
-    if point.sinks:
-        flags["sinks"] = torch.randn(point.heads, generator=gen, device=device)
-    out, lse = ad.forward(q, k, v, **flags)
-    return dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, flags=flags)
-
-
-def call(kind: str, t: dict, backend: str | None):
-    f = t["flags"]
-    if kind == "forward":
-        return ad.forward(t["q"], t["k"], t["v"], backend=backend, **f)
-    return ad.backward(t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], backend=backend, **f)
-
-
-def tensors(kind: str, t: dict) -> tuple:
-    """The call's tensor arguments (forward: q, k, v; backward: also out, lse, grad_out)."""
-    args = (t["q"], t["k"], t["v"])
-    return args + (t["out"], t["lse"], t["dout"]) if kind == "backward" else args
-
-
-def candidates(kind: str, t: dict) -> list[str]:
-    """The implementations (the reference backend aside) that accept this call and have a
-    priority on this arch."""
-    report = ad.explain(*tensors(kind, t), **t["flags"])
-    return [
-        c.name
-        for c in report.candidates
-        if c.status in ("selected", "supported")
-        and c.priority is not None
-        and not c.name.startswith("reference:")
-    ]
-
-
-# ----------------------------------------------------------------------------------------------
-# Timing
+# Measuring (the grid's points and one point's rows: attn_dispatch.tools.grid)
 
 
 def time_eager(fn) -> float:
-    """µs per call of ``fn``: one warm-up call, then the median of ``BLOCKS`` blocks of
-    back-to-back calls (2 to 200, about ``TARGET_S`` each) between events."""
-    fn()
-    seconds = _measure.seconds_per_call(
-        fn, CUDA, repeats=BLOCKS, sample_seconds=TARGET_S, min_calls=2, max_calls=200
-    )
-    return seconds * 1e6
+    return _grid.time_eager(fn, CUDA)
 
 
 def time_graph(fn) -> float:
-    """µs per replay of ``fn`` captured into a CUDA graph (timed as :func:`time_eager`)."""
-    return time_eager(_measure.graph_replays([fn], CUDA)[0])
+    return _grid.time_graph(fn, CUDA)
 
 
 def measure_point(point: Point, kinds, timed: bool, autotune: bool = False) -> list:
-    """Rows of one point: per kind, every candidate's answer check and times."""
-    t = make(point)
-    rows = []
-    for kind in kinds:
-        names = candidates(kind, t)
-        answers, errors = {}, {}
-        for name in names:
-            try:
-                answers[name] = _measure.answer(call(kind, t, name))
-            except Exception as exc:  # a failure is a row, not the end of the run
-                errors[name] = _measure.describe_error(exc)
-        disagreed = _measure.consensus(answers, kind == "forward", torch.bfloat16)
-        for name in names:
-            row = dict(dataclasses.asdict(point), impl=name, kind=kind)
-            row["label"] = point.label
-            if name in errors or name in disagreed:
-                row["status"] = "error" if name in errors else "disagreed"
-                row["note"] = errors.get(name) or disagreed[name]
-                print(f"  !! {point.label} {kind} {name}: {row['note']}", file=sys.stderr)
-            elif timed:
-                row.update(timings(kind, t, name))
-            rows.append(row)
-        if timed and autotune:
-            rows += auto_rows(point, kind, t)
-        del answers
-    del t
-    torch.cuda.empty_cache()
-    return rows
-
-
-def timings(kind: str, t: dict, backend: str | None) -> dict:
-    try:
-        eager = time_eager(lambda: call(kind, t, backend))
-        graph = time_graph(lambda: call(kind, t, backend))
-        return dict(status="ok", eager_us=round(eager, 2), graph_us=round(graph, 2))
-    except Exception as exc:
-        return dict(status="error", note=_measure.describe_error(exc))
+    """Rows of one point: per kind, every candidate's answer check and times (with
+    ``autotune``, also the default and the autotuned choice's)."""
+    extra = auto_rows if timed and autotune else None
+    return _grid.measure_point(point, kinds, device=CUDA, timed=timed, extra=extra)
 
 
 def auto_rows(point: Point, kind: str, t: dict) -> list[dict]:
@@ -290,37 +149,6 @@ def provenance(command: str) -> dict:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
     }
-
-
-def tables(rows: list[dict], run: dict, command: str) -> dict[str, dict]:
-    """Each backend's cost table (the format of ``attn_dispatch._costs``) by the package that
-    ships it (``ad.backends()``'s ``cost_tables``); ``run`` is the measuring run's provenance
-    (its GPU, commit and versions). ``requires`` records the versions of the distributions the
-    backend's implementations name in ``cost_requires``."""
-    arch = run["arch"]
-    packages: dict[str, tuple[list[dict], set[str]]] = {}
-    for impl in (i for b in ad.backends() if b.error is None for i in b.implementations):
-        if impl.cost_tables:
-            owned, requires = packages.setdefault(impl.cost_tables, ([], set()))
-            owned += [r for r in rows if r["impl"] == impl.name and r.get("status") == "ok"]
-            requires.update(impl.cost_requires)
-    built = {}
-    for package, (owned, requires) in packages.items():
-        if not owned:
-            continue
-        keep = ("impl", "kind", "batch", "heads", "kv_heads", "head_dim", "mask", "window")
-        table = []
-        for r in owned:
-            entry = {k: r[k] for k in keep}
-            entry.update(seqlen_q=r["seqlen"], seqlen_k=r["seqlen"])
-            entry.update(sinks=r["sinks"], softcap=r["softcap"])
-            entry.update(eager_us=r["eager_us"], graph_us=r["graph_us"])
-            table.append(entry)
-        info = dict(run, command=command)
-        info["requires"] = {d: run["versions"][d] for d in sorted(requires)}
-        built[package] = {"format": COST_TABLE_FORMAT, "arch": arch, "provenance": info}
-        built[package]["rows"] = table
-    return built
 
 
 def write_tables(rows: list[dict], run: dict, command: str) -> list[Path]:

@@ -11,12 +11,24 @@ Shapes are ``B,S,H,HKV,D`` (batch, sequence length, query heads, key/value heads
 optionally ``B,S,H,HKV,D,SK`` for another key length; give them with repeated ``--shape`` or
 one per line in ``--shapes FILE`` (blank lines and ``#`` comments are skipped). The flags
 (dtype, causal, window, soft cap, determinism, execution mode) apply to every shape.
+
+``--grid`` measures the cost grid instead (the points the shipped cost tables were measured
+at; ``--quick``: a few tiny ones) on this device with the installed versions: every
+implementation with a priority on the arch, forced, forward and backward, cross-checked (one
+that disagrees is left out), timed eager and on CUDA under CUDA graphs. Each point's rows are
+appended to a JSON-lines file in the cache directory as it finishes, so that a rerun with the
+same device and versions measures only what is missing; then one cost table per backend
+package is written to ``<cache directory>/costs/<arch>/<package>.json``. Such a user table
+ranks the implementations it holds in the place of the shipped one, and ``explain`` names it.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,8 +36,9 @@ from pathlib import Path
 import torch
 
 import attn_dispatch as ad
-from attn_dispatch import _settings
+from attn_dispatch import _autotune, _costs, _settings
 
+from . import grid as cost_grid
 from ._args import (
     PROG,
     Parser,
@@ -113,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="tune for calls captured into CUDA graphs: the graph-mode decision",
     )
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument(
+        "--grid",
+        action="store_true",
+        help="measure the cost grid and write the user's own cost tables (default: tune shapes)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="with --grid: a few tiny points, for a CPU or a smoke test (default: the full grid)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(
         "--json", metavar="FILE", help="also write the results as JSON here (default: none)"
@@ -216,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_output_path(parser, "--json", args.json)
+    if args.grid:
+        if args.shape or args.shapes:
+            parser.error("--grid measures the grid's points: give no --shape or --shapes")
+        return tune_grid(args, argv if argv is not None else sys.argv[1:])
+    if args.quick:
+        parser.error("--quick goes with --grid")
     passes = _passes(args.passes)
     shapes = list(args.shape) + (shapes_of_file(args.shapes) if args.shapes else [])
     if not shapes:
@@ -244,6 +273,97 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(records, indent=2) + "\n", encoding="utf-8")
         except OSError as exc:  # checked before tuning, but the disk can still fill up
             parser.error(f"--json: writing the results: {exc}")
+    return 0
+
+
+def _run_file(run: dict) -> Path:
+    """The rows file of a grid run: one per arch, device and versions (a rerun under the same
+    ones resumes it; other ones start afresh)."""
+    key = json.dumps({k: run[k] for k in ("arch", "device", "versions")}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return _settings.costs_directory() / "runs" / f"{run['arch']}-{digest}.jsonl"
+
+
+def _read_run(path: Path) -> list[dict]:
+    """The rows measured so far (a line cut short by an interrupted run is skipped)."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and "impl" in entry and "label" in entry:
+                rows.append(entry)
+    return rows
+
+
+def _fastest(rows: list[dict]) -> str:
+    """Per kind, the fastest agreeing implementation eager (and under graphs, when timed)."""
+    phrases = []
+    for kind in cost_grid.KINDS:
+        ok = [r for r in rows if r["kind"] == kind and r.get("status") == "ok"]
+        if not ok:
+            phrases.append(f"{kind}: none agreed" if any(r["kind"] == kind for r in rows) else "")
+            continue
+        best = min(ok, key=lambda r: r["eager_us"])
+        text = f"{kind} fastest {best['impl']} ({best['eager_us']:.1f} µs"
+        graphed = [r for r in ok if "graph_us" in r]
+        if graphed:
+            fast = min(graphed, key=lambda r: r["graph_us"])
+            text += f"; graph: {fast['impl']} {fast['graph_us']:.1f} µs"
+        phrases.append(text + ")")
+    return "; ".join(p for p in phrases if p) or "no candidate"
+
+
+def _write_table(path: Path, table: dict) -> None:
+    """``table`` into ``path`` whole (written aside, then renamed: a reader never sees half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(table, indent=0) + "\n", encoding="utf-8")
+    partial.replace(path)
+
+
+def tune_grid(args: argparse.Namespace, argv: list[str]) -> int:
+    """``tune --grid``: measure the grid's missing points, then write the user's tables."""
+    device = _device(args.device)
+    arch = ad.detect_arch(device).name
+    points = cost_grid.quick_grid() if args.quick else cost_grid.grid()
+    timing = cost_grid.QUICK if args.quick else cost_grid.FULL
+    names = [
+        n for b in ad.backends() if b.error is None for n in (i.name for i in b.implementations)
+    ]
+    run = {
+        "arch": arch,
+        "device": _autotune.device_name(device),
+        "versions": _autotune.versions(_settings.current(), names),
+    }
+    path = _run_file(run)
+    rows = _read_run(path)
+    done = {r["label"] for r in rows}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    print(f"cost grid: {len(points)} points on {run['device']} ({arch}) -> {path}", file=sys.stderr)
+    for number, point in enumerate(points, 1):
+        prefix = f"[{number}/{len(points)}] {point.label}"
+        if point.label in done:
+            print(f"{prefix}: measured before", file=sys.stderr, flush=True)
+            continue
+        measured = cost_grid.measure_point(
+            point, device=device, timing=timing, reference=device.type == "cpu"
+        )
+        with path.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in measured)
+        rows += measured
+        done.add(point.label)
+        print(f"{prefix}: {_fastest(measured)}", file=sys.stderr, flush=True)
+    command = f"{PROG} tune " + " ".join(argv)
+    info = dict(run, date=datetime.date.today().isoformat())
+    built = cost_grid.tables(rows, info, command, cost_grid.user_owners())
+    for package, table in built.items():
+        written = _costs.user_path(_settings.costs_directory(), package, arch)
+        _write_table(written, table)
+        print(f"wrote {written}", file=sys.stderr)
+    _costs.clear()
     return 0
 
 

@@ -1,0 +1,324 @@
+"""The cost grid: the points the recorded cost tables are measured at, measuring one point,
+and turning measured rows into cost tables (the format of ``attn_dispatch._costs``).
+
+Used by ``attn-dispatch tune --grid`` (the user's own tables, in the cache directory) and by
+``benchmarks/cost_grid.py`` (the tables the backends ship). Per point, every implementation
+with a priority on the arch runs forced, forward and backward, bf16; the answers are
+cross-checked as autotune cross-checks them (``attn_dispatch._measure``: twice the bf16
+tolerance; one that disagrees with the consensus is left out and named); then each is timed
+eager (back-to-back calls: host work included) and, on CUDA, as replays of a CUDA graph (the
+GPU's time). Medians of 3 blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+import attn_dispatch as ad
+from attn_dispatch import _costs, _measure, _settings
+
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+HEADS = ((1, 8, 8), (1, 64, 8), (4, 32, 8), (4, 16, 16))  # (batch, query heads, kv heads)
+HEAD_DIMS = (64, 128, 256)
+WINDOW = 1024  # keys each row sees in the windowed points (causal, left side 1023)
+SINK_WINDOW = 128  # GPT-OSS's sliding layers
+SOFTCAP = 50.0  # Gemma-2's attention logit cap
+MAX_WORK = 64 * 16384 * 16384 * 128  # B*H*S*S*D of the largest seed shape
+KINDS = ("forward", "backward")
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """How long each timed block lasts: ``blocks`` blocks of ``min_calls`` to ``max_calls``
+    back-to-back calls, about ``target_s`` seconds each; the median counts."""
+
+    blocks: int = 3
+    target_s: float = 0.05
+    min_calls: int = 2
+    max_calls: int = 200
+
+
+FULL = Timing()
+# The quick grid's tiny calls: short blocks (what they rank is a smoke test, not a GPU's times)
+QUICK = Timing(blocks=3, target_s=0.002, min_calls=1, max_calls=20)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen: int
+    head_dim: int
+    mask: str  # none, causal, window
+    window: int | None = None
+    sinks: bool = False
+    softcap: bool = False
+
+    @property
+    def label(self) -> str:
+        mask = {"none": "", "causal": " causal"}.get(self.mask, f" window {self.window}")
+        sinks = (" sinks" if self.sinks else "") + (" softcap" if self.softcap else "")
+        return (
+            f"B={self.batch} H={self.heads}/{self.kv_heads} S={self.seqlen} "
+            f"D={self.head_dim}{mask}{sinks}"
+        )
+
+    def flags(self) -> dict:
+        flags: dict = {"causal": self.mask != "none"}
+        if self.mask == "window":
+            flags["window"] = (self.window - 1, 0)
+        if self.softcap:
+            flags["softcap"] = SOFTCAP
+        return flags
+
+
+def grid() -> list[Point]:
+    """The full grid (the shipped tables'): batch x heads x GQA group x length x head dim x
+    mask, capped at :data:`MAX_WORK`, with attention sinks and soft-capped points."""
+    points = []
+    for b, h, hkv in HEADS:
+        for d in HEAD_DIMS:
+            for s in SEQLENS:
+                if b * h * s * s * d > MAX_WORK:
+                    continue
+                points += [Point(b, h, hkv, s, d, "none"), Point(b, h, hkv, s, d, "causal")]
+                if s > WINDOW:
+                    points.append(Point(b, h, hkv, s, d, "window", WINDOW))
+    for s in (1024, 2048, 4096, 16384):
+        points.append(Point(1, 64, 8, s, 64, "causal", None, True))
+        points.append(Point(1, 64, 8, s, 64, "window", SINK_WINDOW, True))
+    for (b, h, hkv, d), s in itertools.product(((1, 64, 8, 128), (2, 16, 8, 256)), (2048, 8192)):
+        points.append(Point(b, h, hkv, s, d, "causal", softcap=True))
+        points.append(Point(b, h, hkv, s, d, "window", 4096 if s > 4096 else WINDOW, softcap=True))
+    return points
+
+
+def quick_grid() -> list[Point]:
+    """A few tiny points (each mask class, GQA), for a CPU or a smoke test."""
+    return [
+        Point(1, 4, 2, 64, 32, "none"),
+        Point(1, 4, 2, 64, 32, "causal"),
+        Point(1, 4, 4, 128, 32, "window", 32),
+    ]
+
+
+# --- calls ------------------------------------------------------------------------------------
+
+
+def make(point: Point, device: str | torch.device = "cuda", seed: int = 0) -> dict:
+    """Random bf16 inputs of ``point`` on ``device``, with the forward's out and lse."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
+
+    b, s, d = point.batch, point.seqlen, point.head_dim
+    q, dout = rand(b, s, point.heads, d), rand(b, s, point.heads, d)
+    k, v = rand(b, s, point.kv_heads, d), rand(b, s, point.kv_heads, d)
+    flags = point.flags()
+    if point.sinks:
+        flags["sinks"] = torch.randn(point.heads, generator=gen, device=device)
+    out, lse = ad.forward(q, k, v, **flags)
+    return dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, flags=flags)
+
+
+def call(kind: str, t: dict, backend: str | None) -> Any:
+    f = t["flags"]
+    if kind == "forward":
+        return ad.forward(t["q"], t["k"], t["v"], backend=backend, **f)
+    return ad.backward(t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], backend=backend, **f)
+
+
+def tensors(kind: str, t: dict) -> tuple:
+    """The call's tensor arguments (forward: q, k, v; backward: also out, lse, grad_out)."""
+    args = (t["q"], t["k"], t["v"])
+    return args + (t["out"], t["lse"], t["dout"]) if kind == "backward" else args
+
+
+def candidates(kind: str, t: dict, reference: bool = False) -> list[str]:
+    """The implementations that accept this call and have a priority on its arch; the
+    reference backend only with ``reference`` (on a GPU it is slow and never the fastest)."""
+    report = ad.explain(*tensors(kind, t), **t["flags"])
+    return [
+        c.name
+        for c in report.candidates
+        if c.status in ("selected", "supported")
+        and c.priority is not None
+        and (reference or not c.name.startswith("reference:"))
+    ]
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+
+def time_eager(fn: Callable[[], Any], device: torch.device, timing: Timing = FULL) -> float:
+    """µs per call of ``fn``: one warm-up call, then the median of the timed blocks."""
+    fn()
+    seconds = _measure.seconds_per_call(
+        fn,
+        device,
+        repeats=timing.blocks,
+        sample_seconds=timing.target_s,
+        min_calls=timing.min_calls,
+        max_calls=timing.max_calls,
+    )
+    return seconds * 1e6
+
+
+def time_graph(fn: Callable[[], Any], device: torch.device, timing: Timing = FULL) -> float:
+    """µs per replay of ``fn`` captured into a CUDA graph (timed as :func:`time_eager`)."""
+    return time_eager(_measure.graph_replays([fn], device)[0], device, timing)
+
+
+def timings(
+    kind: str, t: dict, backend: str | None, device: torch.device, timing: Timing = FULL
+) -> dict:
+    """A row's status and times: eager, and under CUDA graphs on CUDA."""
+    try:
+        times = {"eager_us": time_eager(lambda: call(kind, t, backend), device, timing)}
+        if device.type == "cuda":
+            times["graph_us"] = time_graph(lambda: call(kind, t, backend), device, timing)
+    except Exception as exc:  # a failure is a row, not the end of the run
+        return dict(status="error", note=_measure.describe_error(exc))
+    # rounded for the table, never to zero (a zero time is no time: the table refuses it)
+    return dict(status="ok") | {k: max(round(us, 2), 0.01) for k, us in times.items()}
+
+
+def measure_kind(
+    point: Point,
+    kind: str,
+    t: dict,
+    *,
+    timed: bool = True,
+    timing: Timing = FULL,
+    reference: bool = False,
+) -> list[dict]:
+    """Rows of one kind at one point: every candidate's answer check and times (a forward's
+    also sets ``t``'s out and lse to the best agreeing forward's)."""
+    device = t["q"].device
+    names = candidates(kind, t, reference)
+    answers, errors = {}, {}
+    for name in names:
+        try:
+            answers[name] = _measure.answer(call(kind, t, name))
+        except Exception as exc:  # a failure is a row, not the end of the run
+            errors[name] = _measure.describe_error(exc)
+    disagreed = _measure.consensus(answers, kind == "forward", torch.bfloat16)
+    agreed = [name for name in answers if name not in disagreed]
+    if kind == "forward" and agreed:
+        # the backward's out and lse become the best agreeing forward's: the automatic choice
+        # that made them may be the one that disagreed, and then every backward would differ
+        t["out"], t["lse"] = answers[agreed[0]][:2]
+    rows = []
+    for name in names:
+        row = dict(dataclasses.asdict(point), impl=name, kind=kind)
+        row["label"] = point.label
+        if name in errors or name in disagreed:
+            row["status"] = "error" if name in errors else "disagreed"
+            row["note"] = errors.get(name) or disagreed[name]
+            print(f"  !! {point.label} {kind} {name}: {row['note']}", file=sys.stderr)
+        elif timed:
+            row.update(timings(kind, t, name, device, timing))
+        rows.append(row)
+    return rows
+
+
+def measure_point(
+    point: Point,
+    kinds: Iterable[str] = KINDS,
+    *,
+    device: str | torch.device = "cuda",
+    timed: bool = True,
+    timing: Timing = FULL,
+    reference: bool = False,
+    extra: Callable[[Point, str, dict], list[dict]] | None = None,
+) -> list[dict]:
+    """Rows of one point (:func:`measure_kind` per kind); ``extra(point, kind, tensors)``
+    adds rows of its own after each kind's."""
+    t = make(point, device)
+    rows = []
+    for kind in kinds:
+        rows += measure_kind(point, kind, t, timed=timed, timing=timing, reference=reference)
+        if extra is not None:
+            rows += extra(point, kind, t)
+    del t
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+
+def shipped_owners() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each implementation with shipped tables: the package they are in, its ``cost_requires``."""
+    return {
+        i.name: (i.cost_tables, i.cost_requires)
+        for b in ad.backends()
+        if b.error is None
+        for i in b.implementations
+        if i.cost_tables
+    }
+
+
+def user_owners() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each loaded implementation: the package its user table is named after
+    (``_costs.owner``), its ``cost_requires``."""
+    return {
+        i.full_name: (_costs.owner(i), tuple(i.cost_requires))
+        for b in _settings.current().registry.backends.values()
+        if b.error is None
+        for i in b.implementations
+    }
+
+
+KEEP = ("impl", "kind", "batch", "heads", "kv_heads", "head_dim", "mask", "window")
+
+
+def table_row(r: dict) -> dict:
+    """A measured row as a table row (``seqlen`` becomes both lengths)."""
+    entry = {k: r[k] for k in KEEP}
+    entry.update(seqlen_q=r["seqlen"], seqlen_k=r["seqlen"])
+    entry.update(sinks=r["sinks"], softcap=r["softcap"])
+    entry.update({m: r[m] for m in ("eager_us", "graph_us") if m in r})
+    return entry
+
+
+def tables(
+    rows: list[dict],
+    run: dict,
+    command: str,
+    owners: dict[str, tuple[str, tuple[str, ...]]] | None = None,
+) -> dict[str, dict]:
+    """Each package's cost table (the format of ``attn_dispatch._costs``) by package:
+    ``owners`` maps an implementation to its package and ``cost_requires`` (default
+    :func:`shipped_owners`); ``run`` is the measuring run's provenance (its arch, device and
+    ``versions``). ``requires`` records the versions of the distributions the package's
+    implementations name in ``cost_requires``."""
+    owners = shipped_owners() if owners is None else owners
+    packages: dict[str, tuple[list[dict], set[str]]] = {}
+    for name, (package, requires) in owners.items():
+        owned, needed = packages.setdefault(package, ([], set()))
+        owned += [r for r in rows if r["impl"] == name and r.get("status") == "ok"]
+        needed.update(requires)
+    versions = run.get("versions", {})
+    built = {}
+    for package, (owned, requires) in packages.items():
+        if not owned:
+            continue
+        info = dict(run, command=command)
+        info["requires"] = {d: versions[d] for d in sorted(requires) if versions.get(d)}
+        built[package] = {
+            "format": _costs.FORMAT,
+            "arch": run["arch"],
+            "provenance": info,
+            "rows": [table_row(r) for r in owned],
+        }
+    return built

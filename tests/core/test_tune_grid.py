@@ -1,0 +1,182 @@
+"""``attn-dispatch tune --grid``: the user's own cost tables, measured on this device with the
+installed versions, written into the cache directory, resumed, and ranking in the place of
+the shipped ones (attn_dispatch._costs)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from dispatch_helpers import TAGGED, make_inputs
+
+import attn_dispatch as ad
+from attn_dispatch import _costs, _settings
+from attn_dispatch.tools import cli, grid
+
+GRID = ["tune", "--grid", "--device", "cpu", "--quick"]
+# A backend whose answers are its tag: it disagrees with the exact ones and is left out.
+LIAR = TAGGED.format(backend="liar") + textwrap.dedent(
+    """
+    class Liar(Tagged):
+        name, tag, priority = "tagged", 1.0, {"*": 5}
+        window = True
+
+
+    @adb.hookimpl
+    def attn_dispatch_implementations():
+        return [Liar()]
+    """
+)
+
+
+@pytest.fixture
+def measured(env, plugins, tmp_path):
+    """The exact oracle, the reference backend and a liar, with the cache in ``tmp_path``."""
+    plugins.add("liar-backend", {"liar": "liar_backend"}, {"liar_backend": LIAR})
+    env.set(
+        ATTN_DISPATCH_TEST_PLUGINS="1",
+        ATTN_DISPATCH_PLUGINS="exact,reference,liar",
+        ATTN_DISPATCH_CACHE_DIR=str(tmp_path / "cache"),
+    )
+    yield tmp_path / "cache"
+    _costs.clear()
+
+
+def user_path(package: str) -> Path:
+    """Where ``tune --grid`` writes the user's table of ``package`` on the CPU."""
+    return _costs.user_path(_settings.costs_directory(), package, "cpu")
+
+
+def progress(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+
+
+def test_tune_grid_writes_a_table_per_backend_package_with_provenance(measured, capsys) -> None:
+    assert cli.main(GRID) == 0
+    lines = progress(capsys)
+    points = grid.quick_grid()
+    assert len(lines) == len(points)
+    assert lines[0].startswith(f"[1/{len(points)}] {points[0].label}: forward fastest ")
+    assert "µs" in lines[0]
+    exact = user_path("attn_dispatch_test_plugins")
+    assert exact.parent == measured / "costs" / "cpu"
+    table = _costs.parse(exact.read_bytes(), str(exact))
+    assert {r.impl for r in table.rows} == {"exact:oracle"}
+    assert {r.kind for r in table.rows} == {"forward", "backward"}
+    assert all(set(r.us) == {"eager"} for r in table.rows)  # no CUDA graphs on a CPU
+    info = table.provenance
+    assert info["command"] == "attn-dispatch tune --grid --device cpu --quick"
+    assert info["device"] and info["versions"]["torch"] and info["arch"] == "cpu"
+    assert user_path("attn_dispatch_reference").is_file()
+    # the liar's answers disagree with the others: measured, excluded, in no table
+    (run,) = (measured / "costs" / "runs").iterdir()
+    rows = [json.loads(line) for line in run.read_text().splitlines()]
+    assert {r["status"] for r in rows if r["impl"] == "liar:tagged"} == {"disagreed"}
+    assert not user_path("liar_backend").exists()
+
+
+def test_a_second_run_measures_nothing_new(measured, capsys) -> None:
+    assert cli.main(GRID) == 0
+    capsys.readouterr()
+    (run,) = (measured / "costs" / "runs").iterdir()
+    before = run.read_text()
+    assert cli.main(GRID) == 0
+    lines = progress(capsys)
+    assert lines and all(line.endswith(": measured before") for line in lines)
+    assert run.read_text() == before
+    assert user_path("attn_dispatch_test_plugins").is_file()
+
+
+def test_explain_names_the_user_table_that_ranked_the_call(measured, capsys) -> None:
+    assert cli.main(GRID) == 0
+    ad.reload()
+    point = grid.quick_grid()[1]  # causal
+    args = make_inputs(b=1, sq=point.seqlen, h=point.heads, hkv=point.kv_heads, d=point.head_dim)
+    report = ad.explain(*args, causal=True)
+    by = {c.name: c for c in report.candidates}
+    path = user_path("attn_dispatch_test_plugins")
+    assert by["exact:oracle"].prediction.startswith(f"user cost table {path}: nearest measured")
+    assert by["exact:oracle"].predicted_us is not None
+    assert str(path) in str(report)
+    assert by["liar:tagged"].predicted_us is None  # excluded: ranked by its priority
+
+
+def test_tune_grid_takes_no_shapes_and_quick_needs_grid(measured, capsys) -> None:
+    assert cli.main([*GRID, "--shape", "1,64,4,2,32"]) == 2
+    assert "--grid measures the grid's points" in capsys.readouterr().err
+    assert cli.main(["tune", "--quick", "--shape", "1,64,4,2,32"]) == 2
+    assert "--quick goes with --grid" in capsys.readouterr().err
+
+
+# --- user tables against shipped ones ---------------------------------------------------------
+
+COSTED = """
+class Quick(Tagged):
+    name, tag, priority = "quick", 1.0, {"*": 50}
+
+
+class Steady(Tagged):
+    name, tag, priority = "steady", 2.0, {"*": 40}
+
+
+@adb.hookimpl
+def attn_dispatch_implementations():
+    return [Quick(), Steady(), Fallback()]
+"""
+SHAPE = dict(batch=1, heads=8, kv_heads=8, seqlen_q=512, seqlen_k=512, head_dim=64)
+
+
+def table(*rows: tuple[str, float]) -> str:
+    entries = [dict(SHAPE, mask="causal", impl=i, kind="backward", eager_us=us) for i, us in rows]
+    return json.dumps({"format": 1, "arch": "cpu", "rows": entries})
+
+
+@pytest.fixture
+def shipped(env, plugins, tmp_path):
+    """A backend ``costed`` shipping a table (arch ``cpu``) where steady is the faster; the
+    cache directory in ``tmp_path``."""
+    package = tmp_path / "rel_costed"
+    (package / "costs").mkdir(parents=True)
+    (package / "__init__.py").write_text(TAGGED.format(backend="costed") + COSTED)
+    (package / "costs" / "cpu.json").write_text(
+        table(("costed:quick", 90.0), ("costed:steady", 60.0))
+    )
+    sys.modules.pop("rel_costed", None)
+    plugins.modules.append("rel_costed")
+    plugins.add("rel-costed", {"costed": "rel_costed"}, {})
+    env.set(ATTN_DISPATCH_PLUGINS="costed,reference", ATTN_DISPATCH_CACHE_DIR=str(tmp_path / "c"))
+    yield user_path("rel_costed")
+    _costs.clear()
+
+
+def explain() -> dict:
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    return {c.name: c for c in report.candidates} | {"selected": report.selected}
+
+
+def test_a_user_table_outranks_the_shipped_one_for_its_implementations(shipped) -> None:
+    assert explain()["selected"] == "costed:steady"
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text(table(("costed:quick", 30.0)))
+    assert explain()["selected"] == "costed:steady"  # read once: reload re-reads
+    ad.reload()
+    by = explain()
+    assert by["selected"] == "costed:quick"
+    assert by["costed:quick"].predicted_us == pytest.approx(30.0)
+    assert by["costed:quick"].prediction.startswith(f"user cost table {shipped}:")
+    # steady has no user rows: the shipped table still ranks it
+    assert by["costed:steady"].predicted_us == pytest.approx(60.0)
+    assert by["costed:steady"].prediction.startswith("cost table: nearest measured")
+
+
+def test_a_malformed_user_table_fails_only_its_implementations(shipped) -> None:
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text("{not json")
+    ad.reload()
+    by = explain()
+    assert by["costed:quick"].status == "failed"
+    assert str(shipped) in by["costed:quick"].reasons[0]
+    assert by["selected"] == "reference:chunked"
