@@ -8,7 +8,10 @@ other versions the rows still rank, and ``explain`` names the drift), and one ro
 (implementation, kind, grid point) with the median microseconds per call eager (``eager_us``,
 host work included) and under CUDA graphs (``graph_us``, the GPU's time). The format, and what
 a malformed table or row costs, are documented in docs/design.md ("Recorded cost tables");
-:func:`parse` validates a table against it when it is read.
+:func:`parse` validates a table against it when it is read. The user's own tables
+(``attn-dispatch tune --grid``: ``<cache dir>/costs/<arch>/<package>.json``, :func:`user_path`)
+have the same format and outrank the shipped one for the implementations they hold
+(:func:`table_for`).
 
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
 for a call, each implementation's rows of the same kind (forward or backward), mask class
