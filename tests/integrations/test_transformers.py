@@ -9,6 +9,7 @@ one attention transformers gives it that computes sinks on the CPU.
 from __future__ import annotations
 
 import copy
+import inspect
 
 import pytest
 import torch
@@ -263,6 +264,13 @@ def test_varlen_metadata_is_built_once_per_forward_and_mask(monkeypatch):
     assert builds == [S]  # two layers, one build
 
 
+def _with_cache(model, cache) -> dict:
+    """The keyword a model's forward takes its KV cache by: ``cache`` on the transformers
+    releases that deprecate ``past_key_values`` (which then warn), else ``past_key_values``."""
+    accepted = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in accepted else "past_key_values": cache}
+
+
 def test_decode_step_compiles_with_fullgraph():
     _, ours = make_pair("llama", torch.float32)
     ours.eval()
@@ -270,10 +278,10 @@ def test_decode_step_compiles_with_fullgraph():
     with torch.no_grad():
         prefill = ours(ids[:, :-1], use_cache=True)
         cache = prefill.past_key_values
-        expected = ours(ids[:, -1:], past_key_values=copy.deepcopy(cache)).logits
+        expected = ours(ids[:, -1:], **_with_cache(ours, copy.deepcopy(cache))).logits
         torch._dynamo.reset()
         step = torch.compile(ours, backend="eager", fullgraph=True)
-        got = step(ids[:, -1:], past_key_values=copy.deepcopy(cache)).logits
+        got = step(ids[:, -1:], **_with_cache(ours, copy.deepcopy(cache))).logits
     torch.testing.assert_close(got, expected, **TOL[torch.float32])
 
 
@@ -758,7 +766,7 @@ def _decoded_logits(base, dtype, impl, prompt, steps, device="cuda"):
         out = model(prompt, use_cache=True)
         logits, past = [out.logits[:, -1].float()], out.past_key_values
         for t in range(steps.shape[1]):
-            out = model(steps[:, t : t + 1], past_key_values=past, use_cache=True)
+            out = model(steps[:, t : t + 1], **_with_cache(model, past), use_cache=True)
             logits.append(out.logits[:, -1].float())
             past = out.past_key_values
     return torch.stack(logits, 1)
