@@ -336,6 +336,36 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def kernel_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(q, k, v, ...)`` as the kernels read them: each with a contiguous last dim and, where
+    D and Dv pad to different tile widths (D = 64 with Dv = 32), each with 16-byte aligned rows.
+
+    triton 3.6 miscompiles the mixed-width kernels on sm_90 when the value rows are not 16-byte
+    aligned (a sliced ``[..., :32]`` view): the P @ V product's operand is read out of bounds
+    of shared memory, giving wrong outputs and illegal memory accesses. Such calls are rare, so
+    their tensors are copied into aligned storage rather than served by other kernels."""
+    q, v = tensors[0], tensors[2]
+    if padded_dim(q.shape[-1]) == padded_dim(v.shape[-1]):
+        return tuple(last_dim_contiguous(t) for t in tensors)
+    return tuple(aligned_rows(t) for t in tensors)
+
+
+def aligned_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` when its pointer is 16-byte aligned and every stride but the last (of a dim longer
+    than 1) is a multiple of 16 elements (triton specializes on both: it then loads whole
+    rows in vectors), else a copy stored so (the last dim padded to a multiple of 16)."""
+    strides = x.stride()
+    if (
+        strides[-1] == 1
+        and x.data_ptr() % 16 == 0
+        and all(s % 16 == 0 for s, n in zip(strides[:-1], x.shape[:-1]) if n > 1)
+    ):
+        return x
+    width = x.shape[-1]
+    storage = x.new_empty((*x.shape[:-1], -(-width // 16) * 16))
+    return storage[..., :width].copy_(x)
+
+
 def dense_vector(x: torch.Tensor | None) -> torch.Tensor | None:
     """``x`` when ``None`` or contiguous, else a contiguous copy: the kernels index sinks and
     cu_seqlens as ``X + i`` (a strided view of them is valid input, and they are tiny)."""

@@ -30,7 +30,7 @@ from ._bwd_split_sum import _attn_bwd_split_sum
 from ._common import (
     LOG2E,
     dense_vector,
-    last_dim_contiguous,
+    kernel_operands,
     lse_strides,
     padded_dim,
     softcap_mode,
@@ -84,7 +84,7 @@ class BackwardLaunch:
         if recorder is not None:
             strategy = RecordingStrategy(recorder)
         self.varlen = varlen = cu_seqlens_q is not None
-        q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
+        q, k, v, out, grad_out = kernel_operands(q, k, v, out, grad_out)
         if varlen:
             self.batch = cu_seqlens_q.numel() - 1
             self.heads, self.kv_heads = q.shape[1], k.shape[1]

@@ -20,7 +20,7 @@ import triton
 from attn_dispatch import backend as adb
 
 from . import _plan
-from ._common import LOG2E, dense_vector, last_dim_contiguous
+from ._common import LOG2E, dense_vector, kernel_operands
 from ._launch_strategy import DIRECT, RecordingStrategy
 from ._launcher import BackwardLaunch
 
@@ -72,7 +72,7 @@ def attention_backward(
     prepared = plan if dq is None and dk is None and dv is None else None
     planned = config is None and (prepared is not None or plannable(q))
     if planned and not _plan.hooks_installed():
-        q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
+        q, k, v, out, grad_out = kernel_operands(q, k, v, out, grad_out)
         inputs = (q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k)
         values, align = _values(inputs, (dq, dk, dv), scale)
         device = _current_device()
@@ -158,7 +158,7 @@ def signature(
     """The :class:`~._plan.Prepared` signature of a call of :func:`attention_backward` with
     these arguments (its ``plan``), without gradients given: the tensors as it sees them (after
     its contiguity copies). Useful only where :func:`plannable`."""
-    q, k, v, out, grad_out = (last_dim_contiguous(t) for t in (q, k, v, out, grad_out))
+    q, k, v, out, grad_out = kernel_operands(q, k, v, out, grad_out)
     cu_q, cu_k = dense_vector(cu_seqlens_q), dense_vector(cu_seqlens_k)
     flags = (band, atomic_dq, softcap, gluon)
     tensors = (q, k, v, out, lse, grad_out, cu_q, cu_k, None, None, None)

@@ -44,7 +44,7 @@ from ._common import (
     band_where,
     dense_vector,
     key_block_ranges,
-    last_dim_contiguous,
+    kernel_operands,
     load_strided_tile,
     log2_scores,
     lse_strides,
@@ -281,7 +281,7 @@ def attention_forward(
     float32 ``[heads]`` tensor of sink logits (the lse then includes them).
     """
     varlen = cu_seqlens_q is not None
-    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    q, k, v = kernel_operands(q, k, v)
     cu_seqlens_q, cu_seqlens_k, sinks = (
         dense_vector(t) for t in (cu_seqlens_q, cu_seqlens_k, sinks)
     )

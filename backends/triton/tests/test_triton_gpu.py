@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attn_dispatch.testing import make_conformance_tests, random_cases, sink_cases
+from attn_dispatch.testing import Case, make_conformance_tests, random_cases, sink_cases
 
 test_triton_conformance = make_conformance_tests(
     "triton",
@@ -21,4 +21,21 @@ test_triton_conformance_sinks = make_conformance_tests(
     + random_cases(24, seed=11, head_dims=(32, 64, 128), sinks=True)
     + random_cases(24, seed=12, head_dims=(32, 64, 96, 128), variants=True, sinks=True),
     checks=("backward", "forward", "deterministic"),
+)
+
+# Head dims that pad to different tile widths (D = 64 with Dv = 32), on views whose rows are not
+# 16-byte aligned: triton 3.6's sm_90 code for these read shared memory out of bounds (wrong
+# outputs, illegal memory accesses) until the backend copied such operands into aligned storage.
+test_triton_conformance_mixed_widths_unaligned = make_conformance_tests(
+    "triton",
+    dtypes=("float16", "bfloat16"),
+    device="cuda",
+    cases=[
+        Case((184,), (184,), 1, 1, 64, head_dim_v=32, causal=True, layout="sliced", seed=1),
+        Case((184,), (184,), 4, 2, 32, head_dim_v=64, causal=True, layout="sliced", seed=2),
+        Case((97, 97), (97, 97), 3, 3, 128, head_dim_v=32, layout="transposed", seed=3),
+        Case((150,), (150,), 2, 1, 64, head_dim_v=16, layout="sliced", seed=4),
+        Case((184,), (184,), 3, 1, 96, head_dim_v=40, causal=True, layout="sliced", seed=5),
+    ],
+    checks=("backward", "forward"),
 )
