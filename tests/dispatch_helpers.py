@@ -3,6 +3,8 @@ they cannot do with a ``conftest.py`` when several directories have one)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -30,6 +32,18 @@ def make_inputs(b=1, sq=8, sk=None, h=4, hkv=2, d=16, dv=None, dtype=torch.float
         rand(b, sq, h, dv),
         rand(b, h, sq, dt=lse_dtype),
         rand(b, sq, h, dv),
+    )
+
+
+def run_list_command(env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m attn_dispatch list`` in a fresh process with this environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "attn_dispatch", "list"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=cwd,
     )
 
 

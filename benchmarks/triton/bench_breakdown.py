@@ -28,12 +28,10 @@ from collections.abc import Callable
 
 import torch
 from attn_dispatch_triton import tuning
-from attn_dispatch_triton.backward import attention_backward
-from bench_kernels import timing_inputs
+from bench_kernels import timed_backward, timing_inputs
 from torch.profiler import ProfilerActivity, profile
 
 import attn_dispatch as ad
-from attn_dispatch import backend as adb
 
 CALLS = 5
 
@@ -101,19 +99,10 @@ def sustained(fn: Callable[[], object], seconds: float = 3.0) -> tuple[float, fl
 
 def backward_calls(s: int, causal: bool) -> dict[str, Callable[[], object]]:
     """Both backward calls on fresh random GQA 64/8 inputs of ``s`` tokens."""
-    q, k, v, out, lse, do = timing_inputs(64, 8, s)
+    inputs = timing_inputs(64, 8, s)
+    q, k, v, out, lse, do = inputs
     return {
-        "triton:fused_atomic": lambda: attention_backward(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            do,
-            band=adb.Band.of(None, causal, "top_left"),
-            scale=128**-0.5,
-            atomic_dq=True,
-        ),
+        "triton:fused_atomic": lambda: timed_backward(inputs, causal),
         "torch_sdpa:cudnn": lambda: ad.backward(
             q, k, v, out, lse, do, causal=causal, backend="torch_sdpa:cudnn"
         ),

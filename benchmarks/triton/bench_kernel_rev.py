@@ -98,13 +98,11 @@ def main() -> int:
 
     import torch
     from attn_dispatch_triton import _bwd_dkdv_sm90 as this_module
-    from attn_dispatch_triton.backward import attention_backward
     from bench_breakdown import kernel_times
-    from bench_kernels import timing_inputs
+    from bench_kernels import timed_backward, timing_inputs
     from triton.testing import do_bench
 
     import attn_dispatch as ad
-    from attn_dispatch import backend as adb
 
     kernels = {
         "this": this_module._attn_bwd_dkdv_sm90,
@@ -118,9 +116,7 @@ def main() -> int:
         def ours(kernel, t=tensors, c=causal):
             def run():
                 this_module._attn_bwd_dkdv_sm90 = kernel  # what backward.py imports per call
-                return attention_backward(
-                    *t, band=adb.Band.of(None, c, "top_left"), scale=128**-0.5, atomic_dq=True
-                )
+                return timed_backward(t, c)
 
             return run
 

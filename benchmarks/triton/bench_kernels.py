@@ -159,6 +159,15 @@ def timing_inputs(
     return q, k, v, out, lse, do
 
 
+def timed_backward(inputs: tuple[torch.Tensor, ...], causal: bool, atomic_dq: bool = True):
+    """The Triton backward on :func:`timing_inputs`' tensors: ``(dq, dk, dv)``, top-left mask
+    when ``causal``, scale ``1/sqrt(128)``."""
+    from attn_dispatch_triton.backward import attention_backward
+
+    band = adb.Band.of(None, causal, "top_left")
+    return attention_backward(*inputs, band=band, scale=128**-0.5, atomic_dq=atomic_dq)
+
+
 def oracle_heads(q, k, v, do, causal, bottom_right, scale, heads):
     """float64 out/lse/dq/dk/dv for the listed query heads of batch 0 (plain math)."""
     sq, sk = q.shape[1], k.shape[1]

@@ -30,12 +30,10 @@ import sys
 
 import torch
 from attn_dispatch_triton import tuning
-from attn_dispatch_triton.backward import attention_backward
-from bench_kernels import timing_inputs
+from bench_kernels import timed_backward, timing_inputs
 from triton.testing import do_bench
 
 import attn_dispatch as ad
-from attn_dispatch import backend as adb
 
 SHAPES = [(4096, True), (8192, True), (16384, True), (4096, False), (8192, False)]
 NAMES = ("SPLIT", "HEAVY_FIRST", "WINDOW", "SPLIT_ADD", "TAIL_SLICES")
@@ -91,20 +89,11 @@ def bench_shape(
     s: int, causal: bool, variants: dict, rounds: int, heads: tuple[int, int] = (64, 8)
 ) -> dict[str, list[float]]:
     h, hk = heads
-    q, k, v, out, lse, do = timing_inputs(h, hk, s)
+    inputs = timing_inputs(h, hk, s)
+    q, k, v, out, lse, do = inputs
 
     def call(atomic: bool):
-        return attention_backward(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            do,
-            band=adb.Band.of(None, causal, "top_left"),
-            scale=128**-0.5,
-            atomic_dq=atomic,
-        )
+        return timed_backward(inputs, causal, atomic_dq=atomic)
 
     ref = [t.clone() for t in call(False)]
     configs: dict[str, dict[str, int]] = {"table": {}}  # name -> keys changed in the entry

@@ -23,10 +23,7 @@ import contextlib
 
 import torch
 from attn_dispatch_triton import tuning
-from attn_dispatch_triton.backward import attention_backward
-from bench_kernels import timing_inputs
-
-from attn_dispatch import backend as adb
+from bench_kernels import timed_backward, timing_inputs
 
 
 def main() -> None:
@@ -40,27 +37,23 @@ def main() -> None:
     )
     args = ap.parse_args()
     s, heads, kv_heads = args.seqlen, 64, 8
-    q, k, v, out, lse, grad_out = timing_inputs(heads, kv_heads, s)
+    inputs = timing_inputs(heads, kv_heads, s)
     in_force = (
         tuning.trial_with(
-            tuning.arch_of(q.device), "dkdvq", 128, args.causal, heads // kv_heads, s, TAIL_SLICES=0
+            tuning.arch_of(inputs[0].device),
+            "dkdvq",
+            128,
+            args.causal,
+            heads // kv_heads,
+            s,
+            TAIL_SLICES=0,
         )
         if args.no_tail_slices
         else contextlib.nullcontext()
     )
     with in_force:
         for _ in range(3):
-            attention_backward(
-                q,
-                k,
-                v,
-                out,
-                lse,
-                grad_out,
-                band=adb.Band.of(None, args.causal, "top_left"),
-                scale=128**-0.5,
-                atomic_dq=True,
-            )
+            timed_backward(inputs, args.causal)
         torch.cuda.synchronize()
 
 

@@ -104,29 +104,22 @@ VARLEN_CASES = [
 ]
 
 
+BAD_CALLS = [("dense", *c) for c in DENSE_CASES] + [("varlen", *c) for c in VARLEN_CASES]
+
+
 @pytest.mark.parametrize(
-    ("changes", "error", "argument"),
-    DENSE_CASES,
-    ids=[f"dense-{c[2]}-{i}" for i, c in enumerate(DENSE_CASES)],
+    ("layout", "changes", "error", "argument"),
+    BAD_CALLS,
+    ids=[f"dense-{c[2]}-{i}" for i, c in enumerate(DENSE_CASES)]
+    + [f"varlen-{c[2]}-{i}" for i, c in enumerate(VARLEN_CASES)],
 )
-def test_dense_bad_input_names_the_argument(env, changes, error, argument):
-    args, flags = _dense_call(**changes)
+def test_bad_input_names_the_argument(env, layout, changes, error, argument):
+    call = _dense_call if layout == "dense" else _varlen_call
+    args, flags = call(**changes)
     with pytest.raises(error) as info:
         ad.backward(*args.values(), **flags)
     assert f"'{argument}'" in str(info.value)
     assert isinstance(info.value, (ValueError, TypeError))
-
-
-@pytest.mark.parametrize(
-    ("changes", "error", "argument"),
-    VARLEN_CASES,
-    ids=[f"varlen-{c[2]}-{i}" for i, c in enumerate(VARLEN_CASES)],
-)
-def test_varlen_bad_input_names_the_argument(env, changes, error, argument):
-    args, flags = _varlen_call(**changes)
-    with pytest.raises(error) as info:
-        ad.backward(*args.values(), **flags)
-    assert f"'{argument}'" in str(info.value)
 
 
 def test_message_says_expected_and_given(env):

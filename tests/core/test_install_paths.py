@@ -7,11 +7,10 @@ import importlib.metadata
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from dispatch_helpers import run_list_command
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -97,14 +96,7 @@ def test_environment_outside_the_tests_lists_no_test_plugin():
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p) != PLUGINS
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "attn_dispatch", "list"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=ROOT.parent,
-    )
+    done = run_list_command(env, cwd=ROOT.parent)
     assert done.returncode == 0, done.stderr
     assert "reference:chunked" in done.stdout
     for name in ("toy", "broken_import", "broken_hook", "broken_supports", "broken_priority"):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from dispatch_helpers import run_list_command
 
 import attn_dispatch as ad
 from attn_dispatch.tools import bench, cli
@@ -163,13 +162,7 @@ def test_a_bad_environment_is_one_line_without_traceback(env):
     """The process contract: status 2, one line on stderr, no traceback."""
     # Only the reference plugin: another installed plugin's load warning would add lines.
     run_env = dict(os.environ, ATTN_DISPATCH_ARCH="bogus", ATTN_DISPATCH_PLUGINS="reference")
-    done = subprocess.run(
-        [sys.executable, "-m", "attn_dispatch", "list"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=run_env,
-    )
+    done = run_list_command(run_env)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     lines = done.stderr.splitlines()

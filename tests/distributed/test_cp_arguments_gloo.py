@@ -8,16 +8,10 @@ to a JSON file and the assertions run here, so a failed check never leaves a pee
 
 from __future__ import annotations
 
-import json
-import socket
-import warnings
-from datetime import timedelta
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_group import message, spawn_group
 
 import attn_dispatch as ad
 import attn_dispatch.distributed as cp
@@ -28,11 +22,7 @@ SHAPE = (1, 4, 2, 8)  # [B, S/W, H, D]: zigzag chunks of 2 tokens
 
 
 def _message(fn) -> str:
-    try:
-        fn()
-    except (ValueError, TypeError, RuntimeError) as e:
-        return f"{type(e).__name__}: {e}"
-    return "no error"
+    return message(fn, errors=(ValueError, TypeError, RuntimeError))
 
 
 def _shards(rank: int, dtype=torch.float64, length: int = SHAPE[1]) -> list[torch.Tensor]:
@@ -93,66 +83,39 @@ class _CountingAllGather:
         return self.real(*args, **kwargs)
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    warnings.simplefilter("ignore")  # plugin-load warnings of the environment, not under test
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=timedelta(seconds=60),
-    )
-    result: dict = {}
+def _rank_body(rank: int, result: dict) -> None:
+    """Every refusal on this rank, then the agreement's traffic and a call that still works."""
+    result["bad"] = {
+        name: _message(lambda kw=kw: _call(rank, **kw)) for name, kw in BAD_ARGUMENTS.items()
+    }
+    result["different"] = {
+        name: _message(lambda kws=kws: _call(rank, **kws[rank])) for name, kws in DIFFERENT.items()
+    }
+    x = torch.zeros(1, 4 + 2 * rank, 2)
+    result["unshard_different"] = _message(lambda: cp.unshard_sequence(x))
+    result["group_type"] = _message(lambda: _call(rank, group=3))
+    only_rank0 = dist.new_group(ranks=[0])
+    result["group_member"] = _message(lambda: _call(rank, group=only_rank0))
+    # agreed calls communicate nothing extra; a new call is compared once
+    counting = _CountingAllGather()
+    _agreement.dist.all_gather = counting
     try:
-        result["bad"] = {
-            name: _message(lambda kw=kw: _call(rank, **kw)) for name, kw in BAD_ARGUMENTS.items()
-        }
-        result["different"] = {
-            name: _message(lambda kws=kws: _call(rank, **kws[rank]))
-            for name, kws in DIFFERENT.items()
-        }
-        x = torch.zeros(1, 4 + 2 * rank, 2)
-        result["unshard_different"] = _message(lambda: cp.unshard_sequence(x))
-        result["group_type"] = _message(lambda: _call(rank, group=3))
-        only_rank0 = dist.new_group(ranks=[0])
-        result["group_member"] = _message(lambda: _call(rank, group=only_rank0))
-        # agreed calls communicate nothing extra; a new call is compared once
-        counting = _CountingAllGather()
-        _agreement.dist.all_gather = counting
-        try:
-            counts = []
-            for flags in (dict(causal=True), dict(causal=True), dict(), dict(causal=True)):
-                before = counting.calls
-                _call(rank, **flags)
-                counts.append(counting.calls - before)
-            result["agreement_gathers"] = counts
-        finally:
-            _agreement.dist.all_gather = counting.real
-        # the group is still usable after every refusal above
-        out = _call(rank, causal=True)
-        result["after"] = float(out.abs().sum())
-    except Exception as e:  # reported to the parent, which fails the test with it
-        result["raised"] = f"{type(e).__name__}: {e}"
+        counts = []
+        for flags in (dict(causal=True), dict(causal=True), dict(), dict(causal=True)):
+            before = counting.calls
+            _call(rank, **flags)
+            counts.append(counting.calls - before)
+        result["agreement_gathers"] = counts
     finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        _agreement.dist.all_gather = counting.real
+    # the group is still usable after every refusal above
+    out = _call(rank, causal=True)
+    result["after"] = float(out.abs().sum())
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out_dir = tmp_path_factory.mktemp("cp_arguments")
-    mp.spawn(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD)
-    results = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    for rank, res in enumerate(results):
-        assert "raised" not in res, f"rank {rank}: {res['raised']}"
-    return results
+    return spawn_group(_rank_body, WORLD, tmp_path_factory.mktemp("cp_arguments"))
 
 
 @pytest.mark.parametrize("name", list(BAD_ARGUMENTS))

@@ -9,18 +9,13 @@ sinks, the sinks' gradient summed over the group too (each rank holds its share)
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import warnings
 from dataclasses import asdict, dataclass
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_group import message, spawn_group
 
 import attn_dispatch as ad
 import attn_dispatch.distributed as cp
@@ -173,14 +168,6 @@ class _nothing:
         return False
 
 
-def _message(fn) -> str:
-    try:
-        fn()
-    except (ValueError, TypeError) as e:
-        return f"{type(e).__name__}: {e}"
-    return "no error"
-
-
 def error_cases(world: int) -> dict[str, str]:
     """What each misuse raises (all local checks, except the forced backend, raised everywhere)."""
     x = torch.randn(1, 2 * world + 1, 2, 4)
@@ -188,38 +175,38 @@ def error_cases(world: int) -> dict[str, str]:
     heads = torch.randn(1, 2, world + 1, 4)
     shard = torch.randn(1, 2, world, 4)
     return {
-        "shard_uneven_zigzag": _message(lambda: cp.shard_sequence(x)),
-        "shard_uneven_contiguous": _message(
+        "shard_uneven_zigzag": message(lambda: cp.shard_sequence(x)),
+        "shard_uneven_contiguous": message(
             lambda: cp.shard_sequence(x[:, : world + 1], load_balance="contiguous")
         ),
-        "attention_uneven_zigzag": _message(lambda: cp.context_parallel_attention(odd, odd, odd)),
-        "ulysses_heads": _message(
+        "attention_uneven_zigzag": message(lambda: cp.context_parallel_attention(odd, odd, odd)),
+        "ulysses_heads": message(
             lambda: cp.context_parallel_attention(heads, heads, heads, strategy="ulysses")
         ),
-        "ulysses_kv_heads": _message(
+        "ulysses_kv_heads": message(
             lambda: cp.context_parallel_attention(
                 shard, shard[:, :, :1], shard[:, :, :1], strategy="ulysses"
             )
         ),
-        "bad_strategy": _message(lambda: cp.context_parallel_attention(x, x, x, strategy="tree")),
-        "ring_window": _message(
+        "bad_strategy": message(lambda: cp.context_parallel_attention(x, x, x, strategy="tree")),
+        "ring_window": message(
             lambda: cp.context_parallel_attention(shard, shard, shard, window=(2, 0))
         ),
-        "bad_softcap": _message(
+        "bad_softcap": message(
             lambda: cp.context_parallel_attention(shard, shard, shard, softcap=-1.0)
         ),
-        "bad_sinks": _message(
+        "bad_sinks": message(
             lambda: cp.context_parallel_attention(shard, shard, shard, sinks=torch.zeros(world + 1))
         ),
-        "bad_window": _message(
+        "bad_window": message(
             lambda: cp.context_parallel_attention(
                 shard, shard, shard, strategy="ulysses", window=(-1, 0)
             )
         ),
-        "forced_backend_ring": _message(
+        "forced_backend_ring": message(
             lambda: cp.context_parallel_attention(shard, shard, shard, backend="torch_sdpa")
         ),
-        "forced_backend_ulysses": _message(
+        "forced_backend_ulysses": message(
             lambda: cp.context_parallel_attention(
                 shard, shard, shard, strategy="ulysses", backend="torch_sdpa"
             )
@@ -235,36 +222,16 @@ def explain_labels(world: int) -> list[str]:
     ]
 
 
-def _worker(rank: int, world: int, full: bool, port: int, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    warnings.simplefilter("ignore")  # plugin-load warnings of the environment, not under test
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
-    result: dict = {"cases": {}}
-    try:
-        result["errors"] = error_cases(world)
-        for i, case in enumerate(cases(world, full)):
-            result["cases"][case.name] = run_case(case, seed=1000 * world + i)
-        # the group is still usable after the forced-backend failures above: rerun the first case
-        after = Case("ring", "zigzag", True, "float64", heads=2 * world, kv_heads=world)
-        result["after_errors"] = run_case(after, seed=7)
-        result["explain"] = explain_labels(world)
-    except Exception as e:  # reported to the parent, which fails the test with it
-        result["raised"] = f"{type(e).__name__}: {e}"
-    finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rank_body(rank: int, result: dict, world: int, full: bool) -> None:
+    """The misuse errors, every case of the matrix, and explain's labels on this rank."""
+    result["cases"] = {}
+    result["errors"] = error_cases(world)
+    for i, case in enumerate(cases(world, full)):
+        result["cases"][case.name] = run_case(case, seed=1000 * world + i)
+    # the group is still usable after the forced-backend failures above: rerun the first case
+    after = Case("ring", "zigzag", True, "float64", heads=2 * world, kv_heads=world)
+    result["after_errors"] = run_case(after, seed=7)
+    result["explain"] = explain_labels(world)
 
 
 _RUNS: dict[tuple[int, bool], list[dict]] = {}
@@ -279,19 +246,14 @@ def run_group(world: int, tmp_path_factory, full: bool | None = None) -> list[di
         old = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            mp.spawn(_worker, args=(world, full, _free_port(), str(out_dir)), nprocs=world)
+            _RUNS[world, full] = spawn_group(_rank_body, world, out_dir, world, full)
         finally:
             for k, val in old.items():
                 if val is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = val
-        results = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(world)]
-        _RUNS[world, full] = results
-    runs = _RUNS[world, full]
-    for rank, res in enumerate(runs):
-        assert "raised" not in res, f"rank {rank}: {res['raised']}"
-    return runs
+    return _RUNS[world, full]
 
 
 def _params():

@@ -48,14 +48,12 @@ COMMON = dict(
 )
 
 
-def gpt_oss() -> GptOssForCausalLM:
-    """A tiny GPT-OSS: a sliding-window (5) layer then a full one, GQA 4/2, 4 experts (run by
-    transformers' eager experts, which take float64 on the CPU), sinks drawn N(0, 1) so that
-    they carry a real share of each row's mass (the model's own init is N(0, 0.02²))."""
+def _gpt_oss_with_sinks(**sizes) -> GptOssForCausalLM:
+    """A GPT-OSS of these sizes with 4 experts (run by transformers' eager experts, which take
+    float64 on the CPU) and sinks drawn N(0, 1), so that they carry a real share of each row's
+    mass (the model's own init is N(0, 0.02²))."""
     config = GptOssConfig(
-        **COMMON,
-        num_key_value_heads=2,
-        sliding_window=5,
+        **sizes,
         num_local_experts=4,
         num_experts_per_tok=2,
         experts_implementation="eager",
@@ -66,6 +64,11 @@ def gpt_oss() -> GptOssForCausalLM:
         for layer in model.model.layers:
             layer.self_attn.sinks.normal_(0.0, 1.0)
     return model
+
+
+def gpt_oss() -> GptOssForCausalLM:
+    """A tiny GPT-OSS: a sliding-window (5) layer then a full one, GQA 4/2."""
+    return _gpt_oss_with_sinks(**COMMON, num_key_value_heads=2, sliding_window=5)
 
 
 # window 5 < S so the band is exercised; Gemma 2: softcap and a scale that is not D^-1/2.
@@ -696,7 +699,8 @@ def test_transformers_arguments_of_the_wrong_type_are_refused(kw, error, match):
 
 def _gpt_oss_gpu_model() -> GptOssForCausalLM:
     """A small GPT-OSS (head dim 64, window 128) with random sinks, float32 on the CPU."""
-    config = GptOssConfig(
+    torch.manual_seed(0)
+    return _gpt_oss_with_sinks(
         vocab_size=256,
         hidden_size=256,
         intermediate_size=256,
@@ -706,18 +710,8 @@ def _gpt_oss_gpu_model() -> GptOssForCausalLM:
         head_dim=64,
         max_position_embeddings=1024,
         sliding_window=128,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        experts_implementation="eager",
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         pad_token_id=0,
     )
-    torch.manual_seed(0)
-    base = GptOssForCausalLM(config)
-    with torch.no_grad():
-        for layer in base.model.layers:
-            layer.self_attn.sinks.normal_(0.0, 1.0)
-    return base
 
 
 @pytest.mark.gpu

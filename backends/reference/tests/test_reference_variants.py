@@ -2,7 +2,8 @@
 
 The oracle here is written from the contract alone: a float64 masked softmax over the explicit
 band ``d_i - left <= j <= d_i + right`` (``d_i = i`` top-left, ``i + Sk - Sq`` bottom-right,
-causal: ``right = min(right, 0)``) of the scores ``c · tanh(s / c)``, with gradients by
+causal: ``right = min(right, 0)``; the kit's ``visible_mask``, which ``tests/core/test_testing.py``
+checks against the contract element by element) of the scores ``c · tanh(s / c)``, with gradients by
 autograd through it. Inputs are fresh random tensors; every allocation of the backend is
 poisoned with NaN (torch's deterministic mode fills uninitialised memory), so an element left
 unwritten fails the comparison.
@@ -22,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
-from attn_dispatch.testing import error_metrics, tolerance_for
+from attn_dispatch.testing import error_metrics, tolerance_for, visible_mask
 
 
 @pytest.fixture(autouse=True)
@@ -37,22 +38,6 @@ def poisoned_allocations():
 
 # ----------------------------------------------------------------------------------------------
 # The oracle
-
-
-def visible(sq: int, sk: int, causal: bool, align: str, window) -> torch.Tensor:
-    """Bool [Sq, Sk]: key j visible from row i, straight from the contract."""
-    left, right = (None, None) if window is None else window
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    i = torch.arange(sq)[:, None]
-    j = torch.arange(sk)[None, :]
-    d = i if align == "top_left" else i + sk - sq
-    ok = torch.ones(sq, sk, dtype=torch.bool)
-    if left is not None:
-        ok &= j >= d - left
-    if right is not None:
-        ok &= j <= d + right
-    return ok
 
 
 def _dense_oracle(q, k, v, scale, mask, softcap):
@@ -86,13 +71,13 @@ def oracle(q, k, v, do, *, scale, causal, align, window, softcap, cu_q=None, cu_
     q64, k64, v64 = leaves
     with torch.enable_grad():
         if cu_q is None:
-            mask = visible(q.shape[1], k.shape[1], causal, align, window)
+            mask = visible_mask(q.shape[1], k.shape[1], causal, align, window=window)
             out, lse = _dense_oracle(q64, k64, v64, scale, mask, softcap)
         else:
             outs, lses = [], []
             oq, ok = cu_q.tolist(), cu_k.tolist()
             for q0, q1, k0, k1 in zip(oq, oq[1:], ok, ok[1:]):
-                mask = visible(q1 - q0, k1 - k0, causal, align, window)
+                mask = visible_mask(q1 - q0, k1 - k0, causal, align, window=window)
                 o, lse_s = _dense_oracle(
                     q64[None, q0:q1], k64[None, k0:k1], v64[None, k0:k1], scale, mask, softcap
                 )
@@ -278,7 +263,7 @@ def test_rows_without_keys(name):
     flags = _flags(case, None, None, 0.25)
     out, lse = attention_forward(q, k, v, **flags)
     rows = list(empty)
-    mask = visible(case.sq[0], case.sk[0], case.causal, case.align, case.window)
+    mask = visible_mask(case.sq[0], case.sk[0], case.causal, case.align, window=case.window)
     assert rows == [i for i in range(case.sq[0]) if not mask[i].any()]  # the case is as claimed
     assert torch.isneginf(lse[:, :, rows]).all()
     assert torch.isfinite(lse[:, :, [i for i in range(case.sq[0]) if i not in empty]]).all()

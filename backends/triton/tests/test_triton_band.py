@@ -1,5 +1,6 @@
 """The kernels' band arguments (``_band.constexprs`` / ``_band.sides`` of the call's
-``inp.band``) against the contract, brute force, and the plugin's reading of the inputs (no
+``inp.band``) against the kit's ``visible_mask`` (checked against the contract element by
+element in ``tests/core/test_testing.py``), and the plugin's reading of the inputs (no
 triton needed)."""
 
 from __future__ import annotations
@@ -11,22 +12,7 @@ import torch
 from attn_dispatch_triton import _band, plugin
 
 from attn_dispatch import backend as adb
-
-
-def visible(sq: int, sk: int, causal: bool, align: str, window) -> torch.Tensor:
-    """[Sq, Sk] visibility straight from the contract."""
-    left, right = window if window is not None else (None, None)
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    i = torch.arange(sq)[:, None]
-    j = torch.arange(sk)[None, :]
-    d = i + (sk - sq if align == "bottom_right" else 0)
-    ok = torch.ones(sq, sk, dtype=torch.bool)
-    if left is not None:
-        ok &= j >= d - left
-    if right is not None:
-        ok &= j <= d + right
-    return ok
+from attn_dispatch.testing import visible_mask
 
 
 def kernel_visible(band: adb.Band, sq: int, sk: int) -> torch.Tensor:
@@ -75,7 +61,7 @@ def test_band_arguments_match_contract_brute_force() -> None:
         causal = rng.random() < 0.4
         align = rng.choice(["top_left", "bottom_right"])
         band = inputs(sq, sk, causal=causal, causal_align=align, window=window).band
-        want = visible(sq, sk, causal, align, window)
+        want = visible_mask(sq, sk, causal, align, window=window)
         assert torch.equal(kernel_visible(band, sq, sk), want), (sq, sk, causal, align, window)
 
 
@@ -92,7 +78,9 @@ def test_band_arguments_hold_for_shorter_varlen_sequences() -> None:
         flags = dict(causal=causal, causal_align=align, window=window)
         band = adb.make_inputs(q, k, k, **flags, **lengths).band
         for sq, sk in itertools.product(range(0, 33, 4), range(0, 29, 4)):
-            assert torch.equal(kernel_visible(band, sq, sk), visible(sq, sk, causal, align, window))
+            assert torch.equal(
+                kernel_visible(band, sq, sk), visible_mask(sq, sk, causal, align, window=window)
+            )
 
 
 def test_plugin_passes_the_inputs_band_and_softcap() -> None:

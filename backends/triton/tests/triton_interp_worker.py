@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from attn_dispatch import backend as adb  # noqa: E402
+from attn_dispatch.testing import visible_mask  # noqa: E402
 
 
 def patch_interpreter() -> None:
@@ -75,23 +76,10 @@ def patch_interpreter() -> None:
 
 
 def visible(sq, sk, causal, bottom_right, window=None):
-    """[Sq, Sk] bool: key j visible to row i, straight from the contract: diagonal
-    d_i = i (top-left) or i + Sk - Sq (bottom-right), d_i - left <= j <= d_i + right, causal
-    caps right at 0."""
-    left, right = window if window is not None else (None, None)
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    # sq + sk already reaches every key; a larger side would wrap around in int64 below
-    left, right = (None if x is None else min(x, sq + sk) for x in (left, right))
-    i = torch.arange(sq)[:, None]
-    j = torch.arange(sk)[None, :]
-    d = i + (sk - sq if bottom_right else 0)
-    ok = torch.ones(sq, sk, dtype=torch.bool)
-    if left is not None:
-        ok &= j >= d - left
-    if right is not None:
-        ok &= j <= d + right
-    return ok
+    """[Sq, Sk] bool: key j visible to row i (the kit's mask, whose agreement with the contract
+    ``tests/core/test_testing.py`` checks element by element)."""
+    align = "bottom_right" if bottom_right else "top_left"
+    return visible_mask(sq, sk, causal, align, window=window)
 
 
 def oracle_one(q, k, v, causal, bottom_right, scale, window=None, softcap=None):
