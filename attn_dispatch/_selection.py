@@ -23,6 +23,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -227,6 +228,13 @@ def _verdict(
     return Candidate(name, priority, impl.opt_in, SUPPORTED, note)
 
 
+def cost_tables_of(impl: Implementation) -> tuple[str | None, tuple[Path, str]]:
+    """Where ``impl``'s cost tables are looked up (``_costs.table_for``'s ``package`` and
+    ``user``): the package that ships them, and the user's table directory with the package
+    its table there is named after."""
+    return _costs.tables_of(impl), (costs_directory(), _costs.owner(impl))
+
+
 def _with_prediction(
     candidate: Candidate,
     impl: Implementation,
@@ -238,8 +246,7 @@ def _with_prediction(
     """``candidate`` with its cost table's prediction (and where it came from) when one covers
     ``inp``; a table that cannot be read fails this implementation alone."""
     try:
-        package = _costs.tables_of(impl)
-        user = (costs_directory(), _costs.owner(impl))
+        package, user = cost_tables_of(impl)
         p = _costs.predict(package, candidate.name, mode, execution, arch, inp, user)
     except _costs.CostTableError as exc:
         return replace(candidate, status=FAILED, reasons=(str(exc),))

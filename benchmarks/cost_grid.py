@@ -91,6 +91,11 @@ HELD_OUT = [
 ]
 
 
+def evaluated_shapes() -> list[Point]:
+    """The shapes ``evaluate`` times: the seed shapes, then :data:`HELD_OUT`'s."""
+    return seed_shapes() + [point for point, _ in HELD_OUT]
+
+
 # ----------------------------------------------------------------------------------------------
 # Measuring (the grid's points and one point's rows: attn_dispatch.tools.grid)
 
@@ -256,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("cost_grid.py measure/evaluate need a GPU", file=sys.stderr)
         return 2
-    points = grid() if args.step == "measure" else seed_shapes() + list(held)
+    points = grid() if args.step == "measure" else evaluated_shapes()
     i, n = args.shard
     points = points[i::n][args.skip :]
     os.environ.setdefault("ATTN_DISPATCH_CACHE_DIR", tempfile.mkdtemp(prefix="autotune_"))

@@ -7,6 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from attn_dispatch import _costs
+from attn_dispatch.tools import grid
+
 spec = importlib.util.spec_from_file_location("cost_grid", Path(__file__).with_name("cost_grid.py"))
 cost_grid = importlib.util.module_from_spec(spec)
 sys.modules["cost_grid"] = cost_grid  # dataclasses look their module up
@@ -42,3 +45,26 @@ def test_rows_read_back_and_the_ratio_table_names_the_choice(tmp_path) -> None:
     line = table.splitlines()[2]
     assert "100 µs (a:x)" in line and "1.010 (a:x)" in line and "60 µs (b:y)" in line
     assert "1.100" in line  # auto under graphs: 66 / 60
+
+
+def shape(point) -> _costs.Shape:
+    s = point.seqlen
+    return _costs.Shape(
+        point.batch,
+        point.heads,
+        point.kv_heads,
+        s,
+        s,
+        point.head_dim,
+        point.mask,
+        point.window,
+        point.sinks,
+        point.softcap,
+    )
+
+
+def test_the_default_grid_covers_every_seed_shape() -> None:
+    measured = [shape(p) for p in grid.default_grid()]
+    for seed in cost_grid.seed_shapes():
+        nearest = min(_costs.distance(shape(seed), m) for m in measured)
+        assert nearest <= _costs.COVERAGE, seed.label

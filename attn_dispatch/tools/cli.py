@@ -296,8 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p = sub.add_parser(
         "doctor",
-        help="the installed versions against the measured stack, and each fast path off here "
-        "and why",
+        help="the installed versions against the measured stack, each fast path off here "
+        "and why, and the cost table ranking each implementation",
+    )
+    p.add_argument(
+        "--arch",
+        type=_arch,
+        default=None,
+        help="the arch whose cost tables rank (default: this machine's, as explain's)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.add_parser(
@@ -346,7 +352,7 @@ def _run(argv: list[str]) -> int:
         _settings.current()  # a bad ATTN_DISPATCH_* variable is then a usage error, up front
         commands = {"list": _cmd_list, "explain": _cmd_explain, "demo": _cmd_demo}
         if args.command == "doctor":
-            return doctor.run(args.json)
+            return doctor.run(args.json, args.arch)
         return commands[args.command](args)
     except (ValueError, TypeError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

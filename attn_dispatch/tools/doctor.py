@@ -1,9 +1,14 @@
-"""``attn-dispatch doctor``: the installed stack against the one every published figure was
-measured on, and each fast path that is off on it and why. It reports and never fails (status 0).
+"""``attn-dispatch doctor``: the installed stack against the one the shipped cost tables (and
+every published figure) were measured on, each fast path that is off on it and why, and which
+cost table ranks each implementation. It reports and never fails (status 0).
 
 The backends' fast paths come from their implementations' ``fast_paths()`` hook (the plugin
 API: the core imports no backend); a hook that raises is reported as that implementation's
-problem alone. Cost-table drift is the note ``explain`` shows (``attn_dispatch._costs``)."""
+problem alone. The measured versions are the shipped cost tables' own (their provenance's
+``versions``), so that there is one record of them; cost-table drift is the note ``explain``
+shows (``attn_dispatch._costs``), and the table that ranks an implementation is the one
+automatic selection reads (``_selection.cost_tables_of``): the user's own where it holds the
+implementation's rows, else the shipped one."""
 
 from __future__ import annotations
 
@@ -15,17 +20,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .. import _costs, _settings
+from .._arch import Arch, detect_arch
 from .._implementation import Implementation
+from .._selection import cost_tables_of
 
-# The measured stack of docs/benchmarks.md, as constraints/nvidia.txt pins it (a test keeps them
-# equal): what ``scripts/setup.sh`` installs on an NVIDIA machine.
-MEASURED = {
-    "torch": "2.11.0",
-    "triton": "3.6.0",
-    "flash-attn-4": "4.0.0b36",
-    "nvidia-cutlass-dsl": "4.8.1",
-    "transformers": "5.17.0",
-}
 NO_GPU = "no GPU: kernels run only on the reference backend"
 
 
@@ -41,12 +39,28 @@ class PathReport:
 
 
 @dataclass(frozen=True)
+class Ranking:
+    """The cost table that ranks one implementation on ``arch``: ``table`` ``"user"`` (the
+    user's own, ``attn-dispatch tune --grid``), ``"shipped"`` or ``None`` (none: ranked by
+    its priority); ``source`` its file, ``drift`` its version drift, ``error`` why it cannot
+    be read (the implementation then fails its calls)."""
+
+    implementation: str
+    arch: str
+    table: str | None
+    source: str | None
+    drift: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
 class Report:
     versions: dict[str, dict[str, str | None]]  # distribution -> installed, measured
     fast_paths: list[PathReport]
     # implementation -> why its fast_paths() failed; backend -> why it failed to load
     errors: dict[str, str]
     cost_tables: list[dict[str, str | None]]  # source, drift (or error)
+    rankings: list[Ranking]
     gpu: bool
 
     def to_dict(self) -> dict:
@@ -81,9 +95,9 @@ def _fast_paths(
     return [PathReport(backend, tuple(i), *key) for key, i in seen.items()]
 
 
-def _tables(impls: list[Implementation]) -> list[dict[str, str | None]]:
-    """Every shipped cost table of these implementations, with its version drift (or why it
-    cannot be read)."""
+def _shipped(impls: list[Implementation]) -> list[tuple[str, _costs.CostTable | None, str | None]]:
+    """Every shipped cost table of these implementations: its source, the table (``None``
+    when it cannot be read) and why not."""
     found = []
     packages = sorted({p for p in map(_costs.tables_of, impls) if p is not None})
     for package in packages:
@@ -95,14 +109,46 @@ def _tables(impls: list[Implementation]) -> list[dict[str, str | None]]:
             try:
                 table = _costs.load(package, entry.name.removesuffix(".json"))
             except _costs.CostTableError as exc:
-                found.append({"source": source, "drift": None, "error": str(exc)})
+                found.append((source, None, str(exc)))
                 continue
             if table is not None:
-                found.append({"source": source, "drift": table.drift, "error": None})
+                found.append((source, table, None))
     return found
 
 
-def report() -> Report:
+def measured_versions(tables: list[_costs.CostTable]) -> dict[str, str]:
+    """The versions the tables were measured with (their provenance's ``versions``), by
+    distribution; where tables differ, their versions joined by `` / ``."""
+    seen: dict[str, list[str]] = {}
+    for table in tables:
+        versions = table.provenance.get("versions", {})
+        for dist, version in versions.items() if isinstance(versions, dict) else ():
+            if isinstance(version, str) and version not in seen.setdefault(dist, []):
+                seen[dist].append(version)
+    return {dist: " / ".join(v) for dist, v in seen.items() if v}
+
+
+def _ranking(impl: Implementation, arch: str) -> Ranking:
+    """The table that ranks ``impl`` on ``arch``, as automatic selection finds it."""
+    package, user = cost_tables_of(impl)
+    name = impl.full_name
+    try:
+        table = _costs.table_for(package, user, name, arch)
+    except _costs.CostTableError as exc:  # the error names the file: the user's or the shipped
+        mine = str(_costs.user_path(*user, arch))
+        if mine in str(exc):
+            return Ranking(name, arch, "user", mine, None, str(exc))
+        shipped = f"{package}/{_costs.COSTS_DIR}/{arch}.json"
+        return Ranking(name, arch, "shipped", shipped, None, str(exc))
+    if table is None or not table.covers(name):  # a table without its rows ranks it not
+        return Ranking(name, arch, None, None, None, None)
+    kind = "user" if table.user else "shipped"
+    return Ranking(name, arch, kind, table.source, table.drift, table.broken.get(name))
+
+
+def report(arch: Arch | None = None) -> Report:
+    """The report for ``arch``'s cost tables (default: this machine's, ``detect_arch()``)."""
+    arch_name = (arch or detect_arch()).name
     errors: dict[str, str] = {}
     paths: list[PathReport] = []
     impls: list[Implementation] = []
@@ -112,16 +158,22 @@ def report() -> Report:
             continue
         paths += _fast_paths(record.name, record.implementations, errors)
         impls += record.implementations
-    versions = {d: {"installed": _installed(d), "measured": m} for d, m in MEASURED.items()}
-    gpu = torch.cuda.is_available()
-    return Report(versions, paths, errors, _tables(impls), gpu)
+    shipped = _shipped(impls)
+    measured = measured_versions([t for _, t, _ in shipped if t is not None])
+    versions = {d: {"installed": _installed(d), "measured": m} for d, m in measured.items()}
+    tables = [{"source": src, "drift": t and t.drift, "error": e} for src, t, e in shipped]
+    rankings = [_ranking(i, arch_name) for i in impls]
+    return Report(versions, paths, errors, tables, rankings, torch.cuda.is_available())
 
 
 def text(rep: Report) -> str:
-    lines = ["installed versions (measured stack: constraints/nvidia.txt):"]
+    lines = ["installed versions (measured stack: the shipped cost tables' provenance):"]
+    if not rep.versions:
+        lines.append("  none recorded: the installed backends ship no cost table")
     for dist, v in rep.versions.items():
         installed = v["installed"] or "not installed"
-        same = v["installed"] and v["installed"].split("+")[0] == v["measured"]
+        measured = [m.split("+")[0] for m in v["measured"].split(" / ")]
+        same = v["installed"] and measured == [v["installed"].split("+")[0]]
         mark = "" if same else f"  (measured: {v['measured']})"
         lines.append(f"  {dist:<20} {installed}{mark}")
     lines.append("fast paths:")
@@ -138,12 +190,20 @@ def text(rep: Report) -> str:
     for t in rep.cost_tables:
         note = t["error"] or t["drift"] or "the measured versions are installed"
         lines.append(f"  {t['source']}: {note}")
+    arch = rep.rankings[0].arch if rep.rankings else "-"
+    lines.append(f"cost table ranking each implementation on {arch}:")
+    for r in rep.rankings:
+        if r.table is None:
+            lines.append(f"  {r.implementation}: none (ranked by its priority)")
+            continue
+        note = f"; {r.error}" if r.error else (f"; {r.drift}" if r.drift else "")
+        lines.append(f"  {r.implementation}: {r.table} {r.source}{note}")
     if not rep.gpu:
         lines.append(NO_GPU)
     return "\n".join(lines)
 
 
-def run(as_json: bool) -> int:
-    rep = report()
+def run(as_json: bool, arch: Arch | None = None) -> int:
+    rep = report(arch)
     print(json.dumps(rep.to_dict(), indent=2) if as_json else text(rep))
     return 0

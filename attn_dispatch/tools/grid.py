@@ -8,6 +8,10 @@ cross-checked as autotune cross-checks them (``attn_dispatch._measure``: twice t
 tolerance; one that disagrees with the consensus is left out and named); then each is timed
 eager (back-to-back calls: host work included) and, on CUDA, as replays of a CUDA graph (the
 GPU's time). Medians of 3 blocks.
+
+Three grids: :func:`grid`, the full one (the shipped tables': about 18 minutes of an H200 by
+:func:`estimate`); :func:`default_grid`, ``tune --grid``'s: each class of call the seed shapes
+and real models fall in, in about 7 minutes; :func:`quick_grid`, a few tiny points for a CPU.
 """
 
 from __future__ import annotations
@@ -31,6 +35,19 @@ SINK_WINDOW = 128  # GPT-OSS's sliding layers
 SOFTCAP = 50.0  # Gemma-2's attention logit cap
 MAX_WORK = 64 * 16384 * 16384 * 128  # B*H*S*S*D of the largest seed shape
 KINDS = ("forward", "backward")
+# The default grid's axes: GQA groups 1, 4 and 8, the two common head dims, short to long
+# lengths a factor of 4 apart, so that every length between lies within the tables' coverage
+# (a log2 distance of 1 in each of Sq and Sk: ``_costs.COVERAGE``) of a measured one
+DEFAULT_HEADS = ((1, 8, 8), (4, 32, 8), (1, 64, 8))
+DEFAULT_HEAD_DIMS = (64, 128)
+DEFAULT_SEQLENS = (1024, 4096, 16384)
+# Seconds per row (one implementation's forward or backward at one point: its answer checked,
+# then timed eager and under CUDA graphs): 290 s for 1116 rows, the H200 run of the full
+# grid's first 105 points (docs/results/2026-12-04-h200-cost-grid), compile caches warm
+ROW_SECONDS = 0.26
+# A JIT-compiled kernel's first call, per variant: FA4's took 2.5-4.6 s on an H200
+# (docs/benchmarks.md, "Compile times"); a cached or precompiled kernel takes none of it
+COMPILE_SECONDS = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +117,30 @@ def grid() -> list[Point]:
     return points
 
 
+def default_grid() -> list[Point]:
+    """``tune --grid``'s points: batch x heads (GQA groups 1, 4, 8) x head dim (64, 128) x length
+    (1K, 4K, 16K) x mask (none, causal), capped at :data:`MAX_WORK`, then one windowed point
+    and GPT-OSS's two sink layers (causal, sliding window 128) and Gemma-2's two soft-capped
+    ones (causal, window): a model with sinks or a soft cap has both kinds of layer, and a
+    table ranks only the mask class it measured. Varlen calls are not in any grid: the tables
+    hold none (``_costs.Shape.of``), so they are ranked by priority."""
+    points = [
+        Point(b, h, hkv, s, d, mask)
+        for b, h, hkv in DEFAULT_HEADS
+        for d in DEFAULT_HEAD_DIMS
+        for s in DEFAULT_SEQLENS
+        for mask in ("none", "causal")
+        if b * h * s * s * d <= MAX_WORK
+    ]
+    return points + [
+        Point(1, 64, 8, 4096, 128, "window", WINDOW),
+        Point(1, 64, 8, 4096, 64, "causal", sinks=True),
+        Point(1, 64, 8, 4096, 64, "window", SINK_WINDOW, sinks=True),
+        Point(1, 64, 8, 4096, 128, "causal", softcap=True),
+        Point(1, 64, 8, 4096, 128, "window", WINDOW, softcap=True),
+    ]
+
+
 def quick_grid() -> list[Point]:
     """A few tiny points (each mask class, GQA), for a CPU or a smoke test."""
     return [
@@ -145,7 +186,11 @@ def tensors(kind: str, t: dict) -> tuple:
 def candidates(kind: str, t: dict, reference: bool = False) -> list[str]:
     """The implementations that accept this call and have a priority on its arch; the
     reference backend only with ``reference`` (on a GPU it is slow and never the fastest)."""
-    report = ad.explain(*tensors(kind, t), **t["flags"])
+    return measured(ad.explain(*tensors(kind, t), **t["flags"]), reference)
+
+
+def measured(report: ad.Report, reference: bool) -> list[str]:
+    """The implementations of ``report`` that a point measures (see :func:`candidates`)."""
     return [
         c.name
         for c in report.candidates
@@ -153,6 +198,64 @@ def candidates(kind: str, t: dict, reference: bool = False) -> list[str]:
         and c.priority is not None
         and (reference or not c.name.startswith("reference:"))
     ]
+
+
+def meta_call(point: Point, kind: str) -> tuple[tuple, dict]:
+    """The call of ``point`` (:func:`make`'s, bf16) on the meta device: its tensors (as
+    :func:`tensors` orders them) and flags; nothing is allocated."""
+
+    def meta(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, device="meta", dtype=dtype)
+
+    b, s, d = point.batch, point.seqlen, point.head_dim
+    q, kv = meta(b, s, point.heads, d), meta(b, s, point.kv_heads, d)
+    args = (q, kv, kv)
+    if kind == "backward":
+        args += (meta(b, s, point.heads, d), meta(b, point.heads, s, dtype=torch.float32), q)
+    flags = point.flags()
+    if point.sinks:
+        flags["sinks"] = meta(point.heads, dtype=torch.float32)
+    return args, flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """What measuring some points costs: ``rows`` (an implementation's forward or backward at
+    a point) and ``variants``, the distinct (implementation, kind, head dim, mask, sinks, soft
+    cap) among them, each a kernel's first-call compile at most."""
+
+    points: int
+    rows: int
+    variants: int
+
+    @property
+    def timing_s(self) -> float:
+        return self.rows * ROW_SECONDS
+
+    @property
+    def compile_s(self) -> float:
+        """At most: a precompiled kernel (cuDNN's, torch's own) or a cached one compiles nothing."""
+        return self.variants * COMPILE_SECONDS
+
+    @property
+    def seconds(self) -> float:
+        return self.timing_s + self.compile_s
+
+
+def estimate(points: Iterable[Point], arch: str, reference: bool = False) -> Estimate:
+    """The rows :func:`measure_point` makes of ``points`` on ``arch`` (the candidates
+    :func:`candidates` finds, asked with ``explain`` on meta tensors) and their kernel
+    variants; the times come from an H200's (:data:`ROW_SECONDS`, :data:`COMPILE_SECONDS`)."""
+    points = list(points)
+    rows, variants = 0, set()
+    for point in points:
+        for kind in KINDS:
+            args, flags = meta_call(point, kind)
+            names = measured(ad.explain(*args, **flags, arch=arch), reference)
+            rows += len(names)
+            shape = (point.head_dim, point.mask, point.window, point.sinks, point.softcap)
+            variants.update((name, kind, *shape) for name in names)
+    return Estimate(len(points), rows, len(variants))
 
 
 # --- timing -----------------------------------------------------------------------------------

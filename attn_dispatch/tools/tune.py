@@ -12,14 +12,18 @@ optionally ``B,S,H,HKV,D,SK`` for another key length; give them with repeated ``
 one per line in ``--shapes FILE`` (blank lines and ``#`` comments are skipped). The flags
 (dtype, causal, window, soft cap, determinism, execution mode) apply to every shape.
 
-``--grid`` measures the cost grid instead (the points the shipped cost tables were measured
-at; ``--quick``: a few tiny ones) on this device with the installed versions: every
-implementation with a priority on the arch, forced, forward and backward, cross-checked (one
-that disagrees is left out), timed eager and on CUDA under CUDA graphs. Each point's rows are
-appended to a JSON-lines file in the cache directory as it finishes, so that a rerun with the
-same device and versions measures only what is missing; then one cost table per backend
-package is written to ``<cache directory>/costs/<arch>/<package>.json``. Such a user table
-ranks the implementations it holds in the place of the shipped one, and ``explain`` names it.
+``--grid`` measures a cost grid instead on this device with the installed versions: by
+default 39 points covering each class of call (GQA groups 1, 4, 8; head dims 64, 128; lengths
+1K to 16K; no mask and causal; a window, sinks and soft caps), about 7 minutes on an H200;
+``--full``: the 196 points the shipped tables were measured at; ``--quick``: a few tiny ones,
+for a CPU or a smoke test. Every implementation with a priority on the arch runs forced,
+forward and backward, cross-checked (one that disagrees is left out), timed eager and on CUDA
+under CUDA graphs. The run first prints its estimate (rows, minutes), then one line per point.
+Each point's rows are appended to a JSON-lines file in the cache directory as it finishes, so
+that a rerun with the same device and versions measures only what is missing; then one cost
+table per backend package is written to ``<cache directory>/costs/<arch>/<package>.json``.
+Such a user table ranks the implementations it holds in the place of the shipped one, and
+``explain`` names it.
 """
 
 from __future__ import annotations
@@ -131,10 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="measure the cost grid and write the user's own cost tables (default: tune shapes)",
     )
-    parser.add_argument(
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument(
         "--quick",
         action="store_true",
-        help="with --grid: a few tiny points, for a CPU or a smoke test (default: the full grid)",
+        help="with --grid: a few tiny points, for a CPU or a smoke test (default: 39 points)",
+    )
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help="with --grid: the full grid the shipped tables were measured at (default: 39 points)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(
@@ -243,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.shape or args.shapes:
             parser.error("--grid measures the grid's points: give no --shape or --shapes")
         return tune_grid(args, argv if argv is not None else sys.argv[1:])
-    if args.quick:
-        parser.error("--quick goes with --grid")
+    if args.quick or args.full:
+        parser.error(f"{'--quick' if args.quick else '--full'} goes with --grid")
     passes = _passes(args.passes)
     shapes = list(args.shape) + (shapes_of_file(args.shapes) if args.shapes else [])
     if not shapes:
@@ -324,12 +334,37 @@ def _write_table(path: Path, table: dict) -> None:
     partial.replace(path)
 
 
+def _grid_points(args: argparse.Namespace) -> tuple[str, list[cost_grid.Point]]:
+    """The grid ``--quick`` / ``--full`` name (default: the default grid) and its points."""
+    if args.quick:
+        return "quick", cost_grid.quick_grid()
+    if args.full:
+        return "full", cost_grid.grid()
+    return "default", cost_grid.default_grid()
+
+
+def _estimate_line(estimate: cost_grid.Estimate, device: torch.device) -> str:
+    """The run's size and, on a GPU, its time (from an H200's: ``cost_grid.ROW_SECONDS``)."""
+    text = (
+        f"estimate: {estimate.points} points to measure, {estimate.rows} rows (an "
+        "implementation's forward or backward at a point)"
+    )
+    if device.type != "cuda":
+        return text
+    minutes = [round(x / 60) for x in (estimate.timing_s, estimate.compile_s, estimate.seconds)]
+    return (
+        f"{text}: about {minutes[0]} min of timing and up to {minutes[1]} min of kernel compiles "
+        f"(none where cached): {minutes[2]} min at most on an H200"
+    )
+
+
 def tune_grid(args: argparse.Namespace, argv: list[str]) -> int:
     """``tune --grid``: measure the grid's missing points, then write the user's tables."""
     device = _device(args.device)
     arch = ad.detect_arch(device).name
-    points = cost_grid.quick_grid() if args.quick else cost_grid.grid()
+    which, points = _grid_points(args)
     timing = cost_grid.QUICK if args.quick else cost_grid.FULL
+    reference = device.type == "cpu"
     names = [
         n for b in ad.backends() if b.error is None for n in (i.name for i in b.implementations)
     ]
@@ -342,20 +377,25 @@ def tune_grid(args: argparse.Namespace, argv: list[str]) -> int:
     rows = _read_run(path)
     done = {r["label"] for r in rows}
     path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"cost grid: {len(points)} points on {run['device']} ({arch}) -> {path}", file=sys.stderr)
+    print(
+        f"cost grid ({which}): {len(points)} points on {run['device']} ({arch}) -> {path}",
+        file=sys.stderr,
+    )
+    pending = [p for p in points if p.label not in done]
+    print(_estimate_line(cost_grid.estimate(pending, arch, reference), device), file=sys.stderr)
+    start = time.perf_counter()
     for number, point in enumerate(points, 1):
         prefix = f"[{number}/{len(points)}] {point.label}"
         if point.label in done:
             print(f"{prefix}: measured before", file=sys.stderr, flush=True)
             continue
-        measured = cost_grid.measure_point(
-            point, device=device, timing=timing, reference=device.type == "cpu"
-        )
+        measured = cost_grid.measure_point(point, device=device, timing=timing, reference=reference)
         with path.open("a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in measured)
         rows += measured
         done.add(point.label)
-        print(f"{prefix}: {_fastest(measured)}", file=sys.stderr, flush=True)
+        took = time.perf_counter() - start
+        print(f"{prefix}: {_fastest(measured)} [{took:.0f} s]", file=sys.stderr, flush=True)
     command = f"{PROG} tune " + " ".join(argv)
     info = dict(run, date=datetime.date.today().isoformat())
     built = cost_grid.tables(rows, info, command, cost_grid.user_owners())

@@ -5,11 +5,14 @@ a backend whose ``fast_paths`` hook raises."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+import torch
+from dispatch_helpers import TAGGED
 
-from attn_dispatch import _settings
+from attn_dispatch import _costs, _settings, detect_arch
 from attn_dispatch.tools import cli, doctor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,21 +23,23 @@ def _doctor(capsys, *args: str) -> str:
     return capsys.readouterr().out
 
 
-def test_doctor_measured_stack_is_constraints_nvidia():
+def test_doctor_measured_stack_is_the_shipped_tables_and_constraints_nvidia_pins_it():
     pinned = {}
     for line in (ROOT / "constraints" / "nvidia.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             name, _, version = line.partition("==")
             pinned[name] = version
-    assert {d: pinned[d] for d in doctor.MEASURED} == doctor.MEASURED
+    versions = doctor.report().versions
+    assert {"torch", "triton", "flash-attn-4", "nvidia-cutlass-dsl"} <= set(versions)
+    assert {d: v["measured"] for d, v in versions.items()} == {d: pinned[d] for d in versions}
 
 
 def test_doctor_prints_versions_and_triton_paths_on_for_a_checked_triton(capsys):
     gates = pytest.importorskip("attn_dispatch_triton._gates")
     version = ".".join(map(str, gates.triton_version()))
     out = _doctor(capsys)
-    assert "torch" in out and "flash-attn-4" in out and "transformers" in out
+    assert "torch" in out and "flash-attn-4" in out
     for name in ("Gluon sm_90 kernels", "launch-plan replay"):
         line = next(x for x in out.splitlines() if f"triton: {name}:" in x)
         assert line.split()[0] == ("on" if version == "3.6" else "OFF"), line
@@ -78,3 +83,110 @@ def test_doctor_survives_a_fast_paths_hook_that_raises(capsys, monkeypatch):
     if "triton" in _settings.current().registry.backends:
         assert any(p["backend"] == "triton" for p in data["fast_paths"])
     assert f"{impl.full_name}: fast_paths() raised" in _doctor(capsys)
+
+
+# --- which cost table ranks each implementation --------------------------------------------------
+
+COSTED = """
+class Quick(Tagged):
+    name, tag, priority = "quick", 1.0, {"*": 50}
+
+
+class Steady(Tagged):
+    name, tag, priority = "steady", 2.0, {"*": 40}
+
+
+@adb.hookimpl
+def attn_dispatch_implementations():
+    return [Quick(), Steady(), Fallback()]
+"""
+ROW = dict(batch=1, heads=8, kv_heads=8, seqlen_q=512, seqlen_k=512, head_dim=64, mask="causal")
+
+
+def cost_table(impls: list[str], provenance: dict) -> str:
+    rows = [dict(ROW, impl=i, kind="backward", eager_us=50.0) for i in impls]
+    return json.dumps({"format": 1, "arch": "cpu", "provenance": provenance, "rows": rows})
+
+
+@pytest.fixture
+def costed(env, plugins, tmp_path):
+    """A backend ``costed`` whose package ships a cpu table of quick and steady, measured with
+    torch 1.0.0 (a drift wherever torch is installed); the cache directory in ``tmp_path``.
+    Yields the path of its user table."""
+    package = tmp_path / "doc_costed"
+    (package / "costs").mkdir(parents=True)
+    (package / "__init__.py").write_text(TAGGED.format(backend="costed") + COSTED)
+    info = {"versions": {"torch": "1.0.0", "made-up-dist": "3.2"}, "requires": {"torch": "1.0.0"}}
+    (package / "costs" / "cpu.json").write_text(cost_table(["costed:quick", "costed:steady"], info))
+    sys.modules.pop("doc_costed", None)
+    plugins.modules.append("doc_costed")
+    plugins.add("doc-costed", {"costed": "doc_costed"}, {})
+    env.set(ATTN_DISPATCH_PLUGINS="costed,reference", ATTN_DISPATCH_CACHE_DIR=str(tmp_path / "c"))
+    yield _costs.user_path(_settings.costs_directory(), "doc_costed", "cpu")
+    _costs.clear()
+
+
+def rankings(capsys) -> dict[str, dict]:
+    data = json.loads(_doctor(capsys, "--json", "--arch", "cpu"))
+    return {r["implementation"]: r for r in data["rankings"]}
+
+
+def test_doctor_reads_the_measured_versions_from_the_shipped_tables(costed, capsys):
+    data = json.loads(_doctor(capsys, "--json"))
+    assert {d: v["measured"] for d, v in data["versions"].items()} == {
+        "torch": "1.0.0",
+        "made-up-dist": "3.2",
+    }
+    assert data["versions"]["torch"]["installed"] == torch.__version__
+    assert data["versions"]["made-up-dist"]["installed"] is None
+    out = _doctor(capsys)
+    assert "(measured: 1.0.0)" in out and "not installed  (measured: 3.2)" in out
+
+
+def test_doctor_names_the_shipped_table_ranking_each_implementation_with_its_drift(costed, capsys):
+    by = rankings(capsys)
+    drift = f"measured with torch 1.0.0, installed {torch.__version__}"
+    for name in ("costed:quick", "costed:steady"):
+        assert by[name]["table"] == "shipped"
+        assert by[name]["source"] == "doc_costed/costs/cpu.json"
+        assert by[name]["drift"] == drift and by[name]["error"] is None
+    # its package ships a table, but without its rows: its priority ranks it
+    assert by["costed:fallback"]["table"] is None
+    assert by["reference:chunked"]["table"] is None
+    out = _doctor(capsys, "--arch", "cpu")
+    assert "cost table ranking each implementation on cpu:" in out
+    assert f"  costed:quick: shipped doc_costed/costs/cpu.json; {drift}" in out
+    assert "  reference:chunked: none (ranked by its priority)" in out
+
+
+def test_doctor_names_the_user_table_where_it_holds_the_implementations_rows(costed, capsys):
+    costed.parent.mkdir(parents=True)
+    mine = {"requires": {"torch": torch.__version__}}
+    costed.write_text(cost_table(["costed:quick"], mine))
+    by = rankings(capsys)
+    assert by["costed:quick"] == dict(
+        implementation="costed:quick",
+        arch="cpu",
+        table="user",
+        source=str(costed),
+        drift=None,
+        error=None,
+    )
+    assert by["costed:steady"]["table"] == "shipped"  # the user table holds none of its rows
+    assert f"  costed:quick: user {costed}\n" in _doctor(capsys, "--arch", "cpu")
+
+
+def test_doctor_names_a_malformed_user_table_as_the_error_of_its_implementations(costed, capsys):
+    costed.parent.mkdir(parents=True)
+    costed.write_text("{not json")
+    by = rankings(capsys)
+    for name in ("costed:quick", "costed:steady"):
+        assert by[name]["table"] == "user" and by[name]["source"] == str(costed)
+        assert by[name]["error"].startswith(f"cost table {costed} is malformed")
+
+
+def test_doctor_arch_defaults_to_this_machines(capsys):
+    data = json.loads(_doctor(capsys, "--json"))
+    arch = detect_arch().name
+    assert data["rankings"] and {r["arch"] for r in data["rankings"]} == {arch}
+    assert cli.main(["doctor", "--arch", "sm_0x"]) == 2

@@ -5,6 +5,7 @@ the shipped ones (attn_dispatch._costs)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -51,7 +52,11 @@ def user_path(package: str) -> Path:
 
 
 def progress(capsys) -> list[str]:
-    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    return progress_of(capsys.readouterr().err.splitlines())
+
+
+def progress_of(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("[")]
 
 
 def test_tune_grid_writes_a_table_per_backend_package_with_provenance(measured, capsys) -> None:
@@ -104,11 +109,65 @@ def test_explain_names_the_user_table_that_ranked_the_call(measured, capsys) -> 
     assert by["liar:tagged"].predicted_us is None  # excluded: ranked by its priority
 
 
-def test_tune_grid_takes_no_shapes_and_quick_needs_grid(measured, capsys) -> None:
+def test_tune_grid_takes_no_shapes_and_quick_or_full_needs_grid(measured, capsys) -> None:
     assert cli.main([*GRID, "--shape", "1,64,4,2,32"]) == 2
     assert "--grid measures the grid's points" in capsys.readouterr().err
     assert cli.main(["tune", "--quick", "--shape", "1,64,4,2,32"]) == 2
     assert "--quick goes with --grid" in capsys.readouterr().err
+    assert cli.main(["tune", "--full", "--shape", "1,64,4,2,32"]) == 2
+    assert "--full goes with --grid" in capsys.readouterr().err
+    assert cli.main([*GRID, "--full"]) == 2
+    assert "not allowed with argument --quick" in capsys.readouterr().err
+
+
+def test_tune_grid_prints_its_estimate_first_and_the_time_so_far_per_point(
+    measured, capsys
+) -> None:
+    assert cli.main(GRID) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("cost grid (quick): 3 points on ")
+    (run,) = (measured / "costs" / "runs").iterdir()
+    rows = len(run.read_text().splitlines())
+    # counted on meta tensors before any point runs, it is the number of rows measured
+    assert err[1] == f"estimate: 3 points to measure, {rows} rows (an implementation's " + (
+        "forward or backward at a point)"
+    )
+    assert all(re.search(r" \[\d+ s\]$", line) for line in progress_of(err))
+    assert cli.main(GRID) == 0
+    assert "estimate: 0 points to measure, 0 rows" in capsys.readouterr().err
+
+
+# --- the grids ----------------------------------------------------------------------------------
+
+
+def test_the_default_grid_covers_each_class_in_39_points() -> None:
+    points = grid.default_grid()
+    assert len(points) == len({p.label for p in points}) == 39
+    assert len(grid.grid()) == 196
+    assert all(p.batch * p.heads * p.seqlen**2 * p.head_dim <= grid.MAX_WORK for p in points)
+    dense = [p for p in points if not (p.sinks or p.softcap)]
+    for mask in ("none", "causal"):
+        of_mask = [p for p in dense if p.mask == mask]
+        assert {p.heads // p.kv_heads for p in of_mask} == {1, 4, 8}
+        assert {p.head_dim for p in of_mask} == {64, 128}
+        assert {p.seqlen for p in of_mask} == {1024, 4096, 16384}
+        for group in (1, 4, 8):  # short and long sequences in every GQA group
+            lengths = {p.seqlen for p in of_mask if p.heads // p.kv_heads == group}
+            assert min(lengths) == 1024 and max(lengths) == 16384
+    assert [p.mask for p in dense if p.mask == "window"] == ["window"]
+    assert sorted(p.mask for p in points if p.sinks) == ["causal", "window"]
+    assert sorted(p.mask for p in points if p.softcap) == ["causal", "window"]
+
+
+def test_the_default_grid_is_estimated_within_ten_minutes_of_an_h200() -> None:
+    default = grid.estimate(grid.default_grid(), "sm_90")
+    full = grid.estimate(grid.grid(), "sm_90")
+    # the installed GPU backends accept most points: several implementations a point
+    assert default.rows >= 4 * 2 * default.points
+    assert default.seconds <= 600 < full.seconds
+    assert default.seconds == pytest.approx(
+        default.rows * grid.ROW_SECONDS + default.variants * grid.COMPILE_SECONDS
+    )
 
 
 # --- user tables against shipped ones ---------------------------------------------------------
