@@ -247,6 +247,7 @@ def _bwd_sinks_fake(grad_out, q, k, v, out, lse, sinks, *rest):  # shapes only
     )
 
 
+_FWD, _BWD = Kind.FORWARD, Kind.BACKWARD
 # ints as ``ad.forward`` takes them (numpy ints too), or traced ones
 _INTS = (numbers.Integral, torch.SymInt)
 
@@ -343,6 +344,7 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
 _grad_enabled = torch.is_grad_enabled
+_new_flags = tuple.__new__
 
 
 def _traced(*tensors) -> bool:
@@ -363,14 +365,19 @@ def _traced(*tensors) -> bool:
 
 
 def _fresh_all(outputs: tuple, inputs: tuple) -> tuple:
-    """:func:`_fresh` for each of ``outputs`` (``None`` stays), the inputs' storages read once."""
-    storages = {x.untyped_storage().data_ptr() for x in inputs if x is not None}
+    """:func:`_fresh` for each of ``outputs`` (``None`` stays). A ``contiguous()`` that copied
+    is fresh already; the inputs' storages are read only when one did not copy."""
+    storages = None
     fresh = []
     for t in outputs:
         if t is not None:
-            t = t.contiguous()
-            if t.untyped_storage().data_ptr() in storages:
-                t = t.clone()
+            c = t.contiguous()
+            if c is t:
+                if storages is None:
+                    storages = {x.untyped_storage().data_ptr() for x in inputs if x is not None}
+                if t.untyped_storage().data_ptr() in storages:
+                    c = t.clone()
+            t = c
         fresh.append(t)
     return tuple(fresh)
 
@@ -381,15 +388,21 @@ class _Attention(torch.autograd.Function):
     The operators' custom-op layer (argument binding, the autograd registration's wrapping) costs
     several times the host time of the dispatch it wraps, which eager mode need not pay. With
     ``heads_first`` the node takes q, k, v as [B, H, S, D] and transposes them itself: views made
-    here record no autograd nodes of their own. A backward traced by compiled autograd (whose
-    ``ctx`` is not this node's own) or otherwise traced takes the backward operator instead, so
-    that a compiler sees it as one opaque node."""
+    here record no autograd nodes of their own. The node saves q, k, v as given (an in-place
+    change to one then fails the backward with autograd's own message). A backward traced by
+    compiled autograd (whose ``ctx`` is not this node's own) or otherwise traced takes the
+    backward operator instead, so that a compiler sees it as one opaque node."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, heads_first, max_seqlens, flags):
-        tensors = _bshd(q, k, v) if heads_first else (q, k, v)
-        seqlens = (cu_seqlens_q, cu_seqlens_k, *max_seqlens)
-        out, lse = _dispatched(FORWARD, tensors, seqlens, flags, sinks)
+        tensors = (
+            (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if heads_first else (q, k, v)
+        )
+        settings = _settings.installed or _settings.current()
+        call = of_schema(_FWD, flags, sinks, settings)
+        out, lse = dispatch(
+            FORWARD, tensors, cu_seqlens_q, cu_seqlens_k, *max_seqlens, call, settings, sinks
+        )
         out = _fresh(out, tensors)
         ctx.save_for_backward(q, k, v, out, lse.contiguous(), cu_seqlens_q, cu_seqlens_k, sinks)
         ctx.recorded = (heads_first, max_seqlens, flags, scope())
@@ -423,7 +436,7 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     heads_first, max_seqlens, flags, _ = ctx.recorded
     if heads_first:
-        q, k, v = _bshd(q, k, v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
     # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
     grad_out = grad_out.contiguous()
@@ -438,9 +451,14 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
         dq, dk, dv, dsinks = _op_gradients(tensors, sinks, max_seqlens, flags)
     else:
         tensors = (q, k, v, out, lse, grad_out)
-        seqlens = (cu_seqlens_q, cu_seqlens_k, *max_seqlens)
-        grads = _dispatched(BACKWARD, tensors, seqlens, flags, sinks)
-        dq, dk, dv = _bshd(*grads[:3]) if heads_first else grads[:3]
+        settings = _settings.installed or _settings.current()
+        call = of_schema(_BWD, flags, sinks, settings)
+        grads = dispatch(
+            BACKWARD, tensors, cu_seqlens_q, cu_seqlens_k, *max_seqlens, call, settings, sinks
+        )
+        dq, dk, dv = grads
+        if heads_first:
+            dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
         # contiguous in the inputs' layout, so that autograd takes them as the leaves' .grad
         # without another copy
         return _fresh_all((dq, dk, dv, grads.dsinks), (*tensors, sinks))
@@ -452,6 +470,17 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
 # The node class of an eager call's backward; compiled autograd calls ``backward`` with a stand-in
 # context of another class.
 _EAGER_NODE = _Attention._backward_cls
+# ``_Attention.apply`` without ``Function.apply``'s Python layer: that layer binds default
+# arguments for a ``setup_context`` (this node has none), routes functorch transforms (an eager
+# call has none active: ``_traced``) and unwraps tensors a finished transform left behind, which
+# :func:`_unwrapped` does for the tensor arguments.
+_eager_apply = super(torch.autograd.Function, _Attention).apply
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def _unwrapped(*tensors) -> tuple:
+    """``tensors`` (``None`` for an absent one) with any dead functorch wrapper unwrapped."""
+    return tuple([t if t is None else _unwrap_if_dead(t) for t in tensors])
 
 
 def attention(
@@ -534,36 +563,21 @@ def attention(
     # A meta tensor among real ones would send the operator to its fake implementation, which
     # returns uninitialised memory: refuse mixed devices here, as the dispatcher does.
     device = q.device
-    for name, t in (
-        ("k", k),
-        ("v", v),
-        ("cu_seqlens_q", cu_seqlens_q),
-        ("cu_seqlens_k", cu_seqlens_k),
-        ("sinks", sinks),
+    if (
+        k.device != device
+        or v.device != device
+        or (cu_seqlens_q is not None or cu_seqlens_k is not None or sinks is not None)
     ):
-        if t is not None and t.device != device:
-            raise ValueError(
-                f"argument '{name}': expected device {device} (same as q), got {t.device}"
-            )
-    flags = OpFlags(
-        causal=causal,
-        causal_align=causal_align,
-        scale=scale,
-        deterministic=deterministic,
-        backend=backend,
-        window_left=window_left,
-        window_right=window_right,
-        softcap=softcap,
+        _check_devices(device, k, v, cu_seqlens_q, cu_seqlens_k, sinks)
+    # positional, without NamedTuple's Python-level constructor (every call builds one)
+    flags = _new_flags(
+        OpFlags,
+        (causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap),
     )
     if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
         # eager: one autograd node, dispatching directly (see _Attention)
-        out = _Attention.apply(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            sinks,
+        out = _eager_apply(
+            *_unwrapped(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks),
             heads_first,
             (max_seqlen_q, max_seqlen_k),
             flags,
@@ -584,6 +598,21 @@ def attention(
             *(() if sinks is None else (sinks,)),
         )
     return out.transpose(1, 2) if heads_first else out
+
+
+def _check_devices(device: torch.device, k, v, cu_seqlens_q, cu_seqlens_k, sinks) -> None:
+    """That every tensor argument (``None``: absent) is on q's ``device``."""
+    for name, t in (
+        ("k", k),
+        ("v", v),
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("cu_seqlens_k", cu_seqlens_k),
+        ("sinks", sinks),
+    ):
+        if t is not None and t.device != device:
+            raise ValueError(
+                f"argument '{name}': expected device {device} (same as q), got {t.device}"
+            )
 
 
 def _checked_max_seqlens(tensors, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):

@@ -261,12 +261,14 @@ def test_activation_checkpointing_recomputes_the_eager_node(reentrant):
         torch.testing.assert_close(got, w)
 
 
-def test_double_backward_is_refused_not_dropped():
+@pytest.mark.parametrize("heads_first", [False, True], ids=["bshd", "bhsd"])
+def test_double_backward_is_refused_not_dropped(heads_first):
     """``create_graph=True``: the backward takes the operator, whose gradients carry a node that
     refuses a second differentiation; an eager gradient without a node would let a gradient
     penalty silently lose attention's share."""
-    q, k, v = leaves()
-    (dq,) = torch.autograd.grad(attention(q, k, v).sum(), q, create_graph=True)
+    q, k, v = leaves(heads_first=heads_first)
+    out = attention(q, k, v, heads_first=heads_first)
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
     assert dq.requires_grad
     with pytest.raises(RuntimeError, match="attn_dispatch.bwd"):
         dq.square().sum().backward()
