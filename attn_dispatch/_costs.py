@@ -10,8 +10,8 @@ host work included) and under CUDA graphs (``graph_us``, the GPU's time). The fo
 a malformed table or row costs, are documented in docs/design.md ("Recorded cost tables");
 :func:`parse` validates a table against it when it is read. The user's own tables
 (``attn-dispatch tune --grid``: ``<cache dir>/costs/<arch>/<package>.json``, :func:`user_path`)
-have the same format and outrank the shipped one for the implementations they hold
-(:func:`table_for`).
+have the same format and outrank the shipped one call by call: a call the user's table covers
+is ranked by it, any other by the shipped table where that covers it (:func:`predict`).
 
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
 for a call, each implementation's rows of the same kind (forward or backward), mask class
@@ -19,9 +19,10 @@ for a call, each implementation's rows of the same kind (forward or backward), m
 by :func:`distance` (a weighted sum of ``|log2|`` ratios of batch, query heads, GQA group,
 lengths, head dim and window width; ties averaged) give the time per unit of work, which times
 the call's work (:func:`work`) is the prediction. A row further than :data:`COVERAGE` covers
-nothing: the call is then outside what was measured, and the implementation is ranked by its
-priority. The prediction reads only shapes and flags, never a tensor, so ``explain`` on meta
-tensors predicts what the same call on the device does.
+nothing: the call is then outside what was measured, and the implementation is ranked by the
+shipped table where only the user's does not cover it, else by its priority. The prediction
+reads only shapes and flags, never a tensor, so ``explain`` on meta tensors predicts what the
+same call on the device does.
 """
 
 from __future__ import annotations
@@ -233,6 +234,11 @@ class CostTable:
         user = self.source if self.user else None
         return Prediction(per_work * work(shape), best, shapes, self.drift, user)
 
+    def check(self, impl: str) -> None:
+        """:class:`CostTableError` when ``impl``'s rows in this table cannot be read."""
+        if impl in self.broken:
+            raise CostTableError(self.broken[impl])
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -245,12 +251,17 @@ class Prediction:
     drift: str | None = None
     # the file of the user's own table (``attn-dispatch tune --grid``), ``None`` for a shipped one
     user_table: str | None = None
+    # for a shipped table's prediction: the user's table that holds rows of the implementation
+    # but does not cover this call (so the shipped table ranked it), else ``None``
+    beyond: str | None = None
 
     @property
     def source(self) -> str:
         """Where the prediction came from, as ``explain`` shows it."""
         near = ", ".join(s.label for s in self.nearest)
         table = f"user cost table {self.user_table}" if self.user_table else "cost table"
+        if self.beyond:
+            table += f" (the user cost table {self.beyond} does not cover the call)"
         note = f"{table}: nearest measured {near} (distance {self.distance:.2f})"
         return note + (f"; {self.drift}" if self.drift else "")
 
@@ -452,18 +463,6 @@ def clear() -> None:
     _load_file.cache_clear()
 
 
-def table_for(
-    package: str | None, user: tuple[Path, str] | None, impl: str, arch: str
-) -> CostTable | None:
-    """The table that ranks ``impl`` on ``arch``: the user's own table (``user``: its
-    directory and package) when it holds rows of ``impl``, else ``package``'s shipped one."""
-    if user is not None:
-        table = load_user(*user, arch)
-        if table is not None and table.covers(impl):
-            return table
-    return None if package is None else load(package, arch)
-
-
 def predict(
     package: str | None,
     impl: str,
@@ -473,16 +472,28 @@ def predict(
     inp: ForwardInputs,
     user: tuple[Path, str] | None = None,
 ) -> Prediction | None:
-    """``impl``'s predicted time for ``inp`` from the user's own table (``user``: the
-    directory of the user's tables and the package it is named after) when it holds
-    ``impl``'s rows, else from ``package``'s shipped table for ``arch``; ``None``
-    when there is none (no table, a varlen or empty call, nothing measured within
-    :data:`COVERAGE`); :class:`CostTableError` when the table, or ``impl``'s rows in it, cannot
-    be read."""
-    table = table_for(package, user, impl, arch.name)
-    if table is None:
-        return None
-    if impl in table.broken:
-        raise CostTableError(table.broken[impl])
+    """``impl``'s predicted time for ``inp``: from the user's own table (``user``: the
+    directory of the user's tables and the package it is named after) where that covers the
+    call, else from ``package``'s shipped table for ``arch`` where that covers it, else
+    ``None`` (no table, a varlen or empty call, nothing measured within :data:`COVERAGE`).
+    A user table measures a grid of its own (``tune --grid``'s default holds D 64 and 128
+    only), so it outranks the shipped one only within what it measured.
+    :class:`CostTableError` when a table consulted, or ``impl``'s rows in it, cannot be read:
+    the user's is consulted first, the shipped one only for a call the user's does not cover."""
     shape = Shape.of(inp)
-    return None if shape is None else table.predict(impl, kind, execution, shape)
+    mine = None if user is None else load_user(*user, arch.name)
+    if mine is not None and mine.covers(impl):
+        mine.check(impl)
+        found = None if shape is None else mine.predict(impl, kind, execution, shape)
+        if found is not None:
+            return found
+    else:
+        mine = None
+    shipped = None if package is None else load(package, arch.name)
+    if shipped is None:
+        return None
+    shipped.check(impl)
+    found = None if shape is None else shipped.predict(impl, kind, execution, shape)
+    if found is None or mine is None:
+        return found
+    return dataclasses.replace(found, beyond=mine.source)

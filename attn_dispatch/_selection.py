@@ -229,7 +229,7 @@ def _verdict(
 
 
 def cost_tables_of(impl: Implementation) -> tuple[str | None, tuple[Path, str]]:
-    """Where ``impl``'s cost tables are looked up (``_costs.table_for``'s ``package`` and
+    """Where ``impl``'s cost tables are looked up (``_costs.predict``'s ``package`` and
     ``user``): the package that ships them, and the user's table directory with the package
     its table there is named after."""
     return _costs.tables_of(impl), (costs_directory(), _costs.owner(impl))

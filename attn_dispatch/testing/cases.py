@@ -78,7 +78,9 @@ class Case:
     inputs carry ``[heads]`` sink logits (N(0, 1), drawn after the other tensors, so those are
     the same as without sinks). ``strided_vectors``: sinks and cu_seqlens are views of stride
     2 into tensors twice as long (valid input, which a kernel indexing them as ``X + i``
-    misreads); the values are the same."""
+    misreads); the values are the same. A varlen case whose ``seqlens_q == seqlens_k`` passes
+    one cu_seqlens tensor (or one strided view) as both ``cu_seqlens_q`` and ``cu_seqlens_k``,
+    as self-attention callers do; unequal lengths get two."""
 
     seqlens_q: tuple[int, ...]
     seqlens_k: tuple[int, ...]
@@ -200,16 +202,21 @@ class Case:
         max_q = max_k = None
         if self.varlen:
             cu_q = _cumulative(self.seqlens_q, device)
-            cu_k = _cumulative(self.seqlens_k, device)
+            # equal lengths: one tensor as both, as self-attention callers pass it; some
+            # kernels accept only that, and it is what makes the causal alignments agree
+            same = self.seqlens_q == self.seqlens_k
+            cu_k = cu_q if same else _cumulative(self.seqlens_k, device)
             max_q, max_k = max(self.seqlens_q), max(self.seqlens_k)
         sinks = None
         if self.sinks:
             sinks = torch.randn(h, generator=gen, dtype=torch.float64)
             sinks = sinks.to(dtype=_sinks_dtype(dtype), device=device)
         if self.strided_vectors:
+            shared = cu_q is not None and cu_q is cu_k
             cu_q, cu_k, sinks = (
                 None if t is None else _every_other(t) for t in (cu_q, cu_k, sinks)
             )
+            cu_k = cu_q if shared else cu_k  # one strided view as both
         return CaseInputs(
             made["q"],
             made["k"],
@@ -424,6 +431,21 @@ def standard_cases() -> list[Case]:
             layout="sliced",
             seed=15,
             tags=("varlen", "noncontig"),
+        ),
+        # self-attention varlen: one cu_seqlens tensor as both, so the two causal alignments
+        # agree (a top-left-only kernel runs this bottom-right case), and the implementations
+        # that take varlen only with shared offsets run it
+        c(
+            (19, 0, 40),
+            (19, 0, 40),
+            heads=4,
+            kv_heads=2,
+            head_dim=32,
+            causal=True,
+            causal_align="bottom_right",
+            varlen=True,
+            seed=17,
+            tags=("varlen", "shared_offsets", "causal_br", "empty", "gqa"),
         ),
         c((128,), (128,), heads=2, kv_heads=2, head_dim=128, causal=True, seed=16, tags=("d128",)),
     ]

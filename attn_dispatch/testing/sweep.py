@@ -164,8 +164,9 @@ def draw_cases(
     """``n`` cases drawn from ``seed`` (the same arguments always draw the same cases).
 
     The distribution: batch 1-4; dense (70%) or varlen (30%, some sequences empty or of length
-    1); lengths 1 (6%), 2-64 (24%), a power of two 16-512 off by -1/+1/+3 (15%), up to a third
-    of ``longest`` (40%), from there to ``longest`` (15%), Sq != Sk in 40% of dense cases; kv
+    1; the query and key lengths equal in half of them, one cu_seqlens tensor as both);
+    lengths 1 (6%), 2-64 (24%), a power of two 16-512 off by -1/+1/+3 (15%), up to a third of
+    ``longest`` (40%), from there to ``longest`` (15%), Sq != Sk in 40% of dense cases; kv
     heads 1-4 and a GQA group drawn uniformly from 1-``max_group``; head dim drawn uniformly
     from :func:`head_dim_pool` (:data:`POOL_COMMON` of :data:`COMMON_HEAD_DIMS`, 128 among them,
     :data:`OTHER_HEAD_DIMS` other multiples of 8 up to ``largest_head_dim`` and one value that

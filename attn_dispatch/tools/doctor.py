@@ -7,15 +7,16 @@ API: the core imports no backend); a hook that raises is reported as that implem
 problem alone. The measured versions are the shipped cost tables' own (their provenance's
 ``versions``), so that there is one record of them; cost-table drift is the note ``explain``
 shows (``attn_dispatch._costs``), and the table that ranks an implementation is the one
-automatic selection reads (``_selection.cost_tables_of``): the user's own where it holds the
-implementation's rows, else the shipped one."""
+automatic selection reads (``_selection.cost_tables_of``): the user's own for the calls it
+covers where it holds the implementation's rows, the shipped one for the others."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.resources
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -43,7 +44,9 @@ class Ranking:
     """The cost table that ranks one implementation on ``arch``: ``table`` ``"user"`` (the
     user's own, ``attn-dispatch tune --grid``), ``"shipped"`` or ``None`` (none: ranked by
     its priority); ``source`` its file, ``drift`` its version drift, ``error`` why it cannot
-    be read (the implementation then fails its calls)."""
+    be read (the implementation then fails its calls). A user table ranks only the calls it
+    covers: ``elsewhere`` is the shipped table's ranking of the others (``None`` when the
+    shipped table holds no rows of the implementation)."""
 
     implementation: str
     arch: str
@@ -51,6 +54,7 @@ class Ranking:
     source: str | None
     drift: str | None
     error: str | None
+    elsewhere: Ranking | None = None
 
 
 @dataclass(frozen=True)
@@ -128,22 +132,48 @@ def measured_versions(tables: list[_costs.CostTable]) -> dict[str, str]:
     return {dist: " / ".join(v) for dist, v in seen.items() if v}
 
 
-def _ranking(impl: Implementation, arch: str) -> Ranking:
-    """The table that ranks ``impl`` on ``arch``, as automatic selection finds it."""
-    package, user = cost_tables_of(impl)
-    name = impl.full_name
+def _table_ranking(
+    name: str, arch: str, kind: str, source: str, read: Callable[[], _costs.CostTable | None]
+) -> Ranking | None:
+    """``read()``'s table as the ranking of ``name`` (``kind``: ``"user"`` or ``"shipped"``,
+    ``source`` its file), ``None`` when there is no such table or it holds no rows of
+    ``name``; a table that cannot be read is the ranking's error."""
     try:
-        table = _costs.table_for(package, user, name, arch)
-    except _costs.CostTableError as exc:  # the error names the file: the user's or the shipped
-        mine = str(_costs.user_path(*user, arch))
-        if mine in str(exc):
-            return Ranking(name, arch, "user", mine, None, str(exc))
-        shipped = f"{package}/{_costs.COSTS_DIR}/{arch}.json"
-        return Ranking(name, arch, "shipped", shipped, None, str(exc))
+        table = read()
+    except _costs.CostTableError as exc:
+        return Ranking(name, arch, kind, source, None, str(exc))
     if table is None or not table.covers(name):  # a table without its rows ranks it not
-        return Ranking(name, arch, None, None, None, None)
-    kind = "user" if table.user else "shipped"
+        return None
     return Ranking(name, arch, kind, table.source, table.drift, table.broken.get(name))
+
+
+def _ranking(impl: Implementation, arch: str) -> Ranking:
+    """The tables that rank ``impl`` on ``arch``, as automatic selection finds them
+    (``_costs.predict``): the user's where it covers a call, the shipped one elsewhere."""
+    package, (directory, owner) = cost_tables_of(impl)
+    name = impl.full_name
+    mine = _table_ranking(
+        name,
+        arch,
+        "user",
+        str(_costs.user_path(directory, owner, arch)),
+        lambda: _costs.load_user(directory, owner, arch),
+    )
+    shipped = (
+        None
+        if package is None
+        else _table_ranking(
+            name,
+            arch,
+            "shipped",
+            f"{package}/{_costs.COSTS_DIR}/{arch}.json",
+            lambda: _costs.load(package, arch),
+        )
+    )
+    if mine is None:
+        return shipped or Ranking(name, arch, None, None, None, None)
+    # a user table that cannot be read fails every call before the shipped one is consulted
+    return mine if mine.error is not None else replace(mine, elsewhere=shipped)
 
 
 def report(arch: Arch | None = None) -> Report:
@@ -196,11 +226,21 @@ def text(rep: Report) -> str:
         if r.table is None:
             lines.append(f"  {r.implementation}: none (ranked by its priority)")
             continue
-        note = f"; {r.error}" if r.error else (f"; {r.drift}" if r.drift else "")
-        lines.append(f"  {r.implementation}: {r.table} {r.source}{note}")
+        line = f"  {r.implementation}: {_table_text(r)}"
+        if r.elsewhere is not None:
+            line = f"{line}; elsewhere {_table_text(r.elsewhere)}"
+        lines.append(line)
     if not rep.gpu:
         lines.append(NO_GPU)
     return "\n".join(lines)
+
+
+def _table_text(r: Ranking) -> str:
+    """``user <path>`` or ``shipped <source>``, the calls a user table ranks when the shipped
+    one ranks the rest, and the table's error or drift."""
+    scope = " where it covers the call" if r.elsewhere is not None else ""
+    note = f"; {r.error}" if r.error else (f"; {r.drift}" if r.drift else "")
+    return f"{r.table} {r.source}{scope}{note}"
 
 
 def run(as_json: bool, arch: Arch | None = None) -> int:

@@ -22,8 +22,9 @@ under CUDA graphs. The run first prints its estimate (rows, minutes), then one l
 Each point's rows are appended to a JSON-lines file in the cache directory as it finishes, so
 that a rerun with the same device and versions measures only what is missing; then one cost
 table per backend package is written to ``<cache directory>/costs/<arch>/<package>.json``.
-Such a user table ranks the implementations it holds in the place of the shipped one, and
-``explain`` names it.
+Such a user table ranks the calls it covers of the implementations it holds in the place of the
+shipped one (which still ranks the calls outside the user table's coverage), and ``explain``
+names the table that ranked each call.
 """
 
 from __future__ import annotations

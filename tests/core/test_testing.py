@@ -221,6 +221,21 @@ def test_cases_are_seeded():
     assert torch.equal(x.q, y.q) and torch.equal(x.grad_out, y.grad_out)
 
 
+@pytest.mark.parametrize("strided_vectors", [False, True])
+def test_varlen_cases_pass_one_cu_seqlens_tensor_for_equal_lengths(strided_vectors):
+    """Self-attention callers pass one offsets tensor as both (some kernels take varlen only
+    so); unequal lengths need two."""
+    shared = Case((5, 0, 9), (5, 0, 9), varlen=True, strided_vectors=strided_vectors, seed=4)
+    inp = shared.make_inputs()
+    assert inp.cu_seqlens_q is inp.cu_seqlens_k
+    assert inp.cu_seqlens_q.tolist() == [0, 5, 5, 14]
+    assert inp.cu_seqlens_q.stride(0) == (2 if strided_vectors else 1)
+    apart = dataclasses.replace(shared, seqlens_k=(7, 3, 0)).make_inputs()
+    assert apart.cu_seqlens_q is not apart.cu_seqlens_k
+    assert apart.cu_seqlens_k.tolist() == [0, 7, 10, 10]
+    assert apart.cu_seqlens_k.stride(0) == (2 if strided_vectors else 1)
+
+
 # ---------------------------------------------------------------------------------------------
 # the checks pass a correct implementation and fail wrong ones
 
@@ -253,13 +268,34 @@ BOTTOM_RIGHT = Case(
 )
 SCALED = Case((16,), (16,), heads=2, kv_heads=1, head_dim=16, scale=0.11, seed=3)
 VARLEN = Case((5, 0, 9), (7, 3, 0), heads=2, kv_heads=1, head_dim=8, varlen=True, seed=4)
+# one cu_seqlens tensor as both, bottom-right (the same mask as top-left here)
+SELF_VARLEN = Case(
+    (5, 0, 9),
+    (5, 0, 9),
+    heads=2,
+    kv_heads=1,
+    head_dim=8,
+    causal=True,
+    causal_align="bottom_right",
+    varlen=True,
+    strided_vectors=True,
+    seed=5,
+)
 
 
-@pytest.mark.parametrize("case", [GQA, BOTTOM_RIGHT, SCALED, VARLEN], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case", [GQA, BOTTOM_RIGHT, SCALED, VARLEN, SELF_VARLEN], ids=lambda c: c.id
+)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_correct_implementation_passes(case, dtype):
     check_backward(_oracle_backward, case, dtype=dtype)
     check_forward(_oracle_forward, case, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_reference_backend_passes_a_case_with_shared_offsets(dtype):
+    check_backward("reference", SELF_VARLEN, dtype=dtype)
+    check_forward("reference", SELF_VARLEN, dtype=dtype)
 
 
 def _wrong_gqa(q, k, v, out, lse, grad_out, **flags):

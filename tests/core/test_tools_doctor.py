@@ -164,6 +164,18 @@ def test_doctor_names_the_user_table_where_it_holds_the_implementations_rows(cos
     mine = {"requires": {"torch": torch.__version__}}
     costed.write_text(cost_table(["costed:quick"], mine))
     by = rankings(capsys)
+    drift = f"measured with torch 1.0.0, installed {torch.__version__}"
+    # the user table ranks the calls it covers, the shipped one (which holds quick's rows too)
+    # the others
+    shipped = dict(
+        implementation="costed:quick",
+        arch="cpu",
+        table="shipped",
+        source="doc_costed/costs/cpu.json",
+        drift=drift,
+        error=None,
+        elsewhere=None,
+    )
     assert by["costed:quick"] == dict(
         implementation="costed:quick",
         arch="cpu",
@@ -171,9 +183,22 @@ def test_doctor_names_the_user_table_where_it_holds_the_implementations_rows(cos
         source=str(costed),
         drift=None,
         error=None,
+        elsewhere=shipped,
     )
     assert by["costed:steady"]["table"] == "shipped"  # the user table holds none of its rows
-    assert f"  costed:quick: user {costed}\n" in _doctor(capsys, "--arch", "cpu")
+    assert by["costed:steady"]["elsewhere"] is None
+    assert (
+        f"  costed:quick: user {costed} where it covers the call; "
+        f"elsewhere shipped doc_costed/costs/cpu.json; {drift}\n"
+    ) in _doctor(capsys, "--arch", "cpu")
+
+
+def test_doctor_names_the_user_table_alone_where_nothing_is_shipped_for_it(costed, capsys):
+    costed.parent.mkdir(parents=True)
+    costed.write_text(cost_table(["costed:fallback"], {}))
+    by = rankings(capsys)
+    assert by["costed:fallback"]["table"] == "user" and by["costed:fallback"]["elsewhere"] is None
+    assert f"  costed:fallback: user {costed}\n" in _doctor(capsys, "--arch", "cpu")
 
 
 def test_doctor_names_a_malformed_user_table_as_the_error_of_its_implementations(costed, capsys):

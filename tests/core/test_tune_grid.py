@@ -188,8 +188,10 @@ def attn_dispatch_implementations():
 SHAPE = dict(batch=1, heads=8, kv_heads=8, seqlen_q=512, seqlen_k=512, head_dim=64)
 
 
-def table(*rows: tuple[str, float]) -> str:
-    entries = [dict(SHAPE, mask="causal", impl=i, kind="backward", eager_us=us) for i, us in rows]
+def table(*rows: tuple[str, float], **shape: int) -> str:
+    """A cpu table of causal backward rows at ``SHAPE`` (``shape`` overriding its sizes)."""
+    point = dict(SHAPE, **shape)
+    entries = [dict(point, mask="causal", impl=i, kind="backward", eager_us=us) for i, us in rows]
     return json.dumps({"format": 1, "arch": "cpu", "rows": entries})
 
 
@@ -211,8 +213,8 @@ def shipped(env, plugins, tmp_path):
     _costs.clear()
 
 
-def explain() -> dict:
-    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+def explain(sq: int = 512, d: int = 64) -> dict:
+    report = ad.explain(*make_inputs(b=1, sq=sq, h=8, hkv=8, d=d), causal=True)
     return {c.name: c for c in report.candidates} | {"selected": report.selected}
 
 
@@ -229,6 +231,34 @@ def test_a_user_table_outranks_the_shipped_one_for_its_implementations(shipped) 
     # steady has no user rows: the shipped table still ranks it
     assert by["costed:steady"].predicted_us == pytest.approx(60.0)
     assert by["costed:steady"].prediction.startswith("cost table: nearest measured")
+
+
+def test_the_shipped_table_ranks_the_calls_a_user_table_does_not_cover(shipped, tmp_path) -> None:
+    # the shipped table measured D=256 at 2K (steady the faster); the user's, as a default
+    # grid does, only D=128 at 512, too far from a D=256 2K call to predict it
+    (tmp_path / "rel_costed" / "costs" / "cpu.json").write_text(
+        table(
+            ("costed:quick", 90.0),
+            ("costed:steady", 60.0),
+            seqlen_q=2048,
+            seqlen_k=2048,
+            head_dim=256,
+        )
+    )
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text(table(("costed:quick", 30.0), head_dim=128))
+    ad.reload()
+    inside = explain(sq=512, d=128)
+    assert inside["selected"] == "costed:quick"
+    assert inside["costed:quick"].prediction.startswith(f"user cost table {shipped}:")
+    outside = explain(sq=2048, d=256)
+    assert outside["costed:quick"].predicted_us == pytest.approx(90.0)
+    assert outside["costed:quick"].prediction.startswith(
+        f"cost table (the user cost table {shipped} does not cover the call): nearest measured"
+        " B=1 H=8/8 S=2048 D=256 causal"
+    )
+    assert outside["costed:steady"].prediction.startswith("cost table: nearest measured")
+    assert outside["selected"] == "costed:steady"
 
 
 def test_a_malformed_user_table_fails_only_its_implementations(shipped) -> None:

@@ -6,6 +6,7 @@ without a GPU. The numerics are in test_sdpa_gpu.py.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -16,6 +17,7 @@ from attn_dispatch_torch_sdpa.efficient import Efficient
 from attn_dispatch_torch_sdpa.flash import Flash
 
 import attn_dispatch as ad
+from attn_dispatch.testing import Case
 
 NAMES = ("torch_sdpa:cudnn", "torch_sdpa:flash", "torch_sdpa:efficient")
 
@@ -144,6 +146,18 @@ def test_efficient_takes_varlen_only_with_shared_offsets():
     args, flags = _varlen(same_offsets=True)
     shared = _status(ad.explain(*args, **flags, arch="sm_90"))["torch_sdpa:efficient"]
     assert shared[0] in ("selected", "supported"), shared
+
+
+def test_the_kits_equal_length_varlen_cases_reach_efficient():
+    """The testing kit passes one cu_seqlens tensor as both where the lengths are equal, so
+    conformance and the sweep run efficient's varlen path; unequal lengths it refuses."""
+    shared = Case((19, 0, 40), (19, 0, 40), heads=4, kv_heads=4, head_dim=64, varlen=True)
+    apart = dataclasses.replace(shared, seqlens_k=(19, 3, 40))
+    for case, taken in ((shared, True), (apart, False)):
+        inp = case.make_inputs(torch.float16, "meta")
+        report = ad.explain(inp.q, inp.k, inp.v, **inp.flags(), arch="sm_90")
+        status, reasons = _status(report)["torch_sdpa:efficient"]
+        assert (status in ("selected", "supported")) == taken, (case.id, status, reasons)
 
 
 def test_deterministic_requests():
