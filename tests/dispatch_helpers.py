@@ -78,6 +78,23 @@ class Fallback(Tagged):
 """
 
 
+# A backend (after ``TAGGED``) of two implementations a cost table can rank, ``quick`` first by
+# priority, and the fallback.
+COSTED = """
+class Quick(Tagged):
+    name, tag, priority = "quick", 1.0, {"*": 50}
+
+
+class Steady(Tagged):
+    name, tag, priority = "steady", 2.0, {"*": 40}
+
+
+@adb.hookimpl
+def attn_dispatch_implementations():
+    return [Quick(), Steady(), Fallback()]
+"""
+
+
 class Plugins:
     """Writes plugin distributions (module and ``*.dist-info``) into one directory on
     ``sys.path``: ``importlib.metadata`` discovers them as it would installed packages."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dispatch_helpers import TAGGED
+from dispatch_helpers import COSTED, TAGGED
 
 from attn_dispatch import _costs, _settings, detect_arch
 from attn_dispatch.tools import cli, doctor
@@ -87,19 +87,6 @@ def test_doctor_survives_a_fast_paths_hook_that_raises(capsys, monkeypatch):
 
 # --- which cost table ranks each implementation --------------------------------------------------
 
-COSTED = """
-class Quick(Tagged):
-    name, tag, priority = "quick", 1.0, {"*": 50}
-
-
-class Steady(Tagged):
-    name, tag, priority = "steady", 2.0, {"*": 40}
-
-
-@adb.hookimpl
-def attn_dispatch_implementations():
-    return [Quick(), Steady(), Fallback()]
-"""
 ROW = dict(batch=1, heads=8, kv_heads=8, seqlen_q=512, seqlen_k=512, head_dim=64, mask="causal")
 
 

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from dispatch_helpers import TAGGED, make_inputs
+from dispatch_helpers import COSTED, TAGGED, make_inputs
 
 import attn_dispatch as ad
 from attn_dispatch import _costs, _settings
@@ -172,19 +172,6 @@ def test_the_default_grid_is_estimated_within_ten_minutes_of_an_h200() -> None:
 
 # --- user tables against shipped ones ---------------------------------------------------------
 
-COSTED = """
-class Quick(Tagged):
-    name, tag, priority = "quick", 1.0, {"*": 50}
-
-
-class Steady(Tagged):
-    name, tag, priority = "steady", 2.0, {"*": 40}
-
-
-@adb.hookimpl
-def attn_dispatch_implementations():
-    return [Quick(), Steady(), Fallback()]
-"""
 SHAPE = dict(batch=1, heads=8, kv_heads=8, seqlen_q=512, seqlen_k=512, head_dim=64)
 
 
