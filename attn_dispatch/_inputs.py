@@ -9,12 +9,9 @@ inputs object.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
-
-if TYPE_CHECKING:
-    from ._call import Call  # _call imports this module
 
 
 class Kind(StrEnum):
@@ -175,7 +172,7 @@ class ForwardInputs:
         v,
         cu_seqlens_q,
         cu_seqlens_k,
-        call: Call,
+        call: tuple,  # the call's _call.Call (not imported: _call imports this module)
         facts: Facts,
         sinks=None,
         plan=None,
@@ -267,7 +264,7 @@ class BackwardInputs(ForwardInputs):
         grad_out,
         cu_seqlens_q,
         cu_seqlens_k,
-        call: Call,
+        call: tuple,  # the call's _call.Call (not imported: _call imports this module)
         facts: Facts,
         sinks=None,
         plan=None,
