@@ -57,7 +57,9 @@ from ._inputs import INT64_MAX, lse_dtype, lse_shape
 from ._validation import (
     _require_tensor,
     build_inputs,
-    check_flags,
+    check_causal,
+    check_causal_align,
+    check_deterministic,
     check_softcap,
     check_window,
     float_type_arg,
@@ -130,29 +132,24 @@ def _fresh(t: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
     return t
 
 
+# The operators' arguments after their tensors, in the schema's order: cu_seqlens_q/_k and
+# max_seqlen_q/_k, the flags (``OpFlags``), then ``fwd``'s optional sinks.
+_SEQLENS = 4
+_FLAGS_END = _SEQLENS + len(OpFlags._fields)
+# positional, without NamedTuple's Python-level constructor (every call builds one)
+_new_flags = tuple.__new__
+
+
+def _schema_args(args: tuple) -> tuple[tuple, OpFlags, Tensor | None]:
+    """``(seqlens, flags, sinks)`` of the arguments an operator's kernel (or ``setup_context``)
+    receives after its tensors; ``sinks`` is ``None`` where the call passed none."""
+    sinks = args[_FLAGS_END] if len(args) > _FLAGS_END else None
+    return args[:_SEQLENS], _new_flags(OpFlags, args[_SEQLENS:_FLAGS_END]), sinks
+
+
 @_operator("fwd", FWD_SCHEMA)
-def _fwd(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
-    backend,
-    window_left,
-    window_right,
-    softcap,
-    sinks=None,
-):
-    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = OpFlags(
-        causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap
-    )
+def _fwd(q, k, v, *args):
+    seqlens, flags, sinks = _schema_args(args)
     out, lse = _dispatched(FORWARD, (q, k, v), seqlens, flags, sinks)
     inputs = (q, k, v)
     return _fresh(out, inputs), _fresh(lse, inputs)
@@ -165,35 +162,19 @@ def _fwd_fake(q, k, v, cu_seqlens_q, *rest):  # shapes only: the flags do not ma
     return out, lse
 
 
-@_operator("bwd", BWD_SCHEMA)
-def _bwd(
-    grad_out,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
-    backend,
-    window_left,
-    window_right,
-    softcap,
-):
-    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = OpFlags(
-        causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap
-    )
-    tensors = (q, k, v, out, lse, grad_out)
-    dq, dk, dv = _dispatched(BACKWARD, tensors, seqlens, flags)
+def _op_backward(grad_out, q, k, v, out, lse, sinks, args: tuple) -> tuple:
+    """The backward operators' kernel: fresh ``(dq, dk, dv)``, and ``dsinks`` with ``sinks``."""
+    seqlens, flags, _ = _schema_args(args)
+    grads = _dispatched(BACKWARD, (q, k, v, out, lse, grad_out), seqlens, flags, sinks)
     inputs = (grad_out, q, k, v, out, lse)
-    return _fresh(dq, inputs), _fresh(dk, inputs), _fresh(dv, inputs)
+    if sinks is None:
+        return tuple(_fresh(g, inputs) for g in grads)
+    return tuple(_fresh(g, (*inputs, sinks)) for g in (*grads, grads.dsinks))
+
+
+@_operator("bwd", BWD_SCHEMA)
+def _bwd(grad_out, q, k, v, out, lse, *args):
+    return _op_backward(grad_out, q, k, v, out, lse, None, args)
 
 
 @torch.library.register_fake("attn_dispatch::bwd", lib=_LIB)
@@ -206,35 +187,8 @@ def _bwd_fake(grad_out, q, k, v, *rest):  # shapes only: out, lse and the flags 
 
 
 @_operator("bwd_sinks", BWD_SINKS_SCHEMA)
-def _bwd_sinks(
-    grad_out,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    sinks,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    causal,
-    causal_align,
-    scale,
-    deterministic,
-    backend,
-    window_left,
-    window_right,
-    softcap,
-):
-    seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = OpFlags(
-        causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap
-    )
-    tensors = (q, k, v, out, lse, grad_out)
-    grads = _dispatched(BACKWARD, tensors, seqlens, flags, sinks)
-    inputs = (grad_out, q, k, v, out, lse, sinks)
-    return tuple(_fresh(g, inputs) for g in (*grads, grads.dsinks))
+def _bwd_sinks(grad_out, q, k, v, out, lse, sinks, *args):
+    return _op_backward(grad_out, q, k, v, out, lse, sinks, args)
 
 
 @torch.library.register_fake("attn_dispatch::bwd_sinks", lib=_LIB)
@@ -272,11 +226,12 @@ def in_scope(recorded: tuple[str | None, str | None]) -> Iterator[None]:
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *flags, sinks = inputs
+    q, k, v = inputs[:3]
+    (cu_seqlens_q, cu_seqlens_k, *max_seqlens), flags, sinks = _schema_args(inputs[3:])
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks)
-    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
-    ctx.flags = OpFlags(*flags)
+    ctx.max_seqlens = tuple(max_seqlens)
+    ctx.flags = flags
     ctx.scope = scope()
     ctx.set_materialize_grads(False)
 
@@ -344,7 +299,6 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
 _grad_enabled = torch.is_grad_enabled
-_new_flags = tuple.__new__
 
 
 def _traced(*tensors) -> bool:
@@ -405,7 +359,10 @@ class _Attention(torch.autograd.Function):
         )
         out = _fresh(out, tensors)
         ctx.save_for_backward(q, k, v, out, lse.contiguous(), cu_seqlens_q, cu_seqlens_k, sinks)
-        ctx.recorded = (heads_first, max_seqlens, flags, scope())
+        ctx.heads_first = heads_first
+        ctx.max_seqlens = max_seqlens
+        ctx.flags = flags
+        ctx.scope = scope()
         ctx.set_materialize_grads(False)
         return out
 
@@ -415,12 +372,12 @@ class _Attention(torch.autograd.Function):
         # flags
         if grad_out is None:
             return (None,) * 9
-        if _is_compiling() or ctx.recorded[3] == scope():
+        if _is_compiling() or ctx.scope == scope():
             # the usual case: backward in the forward's scope; a compiled backward (compiled
             # autograd) reads the scope it runs in
             dq, dk, dv, dsinks = _eager_gradients(ctx, grad_out)
         else:
-            with in_scope(ctx.recorded[3]):
+            with in_scope(ctx.scope):
                 dq, dk, dv, dsinks = _eager_gradients(ctx, grad_out)
         return dq, dk, dv, None, None, dsinks, None, None, None
 
@@ -434,7 +391,7 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     dispatcher, or by the backward operator where compiled autograd or another tracer runs the
     node's backward."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
-    heads_first, max_seqlens, flags, _ = ctx.recorded
+    heads_first, max_seqlens, flags = ctx.heads_first, ctx.max_seqlens, ctx.flags
     if heads_first:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
@@ -535,7 +492,9 @@ def attention(
         deterministic = torch.are_deterministic_algorithms_enabled()
     # The operator schema would coerce or reject these with its own error; say it the library's
     # way instead (the rest is validated by the dispatcher, on a signature's first call).
-    check_flags(causal, causal_align, deterministic)
+    check_causal(causal)
+    check_causal_align(causal_align)
+    check_deterministic(deterministic)
     if max_seqlen_q is not None or max_seqlen_k is not None:
         max_seqlen_q, max_seqlen_k = _checked_max_seqlens(
             (q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
@@ -569,7 +528,6 @@ def attention(
         or (cu_seqlens_q is not None or cu_seqlens_k is not None or sinks is not None)
     ):
         _check_devices(device, k, v, cu_seqlens_q, cu_seqlens_k, sinks)
-    # positional, without NamedTuple's Python-level constructor (every call builds one)
     flags = _new_flags(
         OpFlags,
         (causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap),

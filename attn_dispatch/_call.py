@@ -16,7 +16,14 @@ import torch
 
 from . import _execution, _settings
 from ._inputs import Kind, Window
-from ._validation import check_flags, check_softcap, check_window, resolve_scale
+from ._validation import (
+    check_causal,
+    check_causal_align,
+    check_deterministic,
+    check_softcap,
+    check_window,
+    resolve_scale,
+)
 
 __all__ = ["Call", "Kind", "OpFlags", "of_schema", "parse"]
 
@@ -70,69 +77,35 @@ def parse(
     window,
     softcap,
     sinks,
-    settings: _settings.Settings,
+    settings: _settings.Settings | None,
 ) -> Call:
     """The ``Call`` of a public call's flags, with the checks its cache key cannot make.
 
     ``(True, 1)`` and ``(1, 1)`` are equal keys, as are ``softcap=True`` and ``softcap=1.0``:
     the flags whose type decides validity are checked here on every call (cheap identity tests
     first); their values are validated with the tensors on a signature's first call.
-    ``sinks``: the call's sink logits or ``None`` (the Call records whether it has them)."""
+    ``sinks``: the call's sink logits or ``None`` (the Call records whether it has them);
+    ``settings``: those in force, ``None`` for a call the dispatcher does not run
+    (``make_inputs``). The calling context adds the execution mode and the forced name
+    (:func:`_forced`)."""
     if deterministic is None:
         deterministic = _deterministic_default()
     if causal_align.__class__ is not str:
         # the flags are a cache key: an unhashable value must fail as a bad argument first
-        check_flags(False, causal_align, False)
+        check_causal_align(causal_align)
     if (
         (causal is not True and causal is not False)
         or (deterministic is not True and deterministic is not False)
         or (scale is not None and scale.__class__ is not float)
     ):
-        check_flags(causal, "top_left", deterministic)
+        check_causal(causal)
+        check_deterministic(deterministic)
         scale = scale if scale is None else resolve_scale(scale, 1)
     if window is not None:
         window = check_window(window)
     if softcap is not None:
         softcap = check_softcap(softcap)
-    return _in_context(
-        kind, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
-    )
-
-
-def of_schema(kind: Kind, flags: OpFlags, sinks, settings: _settings.Settings) -> Call:
-    """The ``Call`` of the operators' flags. Their schema typed every flag and ``attention``
-    checked them before the operator ran, so nothing is checked again (values still are, with
-    the tensors, on a signature's first call). Both unbounded sides mean no window."""
-    left, right = flags.window_left, flags.window_right
-    return _in_context(
-        kind,
-        flags.causal,
-        flags.causal_align,
-        flags.scale,
-        flags.deterministic,
-        flags.backend,
-        None if left is None and right is None else (left, right),
-        flags.softcap,
-        sinks,
-        settings,
-    )
-
-
-def _in_context(
-    kind, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
-) -> Call:
-    """The ``Call`` of checked flags with what the calling context adds: the forced name
-    (argument, else ``use_backend``, else environment; unchecked, it goes into the decision key)
-    with where it came from, and the execution mode."""
-    if backend is not None:
-        forced_by = "backend"
-    elif (backend := _settings.forced_var.get()) is not None:
-        forced_by = "use_backend"
-    elif (backend := settings.forced_env) is not None:
-        forced_by = _settings.BACKEND_ENV
-    else:
-        forced_by = None
-    execution = _execution.current_execution()
+    backend, forced_by = _forced(backend, settings)
     return _new_call(
         Call,
         (
@@ -144,8 +117,48 @@ def _in_context(
             backend,
             window,
             softcap,
-            execution,
+            _execution.current_execution(),
             sinks is not None,
             forced_by,
         ),
     )
+
+
+def of_schema(kind: Kind, flags: OpFlags, sinks, settings: _settings.Settings) -> Call:
+    """The ``Call`` of the operators' flags. Their schema typed every flag and ``attention``
+    checked them before the operator ran, so nothing is checked again (values still are, with
+    the tensors, on a signature's first call). Both unbounded sides mean no window; the context
+    adds what it adds to :func:`parse`'s."""
+    left, right = flags.window_left, flags.window_right
+    backend, forced_by = _forced(flags.backend, settings)
+    return _new_call(
+        Call,
+        (
+            kind,
+            flags.causal,
+            flags.causal_align,
+            flags.scale,
+            flags.deterministic,
+            backend,
+            None if left is None and right is None else (left, right),
+            flags.softcap,
+            _execution.current_execution(),
+            sinks is not None,
+            forced_by,
+        ),
+    )
+
+
+def _forced(
+    backend: str | None, settings: _settings.Settings | None
+) -> tuple[str | None, str | None]:
+    """The forced name (the argument, else ``use_backend``'s, else the environment's as
+    ``settings`` read it; unchecked, it goes into the decision key) and where it came from
+    (``None``: nothing forced)."""
+    if backend is not None:
+        return backend, "backend"
+    if (backend := _settings.forced_var.get()) is not None:
+        return backend, "use_backend"
+    if settings is not None and (backend := settings.forced_env) is not None:
+        return backend, _settings.BACKEND_ENV
+    return None, None

@@ -116,8 +116,7 @@ class Mode(NamedTuple):
     """What differs between forward and backward dispatch."""
 
     kind: Kind
-    # built as inputs(*tensors, cu_q, cu_k, causal, causal_align, deterministic, facts, sinks,
-    # plan)
+    # built as inputs(*tensors, cu_q, cu_k, call, facts, sinks, plan)
     inputs: type[ForwardInputs]
     # (impl, result, tensors, facts, sinks) -> result; raises when it breaks the contract
     checked: Callable
@@ -216,17 +215,7 @@ def dispatch(
         if entries and (decision := _guards.match(entries, tensors)) is not None:
             if decision.pointers is None and not decision.grad:
                 # the hottest path, inlined: a guarded signature, no pointer or grad concerns
-                inp = mode.inputs(
-                    *tensors,
-                    None,
-                    None,
-                    call.causal,
-                    call.causal_align,
-                    call.deterministic,
-                    decision.facts,
-                    None,
-                    decision.plan,
-                )
+                inp = mode.inputs(*tensors, None, None, call, decision.facts, None, decision.plan)
                 try:
                     return decision.run(inp)
                 except Exception as exc:
@@ -254,17 +243,7 @@ def _run(
 ):
     """Call the decision's implementation, with grad recording off (a backend's own ops must
     not build a graph), naming it in any exception it raises."""
-    inp = mode.inputs(
-        *tensors,
-        cu_q,
-        cu_k,
-        call.causal,
-        call.causal_align,
-        call.deterministic,
-        decision.facts,
-        sinks,
-        decision.plan,
-    )
+    inp = mode.inputs(*tensors, cu_q, cu_k, call, decision.facts, sinks, decision.plan)
     if grad and torch.is_grad_enabled():
         torch._C._set_grad_enabled(False)
         try:

@@ -147,7 +147,8 @@ class ForwardInputs:
     ``kv_heads``, ``head_dim``, ``head_dim_v``, ``dtype``, ``device``, ``is_varlen``,
     ``group_size``. ``plan``: what the implementation's ``prepare`` returned for this call's
     signature (see ``Implementation.prepare``); ``None`` when it has no ``prepare``, on the
-    ``meta`` device and on inputs the dispatcher did not build (``make_inputs``).
+    ``meta`` device and on inputs the dispatcher did not build (``make_inputs``). Built by the
+    dispatcher and ``make_inputs`` around the call's ``Call`` (its flags) and ``Facts``.
     """
 
     __slots__ = (
@@ -171,9 +172,7 @@ class ForwardInputs:
         v,
         cu_seqlens_q,
         cu_seqlens_k,
-        causal,
-        causal_align,
-        deterministic,
+        call: tuple,  # the call's _call.Call (not imported: _call imports this module)
         facts: Facts,
         sinks=None,
         plan=None,
@@ -183,9 +182,9 @@ class ForwardInputs:
         self.v = v
         self.cu_seqlens_q = cu_seqlens_q
         self.cu_seqlens_k = cu_seqlens_k
-        self.causal = causal
-        self.causal_align = causal_align
-        self.deterministic = deterministic
+        self.causal = call.causal
+        self.causal_align = call.causal_align
+        self.deterministic = call.deterministic
         self.facts = facts
         self.sinks = sinks
         self.plan = plan
@@ -265,9 +264,7 @@ class BackwardInputs(ForwardInputs):
         grad_out,
         cu_seqlens_q,
         cu_seqlens_k,
-        causal,
-        causal_align,
-        deterministic,
+        call: tuple,  # the call's _call.Call (not imported: _call imports this module)
         facts: Facts,
         sinks=None,
         plan=None,
@@ -278,9 +275,9 @@ class BackwardInputs(ForwardInputs):
         self.v = v
         self.cu_seqlens_q = cu_seqlens_q
         self.cu_seqlens_k = cu_seqlens_k
-        self.causal = causal
-        self.causal_align = causal_align
-        self.deterministic = deterministic
+        self.causal = call.causal
+        self.causal_align = call.causal_align
+        self.deterministic = call.deterministic
         self.facts = facts
         self.out = out
         self.lse = lse

@@ -17,6 +17,7 @@ when it holds for the tensors (the signature keys it); every other tensor gets i
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -70,15 +71,19 @@ def _probe(t):
 
 
 def probed(inp: ForwardInputs) -> ForwardInputs:
-    """``inp`` with every tensor replaced by its own :class:`Probe`."""
-    cu_q = _probe(inp.cu_seqlens_q)
-    cu_k = cu_q if inp.cu_seqlens_k is inp.cu_seqlens_q else _probe(inp.cu_seqlens_k)
-    sinks = _probe(inp.sinks)
-    flags = (cu_q, cu_k, inp.causal, inp.causal_align, inp.deterministic, inp.facts, sinks)
-    if isinstance(inp, BackwardInputs):
-        tensors = (inp.q, inp.k, inp.v, inp.out, inp.lse, inp.grad_out)
-        return BackwardInputs(*map(_probe, tensors), *flags)
-    return ForwardInputs(_probe(inp.q), _probe(inp.k), _probe(inp.v), *flags)
+    """``inp`` with every tensor replaced by its own :class:`Probe` (flags and facts shared)."""
+    probe = copy.copy(inp)
+    names = _BACKWARD_TENSORS if isinstance(inp, BackwardInputs) else _FORWARD_TENSORS
+    for name in names:
+        setattr(probe, name, _probe(getattr(inp, name)))
+    if inp.cu_seqlens_k is inp.cu_seqlens_q:  # a supports() may test their identity
+        probe.cu_seqlens_k = probe.cu_seqlens_q
+    return probe
+
+
+# The tensor attributes of each inputs class, probed by :func:`probed`.
+_FORWARD_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "sinks")
+_BACKWARD_TENSORS = _FORWARD_TENSORS + ("out", "lse", "grad_out")
 
 
 class _Watchdog:

@@ -28,7 +28,7 @@ from ._inputs import (
 )
 
 if TYPE_CHECKING:
-    from ._call import Call  # _call imports this module's checks
+    from ._call import Call, OpFlags  # _call imports this module's checks
 
 
 def kind_of(tensors: tuple) -> Kind:
@@ -55,16 +55,7 @@ def build_inputs(
     facts = validate(call, tensors, *seqlens, debug, sinks)
     inputs = ForwardInputs if kind_of(tensors) is Kind.FORWARD else BackwardInputs
     given = tensors[:3] if inputs is ForwardInputs else tensors
-    return inputs(
-        *given,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        call.causal,
-        call.causal_align,
-        call.deterministic,
-        facts,
-        sinks,
-    )
+    return inputs(*given, cu_seqlens_q, cu_seqlens_k, call, facts, sinks)
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -140,17 +131,31 @@ def _type_name(value) -> str:
     return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__name__}"
 
 
-def check_flags(causal, causal_align, deterministic) -> None:
+def check_causal(causal) -> None:
     if not isinstance(causal, bool):
         raise TypeError(f"argument 'causal': expected a bool, got {_type_name(causal)}")
+
+
+def check_causal_align(causal_align) -> None:
     if causal_align not in CAUSAL_ALIGNS:
         raise ValueError(
             f"argument 'causal_align': expected one of {CAUSAL_ALIGNS}, got {causal_align!r}"
         )
+
+
+def check_deterministic(deterministic) -> None:
+    """A resolved ``deterministic`` (``None`` became the torch setting before this check)."""
     if not isinstance(deterministic, bool):
         raise TypeError(
             f"argument 'deterministic': expected a bool or None, got {_type_name(deterministic)}"
         )
+
+
+def check_flags(flags: Call | OpFlags) -> None:
+    """The boolean and alignment flags of a ``Call`` (or the operators' ``OpFlags``)."""
+    check_causal(flags.causal)
+    check_causal_align(flags.causal_align)
+    check_deterministic(flags.deterministic)
 
 
 def check_window(window, ints: tuple[type, ...] = (numbers.Integral,)) -> Window | None:
@@ -185,14 +190,8 @@ def check_window(window, ints: tuple[type, ...] = (numbers.Integral,)) -> Window
     return None if sides == [None, None] else (sides[0], sides[1])
 
 
-def effective_window(
-    window: Window | None,
-    causal_align: str,
-    seqlen_q: int,
-    seqlen_k: int,
-    causal: bool = False,
-) -> Window | None:
-    """``window`` (validated) with every side that excludes no key at these lengths set to
+def effective_window(call: Call, seqlen_q: int, seqlen_k: int) -> Window | None:
+    """``call.window`` (validated) with every side that excludes no key at these lengths set to
     ``None`` (unbounded); ``None`` when neither side bounds anything.
 
     Row ``i`` (``0 <= i < Sq``) sees key ``j`` (``0 <= j < Sk``) from ``d_i - left`` to
@@ -206,12 +205,12 @@ def effective_window(
     reach. Kernels thus never see a side of a sequence length or more (no int32/int64 overflow
     in their band arithmetic).
     """
-    if window is None:
+    if call.window is None:
         return None
     last_q, last_k = seqlen_q - 1, seqlen_k - 1
-    reach = (last_k, last_q) if causal_align == "bottom_right" else (last_q, last_k)
-    left, right = (None if s is None or s >= r else s for s, r in zip(window, reach))
-    if causal:
+    reach = (last_k, last_q) if call.causal_align == "bottom_right" else (last_q, last_k)
+    left, right = (None if s is None or s >= r else s for s, r in zip(call.window, reach))
+    if call.causal:
         right = None
     return None if left is None and right is None else (left, right)
 
@@ -267,8 +266,6 @@ def validate(
     Raises ``TypeError``/``ValueError`` naming the argument, the expectation and what was given.
     """
     q, k, v, out, lse, grad_out = (*tensors, None, None, None)[:6]
-    causal, causal_align, scale = call.causal, call.causal_align, call.scale
-    deterministic, window, softcap = call.deterministic, call.window, call.softcap
     backward = kind_of(tensors) is Kind.BACKWARD
     q = _require_tensor("q", q)
     k = _require_tensor("k", k)
@@ -277,9 +274,9 @@ def validate(
         out = _require_tensor("out", out)
         lse = _require_tensor("lse", lse)
         grad_out = _require_tensor("grad_out", grad_out)
-    check_flags(causal, causal_align, deterministic)
-    window = check_window(window)
-    softcap = check_softcap(softcap)
+    check_flags(call)
+    # the operators' Call (``of_schema``) carries them unchecked where no ``attention`` ran first
+    call = call._replace(window=check_window(call.window), softcap=check_softcap(call.softcap))
 
     if q.dtype not in QUERY_DTYPES:
         raise TypeError(
@@ -333,9 +330,9 @@ def validate(
         raise ValueError(f"argument 'q'/'v': expected non-empty head dims, got D={d}, Dv={dv}")
     if sinks is not None:
         check_sinks(sinks, q, heads, debug)
-    scale = resolve_scale(scale, d)
-    check_cap_ratio(scale, softcap)
-    window = effective_window(window, causal_align, msq, msk, causal)
+    scale = resolve_scale(call.scale, d)
+    check_cap_ratio(scale, call.softcap)
+    window = effective_window(call, msq, msk)
     return Facts(
         batch,
         sq,
@@ -351,8 +348,8 @@ def validate(
         msq,
         msk,
         window,
-        softcap,
-        Band.of(window, causal, causal_align),
+        call.softcap,
+        Band.of(window, call.causal, call.causal_align),
     )
 
 

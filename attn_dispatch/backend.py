@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ._arch import Arch
-from ._call import Call
+from ._call import parse
 from ._errors import SettingError
 from ._hookspecs import ENTRY_POINT_GROUP, hookimpl
 from ._implementation import FastPath, Gradients, Implementation
@@ -86,19 +86,12 @@ def make_inputs(
     ``deterministic=None`` follows ``torch.are_deterministic_algorithms_enabled()``, as in
     dispatch.
     """
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
     tensors = (q, k, v, out, lse, grad_out)
-    # nothing forced, eager, nothing checked yet: validation checks the flags with the tensors
-    call = Call(
-        kind_of(tensors),
-        causal,
-        causal_align,
-        scale,
-        deterministic,
-        window=window,
-        softcap=softcap,
-        sinks=sinks is not None,
+    # parsed as the public calls parse their flags, outside any settings: what the Call says
+    # of forcing and the execution mode does not reach the inputs
+    kind = kind_of(tensors)
+    call = parse(
+        kind, causal, causal_align, scale, deterministic, None, window, softcap, sinks, None
     )
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return build_inputs(call, tensors, *seqlens, sinks=sinks)

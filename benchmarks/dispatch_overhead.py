@@ -42,8 +42,7 @@ def main() -> int:
     args = (q, k, v, out, lse, do)
     impl = ad._settings.current().registry.implementations["toy:trivial"]
     ad.backward(*args, backend="toy:trivial")  # cache the decision
-    facts = next(iter(ad._settings.current().decisions.values()))[0]
-    inp = adb.BackwardInputs(q, k, v, out, lse, do, None, None, False, "top_left", False, facts)
+    inp = adb.make_inputs(*args)  # what the dispatcher hands the implementation
     rows = []
     for label, call in (
         ("forced (backend='toy:trivial')", lambda: ad.backward(*args, backend="toy:trivial")),

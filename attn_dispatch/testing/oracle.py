@@ -48,6 +48,16 @@ class OracleResult(_OracleTuple):
 Window = tuple[int | None, int | None]
 
 
+class _Flags(NamedTuple):
+    """The flags the oracle computes with (``scale`` resolved), as one value for its helpers."""
+
+    causal: bool
+    causal_align: str
+    scale: float
+    window: Window | None
+    softcap: float | None
+
+
 def visible_mask(
     sq: int,
     sk: int,
@@ -72,19 +82,17 @@ def visible_mask(
 
 
 def _dense(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scale: float,
-    mask: Tensor,
-    softcap: float | None = None,
-    sinks: Tensor | None = None,
+    q: Tensor, k: Tensor, v: Tensor, flags: _Flags, sinks: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """out [B, Sq, H, Dv] and lse [B, H, Sq] for float64 BSHD tensors (differentiable)."""
+    mask = visible_mask(
+        q.shape[1], k.shape[1], flags.causal, flags.causal_align, q.device, flags.window
+    )
     group = q.shape[2] // k.shape[2]
     kx = k.repeat_interleave(group, dim=2)
     vx = v.repeat_interleave(group, dim=2)
-    s = torch.einsum("bihd,bjhd->bhij", q, kx) * scale
+    s = torch.einsum("bihd,bjhd->bhij", q, kx) * flags.scale
+    softcap = flags.softcap
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     if sinks is not None:
@@ -130,30 +138,18 @@ def oracle(
     cu_seqlens are given, varlen q [Tq, H, D] (lse [H, Tq]). Inputs of any float dtype are
     upcast exactly to float64; results stay float64.
     """
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
+    flags = _Flags(
+        causal, causal_align, q.shape[-1] ** -0.5 if scale is None else scale, window, softcap
+    )
     given = (q, k, v) if sinks is None else (q, k, v, sinks)
     leaves = [t.detach().to(torch.float64).requires_grad_(True) for t in given]
     q64, k64, v64 = leaves[:3]
     sinks64 = None if sinks is None else leaves[3]
     with torch.enable_grad():
         if cu_seqlens_q is None:
-            mask = visible_mask(q.shape[1], k.shape[1], causal, causal_align, q.device, window)
-            out, lse = _dense(q64, k64, v64, scale, mask, softcap, sinks64)
+            out, lse = _dense(q64, k64, v64, flags, sinks64)
         else:
-            out, lse = _varlen(
-                q64,
-                k64,
-                v64,
-                scale,
-                causal,
-                causal_align,
-                cu_seqlens_q,
-                cu_seqlens_k,
-                window,
-                softcap,
-                sinks64,
-            )
+            out, lse = _varlen(q64, k64, v64, cu_seqlens_q, cu_seqlens_k, flags, sinks64)
         if grad_out is None:
             return OracleResult(out.detach(), lse.detach(), None, None, None)
         grads = torch.autograd.grad(
@@ -188,13 +184,9 @@ def _varlen(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    scale: float,
-    causal: bool,
-    causal_align: str,
     cu_q: Tensor,
     cu_k: Tensor | None,
-    window: Window | None,
-    softcap: float | None,
+    flags: _Flags,
     sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     if cu_k is None:
@@ -203,8 +195,7 @@ def _varlen(
     outs, lses = [], []
     for i in range(len(oq) - 1):
         q0, q1, k0, k1 = oq[i], oq[i + 1], ok[i], ok[i + 1]
-        mask = visible_mask(q1 - q0, k1 - k0, causal, causal_align, q.device, window)
-        o, lse = _dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], scale, mask, softcap, sinks)
+        o, lse = _dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], flags, sinks)
         outs.append(o[0])
         lses.append(lse[0])
     out = torch.cat(outs, dim=0) if outs else q.new_zeros(0, q.shape[1], v.shape[-1])

@@ -351,7 +351,7 @@ def test_a_repeated_call_enters_few_python_functions(env):
     assert frames == [
         "_api.py:backward",
         "_call.py:parse",
-        "_call.py:_in_context",
+        "_call.py:_forced",
         "_execution.py:current_execution",
         "_dispatch.py:dispatch",
         "_guards.py:match",
