@@ -137,8 +137,8 @@ def cpu_backward_inputs(like=None, **flags):
     inp = make_inputs(q, q, q, q, lse, q, **flags)
     if like is None:
         return planned(inp)
-    fields = (None, None, inp.causal, inp.causal_align, inp.deterministic, like.facts)
-    return type(inp)(q, q, q, q, lse, q, *fields, None, like.plan)
+    inp.facts, inp.plan = like.facts, like.plan
+    return inp
 
 
 def test_repeated_call_goes_straight_to_fa4_with_its_plan(recording_fa4, monkeypatch):

@@ -197,8 +197,8 @@ def signature_inputs(tensors: tuple, like=None):
         kind = "backward" if isinstance(inp, adb.BackwardInputs) else "forward"
         inp.plan = _fa4.prepare(kind, inp)
         return inp
-    fields = tuple(tensors) + (None, None, True, "bottom_right", False, like.facts, None)
-    return type(inp)(*fields, like.plan)
+    inp.facts, inp.plan = like.facts, like.plan
+    return inp
 
 
 def test_the_backend_replays_a_signature_after_two_agreeing_recordings(toy_fa4):
