@@ -4,7 +4,10 @@ thread (PyTorch's default for CUDA tensors) against on the calling thread
 ``autograd.Function`` and ``ad.attention`` with each GPU implementation forced. Also times the
 eager node's gradient function from inside, on each thread. CUDA only.
 
-    python benchmarks/engine_thread_cost.py [--rounds 7] [--number 200]
+    python benchmarks/engine_thread_cost.py [--rounds 7] [--number 200] [--trace DIR]
+
+``--trace DIR`` also writes a ``torch.profiler`` trace (Chrome format) of 10 steps of each
+``ad.attention`` row on each thread, to read what the device thread does around the node.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -93,10 +97,28 @@ def steps() -> dict[str, Callable[[], None]]:
     return found
 
 
+def trace(step: Callable[[], None], stem: Path) -> None:
+    """Profiler traces of 10 steps on the device thread, then on the calling thread."""
+    from torch.profiler import ProfilerActivity, profile
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for suffix, threads in (("device_thread", True), ("calling_thread", False)):
+        torch.autograd.set_multithreading_enabled(threads)
+        try:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    step()
+                torch.cuda.synchronize()
+        finally:
+            torch.autograd.set_multithreading_enabled(True)
+        prof.export_chrome_trace(f"{stem}.{suffix}.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds per row (7)")
     parser.add_argument("--number", type=int, default=200, help="steps per round (200)")
+    parser.add_argument("--trace", type=Path, help="write profiler traces into this folder")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("engine_thread_cost: needs a CUDA GPU", file=sys.stderr)
@@ -126,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             torch.autograd.set_multithreading_enabled(True)
         within = "" if in_worker is None else f"{in_worker:.1f} / {in_caller:.1f}"
+        if args.trace and name.startswith("ad.attention"):
+            trace(step, args.trace / name.split(", ")[1].replace(":", "_"))
         print(f"| {name} | {threaded:.1f} | {calling:.1f} | {within} |")
     return 0
 
