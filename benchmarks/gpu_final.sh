@@ -10,6 +10,13 @@
 #             directly (benchmarks/flash_attn_cute/overhead.py)
 #   e2e       a full training step through transformers, attn_dispatch against sdpa
 #             (benchmarks/e2e_train_step.py)
+# and, only when named:
+#   sweep     the randomized sweep (tests/sweep, 16 workers) from empty triton and FA4 caches,
+#             then again on the caches the first pass filled (seed SWEEP_SEED, else a fresh one):
+#             the difference is the compile time
+#   host      one layer's host cost (benchmarks/host_cost.py) and its backward on autograd's
+#             device thread against the calling thread (benchmarks/engine_thread_cost.py, with
+#             profiler traces of both in traces.tgz)
 # Results go to $OUT (at most 8 files); each step has a time cap.
 set -u
 DEFAULT_STEPS=tests,bench,graphs,overhead,e2e
@@ -87,4 +94,32 @@ if step e2e; then
   timeout "${E2E_TIMEOUT:-420}" $PY benchmarks/e2e_train_step.py --json "$OUT/e2e.json" \
     2> "$OUT/e2e.progress" | tee "$OUT/e2e.txt"
   echo "e2e rc=${PIPESTATUS[0]}"; tail -3 "$OUT/e2e.progress"
+fi
+
+if step sweep; then
+  echo "== randomized sweep: empty compile caches, then warm ones"
+  xdist_workers 16
+  seed=${SWEEP_SEED:-$RANDOM$RANDOM}
+  rm -rf /tmp/sweep_triton /tmp/sweep_fa4
+  for pass in cold warm; do
+    rm -rf "/tmp/sweep_$pass"; start=$(date +%s)
+    ATTN_DISPATCH_SWEEP_SEED=$seed ATTN_DISPATCH_SWEEP_LOG=/tmp/sweep_$pass \
+      TRITON_CACHE_DIR=/tmp/sweep_triton FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/sweep_fa4 \
+      capped_pytest "${SWEEP_TIMEOUT:-300}" "$OUT/sweep_$pass.txt" "${workers[@]}" tests/sweep
+    echo "sweep $pass (seed $seed) rc=$? in $(( $(date +%s) - start )) s"
+    tail -1 "$OUT/sweep_$pass.txt"
+    $PY -m attn_dispatch.testing.sweep --merge /tmp/sweep_$pass/*.jsonl \
+      --json "$OUT/sweep_$pass.json" | tail -14
+  done
+fi
+
+if step host; then
+  echo "== host cost per layer; the backward on autograd's device thread"
+  timeout 150 $PY benchmarks/host_cost.py --json "$OUT/host_cost.json" > "$OUT/host_cost.txt" 2>&1
+  grep "^|" "$OUT/host_cost.txt"
+  rm -rf /tmp/traces
+  timeout 200 $PY benchmarks/engine_thread_cost.py --trace /tmp/traces \
+    > "$OUT/engine_thread.txt" 2>&1
+  cat "$OUT/engine_thread.txt"
+  tar czf "$OUT/traces.tgz" -C /tmp traces
 fi
