@@ -413,15 +413,7 @@ def load(package: str, arch: str) -> CostTable | None:
         raise CostTableError(f"cost tables of {package!r}: {exc}") from exc
     if not path.is_file():
         return None
-    source = f"{package}/{COSTS_DIR}/{arch}.json"
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CostTableError(f"cost table {source} cannot be read: {exc}") from exc
-    table = parse(data, source)
-    if table.arch != arch:
-        raise CostTableError(f"{table.source} says arch {table.arch!r}")
-    return table
+    return _read(path, f"{package}/{COSTS_DIR}/{arch}.json", arch)
 
 
 def owner(impl: Implementation) -> str:
@@ -447,14 +439,19 @@ def _load_file(path: str, arch: str) -> CostTable | None:
     file = Path(path)
     if not file.is_file():
         return None
+    return dataclasses.replace(_read(file, path, arch), user=True)
+
+
+def _read(path, source: str, arch: str) -> CostTable:
+    """The table in the file ``path`` (named ``source`` in messages), which must be ``arch``'s."""
     try:
-        data = file.read_bytes()
+        data = path.read_bytes()
     except OSError as exc:
-        raise CostTableError(f"cost table {path} cannot be read: {exc}") from exc
-    table = parse(data, path)
+        raise CostTableError(f"cost table {source} cannot be read: {exc}") from exc
+    table = parse(data, source)
     if table.arch != arch:
-        raise CostTableError(f"{path} says arch {table.arch!r}")
-    return dataclasses.replace(table, user=True)
+        raise CostTableError(f"{source} says arch {table.arch!r}")
+    return table
 
 
 def clear() -> None:

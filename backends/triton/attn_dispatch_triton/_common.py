@@ -344,9 +344,9 @@ def kernel_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     aligned (a sliced ``[..., :32]`` view): the P @ V product's operand is read out of bounds
     of shared memory, giving wrong outputs and illegal memory accesses. Such calls are rare, so
     their tensors are copied into aligned storage rather than served by other kernels."""
-    q, v = tensors[0], tensors[2]
-    if padded_dim(q.shape[-1]) == padded_dim(v.shape[-1]):
-        return tuple(last_dim_contiguous(t) for t in tensors)
+    d, dv = tensors[0].shape[-1], tensors[2].shape[-1]
+    if d == dv or padded_dim(d) == padded_dim(dv):
+        return tuple([last_dim_contiguous(t) for t in tensors])
     return tuple(aligned_rows(t) for t in tensors)
 
 
