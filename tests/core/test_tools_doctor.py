@@ -4,6 +4,7 @@ a backend whose ``fast_paths`` hook raises."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 from pathlib import Path
@@ -14,6 +15,10 @@ from dispatch_helpers import COSTED, TAGGED
 
 from attn_dispatch import _costs, _settings, detect_arch
 from attn_dispatch.tools import cli, doctor
+
+# the installed torch as the tables read it: its distribution's version (PyPI's CUDA wheel says
+# 2.11.0 where TORCH says 2.11.0+cu130)
+TORCH = importlib.metadata.version("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,8 +67,6 @@ def test_doctor_reports_cost_table_drift_and_no_gpu(capsys):
     assert data["cost_tables"], "the installed backends ship cost tables"
     for table in data["cost_tables"]:
         assert table["error"] is None, table
-    import torch
-
     if not torch.cuda.is_available():
         assert data["notes"] == [doctor.NO_GPU]
         assert doctor.NO_GPU in _doctor(capsys)
@@ -124,7 +127,7 @@ def test_doctor_reads_the_measured_versions_from_the_shipped_tables(costed, caps
         "torch": "1.0.0",
         "made-up-dist": "3.2",
     }
-    assert data["versions"]["torch"]["installed"] == torch.__version__
+    assert data["versions"]["torch"]["installed"] == TORCH
     assert data["versions"]["made-up-dist"]["installed"] is None
     out = _doctor(capsys)
     assert "(measured: 1.0.0)" in out and "not installed  (measured: 3.2)" in out
@@ -132,7 +135,7 @@ def test_doctor_reads_the_measured_versions_from_the_shipped_tables(costed, caps
 
 def test_doctor_names_the_shipped_table_ranking_each_implementation_with_its_drift(costed, capsys):
     by = rankings(capsys)
-    drift = f"measured with torch 1.0.0, installed {torch.__version__}"
+    drift = f"measured with torch 1.0.0, installed {TORCH}"
     for name in ("costed:quick", "costed:steady"):
         assert by[name]["table"] == "shipped"
         assert by[name]["source"] == "doc_costed/costs/cpu.json"
@@ -148,10 +151,10 @@ def test_doctor_names_the_shipped_table_ranking_each_implementation_with_its_dri
 
 def test_doctor_names_the_user_table_where_it_holds_the_implementations_rows(costed, capsys):
     costed.parent.mkdir(parents=True)
-    mine = {"requires": {"torch": torch.__version__}}
+    mine = {"requires": {"torch": TORCH}}
     costed.write_text(cost_table(["costed:quick"], mine))
     by = rankings(capsys)
-    drift = f"measured with torch 1.0.0, installed {torch.__version__}"
+    drift = f"measured with torch 1.0.0, installed {TORCH}"
     # the user table ranks the calls it covers, the shipped one (which holds quick's rows too)
     # the others
     shipped = dict(
