@@ -48,7 +48,11 @@ COMMON_HEAD_DIMS = (32, 64, 72, 80, 96, 112, 128, 256)
 # many other multiples of 8 and one value that is none. Every kernel compiles once per head
 # dim, so a small pool keeps a run's compile time bounded while the seeds, run after run,
 # cover every head dim.
-POOL_COMMON, OTHER_HEAD_DIMS = 3, 2
+POOL_COMMON, OTHER_HEAD_DIMS = 2, 1
+# Each run draws its GQA groups (query heads per kv head) from a pool of this many: group 1
+# always and others from 2 up. FlashAttention-4 compiles a variant per group size, so a small
+# pool keeps a run's compile time bounded while successive seeds cover every group.
+POOL_GROUPS = 3
 MAX_SCORES = 1 << 25  # B * H * Sq * Sk of one case: keeps the float64 oracle small and fast
 DTYPES = (torch.bfloat16, torch.bfloat16, torch.float16)
 # Shares of the cases whose tensors are strided views (drawn from a stream of their own): q, k,
@@ -119,6 +123,14 @@ def head_dim_pool(rng: random.Random, largest: int) -> tuple[int, ...]:
     return tuple(sorted({*chosen, *picked, odd}))
 
 
+def group_pool(rng: random.Random, max_group: int) -> tuple[int, ...]:
+    """The GQA groups one run draws from (see :data:`POOL_GROUPS`)."""
+    if max_group < 1:
+        raise ValueError(f"max_group must be at least 1, got {max_group}")
+    others = rng.sample(range(2, max_group + 1), min(POOL_GROUPS - 1, max_group - 1))
+    return tuple(sorted({1, *others}))
+
+
 def _side(rng: random.Random, longest: int) -> int | None:
     return rng.choice((None, 0, rng.randint(1, 64), rng.randint(1, longest)))
 
@@ -167,7 +179,8 @@ def draw_cases(
     1; the query and key lengths equal in half of them, one cu_seqlens tensor as both);
     lengths 1 (6%), 2-64 (24%), a power of two 16-512 off by -1/+1/+3 (15%), up to a third of
     ``longest`` (40%), from there to ``longest`` (15%), Sq != Sk in 40% of dense cases; kv
-    heads 1-4 and a GQA group drawn uniformly from 1-``max_group``; head dim drawn uniformly
+    heads 1-4 and a GQA group drawn uniformly from :func:`group_pool` (:data:`POOL_GROUPS`
+    groups: 1 and others from 2-``max_group``, chosen by the seed); head dim drawn uniformly
     from :func:`head_dim_pool` (:data:`POOL_COMMON` of :data:`COMMON_HEAD_DIMS`, 128 among them,
     :data:`OTHER_HEAD_DIMS` other multiples of 8 up to ``largest_head_dim`` and one value that
     is none, chosen by the seed);
@@ -186,6 +199,7 @@ def draw_cases(
     sinks_rng = random.Random(seed * 1_000_003 + 7)
     views_rng = random.Random(seed * 1_000_003 + 13)
     pool = head_dim_pool(rng, largest_head_dim)
+    groups = group_pool(rng, max_group)
     drawn = []
     for index in range(n):
         batch = rng.randint(1, 4)
@@ -199,7 +213,7 @@ def draw_cases(
             dict(
                 seqlens_q=sq,
                 seqlens_k=sk,
-                heads=kv * rng.randint(1, max_group),
+                heads=kv * rng.choice(groups),
                 kv_heads=kv,
                 head_dim=d,
                 head_dim_v=dv,

@@ -1,6 +1,7 @@
 """The randomized conformance sweep (attn_dispatch.testing.sweep) on the test plugins."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -21,15 +22,18 @@ def test_the_distribution_covers_what_it_promises() -> None:
     drawn = sweep.draw_cases(800, seed=3)
     cases = [d.case for d in drawn]
     groups = {c.heads // c.kv_heads for c in cases}
-    assert groups == set(range(1, 17))
+    assert 1 in groups and len(groups) == sweep.POOL_GROUPS
     assert {c.causal_align for c in cases if c.causal} == {"top_left", "bottom_right"}
     assert any(c.head_dim % 8 for c in cases) and any(c.head_dim != c.dv for c in cases)
     dims = {c.head_dim for c in cases}
     assert 128 in dims and len(dims & set(sweep.COMMON_HEAD_DIMS)) == sweep.POOL_COMMON
-    assert len(dims) == sweep.POOL_COMMON + sweep.OTHER_HEAD_DIMS + 1
-    # other seeds, other head dims: every multiple of 8 up to 256 within a few runs
-    seen = {c.case.head_dim for seed in range(80) for c in sweep.draw_cases(60, seed)}
-    assert seen >= set(range(8, 257, 8))
+    assert len(dims) == sweep.POOL_COMMON + sweep.OTHER_HEAD_DIMS + 1 == 4
+    # other seeds, other head dims and groups: every multiple of 8 up to 256 (the common head
+    # dims among them) and every group 1-16 within a few runs
+    runs = [sweep.draw_cases(60, seed) for seed in range(160)]
+    seen = {c.case.head_dim for run in runs for c in run}
+    assert seen >= set(range(8, 257, 8)) | set(sweep.COMMON_HEAD_DIMS)
+    assert {c.case.heads // c.case.kv_heads for run in runs for c in run} == set(range(1, 17))
     assert any(1 in c.seqlens_q for c in cases) and any(c.window for c in cases)
     assert any(c.softcap for c in cases) and any(c.varlen and 0 in c.seqlens_q for c in cases)
     assert 0.1 < sum(c.sinks for c in cases) / len(cases) < 0.2
@@ -41,6 +45,35 @@ def test_the_distribution_covers_what_it_promises() -> None:
         c.heads * sum(a * b for a, b in zip(c.seqlens_q, c.seqlens_k)) <= sweep.MAX_SCORES
         for c in cases
     )
+
+
+def test_a_run_draws_its_gqa_groups_from_a_pool_of_group_1_and_two_others() -> None:
+    rng = random.Random(5)
+    pools = [sweep.group_pool(rng, 16) for _ in range(50)]
+    assert all(p[0] == 1 and len(p) == 3 and set(p) <= set(range(1, 17)) for p in pools)
+    assert sweep.group_pool(rng, 2) == (1, 2) and sweep.group_pool(rng, 1) == (1,)
+    with pytest.raises(ValueError, match="max_group"):
+        sweep.group_pool(rng, 0)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_pools_keep_a_run_to_fewer_kernel_variants_than_wider_ones(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each compile group, and for FlashAttention-4 each GQA group within it, compiles its own
+    kernels: the pools bound how many a run of 300 cases compiles."""
+
+    def variants() -> tuple[int, int]:
+        drawn = sweep.draw_cases(300, seed)
+        pairs = {(d.compile_group, d.case.heads // d.case.kv_heads) for d in drawn}
+        return len({d.compile_group for d in drawn}), len(pairs)
+
+    groups, pairs = variants()
+    monkeypatch.setattr(sweep, "POOL_COMMON", 3)
+    monkeypatch.setattr(sweep, "OTHER_HEAD_DIMS", 2)
+    monkeypatch.setattr(sweep, "POOL_GROUPS", 16)
+    wider_groups, wider_pairs = variants()
+    assert groups < wider_groups and pairs < wider_pairs
 
 
 def test_the_distribution_draws_strided_views_of_every_tensor() -> None:
