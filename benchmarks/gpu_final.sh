@@ -13,7 +13,7 @@
 # and, only when named:
 #   sweep     the randomized sweep (tests/sweep, 16 workers) from empty triton and FA4 caches,
 #             then again on the caches the first pass filled (seed SWEEP_SEED, else a fresh one):
-#             the difference is the compile time
+#             the difference is the compile time (SWEEP_PASSES=cold runs the first pass only)
 #   host      one layer's host cost (benchmarks/host_cost.py) and its backward on autograd's
 #             device thread against the calling thread (benchmarks/engine_thread_cost.py, with
 #             profiler traces of both in traces.tgz)
@@ -101,7 +101,7 @@ if step sweep; then
   xdist_workers 16
   seed=${SWEEP_SEED:-$RANDOM$RANDOM}
   rm -rf /tmp/sweep_triton /tmp/sweep_fa4
-  for pass in cold warm; do
+  for pass in ${SWEEP_PASSES:-cold warm}; do
     rm -rf "/tmp/sweep_$pass"; start=$(date +%s)
     ATTN_DISPATCH_SWEEP_SEED=$seed ATTN_DISPATCH_SWEEP_LOG=/tmp/sweep_$pass \
       TRITON_CACHE_DIR=/tmp/sweep_triton FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/sweep_fa4 \
