@@ -159,6 +159,22 @@ def oracle(
     return OracleResult(out.detach(), lse.detach(), *grads)
 
 
+def sinks_gradient_given(out: Tensor, lse: Tensor, grad_out: Tensor, sinks: Tensor) -> Tensor:
+    """``dsinks`` in float64 from the ``out`` a backward is given (rounded to the call's dtype),
+    not the exact one: ``dsinks[h] = -Σ_rows exp(sinks[h] - lse) · rowsum(dO ∘ O)``.
+
+    Every backward computes it from the ``out`` it receives, and the sum over rows can cancel
+    to a value hundreds of times smaller than its terms; then the rounding of ``out`` alone
+    moves it by several percent, an error no implementation can avoid. Dense (out [B, Sq, H,
+    Dv], lse [B, H, Sq]) or varlen (out [T, H, Dv], lse [H, T])."""
+    f64 = torch.float64
+    delta = (grad_out.to(f64) * out.to(f64)).sum(dim=-1)  # [B, Sq, H] or [T, H]
+    delta = delta.movedim(-1, -2) if lse.dim() == 3 else delta.t()  # as lse
+    heads = (None, slice(None), None) if lse.dim() == 3 else (slice(None), None)
+    p_sink = torch.exp(sinks.to(f64)[heads] - lse.to(f64))
+    return -(p_sink * delta).sum(dim=(0, 2) if lse.dim() == 3 else (1,))
+
+
 def oracle_of(inputs, grad_out: Tensor | None = None) -> OracleResult:
     """:func:`oracle` on the call an inputs object describes: anything with ``q``, ``k``, ``v``,
     ``causal``, ``causal_align``, ``scale``, ``cu_seqlens_q`` / ``_k``, ``window`` and

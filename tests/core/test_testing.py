@@ -591,3 +591,44 @@ def test_conformance_suite_collects_variant_cases_only_where_declared(env):
     declared = conformance_case_ids("exact")
     assert {n for c in declared for n in c.needs} == {"window", "softcap", "sinks"}
     assert len(declared) > len([c for c in declared if c.needs])
+
+
+# The sum behind dsinks cancels here to about 1/700 of its terms (seed and shape from a
+# randomized run): the bf16 rounding of the given ``out`` moves the exact answer by 6%.
+CANCELLING_SINKS = Case(
+    (43,),
+    (43,),
+    heads=3,
+    kv_heads=3,
+    head_dim=10,
+    head_dim_v=72,
+    varlen=True,
+    sinks=True,
+    strided_vectors=True,
+    seed=1742311143917994,
+)
+
+
+def _sinks_backward(q, k, v, out, lse, grad_out, *, sinks, flip=False, **flags):
+    """The oracle's dq/dk/dv and dsinks computed exactly from the given ``out``, as the
+    contract asks of every backward (``flip``: with the wrong sign)."""
+    flags.pop("deterministic", None)
+    flags.pop("max_seqlen_q", None)
+    flags.pop("max_seqlen_k", None)
+    r = oracle(q, k, v, grad_out, sinks=sinks, **flags)
+    delta = (grad_out.double() * out.double()).sum(-1).t()  # [H, T]
+    dsinks = -(torch.exp(sinks.double()[:, None] - lse.double()) * delta).sum(1)
+    dsinks = -dsinks if flip else dsinks
+    return ad.Gradients(
+        r.dq.to(q.dtype), r.dk.to(k.dtype), r.dv.to(v.dtype), dsinks.to(sinks.dtype)
+    )
+
+
+def test_dsinks_is_checked_on_the_out_the_backward_was_given():
+    check_backward(_sinks_backward, CANCELLING_SINKS, dtype=torch.bfloat16)
+    with pytest.raises(AssertionError, match="dsinks"):
+        check_backward(
+            lambda *a, **f: _sinks_backward(*a, flip=True, **f),
+            CANCELLING_SINKS,
+            dtype=torch.bfloat16,
+        )
