@@ -408,7 +408,14 @@ def check_all(
         report.busy[name] = report.busy.get(name, 0.0) + time.perf_counter() - start
         if fault is not None:  # nothing after a fault can be trusted: the case ends here
             return "none"
-    return auto_choice(drawn, inputs, reference)
+    chosen = auto_choice(drawn, inputs, reference)
+    del inputs, reference
+    if device.type == "cuda":
+        # Parallel sweep processes share one GPU: memory the largest case's oracle left cached
+        # in one process is memory another cannot load kernels into ("out of memory" from
+        # triton's module load, seen late in a 16-process 3000-case run).
+        torch.cuda.empty_cache()
+    return chosen
 
 
 def run(

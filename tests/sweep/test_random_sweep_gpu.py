@@ -149,3 +149,18 @@ def test_reported_shape_matches_oracle(shape, names) -> None:
     b, s, h, hkv, d, flags = shape
     case = Case((s,) * b, (s,) * b, heads=h, kv_heads=hkv, head_dim=d, seed=s + h, **flags)
     _check(sweep.SweepCase(case, torch.bfloat16, None, 0, 0), names)
+
+
+def test_a_case_leaves_no_cached_memory_behind(names) -> None:
+    """Parallel sweep processes share the GPU: a case's memory goes back to the driver."""
+    big = sweep.SweepCase(
+        Case((2048,), (2048,), heads=8, kv_heads=2, head_dim=128, causal=True, seed=1),
+        torch.bfloat16,
+        None,
+        0,
+        SEED,
+    )
+    report = sweep.Report(seed=SEED, cases=1)
+    sweep.check_all(big, ["reference:chunked"], torch.device("cuda"), report)
+    assert not report.wrong, report.wrong
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < 64 << 20

@@ -400,6 +400,12 @@ def _stop_learning(r: Ready, reason: str) -> None:
     log.info("FA4 %s: host code runs on every call (%s)", r.plan.variant, reason)
 
 
+def _contiguous_sinks(inp: adb.ForwardInputs) -> torch.Tensor:
+    """The sinks as FA4 takes them: its kernels' argument conversion refuses a [H] view whose
+    stride is not 1 (``Expected strides[leading_dim] == 1``); the copy is H elements."""
+    return inp.sinks if inp.sinks.stride(0) == 1 else inp.sinks.contiguous()
+
+
 def _sinks_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of a call with attention sinks: FA4's ``learnable_sink`` (its lse includes
     them). Never replayed: the sinks are a tensor the replay's recorded inputs do not have."""
@@ -412,8 +418,9 @@ def _sinks_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     fa = _interface or interface()
     plan = plan_of("forward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
+    sinks = _contiguous_sinks(inp)
     out, lse, *_ = _run(
-        plan, inp.q, fa._flash_attn_fwd, inp.q, inp.k, inp.v, **kwargs, learnable_sink=inp.sinks
+        plan, inp.q, fa._flash_attn_fwd, inp.q, inp.k, inp.v, **kwargs, learnable_sink=sinks
     )
     return out, lse
 
@@ -428,8 +435,9 @@ def _sinks_backward(inp: adb.BackwardInputs) -> ad.Gradients:
     plan = plan_of("backward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
     tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
+    sinks = _contiguous_sinks(inp)
     dq, dk, dv, dsinks = _run(
-        plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs, learnable_sink=inp.sinks
+        plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs, learnable_sink=sinks
     )
     return ad.Gradients(dq, dk, dv, dsinks.to(inp.sinks.dtype))
 

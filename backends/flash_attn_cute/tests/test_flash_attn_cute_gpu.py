@@ -70,6 +70,38 @@ test_conformance_fp16 = make_conformance_tests(
     cases=standard_cases(),
     checks=("backward", "forward"),
 )
+# sinks (and cu_seqlens) given as stride-2 views, dense and varlen
+test_conformance_strided_sinks = make_conformance_tests(
+    "flash_attn_cute",
+    dtypes=("bfloat16",),
+    device="cuda",
+    cases=[
+        Case(
+            (65, 65, 65),
+            (65, 65, 65),
+            heads=1,
+            kv_heads=1,
+            head_dim=128,
+            causal=True,
+            causal_align="bottom_right",
+            sinks=True,
+            strided_vectors=True,
+            seed=3,
+        ),
+        Case(
+            (40, 7),
+            (40, 7),
+            heads=8,
+            kv_heads=2,
+            head_dim=64,
+            varlen=True,
+            sinks=True,
+            strided_vectors=True,
+            seed=4,
+        ),
+    ],
+    checks=("backward", "forward"),
+)
 test_deterministic_bf16 = make_conformance_tests(
     "flash_attn_cute",
     dtypes=("bfloat16",),

@@ -149,7 +149,7 @@ class Efficient(adb.Implementation):
         q, k, v = inp.q, c.expand_kv(inp.k, group), c.expand_kv(inp.v, group)
         if inp.is_varlen:
             q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-        return q, k, v
+        return c.packed_unit_strides(q), c.packed_unit_strides(k), c.packed_unit_strides(v)
 
     def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, lse)`` in our layout."""
@@ -189,6 +189,7 @@ class Efficient(adb.Implementation):
         out, grad_out = inp.out.contiguous(), inp.grad_out  # the op assumes out's row pitch
         if inp.is_varlen:
             out, grad_out = out.unsqueeze(0), grad_out.unsqueeze(0)
+        out, grad_out = c.packed_unit_strides(out), c.packed_unit_strides(grad_out)
         seed = empty_long(inp.q.device)
         splits = 1 if inp.deterministic else None
         dq, dk, dv, _ = aten(EFFICIENT_BWD)(

@@ -81,6 +81,18 @@ def test_strided_cu_seqlens_match_the_oracle(impl):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_efficient_runs_a_single_token_with_unaligned_unit_strides():
+    """A sliced single token (strides 150, 75 on its size-1 dims, bf16): PyTorch's backward found
+    no kernel for the unaligned strides the core rightly ignores (sweep seed 1742305917)."""
+    from attn_dispatch.testing import Case, check_backward, check_forward
+
+    case = Case((1,), (1,), 1, 1, 72, causal=True, varlen=True, layout="sliced", seed=1)
+    assert case.make_inputs(torch.bfloat16, "cpu").q.stride()[:2] == (150, 75)
+    check_backward("torch_sdpa:efficient", case, dtype=torch.bfloat16, device="cuda")
+    check_forward("torch_sdpa:efficient", case, dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_efficient_refuses_the_varlen_case_it_faulted_on():
     """Sweep seed 2060813614, case 58: empty query sequences beside keys and queries beside no
     keys; PyTorch's memory-efficient backward read out of bounds (illegal memory access)."""
