@@ -402,8 +402,12 @@ def _stop_learning(r: Ready, reason: str) -> None:
 
 def _contiguous_sinks(inp: adb.ForwardInputs) -> torch.Tensor:
     """The sinks as FA4 takes them: its kernels' argument conversion refuses a [H] view whose
-    stride is not 1 (``Expected strides[leading_dim] == 1``); the copy is H elements."""
-    return inp.sinks if inp.sinks.stride(0) == 1 else inp.sinks.contiguous()
+    stride is not 1 (``Expected strides[leading_dim] == 1``), even at H = 1, where
+    ``contiguous()`` keeps the stride; the copy is H elements."""
+    sinks = inp.sinks
+    if sinks.stride(0) == 1:
+        return sinks
+    return torch.empty_like(sinks, memory_format=torch.contiguous_format).copy_(sinks)
 
 
 def _sinks_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
