@@ -331,3 +331,40 @@ def test_an_implementation_not_installed_is_a_usage_error(toys, capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
         sweep.main(["--device", "cpu", "--case", "0", "--implementations", "nope:nothing"])
     assert exit_.value.code == 2 and "not installed: nope:nothing" in capsys.readouterr().err
+
+
+def _collected(env: dict) -> list[str]:
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "slow",
+            "tests/sweep/test_random_sweep_gpu.py",
+        ],
+        env={**os.environ, "ATTN_DISPATCH_SWEEP_SEED": "7", **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return [line for line in result.stdout.splitlines() if "[" in line] or [result.stdout[-800:]]
+
+
+def test_the_gpu_sweep_runs_one_shard_of_its_cases() -> None:
+    ids = _collected({"ATTN_DISPATCH_SWEEP_SHARD": "1/3"})
+    indices = [int(line.rsplit("[", 1)[1].rstrip("]")) for line in ids]
+    assert len(indices) == 900 and all(i % 3 == 1 for i in indices), ids[:3]
+
+
+def test_a_bad_sweep_shard_names_its_variable() -> None:
+    ids = _collected({"ATTN_DISPATCH_SWEEP_SHARD": "3/3"})
+    assert "ATTN_DISPATCH_SWEEP_SHARD" in ids[0]

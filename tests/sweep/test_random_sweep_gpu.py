@@ -5,7 +5,7 @@ A new seed each run (``ATTN_DISPATCH_SWEEP_SEED`` replays one); every case is on
 ``pytest -n`` spreads them, keeping the cases of one compile group (``SweepCase.compile_group``)
 in one worker so that each kernel variant compiles once (the root conftest turns xdist's
 ``load`` distribution into ``loadgroup``). The default run draws 300 cases; ``-m slow`` adds
-cases up to 3000.
+cases up to 3000; ``ATTN_DISPATCH_SWEEP_SHARD=i/n`` runs every n-th of them from the i-th.
 With ``ATTN_DISPATCH_SWEEP_LOG=<dir>`` each case's counts are appended to ``<dir>`` (one JSON
 line per case), and ``python -m attn_dispatch.testing.sweep --merge <dir>/*.jsonl`` prints the
 table per implementation; a process that crashes leaves ``<dir>/<worker>-<pid>.running``
@@ -48,10 +48,25 @@ SEED = _seed()
 DRAWN = sweep.draw_cases(SLOW_CASES, SEED)
 
 
+def _shard() -> tuple[int, int]:
+    """``ATTN_DISPATCH_SWEEP_SHARD=i/n``: this run takes the cases whose index is i modulo n
+    (as ``python -m attn_dispatch.testing.sweep --shard i/n`` does), so that a long run can be
+    split across processes or machines and merged from its logs."""
+    text = os.environ.get("ATTN_DISPATCH_SWEEP_SHARD", "0/1")
+    try:
+        return sweep._shard(text)
+    except Exception as exc:  # argparse's error type: say which variable it came from
+        raise ValueError(f"ATTN_DISPATCH_SWEEP_SHARD: {exc}") from None
+
+
+SHARD, SHARDS = _shard()
+
+
 def _indices(cases: range) -> list:
     return [
         pytest.param(i, marks=pytest.mark.xdist_group(DRAWN[i].compile_group), id=str(i))
         for i in cases
+        if i % SHARDS == SHARD
     ]
 
 
