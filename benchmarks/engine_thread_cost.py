@@ -1,8 +1,9 @@
 """What one layer's forward + backward costs when autograd runs the backward on its device
 thread (PyTorch's default for CUDA tensors) against on the calling thread
 (``torch.autograd.set_multithreading_enabled(False)``), for sdpa, a C++ node, a trivial Python
-``autograd.Function`` and ``ad.attention`` with each GPU implementation forced. Also times the
-eager node's gradient function from inside, on each thread. CUDA only.
+``autograd.Function`` and ``ad.attention`` with each GPU implementation forced, each beside a
+minimal node that calls ``ad.forward`` / ``ad.backward`` and nothing else. Also times the eager
+node's gradient function from inside, on each thread. CUDA only.
 
     python benchmarks/engine_thread_cost.py [--rounds 7] [--number 200] [--trace DIR]
 
@@ -86,6 +87,15 @@ def steps() -> dict[str, Callable[[], None]]:
 
         return step
 
+    def minimal(name: str) -> Callable[[], None]:
+        node = _minimal_node(name)
+
+        def step() -> None:
+            q.grad = k.grad = v.grad = None
+            node.apply(q, k, v).backward(grad)
+
+        return step
+
     found = {"a C++ node": cpp, "a trivial Python node": python_node, "sdpa": sdpa}
     for name in IMPLEMENTATIONS:
         try:
@@ -94,7 +104,28 @@ def steps() -> dict[str, Callable[[], None]]:
             print(f"{name}: skipped ({type(exc).__name__})", file=sys.stderr)
             continue
         found[f"ad.attention, {name}"] = forced(name)
+        found[f"a minimal node over ad.forward / ad.backward, {name}"] = minimal(name)
     return found
+
+
+def _minimal_node(name: str) -> type[torch.autograd.Function]:
+    """The least an autograd node around the public calls can do (no argument checks, no
+    scope, no copies): what ``ad.attention``'s own node costs beyond it is the library's."""
+
+    class Minimal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out, lse = ad.forward(q, k, v, causal=True, backend=name)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            q, k, v, out, lse = ctx.saved_tensors
+            grads = ad.backward(q, k, v, out, lse, grad_out.contiguous(), causal=True, backend=name)
+            return grads[0], grads[1], grads[2]
+
+    return Minimal
 
 
 def trace(step: Callable[[], None], stem: Path) -> None:

@@ -16,7 +16,8 @@ tensor, as a training step runs it) through one more layer of the stack than the
 * ``ad.forward + ad.backward``: the public dispatch calls (``ad.attention`` minus its argument
   checks, its autograd node and the copies it promises);
 * ``direct``: the chosen implementations' ``forward(inp)`` and ``backward(inp)`` on the inputs
-  objects ``ad.decide`` returns: no dispatch, no autograd; ``ad.attention`` minus this row is
+  objects ``ad.decide`` returns, with the plan each implementation prepares for the signature
+  (as a cached decision hands it): no dispatch, no autograd; ``ad.attention`` minus this row is
   the library's own cost.
 
 Each row: median over rounds of the wall time of N back-to-back calls, synchronised only at a
@@ -163,6 +164,11 @@ def chosen(layer: Layer) -> tuple[ad.Choice, ad.Choice]:
     with torch.no_grad():
         out, lse = ad.forward(q, k, v, causal=True)
     bwd = ad.decide(q, k, v, out, lse, grad, causal=True)
+    for choice in (fwd, bwd):
+        # a cached decision hands its implementation the plan prepared for the signature;
+        # ``decide`` prepares none (nothing runs), and without it an implementation redoes
+        # that work on every call
+        choice.inputs.plan = choice.implementation.prepare(choice.inputs)
     return fwd, bwd
 
 
