@@ -1,18 +1,10 @@
 """A plugin whose ``supports`` raises: it must cost only itself."""
 
-from attn_dispatch import backend as adb
+from ._explodes import exploding_hook
 
-from . import active
-
-
-class Explodes(adb.Implementation):
-    backend, name = "broken_supports", "explodes"
-    priority = {"*": 1000}
-
-    def supports(self, inp, arch):
-        raise ZeroDivisionError("broken_supports: bug in supports (on purpose)")
-
-
-@adb.hookimpl
-def attn_dispatch_implementations():
-    return [Explodes()] if active() else []
+attn_dispatch_implementations = exploding_hook(
+    "broken_supports",
+    "supports",
+    ZeroDivisionError,
+    "broken_supports: bug in supports (on purpose)",
+)
