@@ -359,104 +359,33 @@ def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dk
 # -- on a Hopper GPU ---------------------------------------------------------------------------
 
 ON_SM90 = torch.cuda.is_available() and gluon_sm90(torch.device("cuda"))
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 GPU_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, bottom_right, dtype,
     #            split, order: "heavy-first" / "window" / "add" /
     #            "plain-store" (atomic dQ without WIDE_STORE), "+"-joined)
-    ("mha-full-odd", 1, 8, 8, 1000, 1000, False, False, torch.bfloat16, None, ""),
-    ("gqa-causal-top-left-sq<sk", 2, 8, 2, 300, 517, True, False, torch.bfloat16, None, ""),
-    ("gqa-causal-bottom-right-sq<sk", 2, 8, 2, 300, 517, True, True, torch.bfloat16, None, ""),
-    ("gqa-causal-bottom-right-sq>sk", 2, 8, 2, 517, 300, True, True, torch.bfloat16, None, ""),
+    ("mha-full-odd", 1, 8, 8, 1000, 1000, False, False, "bf16", None, ""),
+    ("gqa-causal-tl-sq<sk", 2, 8, 2, 300, 517, True, False, "bf16", None, ""),
+    ("gqa-causal-br-sq<sk", 2, 8, 2, 300, 517, True, True, "bf16", None, ""),
+    ("gqa-causal-br-sq>sk", 2, 8, 2, 517, 300, True, True, "bf16", None, ""),
     # keys past a sequence's end in its last key block are the next sequence's rows (dense
     # batch): they must not enter dQ (atomic dQ) without a mask or top-left with Sq > Sk
-    ("gqa-full-b2-odd", 2, 8, 2, 300, 300, False, False, torch.bfloat16, None, ""),
-    ("gqa-causal-top-left-sq>sk", 2, 8, 2, 517, 300, True, False, torch.bfloat16, None, ""),
-    ("gqa-causal-split2", 1, 16, 4, 700, 700, True, False, torch.bfloat16, 2, ""),
-    ("gqa-full-split4-f16", 1, 16, 4, 700, 700, False, False, torch.float16, 4, ""),
-    (
-        "mha-causal-heavy-first",
-        1,
-        4,
-        4,
-        2048,
-        2048,
-        True,
-        False,
-        torch.bfloat16,
-        None,
-        "heavy-first",
-    ),
-    (
-        "gqa-causal-bottom-right-heavy-first",
-        2,
-        8,
-        2,
-        300,
-        517,
-        True,
-        True,
-        torch.bfloat16,
-        None,
-        "heavy-first",
-    ),
-    ("gqa-full-split2", 1, 16, 4, 700, 700, False, False, torch.bfloat16, 2, ""),
+    ("gqa-full-b2-odd", 2, 8, 2, 300, 300, False, False, "bf16", None, ""),
+    ("gqa-causal-tl-sq>sk", 2, 8, 2, 517, 300, True, False, "bf16", None, ""),
+    ("gqa-causal-split2", 1, 16, 4, 700, 700, True, False, "bf16", 2, ""),
+    ("gqa-full-split4-f16", 1, 16, 4, 700, 700, False, False, "f16", 4, ""),
+    ("mha-causal-heavy-first", 1, 4, 4, 2048, 2048, True, False, "bf16", None, "heavy-first"),
+    ("gqa-causal-br-heavy-first", 2, 8, 2, 300, 517, True, True, "bf16", None, "heavy-first"),
+    ("gqa-full-split2", 1, 16, 4, 700, 700, False, False, "bf16", 2, ""),
     # launch windows of 2 kv heads (B * Hkv = 8): key block by key block, all slices together
-    ("gqa-causal-split2-window", 2, 16, 4, 700, 700, True, False, torch.bfloat16, 2, "window"),
-    (
-        "gqa-causal-bottom-right-window",
-        2,
-        8,
-        2,
-        300,
-        517,
-        True,
-        True,
-        torch.bfloat16,
-        None,
-        "window",
-    ),
+    ("gqa-causal-split2-window", 2, 16, 4, 700, 700, True, False, "bf16", 2, "window"),
+    ("gqa-causal-br-window", 2, 8, 2, 300, 517, True, True, "bf16", None, "window"),
     # a split whose slices add dK / dV into one fp32 buffer by atomics (with atomic dQ; config
     # SPLIT_ADD), in windows, and in the natural order
-    (
-        "gqa-causal-bottom-right-split4-add-window",
-        2,
-        16,
-        4,
-        300,
-        517,
-        True,
-        True,
-        torch.bfloat16,
-        4,
-        "add+window",
-    ),
-    ("gqa-full-split2-add", 1, 16, 4, 700, 700, False, False, torch.float16, 2, "add"),
+    ("gqa-causal-br-split4-add-window", 2, 16, 4, 300, 517, True, True, "bf16", 4, "add+window"),
+    ("gqa-full-split2-add", 1, 16, 4, 700, 700, False, False, "f16", 2, "add"),
     # the dQ tile stored in its own column order (WIDE_STORE off)
-    (
-        "gqa-causal-bottom-right-plain-store",
-        2,
-        8,
-        2,
-        300,
-        517,
-        True,
-        True,
-        torch.bfloat16,
-        None,
-        "plain-store",
-    ),
-    (
-        "gqa-full-b2-odd-plain-store",
-        2,
-        8,
-        2,
-        300,
-        300,
-        False,
-        False,
-        torch.float16,
-        None,
-        "plain-store",
-    ),
+    ("gqa-causal-br-plain-store", 2, 8, 2, 300, 517, True, True, "bf16", None, "plain-store"),
+    ("gqa-full-b2-odd-plain-store", 2, 8, 2, 300, 300, False, False, "f16", None, "plain-store"),
 ]
 
 
@@ -514,6 +443,7 @@ def test_gluon_kernels_match_the_oracle(case, atomic_dq) -> None:
     NaN-poisoned first) against the float64 oracle: relative Frobenius error < 1e-2 for
     bf16/f16 inputs."""
     _, b, h, hk, sq, sk, causal, bottom_right, dtype, split, order = case
+    dtype = DTYPES[dtype]
     torch.manual_seed(0)
     q, k, v, do = _qkv((b, sq, h, 128), (b, sk, hk, 128), dtype, "cuda")
     align = "bottom_right" if bottom_right else "top_left"
@@ -547,7 +477,6 @@ BAND_CASES = [  # (name, batch, heads, kv_heads, seqlen_q, seqlen_k, causal, ali
     # top-left with Sq > Sk: the last rows' windows lie past the keys (rows that see nothing)
     ("left-rows-see-none", 1, 4, 2, 700, 300, False, "top_left", (20, 10), 3.0, "bf16"),
 ]
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
 @pytest.mark.gpu
