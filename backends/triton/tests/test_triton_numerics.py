@@ -47,15 +47,6 @@ def tiles(base: dict | None = None, **kernels: dict) -> dict:
     return {**base, **{name: {**base[name], **extra} for name, extra in kernels.items()}}
 
 
-# Causal launches in the heaviest-first order (reversed grids), every kernel.
-HEAVY_FIRST = {name: {"HEAVY_FIRST": 1} for name in SMALL_TILES}
-# Varlen lengths (queries, keys) with sequences that have no queries or no keys.
-EMPTY_SEQS = ([17, 0, 33, 5], [20, 11, 29, 0])
-EMPTY_SEQS_5 = ([17, 0, 33, 5, 40], [20, 11, 29, 0, 12])
-# Varlen lengths whose partial tiles overlap the next sequence's rows.
-RAGGED_SEQS = ([9, 0, 40, 13], [30, 7, 18, 13])
-
-
 def case(
     cid: str,
     *,
@@ -63,87 +54,94 @@ def case(
     batch=1,
     sq=37,
     sk=45,
-    heads: int | tuple[int, int] = 2,
+    heads=2,
+    kv_heads=2,
     d=64,
     dv=None,
     causal=False,
     align="top_left",
     varlen=None,
-    softcap=None,
     **extra,
 ) -> dict:
-    """One case of the worker. ``heads``: one count for queries and keys/values, or the pair
-    (query heads, key/value heads). With a ``softcap`` the scale gives scores of std ~2.5, so that
-    the cap bends most of them."""
-    q_heads, kv_heads = heads if isinstance(heads, tuple) else (heads, heads)
     c = {
         "id": cid,
         "dtype": dtype,
         "batch": batch,
         "seqlen_q": sq,
         "seqlen_k": sk,
-        "heads": q_heads,
+        "heads": heads,
         "kv_heads": kv_heads,
         "head_dim": d,
         "head_dim_v": dv or d,
         "causal": causal,
         "bottom_right": align == "bottom_right",
-        "scale": (0.7 if softcap is None else 2.5) / math.sqrt(d),
+        "scale": 0.7 / math.sqrt(d),
         "seed": zlib.crc32(cid.encode()),
     }
-    if softcap is not None:
-        c["softcap"] = softcap
     if varlen:
         c["seqlens_q"], c["seqlens_k"] = varlen
     c.update(extra)
     return c
 
 
-BR = "bottom_right"
-F16 = "float16"
-
 DEFAULT_CASES = [
     case("mha-full-bf16-d64", batch=2, sq=37, sk=45),
-    case("gqa4-causal-tl-f16-d128", dtype=F16, sq=50, sk=50, heads=(4, 1), d=128),
+    case("gqa4-causal-tl-f16-d128", dtype="float16", sq=50, sk=50, heads=4, kv_heads=1, d=128),
     case(
-        "gqa4-causal-br-bf16-sq>sk", sq=50, sk=33, heads=(8, 2), causal=True, align=BR, repeat=True
+        "gqa4-causal-br-bf16-sq>sk",
+        sq=50,
+        sk=33,
+        heads=8,
+        kv_heads=2,
+        causal=True,
+        align="bottom_right",
+        repeat=True,
     ),
-    case("mha-causal-tl-f16-sq<sk", dtype=F16, sq=33, sk=50, causal=True),
+    case("mha-causal-tl-f16-sq<sk", dtype="float16", sq=33, sk=50, causal=True),
     case(
         "gqa2-causal-br-f16-sq<sk-tiles",
-        dtype=F16,
+        dtype="float16",
         sq=20,
         sk=53,
-        heads=(4, 2),
+        heads=4,
+        kv_heads=2,
         causal=True,
-        align=BR,
+        align="bottom_right",
         config=SMALL_TILES,
     ),
     case(
-        "varlen-empty-gqa4-causal-br-bf16", heads=(4, 1), causal=True, align=BR, varlen=EMPTY_SEQS
+        "varlen-empty-gqa4-causal-br-bf16",
+        heads=4,
+        kv_heads=1,
+        causal=True,
+        align="bottom_right",
+        varlen=([17, 0, 33, 5], [20, 11, 29, 0]),
     ),
     case(
         "varlen-gqa2-full-f16-d128-tiles",
-        dtype=F16,
-        heads=(4, 2),
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
         d=128,
         varlen=([9, 40, 1], [30, 7, 18]),
         config=SMALL_TILES,
     ),
     case(
         "gqa4-causal-br-f16-group-split",
-        dtype=F16,
+        dtype="float16",
         sq=45,
         sk=70,
-        heads=(8, 2),
+        heads=8,
+        kv_heads=2,
         causal=True,
-        align=BR,
+        align="bottom_right",
         repeat=True,
         config=tiles(dkdv={"SPLIT": 2}),
     ),
     case(
         "varlen-gqa4-full-bf16-group-split",
-        heads=(4, 1),
+        heads=4,
+        kv_heads=1,
         varlen=([9, 0, 40], [30, 7, 18]),
         config=tiles(dkdv={"SPLIT": 4}),
     ),
@@ -152,25 +150,28 @@ DEFAULT_CASES = [
         "gqa2-causal-tl-bf16-heavy-first",
         sq=45,
         sk=45,
-        heads=(4, 2),
+        heads=4,
+        kv_heads=2,
         causal=True,
         repeat=True,
-        config=tiles(**HEAVY_FIRST),
+        config={k: {**c, "HEAVY_FIRST": 1} for k, c in SMALL_TILES.items()},
     ),
     # dK/dV issuing dP's product before the exponentials (config DP_FIRST; unmasked tiles)
     case(
         "gqa2-causal-br-bf16-dp-first",
         sq=50,
         sk=70,
-        heads=(4, 2),
+        heads=4,
+        kv_heads=2,
         causal=True,
-        align=BR,
+        align="bottom_right",
         config=tiles(dkdv={"DP_FIRST": 1}),
     ),
     case(
         "atomic-varlen-gqa2-full-f16-dp-first",
-        dtype=F16,
-        heads=(4, 2),
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
         varlen=([9, 40, 0], [30, 7, 18]),
         atomic=True,
         config=tiles(dkdvq={"DP_FIRST": 1}),
@@ -183,10 +184,11 @@ DEFAULT_CASES = [
     case("atomic-mha-full-bf16-d64", batch=2, sq=37, sk=45, atomic=True),
     case(
         "atomic-gqa4-causal-tl-f16-d128-tiles",
-        dtype=F16,
+        dtype="float16",
         sq=50,
         sk=50,
-        heads=(4, 1),
+        heads=4,
+        kv_heads=1,
         d=128,
         causal=True,
         atomic=True,
@@ -196,9 +198,10 @@ DEFAULT_CASES = [
         "atomic-gqa4-causal-br-bf16-sq>sk-split",
         sq=50,
         sk=33,
-        heads=(8, 2),
+        heads=8,
+        kv_heads=2,
         causal=True,
-        align=BR,
+        align="bottom_right",
         atomic=True,
         config=tiles(dkdvq={"SPLIT": 2}),
     ),
@@ -208,7 +211,8 @@ DEFAULT_CASES = [
         "atomic-gqa3-causal-bf16-d96-split-not-dividing",
         sq=41,
         sk=41,
-        heads=(6, 2),
+        heads=6,
+        kv_heads=2,
         d=96,
         causal=True,
         atomic=True,
@@ -218,29 +222,31 @@ DEFAULT_CASES = [
         "atomic-gqa2-full-bf16-split-over-group",
         sq=33,
         sk=33,
-        heads=(4, 2),
+        heads=4,
+        kv_heads=2,
         atomic=True,
         config=tiles(dkdvq={"SPLIT": 4}),
     ),
     case(
         "atomic-mha-causal-br-f16-sq<sk-d80-dv48-strided",
-        dtype=F16,
+        dtype="float16",
         sq=20,
         sk=53,
         d=80,
         dv=48,
         causal=True,
-        align=BR,
+        align="bottom_right",
         strided=True,
         atomic=True,
         config=SMALL_TILES,
     ),
     case(
         "atomic-varlen-empty-gqa4-causal-br-bf16",
-        heads=(4, 1),
+        heads=4,
+        kv_heads=1,
         causal=True,
-        align=BR,
-        varlen=EMPTY_SEQS,
+        align="bottom_right",
+        varlen=([17, 0, 33, 5], [20, 11, 29, 0]),
         atomic=True,
         config=SMALL_TILES,
     ),
@@ -248,12 +254,13 @@ DEFAULT_CASES = [
     # scratch; partial tiles overlap the next sequence's rows with zeros.
     case(
         "atomic-tma-varlen-gqa2-causal-br-f16-d80",
-        dtype=F16,
-        heads=(4, 2),
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
         d=80,
         causal=True,
-        align=BR,
-        varlen=RAGGED_SEQS,
+        align="bottom_right",
+        varlen=([9, 0, 40, 13], [30, 7, 18, 13]),
         atomic=True,
         config=tiles(dkdvq={"TMA": 1}),
     ),
@@ -262,7 +269,8 @@ DEFAULT_CASES = [
         batch=2,
         sq=37,
         sk=45,
-        heads=(4, 1),
+        heads=4,
+        kv_heads=1,
         atomic=True,
         config=tiles(dkdvq={"TMA": 1}),
     ),
@@ -270,16 +278,17 @@ DEFAULT_CASES = [
     # zeros, rows past a varlen sequence's end are the next sequence's and must be masked.
     case(
         "tma-loads-varlen-empty-gqa4-causal-br-bf16",
-        heads=(4, 1),
+        heads=4,
+        kv_heads=1,
         causal=True,
-        align=BR,
-        varlen=EMPTY_SEQS,
+        align="bottom_right",
+        varlen=([17, 0, 33, 5], [20, 11, 29, 0]),
         repeat=True,
-        config=tiles(dkdv={"LOAD_TMA": 1}, dq={"LOAD_TMA": 1}),
+        config={**SMALL_TILES, **{k: {**SMALL_TILES[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")}},
     ),
     case(
         "tma-loads-mha-causal-tl-f16-d80-dv48-strided-batch2",
-        dtype=F16,
+        dtype="float16",
         batch=2,
         sq=29,
         sk=29,
@@ -287,39 +296,54 @@ DEFAULT_CASES = [
         dv=48,
         causal=True,
         strided=True,
-        config=tiles(dkdv={"LOAD_TMA": 1}, dq={"LOAD_TMA": 1}),
+        config={**SMALL_TILES, **{k: {**SMALL_TILES[k], "LOAD_TMA": 1} for k in ("dkdv", "dq")}},
     ),
     case(
         "tma-loads-gqa4-full-bf16-split-batch2",
         batch=2,
         sq=37,
         sk=45,
-        heads=(8, 2),
-        config=tiles(dq={"LOAD_TMA": 1}, dkdv={"LOAD_TMA": 1, "SPLIT": 2}),
+        heads=8,
+        kv_heads=2,
+        config={
+            **SMALL_TILES,
+            "dq": {**SMALL_TILES["dq"], "LOAD_TMA": 1},
+            "dkdv": {**SMALL_TILES["dkdv"], "LOAD_TMA": 1, "SPLIT": 2},
+        },
     ),
 ]
 
 
-# Sliding windows and soft-capping: the oracle builds the band from the contract
+# Sliding windows and soft-capping (issue 26): the oracle builds the band from the contract
 # (``triton_interp_worker.visible``) and caps the full score matrix; tiles smaller than the
 # windows so bands cross several blocks on both sides.
-WIN_TILES = tiles(fwd={"BLOCK_M": 16}, dq={"BLOCK_M": 16})
+WIN_TILES = {
+    **SMALL_TILES,
+    "fwd": {**SMALL_TILES["fwd"], "BLOCK_M": 16},
+    "dq": {**SMALL_TILES["dq"], "BLOCK_M": 16},
+}
+CAPPED_SCALE = 2.5 / math.sqrt(64)  # scores of std ~2.5: a cap of 2 bends most of them
 
 VARIANT_CASES = [
     # sides near and beyond the int64 limit are unbounded (no wrap-around in band arithmetic)
     case("win-int64-right-tl", sq=24, sk=24, window=[0, 2**63 - 1], config=WIN_TILES),
     case(
-        "win-int64-left-br-sq>sk", sq=40, sk=24, align=BR, window=[2**63 - 1, 4], config=WIN_TILES
+        "win-int64-left-br-sq>sk",
+        sq=40,
+        sk=24,
+        align="bottom_right",
+        window=[2**63 - 1, 4],
+        config=WIN_TILES,
     ),
     case("win-beyond-int64-left-tl", sq=24, sk=24, window=[2**64, 0], config=WIN_TILES),
     case("win-left-only-tl-bf16", sq=70, sk=70, window=[9, None], config=WIN_TILES),
     case(
         "win-one-sided-causal-br-f16",
-        dtype=F16,
+        dtype="float16",
         sq=50,
         sk=77,
         causal=True,
-        align=BR,
+        align="bottom_right",
         window=[13, None],
         config=WIN_TILES,
         repeat=True,
@@ -328,57 +352,72 @@ VARIANT_CASES = [
         "win-two-sided-gqa-br-sq<sk",
         sq=20,
         sk=75,
-        heads=(4, 2),
-        align=BR,
+        heads=4,
+        kv_heads=2,
+        align="bottom_right",
         window=[5, 9],
         config=WIN_TILES,
     ),
     case("win-right-only-tl-sq<sk", sq=33, sk=64, window=[None, 3], config=WIN_TILES),
     # rows 0..37 see no key (d_i = i - 40, right side 2): lse -inf, out 0, dq 0
-    case("win-empty-rows-br-sq>sk", sq=60, sk=20, align=BR, window=[3, 2], config=WIN_TILES),
+    case(
+        "win-empty-rows-br-sq>sk",
+        sq=60,
+        sk=20,
+        align="bottom_right",
+        window=[3, 2],
+        config=WIN_TILES,
+    ),
     # top-left, Sq > Sk, left side only: the last rows' bands start past the keys
     case("win-empty-rows-tl-sq>sk-left", sq=80, sk=24, window=[30, 5], config=WIN_TILES),
     case("win-causal-caps-right", sq=45, sk=45, causal=True, window=[10, 6], config=WIN_TILES),
     case("win-zero-width", sq=40, sk=40, window=[0, 0], config=WIN_TILES),
     case("win-wider-than-seq", sq=37, sk=45, window=[100, 100], causal=True),
-    case("win-default-tiles-mqa", sq=70, sk=90, heads=(4, 1), window=[20, 4]),
-    case("softcap-full-bf16", batch=2, sq=37, sk=45, softcap=2.0),
+    case("win-default-tiles-mqa", sq=70, sk=90, heads=4, kv_heads=1, window=[20, 4]),
+    case("softcap-full-bf16", batch=2, sq=37, sk=45, softcap=2.0, scale=CAPPED_SCALE),
     case(
         "softcap-causal-tl-f16-d128",
-        dtype=F16,
+        dtype="float16",
         sq=50,
         sk=50,
-        heads=(4, 1),
+        heads=4,
+        kv_heads=1,
         d=128,
         causal=True,
         softcap=3.0,
+        scale=2.5 / math.sqrt(128),
         config=WIN_TILES,
     ),
     case(
         "softcap-win-causal-br-gqa",
         sq=45,
         sk=70,
-        heads=(8, 2),
+        heads=8,
+        kv_heads=2,
         causal=True,
-        align=BR,
+        align="bottom_right",
         window=[12, None],
         softcap=2.0,
+        scale=CAPPED_SCALE,
         config=WIN_TILES,
         repeat=True,
     ),
     case(
         "varlen-win-softcap-br-gqa",
-        heads=(4, 2),
-        align=BR,
+        heads=4,
+        kv_heads=2,
+        align="bottom_right",
         window=[4, 3],
         softcap=2.0,
-        varlen=EMPTY_SEQS_5,
+        scale=CAPPED_SCALE,
+        varlen=([17, 0, 33, 5, 40], [20, 11, 29, 0, 12]),
         config=WIN_TILES,
     ),
     case(
         "varlen-win-causal-tl",
-        dtype=F16,
-        heads=(4, 1),
+        dtype="float16",
+        heads=4,
+        kv_heads=1,
         causal=True,
         window=[7, None],
         varlen=([9, 40, 1, 30], [30, 7, 18, 30]),
@@ -388,39 +427,52 @@ VARIANT_CASES = [
         "win-group-split-heavy-first",
         sq=45,
         sk=70,
-        heads=(8, 2),
+        heads=8,
+        kv_heads=2,
         causal=True,
         window=[15, None],
-        config=tiles(tiles(WIN_TILES, **HEAVY_FIRST), dkdv={"SPLIT": 2}),
+        config={
+            k: {**c, "HEAVY_FIRST": 1, **({"SPLIT": 2} if k == "dkdv" else {})}
+            for k, c in WIN_TILES.items()
+        },
     ),
     case(
         "win-softcap-dp-first-tma-loads",
         sq=50,
         sk=70,
-        heads=(4, 2),
+        heads=4,
+        kv_heads=2,
         window=[11, 6],
-        align=BR,
+        align="bottom_right",
         softcap=2.0,
-        config=tiles(WIN_TILES, dkdv={"DP_FIRST": 1, "LOAD_TMA": 1}, dq={"LOAD_TMA": 1}),
+        scale=CAPPED_SCALE,
+        config={
+            **WIN_TILES,
+            "dkdv": {**WIN_TILES["dkdv"], "DP_FIRST": 1, "LOAD_TMA": 1},
+            "dq": {**WIN_TILES["dq"], "LOAD_TMA": 1},
+        },
     ),
     case(
         "atomic-win-softcap-two-sided",
         sq=45,
         sk=60,
-        heads=(4, 2),
+        heads=4,
+        kv_heads=2,
         window=[6, 10],
         softcap=2.0,
+        scale=CAPPED_SCALE,
         atomic=True,
         config=WIN_TILES,
     ),
     case(
         "atomic-tma-varlen-win-empty-rows",
-        dtype=F16,
-        heads=(4, 2),
-        align=BR,
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
+        align="bottom_right",
         causal=True,
         window=[3, None],
-        varlen=RAGGED_SEQS,
+        varlen=([9, 0, 40, 13], [30, 7, 18, 13]),
         atomic=True,
         config=tiles(WIN_TILES, dkdvq={"TMA": 1, "SPLIT": 2}),
     ),
@@ -437,20 +489,22 @@ def _random_variant_cases(count: int) -> list[dict]:
         sq, sk = rng.randint(1, 70), rng.randint(1, 70)
         window = [rng.choice([None, 0, rng.randint(0, 40)]) for _ in range(2)]
         cap = rng.choice([None, 1.5, 4.0])
-        heads = rng.choice([(2, 2), (4, 1), (6, 2)])
+        heads, kv_heads = rng.choice([(2, 2), (4, 1), (6, 2)])
+        extra = {} if cap is None else {"softcap": cap, "scale": CAPPED_SCALE}
         out.append(
             case(
                 f"random-variant-{n}",
                 sq=sq,
                 sk=sk,
                 heads=heads,
+                kv_heads=kv_heads,
                 dtype=rng.choice(["bfloat16", "float16"]),
                 causal=rng.random() < 0.3,
                 align=rng.choice(["top_left", "bottom_right"]),
                 window=window,
                 atomic=rng.random() < 0.3,
                 config=WIN_TILES,
-                softcap=cap,
+                **extra,
             )
         )
     return out
@@ -462,7 +516,7 @@ RANGES_CASE = {"id": "loop-bounds", "kind": "ranges", "seed": 2626, "count": 300
 
 def _slow_cases() -> list[dict]:
     out = []
-    for dtype, d, heads, (causal, align), (sq, sk) in itertools.product(
+    for dtype, d, (h, hk), (causal, align), (sq, sk) in itertools.product(
         ("bfloat16", "float16"),
         (32, 64, 96, 128, 256),
         ((2, 2), (4, 1), (6, 2)),
@@ -470,9 +524,21 @@ def _slow_cases() -> list[dict]:
         ((1, 1), (19, 64), (64, 19), (70, 70)),
     ):
         for atomic in (False, True):
-            cid = f"slow-{dtype}-d{d}-h{heads[0]}/{heads[1]}-{causal}-{align}-{sq}x{sk}"
-            shape = dict(dtype=dtype, sq=sq, sk=sk, heads=heads, d=d, causal=causal, align=align)
-            out.append(case(cid + ("-atomic" if atomic else ""), **shape, atomic=atomic))
+            out.append(
+                case(
+                    f"slow-{dtype}-d{d}-h{h}/{hk}-{causal}-{align}-{sq}x{sk}"
+                    + ("-atomic" if atomic else ""),
+                    dtype=dtype,
+                    sq=sq,
+                    sk=sk,
+                    heads=h,
+                    kv_heads=hk,
+                    d=d,
+                    causal=causal,
+                    align=align,
+                    atomic=atomic,
+                )
+            )
     for dtype, causal, align in itertools.product(
         ("bfloat16", "float16"), (False, True), ("top_left", "bottom_right")
     ):
@@ -481,12 +547,13 @@ def _slow_cases() -> list[dict]:
                 case(
                     f"slow-varlen-{dtype}-{causal}-{align}" + ("-atomic" if atomic else ""),
                     dtype=dtype,
-                    heads=(4, 2),
+                    heads=4,
+                    kv_heads=2,
                     causal=causal,
                     align=align,
-                    atomic=atomic,
                     varlen=([0, 31, 64, 3, 17], [5, 0, 64, 40, 17]),
                     config=SMALL_TILES,
+                    atomic=atomic,
                 )
             )
     return out
@@ -500,12 +567,13 @@ SINK_CASES = [
     case("sinks-mha-full-bf16", batch=2, sq=37, sk=45, sinks=True),
     case(
         "sinks-gqa-causal-br-empty-rows-f16",
-        dtype=F16,
+        dtype="float16",
         sq=50,
         sk=20,
-        heads=(8, 2),
+        heads=8,
+        kv_heads=2,
         causal=True,
-        align=BR,
+        align="bottom_right",
         sinks=True,
         config=SMALL_TILES,
         repeat=True,
@@ -515,7 +583,8 @@ SINK_CASES = [
         "sinks-win-causal-gqa-tiles",
         sq=70,
         sk=70,
-        heads=(8, 2),
+        heads=8,
+        kv_heads=2,
         causal=True,
         window=[12, None],
         sinks=True,
@@ -525,28 +594,32 @@ SINK_CASES = [
         "sinks-softcap-win-two-sided",
         sq=45,
         sk=60,
-        heads=(4, 2),
+        heads=4,
+        kv_heads=2,
         window=[6, 10],
         softcap=2.0,
+        scale=CAPPED_SCALE,
         sinks=True,
         config=WIN_TILES,
     ),
     case(
         "sinks-varlen-empty-causal-br",
-        heads=(4, 1),
+        heads=4,
+        kv_heads=1,
         causal=True,
-        align=BR,
-        varlen=EMPTY_SEQS_5,
+        align="bottom_right",
+        varlen=([17, 0, 33, 5, 40], [20, 11, 29, 0, 12]),
         sinks=True,
         config=SMALL_TILES,
     ),
     case(
         "sinks-atomic-varlen-win",
-        dtype=F16,
-        heads=(4, 2),
+        dtype="float16",
+        heads=4,
+        kv_heads=2,
         causal=True,
         window=[3, None],
-        varlen=RAGGED_SEQS,
+        varlen=([9, 0, 40, 13], [30, 7, 18, 13]),
         atomic=True,
         sinks=True,
         config=WIN_TILES,
@@ -559,7 +632,8 @@ SINK_CASES = [
 STRIDED_CASES = [
     case(
         "sinks-varlen-strided-vectors",
-        heads=(4, 2),
+        heads=4,
+        kv_heads=2,
         causal=True,
         varlen=([17, 0, 33, 5], [20, 11, 29, 4]),
         sinks=True,
@@ -568,7 +642,7 @@ STRIDED_CASES = [
     ),
     case(
         "sinks-dense-strided-vectors-f16",
-        dtype=F16,
+        dtype="float16",
         batch=2,
         sq=30,
         sk=41,
