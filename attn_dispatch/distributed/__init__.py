@@ -88,7 +88,18 @@ def _check(q, k, v, causal, strategy, load_balance, backend, world, sinks=None) 
             )
 
 
-def _ulysses_attention(q, k, v, group, world, load_balance, flags: dict, sinks=None) -> Tensor:
+def _rank_sinks(sinks: Tensor | None, rank: int, world: int) -> Tensor | None:
+    """The sinks of the heads that Ulysses gives ``rank`` of ``world`` (the rank's contiguous
+    ``H / W`` of them): those its local call takes. ``None`` without sinks."""
+    if sinks is None:
+        return None
+    per_rank = sinks.shape[0] // world
+    return sinks[rank * per_rank : (rank + 1) * per_rank]
+
+
+def _ulysses_attention(
+    q, k, v, group, rank, world, load_balance, flags: dict, sinks=None
+) -> Tensor:
     """``flags``: the keyword arguments of the local ``ad.forward`` / ``ad.backward``;
     ``sinks``: all heads' sinks, of which this rank's head group joins the local call."""
     order = inverse = None
@@ -99,11 +110,7 @@ def _ulysses_attention(q, k, v, group, world, load_balance, flags: dict, sinks=N
         order = torch.argsort(positions)  # order[p]: where global position p sits in shard order
         inverse = positions  # positions[i]: the global position of shard-order index i
     heads = [_ulysses.SeqToHeads.apply(t, group, world, order, inverse) for t in (q, k, v)]
-    if sinks is not None:
-        per_rank = q.shape[2] // world
-        mine = group_info(group)[0] * per_rank
-        sinks = sinks[mine : mine + per_rank]
-    out = _ulysses.LocalAttention.apply(*heads, flags, sinks)
+    out = _ulysses.LocalAttention.apply(*heads, flags, _rank_sinks(sinks, rank, world))
     return _ulysses.HeadsToSeq.apply(out, group, world, order, inverse)
 
 
@@ -161,7 +168,7 @@ def context_parallel_attention(
     accept()
     if strategy == "ulysses":
         flags = dict(causal=causal, scale=scale, backend=backend, window=window, softcap=softcap)
-        return _ulysses_attention(q, k, v, group, world, load_balance, flags, sinks)
+        return _ulysses_attention(q, k, v, group, rank, world, load_balance, flags, sinks)
     ring = Ring(group, rank, world, load_balance, causal, scale, backend, softcap)
     return RingAttention.apply(q, k, v, ring, sinks)
 
@@ -193,10 +200,7 @@ def explain(
     scale = _scale(scale)
     # Ulysses' local call has this rank's heads' sinks; the ring's block calls have none (the
     # ring merges the sink into the combined lse itself)
-    local_sinks = None
-    if sinks is not None and strategy == "ulysses":
-        per_rank = q.shape[2] // world
-        local_sinks = sinks[rank * per_rank : (rank + 1) * per_rank]
+    local_sinks = _rank_sinks(sinks, rank, world) if strategy == "ulysses" else None
     # (label, q, k, v, causal) of each distinct call
     calls: dict[tuple, tuple[str, Tensor, Tensor, Tensor, bool]] = {}
     if strategy == "ulysses":
