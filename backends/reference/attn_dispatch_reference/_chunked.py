@@ -336,14 +336,11 @@ def attention_forward(
     ``sinks``: ``None`` or [H] attention-sink logits (lse includes them).
     Arguments are taken as validated (``adb.make_inputs`` builds them from a call's flags).
     """
-    lse_dtype = adb.lse_dtype(q.dtype)
     if sinks is not None:
         sinks = sinks.to(compute_dtype(q.dtype))
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    if cu_seqlens_q is None:
-        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=lse_dtype, device=q.device)
-    else:
-        lse = torch.empty(q.shape[1], q.shape[0], dtype=lse_dtype, device=q.device)
+    lse_shape = adb.lse_shape(q.shape, cu_seqlens_q is not None)
+    lse = torch.empty(lse_shape, dtype=adb.lse_dtype(q.dtype), device=q.device)
     for (qs, outs), (ks, vs), lses in _pieces((q, out), (k, v), lse, cu_seqlens_q, cu_seqlens_k):
         dense_forward(
             qs,

@@ -127,8 +127,5 @@ def zero_gradients(inp: adb.BackwardInputs) -> ad.Gradients:
 def empty_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of an empty problem: zeros and ``-inf``."""
     out = inp.q.new_zeros((*inp.q.shape[:-1], inp.head_dim_v))
-    if inp.is_varlen:
-        lse_shape = (inp.heads, inp.q.shape[0])
-    else:
-        lse_shape = (inp.batch, inp.heads, inp.seqlen_q)
+    lse_shape = adb.lse_shape(inp.q.shape, inp.is_varlen)
     return out, torch.full(lse_shape, -INF, dtype=adb.lse_dtype(inp.dtype), device=inp.q.device)
