@@ -37,16 +37,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
-import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from _provenance import git_commit
+from _timing import median_per_call, sync
 
 import attn_dispatch as ad
 
@@ -241,30 +241,11 @@ def batch_for(case: Case, shape: Shape, device: torch.device) -> dict:
     return inputs
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def train_step(model, inputs: dict) -> float:
     model.zero_grad(set_to_none=True)
     loss = model(**inputs).loss
     loss.backward()
     return loss.detach()
-
-
-def time_steps(model, inputs: dict, device: torch.device, warmup: int, rounds: int, steps: int):
-    for _ in range(warmup):
-        train_step(model, inputs)
-    sync(device)
-    per_round = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(steps):
-            train_step(model, inputs)
-        sync(device)
-        per_round.append((time.perf_counter() - start) / steps * 1e3)
-    return statistics.median(per_round)
 
 
 def set_route(model, route: str) -> None:
@@ -305,7 +286,7 @@ def run_case(case: Case, args, shape: Shape, device: torch.device, dtype: torch.
             log(f"case {case.name}: {route} skipped ({message})")
             continue
         log(f"case {case.name}: {route} loss {loss:.4f} ok; timing")
-        entry["ms"] = time_steps(model, inputs, device, args.warmup, args.rounds, args.steps)
+        entry["ms"] = _median_ms(functools.partial(train_step, model, inputs), device, args)
         log(f"case {case.name}: {route} {entry['ms']:.1f} ms/step")
     if case.breakdown:
         result["attention_alone"] = attention_alone(case, shape, device, dtype, args)
@@ -317,17 +298,7 @@ def run_case(case: Case, args, shape: Shape, device: torch.device, dtype: torch.
 
 def _median_ms(fn, device: torch.device, args) -> float:
     """Median over ``args.rounds`` of the mean time of ``args.steps`` calls, after warm-up."""
-    for _ in range(args.warmup):
-        fn()
-    sync(device)
-    rounds = []
-    for _ in range(args.rounds):
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            fn()
-        sync(device)
-        rounds.append((time.perf_counter() - start) / args.steps * 1e3)
-    return statistics.median(rounds)
+    return median_per_call(fn, device, args.warmup, args.rounds, args.steps) * 1e3
 
 
 def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, args) -> dict:

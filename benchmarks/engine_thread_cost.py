@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _timing import median_per_call
 
 import attn_dispatch as ad
 from attn_dispatch import _autograd
@@ -31,17 +32,7 @@ IMPLEMENTATIONS = ("flash_attn_cute:sm90", "torch_sdpa:flash", "triton:fused")
 
 
 def per_step_us(step: Callable[[], None], rounds: int, number: int) -> float:
-    for _ in range(15):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(number):
-            step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / number * 1e6)
-    return statistics.median(times)
+    return median_per_call(step, torch.device("cuda"), 15, rounds, number) * 1e6
 
 
 class _Doubling(torch.autograd.Function):

@@ -37,15 +37,14 @@ import io
 import json
 import platform
 import pstats
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from _provenance import git_commit
+from _timing import median_per_call, sync
 
 import attn_dispatch as ad
 from attn_dispatch import NoBackendError
@@ -55,24 +54,9 @@ GPU_SHAPE = (1, 32, 8, 128, 128)
 CPU_SHAPE = (1, 4, 2, 16, 16)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def per_call_us(fn: Callable[[], object], device, rounds: int, number: int, warmup: int) -> float:
     """Median over ``rounds`` of the wall time of ``number`` back-to-back calls, per call (µs)."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        sync(device)
-        times.append((time.perf_counter() - start) / number * 1e6)
-    return statistics.median(times)
+    return median_per_call(fn, device, warmup, rounds, number) * 1e6
 
 
 class Layer:

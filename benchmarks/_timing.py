@@ -1,0 +1,34 @@
+"""The wall-clock timing loop the benchmark scripts share."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a CPU runs its work as it is called)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_per_call(
+    fn: Callable[[], object], device: torch.device, warmup: int, rounds: int, number: int
+) -> float:
+    """Seconds per call of ``fn``: the median over ``rounds`` of the wall time of ``number``
+    back-to-back calls, after ``warmup`` untimed calls; ``device`` is synchronised before and
+    after each round, not between calls, so that the launches of a round overlap its kernels."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    per_round = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        sync(device)
+        per_round.append((time.perf_counter() - start) / number)
+    return statistics.median(per_round)
