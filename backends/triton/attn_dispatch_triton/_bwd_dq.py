@@ -27,12 +27,12 @@ import triton.language as tl
 
 from ._common import (
     backward_cap,
-    band_offsets,
     band_where,
-    key_block_ranges,
+    key_walk,
     load_head_rows,
     load_strided_tile,
     log2_scores,
+    query_program,
     score_grad,
     seq_bounds,
     store_head_rows,
@@ -154,18 +154,7 @@ def _attn_bwd_dq(
     BLOCK_DV: tl.constexpr,
     LOAD_TMA: tl.constexpr,
 ):
-    if HEAVY_FIRST:
-        # grid (B*H, query blocks): the GPU starts programs in launch order, so with causal
-        # masks the last query blocks (they see the most keys) of every head go first and the
-        # light ones fill the tail.
-        bh = tl.program_id(0)
-        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-    else:
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group
+    pid_m, b, h, hk = query_program(heads, group, HEAVY_FIRST)
     q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)
     desc_at = (b * 0 if IS_VARLEN else b, k_start, hk)  # [B, S, Hkv, D] / [1, T, Hkv, D]
     m0 = pid_m * BLOCK_M
@@ -198,14 +187,21 @@ def _attn_bwd_dq(
     k_base = K + b64 * stride_kb + krow0 * stride_ks + hk * stride_kh
     v_base = V + b64 * stride_vb + krow0 * stride_vs + hk * stride_vh
 
-    band = band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
-    lo, full_lo, full_hi, hi = key_block_ranges(
-        m0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
+    band, ranges = key_walk(
+        m0,
+        q_len,
+        k_len,
+        win_left,
+        win_right,
+        LIMIT_LEFT,
+        LIMIT_RIGHT,
+        BOTTOM_RIGHT,
+        BLOCK_M,
+        BLOCK_N,
     )
     cap = backward_cap(qk_scale, scale, softcap, SOFTCAP)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    ranges = (lo, full_lo, full_hi, hi)
     for seg in tl.static_range(3):  # [lo, full_lo) masked, [full_lo, full_hi), [full_hi, hi) masked
         if seg > 0 or LIMIT_LEFT:  # without a left bound [lo, full_lo) is empty
             dq = _attn_bwd_dq_inner(

@@ -34,6 +34,24 @@ def seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def query_program(heads, group, HEAVY_FIRST: tl.constexpr):
+    """``(pid_m, b, h, hk)`` of a program that owns one query block of one head: its block,
+    sequence, query head and kv head. The grid is ``(query blocks, B*H)``, or with
+    ``HEAVY_FIRST`` ``(B*H, query blocks)`` walked from the last block: the GPU starts
+    programs in launch order, so under a causal mask the blocks that see the most keys go
+    first and the light ones fill the tail."""
+    if HEAVY_FIRST:
+        bh = tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    return pid_m, b, h, h // group
+
+
+@triton.jit
 def head_rows(X, b64, row0, h, stride_b, stride_s, stride_h, offs_m, offs_d):
     """Pointers to rows ``row0 + offs_m``, columns ``offs_d`` of head ``h`` of sequence ``b``."""
     return (
@@ -180,6 +198,29 @@ def key_block_ranges(
         lo = k_len * 0
         full_lo = lo
     return lo, full_lo, tl.maximum(full_hi, full_lo), hi
+
+
+@triton.jit
+def key_walk(
+    m0,
+    q_len,
+    k_len,
+    win_left,
+    win_right,
+    LIMIT_LEFT: tl.constexpr,
+    LIMIT_RIGHT: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The band of query rows ``[m0, m0 + BLOCK_M)`` and the key ranges they walk:
+    ``(band, (lo, full_lo, full_hi, hi))`` (see :func:`band_offsets`,
+    :func:`key_block_ranges`)."""
+    band = band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
+    ranges = key_block_ranges(
+        m0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
+    )
+    return band, ranges
 
 
 @triton.jit
