@@ -27,8 +27,9 @@ import triton.language as tl
 
 from ._common import (
     backward_cap,
+    band_offsets,
     band_where,
-    key_walk,
+    key_block_ranges,
     load_head_rows,
     load_strided_tile,
     log2_scores,
@@ -187,21 +188,14 @@ def _attn_bwd_dq(
     k_base = K + b64 * stride_kb + krow0 * stride_ks + hk * stride_kh
     v_base = V + b64 * stride_vb + krow0 * stride_vs + hk * stride_vh
 
-    band, ranges = key_walk(
-        m0,
-        q_len,
-        k_len,
-        win_left,
-        win_right,
-        LIMIT_LEFT,
-        LIMIT_RIGHT,
-        BOTTOM_RIGHT,
-        BLOCK_M,
-        BLOCK_N,
+    band = band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
+    lo, full_lo, full_hi, hi = key_block_ranges(
+        m0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
     )
     cap = backward_cap(qk_scale, scale, softcap, SOFTCAP)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    ranges = (lo, full_lo, full_hi, hi)
     for seg in tl.static_range(3):  # [lo, full_lo) masked, [full_lo, full_hi), [full_hi, hi) masked
         if seg > 0 or LIMIT_LEFT:  # without a left bound [lo, full_lo) is empty
             dq = _attn_bwd_dq_inner(

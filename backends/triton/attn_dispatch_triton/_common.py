@@ -201,29 +201,6 @@ def key_block_ranges(
 
 
 @triton.jit
-def key_walk(
-    m0,
-    q_len,
-    k_len,
-    win_left,
-    win_right,
-    LIMIT_LEFT: tl.constexpr,
-    LIMIT_RIGHT: tl.constexpr,
-    BOTTOM_RIGHT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """The band of query rows ``[m0, m0 + BLOCK_M)`` and the key ranges they walk:
-    ``(band, (lo, full_lo, full_hi, hi))`` (see :func:`band_offsets`,
-    :func:`key_block_ranges`)."""
-    band = band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
-    ranges = key_block_ranges(
-        m0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
-    )
-    return band, ranges
-
-
-@triton.jit
 def query_block_ranges(
     n0,
     q_len,

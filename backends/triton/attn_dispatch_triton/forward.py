@@ -40,10 +40,11 @@ from attn_dispatch import backend as adb
 from . import _band
 from ._common import (
     LOG2E,
+    band_offsets,
     band_where,
     dense_vector,
     kernel_operands,
-    key_walk,
+    key_block_ranges,
     load_strided_tile,
     log2_scores,
     lse_strides,
@@ -183,17 +184,9 @@ def _attn_fwd(
 
     # Key ranges: [lo, full_lo) and [full_hi, hi) masked (band edges, partial tail), between
     # them whole blocks without a mask; nothing outside [lo, hi).
-    band, ranges = key_walk(
-        m0,
-        q_len,
-        k_len,
-        win_left,
-        win_right,
-        LIMIT_LEFT,
-        LIMIT_RIGHT,
-        BOTTOM_RIGHT,
-        BLOCK_M,
-        BLOCK_N,
+    band = band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
+    lo, full_lo, full_hi, hi = key_block_ranges(
+        m0, q_len, k_len, band[0], band[1], LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
     )
     if SOFTCAP:
         cap = (qk_scale / (softcap * 1.4426950408889634), softcap * 1.4426950408889634)
@@ -203,6 +196,7 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    ranges = (lo, full_lo, full_hi, hi)
     for seg in tl.static_range(3):  # [lo, full_lo) masked, [full_lo, full_hi), [full_hi, hi) masked
         if seg > 0 or LIMIT_LEFT:  # without a left bound [lo, full_lo) is empty
             acc, l_i, m_i = _attn_fwd_inner(
