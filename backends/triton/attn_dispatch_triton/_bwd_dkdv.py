@@ -106,6 +106,7 @@ def _attn_bwd_dkdv_inner(
     q_base, do_base, q_desc, do_desc, desc_at, lse2_base, delta_base, dqa_base, dqa_row = head
     stride_qs, stride_dos, stride_dqas, stride_ts = strides
     dp_first: tl.constexpr = DP_FIRST and not MASKED
+    do_src = (do_base, do_desc, desc_at, stride_dos)  # dO is read early or late (DP_FIRST)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     for m0 in range(lo, hi, BLOCK_M):
@@ -115,20 +116,7 @@ def _attn_bwd_dkdv_inner(
         else:
             q = load_strided_tile(q_base, stride_qs, offs_m, q_len, offs_d, D, MASKED, BLOCK_D)
         if dp_first:
-            do = _load_do(
-                do_base,
-                do_desc,
-                desc_at,
-                m0,
-                offs_m,
-                stride_dos,
-                q_len,
-                DV,
-                MASKED,
-                BLOCK_M,
-                BLOCK_DV,
-                LOAD_TMA,
-            )
+            do = _load_do(do_src, m0, offs_m, q_len, DV, MASKED, BLOCK_M, BLOCK_DV, LOAD_TMA)
         lse2 = _load_rows(lse2_base, offs_m, stride_ts, q_len, float("inf"), MASKED)
         if dp_first:
             delta = _load_rows(delta_base, offs_m, stride_ts, q_len, 0.0, MASKED)
@@ -145,20 +133,7 @@ def _attn_bwd_dkdv_inner(
             )
         # -- dV += P^T dO
         if not dp_first:
-            do = _load_do(
-                do_base,
-                do_desc,
-                desc_at,
-                m0,
-                offs_m,
-                stride_dos,
-                q_len,
-                DV,
-                MASKED,
-                BLOCK_M,
-                BLOCK_DV,
-                LOAD_TMA,
-            )
+            do = _load_do(do_src, m0, offs_m, q_len, DV, MASKED, BLOCK_M, BLOCK_DV, LOAD_TMA)
         dv += tl.dot(pT.to(do.dtype), do)
         # -- dS^T = P^T * (V dO^T - delta);  dK += dS^T Q
         if not dp_first:
@@ -179,12 +154,9 @@ def _attn_bwd_dkdv_inner(
 
 @triton.jit
 def _load_do(
-    do_base,
-    do_desc,
-    desc_at,
+    do_src,
     m0,
     offs_m,
-    stride_dos,
     q_len,
     DV,
     MASKED: tl.constexpr,
@@ -192,7 +164,9 @@ def _load_do(
     BLOCK_DV: tl.constexpr,
     LOAD_TMA: tl.constexpr,
 ):
-    """The dO tile of query block ``m0`` (TMA copy or pointer load)."""
+    """The dO tile of query block ``m0`` (TMA copy or pointer load); ``do_src``: the head's dO
+    pointer, descriptor, descriptor coordinates and row stride."""
+    do_base, do_desc, desc_at, stride_dos = do_src
     if LOAD_TMA:
         do = do_desc.load([desc_at[0], desc_at[1] + m0, desc_at[2], 0]).reshape(BLOCK_M, BLOCK_DV)
     else:

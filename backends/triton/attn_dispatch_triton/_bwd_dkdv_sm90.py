@@ -85,9 +85,12 @@ GRID_UNITS = gl.constexpr(int(GridLayout.UNITS))
 
 
 @gluon.jit
-def _step_position(it, nblk, lo_blk, head0, BLOCK_M: gl.constexpr):
-    """Query head and first query row of loop step ``it`` (steps walk head by head)."""
-    return head0 + it // nblk, (lo_blk + it % nblk) * BLOCK_M
+def _step_position(steps, it, BLOCK_M: gl.constexpr):
+    """Query head and first query row of loop step ``it`` of this program (steps walk head by
+    head); ``steps``: ``(first_step, total, nblk, lo_blk, head0)``."""
+    first_step, _, nblk, lo_blk, head0 = steps
+    step = first_step + it
+    return head0 + step // nblk, (lo_blk + step % nblk) * BLOCK_M
 
 
 @gluon.jit
@@ -126,16 +129,8 @@ def _wide_store_order(dq, BLOCK_M: gl.constexpr, W: gl.constexpr):
 
 @gluon.jit
 def _producer(
-    q_desc,
-    k_desc,
-    v_desc,
-    do_desc,
-    k_smem,
-    v_smem,
-    q_bufs,
-    do_bufs,
-    lse_bufs,
-    delta_bufs,
+    descs,
+    ring,
     bars,
     Lse2,
     Delta,
@@ -147,21 +142,12 @@ def _producer(
     """Fill the ring: K and V once, then per step the Q and dO tiles (TMA) and the step's
     lse2 / delta rows (loads, +inf / 0 past the sequence's end), STAGES steps ahead of the
     consumers."""
-    (
-        first_step,
-        total,
-        nblk,
-        lo_blk,
-        head0,
-        qrow,
-        krow,
-        n0,
-        hk,
-        t_base,
-        stride_th,
-        stride_ts,
-        q_len,
-    ) = work
+    q_desc, k_desc, v_desc, do_desc = descs
+    k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs = ring
+    steps, tiles, rows = work
+    total = steps[1]
+    qrow, krow, n0, hk = tiles
+    t_base, stride_th, stride_ts, q_len = rows
     kv_bar = bars.index(3 * STAGES)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [krow + n0, hk * D], kv_bar, k_smem)
@@ -173,7 +159,7 @@ def _producer(
         phase = (it // STAGES) & 1
         ready = bars.index(slot)
         mbarrier.wait(bars.index(STAGES + slot), phase ^ 1)  # slot emptied by both consumers
-        h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, BLOCK_M)
+        h, m0 = _step_position(steps, it, BLOCK_M)
         mbarrier.expect(ready, 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [qrow + m0, h * D], ready, q_bufs.index(slot))
         tma.async_copy_global_to_shared(do_desc, [qrow + m0, h * D], ready, do_bufs.index(slot))
@@ -197,42 +183,15 @@ def _consumer(
     WIDE_STORE: gl.constexpr,
 ):
     """One warp group: dK, dV of key rows [n0 + WG * HALF_N, + HALF_N) over every step."""
-    (
-        k_smem,
-        v_smem,
-        q_bufs,
-        do_bufs,
-        lse_bufs,
-        delta_bufs,
-        ds_smem,
-        dq_smem,
-        bars,
-        work,
-        out,
-        dqa_desc,
-        qk_scale,
-        scale,
-        cap,
-    ) = shared
+    ring, ds_smem, dq_smem, bars, work, out, dqa_desc, qk_scale, scale, cap = shared
+    k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs = ring
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.shape[1]
     D: gl.constexpr = q_bufs.shape[2]
     HALF_N: gl.constexpr = k_smem.shape[0] // 2
-    (
-        first_step,
-        total,
-        nblk,
-        lo_blk,
-        head0,
-        qrow,
-        krow,
-        n0,
-        hk,
-        t_base,
-        stride_th,
-        stride_ts,
-        q_len,
-    ) = work
+    steps, tiles, _ = work
+    total = steps[1]
+    qrow, _, n0, _ = tiles
     k_start, k_len, off_hi, off_lo, dk_base, dv_base, stride_dks, stride_dvs = out
     cap_in, cap_out = cap
     s_layout: gl.constexpr = mma_layout(HALF_N, BLOCK_M)
@@ -292,7 +251,7 @@ def _consumer(
         else:
             pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if LIMIT_RIGHT or LIMIT_LEFT:
-            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, BLOCK_M)
+            h, m0 = _step_position(steps, it, BLOCK_M)
             # The fused-atomic kernel masks only the tiles a band edge crosses (faster there);
             # the split one masks every step (its register budget: the branch made it spill more)
             if ATOMIC_DQ:
@@ -352,7 +311,7 @@ def _consumer(
             # (the producer refills this slot, so the next step's dS^T overwrites this one's,
             # only after both groups arrive here: their dQ products are done)
             mbarrier.arrive(bars.index(STAGES + slot))
-            h, m0 = _step_position(first_step + it, nblk, lo_blk, head0, BLOCK_M)
+            h, m0 = _step_position(steps, it, BLOCK_M)
             dq_part = dq_smem.index(WG)
             tma.store_wait(0)  # the previous step's reduction has read dq_part
             if WIDE_STORE:
@@ -510,20 +469,11 @@ def _attn_bwd_dkdv_sm90(
             first_step = 0
             total = nblk * heads_per_split
         t_base = b * stride_tb + q_start * stride_ts
+        # the loop's steps, where the tiles come from, where the lse2 / delta rows come from
         work = (
-            first_step,
-            total,
-            nblk,
-            lo_blk,
-            head0,
-            qrow,
-            krow,
-            n0,
-            hk,
-            t_base,
-            stride_th,
-            stride_ts,
-            q_len,
+            (first_step, total, nblk, lo_blk, head0),
+            (qrow, krow, n0, hk),
+            (t_base, stride_th, stride_ts, q_len),
         )
         dk_base = (
             DK
@@ -551,47 +501,12 @@ def _attn_bwd_dkdv_sm90(
         # the soft cap as tanh(s * scale / c) * c log2(e) (the scale is a per-call value)
         cap = (scale / softcap, softcap * 1.4426950408889634)
         # what both consumer warp groups read (their tile sizes come with the buffers' shapes)
-        shared = (
-            k_smem,
-            v_smem,
-            q_bufs,
-            do_bufs,
-            lse_bufs,
-            delta_bufs,
-            ds_smem,
-            dq_smem,
-            bars,
-            work,
-            out,
-            dqa_desc,
-            qk_scale,
-            scale,
-            cap,
-        )
+        ring = (k_smem, v_smem, q_bufs, do_bufs, lse_bufs, delta_bufs)  # what the producer fills
+        shared = (ring, ds_smem, dq_smem, bars, work, out, dqa_desc, qk_scale, scale, cap)
+        descs = (q_desc, k_desc, v_desc, do_desc)
         gl.warp_specialize(
             [
-                (
-                    _producer,
-                    (
-                        q_desc,
-                        k_desc,
-                        v_desc,
-                        do_desc,
-                        k_smem,
-                        v_smem,
-                        q_bufs,
-                        do_bufs,
-                        lse_bufs,
-                        delta_bufs,
-                        bars,
-                        Lse2,
-                        Delta,
-                        work,
-                        BLOCK_M,
-                        D,
-                        STAGES,
-                    ),
-                ),
+                (_producer, (descs, ring, bars, Lse2, Delta, work, BLOCK_M, D, STAGES)),
                 (
                     _consumer,
                     (shared, 0, LIMIT_RIGHT, LIMIT_LEFT, SOFTCAP, ATOMIC_DQ, ADD_DKDV, WIDE_STORE),

@@ -33,6 +33,7 @@ from ._common import (
     load_head_rows,
     load_strided_tile,
     log2_scores,
+    query_program,
     score_grad,
     seq_bounds,
     store_head_rows,
@@ -154,18 +155,7 @@ def _attn_bwd_dq(
     BLOCK_DV: tl.constexpr,
     LOAD_TMA: tl.constexpr,
 ):
-    if HEAVY_FIRST:
-        # grid (B*H, query blocks): the GPU starts programs in launch order, so with causal
-        # masks the last query blocks (they see the most keys) of every head go first and the
-        # light ones fill the tail.
-        bh = tl.program_id(0)
-        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-    else:
-        pid_m = tl.program_id(0)
-        bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group
+    pid_m, b, h, hk = query_program(heads, group, HEAVY_FIRST)
     q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)
     desc_at = (b * 0 if IS_VARLEN else b, k_start, hk)  # [B, S, Hkv, D] / [1, T, Hkv, D]
     m0 = pid_m * BLOCK_M

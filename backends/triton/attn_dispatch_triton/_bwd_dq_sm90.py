@@ -38,22 +38,10 @@ from ._sm90 import (
 
 
 @gluon.jit
-def _producer(
-    q_desc,
-    k_desc,
-    v_desc,
-    do_desc,
-    q_smem,
-    do_smem,
-    k_bufs,
-    v_bufs,
-    bars,
-    work,
-    D: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr,
-):
+def _producer(descs, bufs, work, D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Q and dO once, then every key block's K and V tiles, STAGES blocks ahead."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    q_smem, do_smem, k_bufs, v_bufs, bars = bufs
     total, lo_n, qrow, krow, m0, h, hk = work
     qo_bar = bars.index(2 * STAGES)
     mbarrier.expect(qo_bar, 2 * q_desc.block_type.nbytes)
@@ -79,9 +67,8 @@ def _consumer(
     SOFTCAP: gl.constexpr,
 ):
     """One warp group: dQ of query rows [m0 + WG * HALF_M, + HALF_M) over every key block."""
-    q_smem, do_smem, k_bufs, v_bufs, bars, Lse2, Delta, work, rows_info, qk_scale, scale, cap = (
-        shared
-    )
+    bufs, Lse2, Delta, work, rows_info, qk_scale, scale, cap = shared
+    q_smem, do_smem, k_bufs, v_bufs, bars = bufs
     STAGES: gl.constexpr = k_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.shape[1]
     D: gl.constexpr = k_bufs.shape[2]
@@ -220,40 +207,12 @@ def _attn_bwd_dq_sm90(
         # the soft cap as tanh(s * scale / c) * c log2(e) (the scale is a per-call value)
         cap = (scale / softcap, softcap * 1.4426950408889634)
         # what both consumer warp groups read (their tile sizes come with the buffers' shapes)
-        shared = (
-            q_smem,
-            do_smem,
-            k_bufs,
-            v_bufs,
-            bars,
-            Lse2,
-            Delta,
-            work,
-            rows_info,
-            qk_scale,
-            scale,
-            cap,
-        )
+        bufs = (q_smem, do_smem, k_bufs, v_bufs, bars)  # what the producer fills
+        shared = (bufs, Lse2, Delta, work, rows_info, qk_scale, scale, cap)
+        descs = (q_desc, k_desc, v_desc, do_desc)
         gl.warp_specialize(
             [
-                (
-                    _producer,
-                    (
-                        q_desc,
-                        k_desc,
-                        v_desc,
-                        do_desc,
-                        q_smem,
-                        do_smem,
-                        k_bufs,
-                        v_bufs,
-                        bars,
-                        work,
-                        D,
-                        BLOCK_N,
-                        STAGES,
-                    ),
-                ),
+                (_producer, (descs, bufs, work, D, BLOCK_N, STAGES)),
                 (_consumer, (shared, 0, LIMIT_RIGHT, LIMIT_LEFT, SOFTCAP)),
                 (_consumer, (shared, 1, LIMIT_RIGHT, LIMIT_LEFT, SOFTCAP)),
             ],

@@ -34,6 +34,24 @@ def seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def query_program(heads, group, HEAVY_FIRST: tl.constexpr):
+    """``(pid_m, b, h, hk)`` of a program that owns one query block of one head: its block,
+    sequence, query head and kv head. The grid is ``(query blocks, B*H)``, or with
+    ``HEAVY_FIRST`` ``(B*H, query blocks)`` walked from the last block: the GPU starts
+    programs in launch order, so under a causal mask the blocks that see the most keys go
+    first and the light ones fill the tail."""
+    if HEAVY_FIRST:
+        bh = tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    return pid_m, b, h, h // group
+
+
+@triton.jit
 def head_rows(X, b64, row0, h, stride_b, stride_s, stride_h, offs_m, offs_d):
     """Pointers to rows ``row0 + offs_m``, columns ``offs_d`` of head ``h`` of sequence ``b``."""
     return (

@@ -49,6 +49,7 @@ from ._common import (
     log2_scores,
     lse_strides,
     padded_dim,
+    query_program,
     seq_bounds,
     softcap_mode,
     store_tile,
@@ -164,11 +165,7 @@ def _attn_fwd(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group
+    pid_m, b, h, hk = query_program(heads, group, False)
     q_start, q_len, k_start, k_len = seq_bounds(CU_Q, CU_K, b, seqlen_q, seqlen_k, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= q_len:
