@@ -9,7 +9,9 @@ tensor, as a training step runs it) through one more layer of the stack than the
   autograd backward, the baseline;
 * ``ad.attention``: the automatic choice, then each installed implementation forced
   (``backend=``) that accepts the call; in eager mode one autograd node whose passes dispatch
-  as ``ad.forward`` and ``ad.backward`` do;
+  as ``ad.forward`` and ``ad.backward`` do; then the automatic choice as the transformers
+  integration calls it ([B, S, H, D] views in, the output used in that layout, so its gradient
+  needs no copy);
 * ``custom ops``: the operators ``attn_dispatch::fwd`` and ``attn_dispatch::bwd`` called
   directly, without autograd: what a compiled or traced ``ad.attention`` runs (an eager call
   does not go through them);
@@ -97,6 +99,20 @@ def attention_step(layer: Layer, backend: str | None = None) -> Callable[[], Non
         ad.attention(
             layer.q, layer.k, layer.v, causal=True, layout="bhsd", backend=backend
         ).backward(layer.grad)
+
+    return step
+
+
+def transformers_step(layer: Layer) -> Callable[[], None]:
+    """``ad.attention`` as the transformers integration calls it: [B, S, H, D] views of the
+    [B, H, S, D] projections, the output used in that layout, so the gradient comes back as
+    contiguous [B, S, H, D] rows."""
+    grad = layer.grad.transpose(1, 2).contiguous()
+
+    def step():
+        layer.clear()
+        q, k, v = (t.transpose(1, 2) for t in (layer.q, layer.k, layer.v))
+        ad.attention(q, k, v, causal=True).backward(grad)
 
     return step
 
@@ -268,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name in forced_names(layer):
         rows.append(time_row(f"ad.attention forced {name}", attention_step(layer, name)))
+    rows.append(
+        time_row("ad.attention as transformers calls it (bshd views)", transformers_step(layer))
+    )
     rows.append(time_row("custom ops fwd + bwd, no autograd", custom_ops_step(layer)))
     rows.append(time_row("ad.forward + ad.backward", public_step(layer)))
     rows.append(time_row("direct: implementations' forward + backward", direct_step(fwd, bwd)))
