@@ -689,3 +689,30 @@ def test_a_wrong_dsinks_still_fails():
             CANCELLING[0],
             dtype=torch.bfloat16,
         )
+
+
+def _formula_backward(q, k, v, dout, out_given, scale, softcap, causal):
+    """dq, dk of one dense MHA head set by the backward's formulas, in float64, with
+    ``rowsum(dO * O)`` taken from ``out_given`` (q, k, v, dout: [S, H, D])."""
+    raw = torch.einsum("ihd,jhd->hij", q, k) * scale
+    s = softcap * torch.tanh(raw / softcap)
+    if causal:
+        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    dp = torch.einsum("ihd,jhd->hij", dout, v)
+    delta = (dout * out_given).sum(-1).t()[:, :, None]  # [H, S, 1]
+    ds = p * (dp - delta) * (1 - torch.tanh(raw / softcap) ** 2) * scale
+    return torch.einsum("hij,jhd->ihd", ds, k), torch.einsum("hij,ihd->jhd", ds, q)
+
+
+def test_given_out_dq_and_dk_follow_the_backward_formulas_with_a_soft_cap():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 13, 3, 16, generator=gen, dtype=torch.float64) for _ in "qkvd")
+    flags = dict(causal=True, softcap=2.5, scale=0.4)
+    given = oracle(q, k, v, dout, given_out_dtype=torch.bfloat16, **flags)
+    out_given = given.out.to(torch.bfloat16).double()
+    dq, dk = _formula_backward(q[0], k[0], v[0], dout[0], out_given[0], 0.4, 2.5, True)
+    torch.testing.assert_close(given.dq[0], dq)
+    torch.testing.assert_close(given.dk[0], dk)
+    exact = oracle(q, k, v, dout, **flags)
+    assert not torch.allclose(exact.dq, given.dq, rtol=0, atol=1e-12)  # the rounding shows
