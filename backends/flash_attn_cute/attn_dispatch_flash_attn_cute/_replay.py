@@ -262,7 +262,10 @@ def replayer(trace: Trace) -> Callable[[tuple], tuple]:
     def replay(inputs: tuple) -> tuple:
         if len(inputs) != trace.n_inputs:
             raise ValueError(f"inputs: expected {trace.n_inputs} tensors, got {len(inputs)}")
-        slots = list(inputs)
+        # FA4 hands its kernels detached tensors, and a detached view of the same geometry is
+        # recorded as the input itself: an input that requires grad (a saved tensor in an
+        # autograd backward) is detached once here rather than at every launch that reads it
+        slots = [t.detach() if t is not None and t.requires_grad else t for t in inputs]
         for step in steps:
             step(slots)
         return tuple([None if ref is None else _resolve(slots, ref) for ref in outputs])
@@ -300,10 +303,7 @@ def _step(step: tuple) -> Callable[[list], None]:
     def launch(slots: list) -> None:
         args = list(template)
         for position, ref in fills:
-            t = _resolve(slots, ref)
-            # FA4 hands its kernels detached tensors; a detached view of the same geometry is
-            # recorded as the input itself, so an input that requires grad is detached here
-            args[position] = t.detach() if t.requires_grad else t
+            args[position] = _resolve(slots, ref)  # detached where needed by ``replay``
         kernel(*args, **keywords)
 
     return launch
