@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _minimal_node import minimal_node
 from _timing import median_per_call
 
 import attn_dispatch as ad
@@ -79,7 +80,7 @@ def steps() -> dict[str, Callable[[], None]]:
         return step
 
     def minimal(name: str) -> Callable[[], None]:
-        node = _minimal_node(name)
+        node = minimal_node(name)
 
         def step() -> None:
             q.grad = k.grad = v.grad = None
@@ -97,26 +98,6 @@ def steps() -> dict[str, Callable[[], None]]:
         found[f"ad.attention, {name}"] = forced(name)
         found[f"a minimal node over ad.forward / ad.backward, {name}"] = minimal(name)
     return found
-
-
-def _minimal_node(name: str) -> type[torch.autograd.Function]:
-    """The least an autograd node around the public calls can do (no argument checks, no
-    scope, no copies): what ``ad.attention``'s own node costs beyond it is the library's."""
-
-    class Minimal(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v):
-            out, lse = ad.forward(q, k, v, causal=True, backend=name)
-            ctx.save_for_backward(q, k, v, out, lse)
-            return out
-
-        @staticmethod
-        def backward(ctx, grad_out):
-            q, k, v, out, lse = ctx.saved_tensors
-            grads = ad.backward(q, k, v, out, lse, grad_out.contiguous(), causal=True, backend=name)
-            return grads[0], grads[1], grads[2]
-
-    return Minimal
 
 
 def trace(step: Callable[[], None], stem: Path) -> None:

@@ -11,7 +11,8 @@ tensor, as a training step runs it) through one more layer of the stack than the
   (``backend=``) that accepts the call; in eager mode one autograd node whose passes dispatch
   as ``ad.forward`` and ``ad.backward`` do; then the automatic choice as the transformers
   integration calls it ([B, S, H, D] views in, the output used in that layout, so its gradient
-  needs no copy);
+  needs no copy), and the same call through a minimal autograd node over ``ad.forward`` /
+  ``ad.backward`` (``ad.attention`` minus that row is its own node's cost);
 * ``custom ops``: the operators ``attn_dispatch::fwd`` and ``attn_dispatch::bwd`` called
   directly, without autograd: what a compiled or traced ``ad.attention`` runs (an eager call
   does not go through them);
@@ -45,6 +46,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _minimal_node import minimal_node
 from _provenance import git_commit
 from _timing import median_per_call, sync
 
@@ -113,6 +115,19 @@ def transformers_step(layer: Layer) -> Callable[[], None]:
         layer.clear()
         q, k, v = (t.transpose(1, 2) for t in (layer.q, layer.k, layer.v))
         ad.attention(q, k, v, causal=True).backward(grad)
+
+    return step
+
+
+def minimal_node_step(layer: Layer) -> Callable[[], None]:
+    """The same call through the least an autograd node over ``ad.forward`` / ``ad.backward``
+    can do: ``ad.attention`` minus this row is its own node's cost."""
+    grad = layer.grad.transpose(1, 2).contiguous()
+    node = minimal_node()
+
+    def step():
+        layer.clear()
+        node.apply(*(t.transpose(1, 2) for t in (layer.q, layer.k, layer.v))).backward(grad)
 
     return step
 
@@ -287,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(
         time_row("ad.attention as transformers calls it (bshd views)", transformers_step(layer))
     )
+    rows.append(time_row("a minimal node over ad.forward + ad.backward", minimal_node_step(layer)))
     rows.append(time_row("custom ops fwd + bwd, no autograd", custom_ops_step(layer)))
     rows.append(time_row("ad.forward + ad.backward", public_step(layer)))
     rows.append(time_row("direct: implementations' forward + backward", direct_step(fwd, bwd)))
