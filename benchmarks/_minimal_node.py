@@ -1,6 +1,6 @@
 """The least an autograd node around ``ad.forward`` / ``ad.backward`` can do (no argument checks,
-no scope, no copies), for benchmarks that set ``ad.attention``'s own node beside it: what
-``ad.attention`` costs beyond it is the library's node."""
+no scope, no copies but a non-contiguous gradient's), for benchmarks that set
+``ad.attention``'s own node beside it: what ``ad.attention`` costs beyond it is its node's."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ tensor, as a training step runs it) through one more layer of the stack than the
   as ``ad.forward`` and ``ad.backward`` do; then the automatic choice as the transformers
   integration calls it ([B, S, H, D] views in, the output used in that layout, so its gradient
   needs no copy), and the same call through a minimal autograd node over ``ad.forward`` /
-  ``ad.backward`` (``ad.attention`` minus that row is its own node's cost);
+  ``ad.backward`` (the transformers-layout row minus that row is ``ad.attention``'s own node's
+  cost);
 * ``custom ops``: the operators ``attn_dispatch::fwd`` and ``attn_dispatch::bwd`` called
   directly, without autograd: what a compiled or traced ``ad.attention`` runs (an eager call
   does not go through them);
@@ -120,8 +121,8 @@ def transformers_step(layer: Layer) -> Callable[[], None]:
 
 
 def minimal_node_step(layer: Layer) -> Callable[[], None]:
-    """The same call through the least an autograd node over ``ad.forward`` / ``ad.backward``
-    can do: ``ad.attention`` minus this row is its own node's cost."""
+    """:func:`transformers_step`'s call through the least an autograd node over ``ad.forward``
+    / ``ad.backward`` can do: that row minus this one is ``ad.attention``'s own node's cost."""
     grad = layer.grad.transpose(1, 2).contiguous()
     node = minimal_node()
 

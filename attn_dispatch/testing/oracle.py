@@ -134,9 +134,9 @@ def oracle(
 
     ``given_out_dtype``: the gradients are those of a backward handed ``out`` rounded to this
     dtype, as every backward is (it computes ``rowsum(dO ∘ O)`` from the ``out`` it gets). Where
-    that sum cancels (one key beside a sink that takes nearly all the weight; dsinks summed over
-    rows of mixed sign), the rounding of ``out`` alone moves the exact gradients by percents,
-    an error no backward can avoid; with this the comparison leaves it out.
+    that sum cancels (one key that takes nearly all of its row's weight beside a sink; dsinks
+    summed over rows of mixed sign), the rounding of ``out`` alone moves the exact gradients by
+    percents, an error no backward can avoid; with this the comparison leaves it out.
 
     ``window``, ``softcap`` and ``sinks`` as in :func:`attn_dispatch.backward` (per sequence
     when varlen).

@@ -412,8 +412,8 @@ def check_all(
     del inputs, reference
     if device.type == "cuda":
         # Parallel sweep processes share one GPU: memory the largest case's oracle left cached
-        # in one process is memory another cannot load kernels into ("out of memory" from
-        # triton's module load, seen late in a 16-process 3000-case run).
+        # in one process is memory another cannot allocate or load kernels into. (After a
+        # device fault, above, nothing more can run on the device, so nothing is released.)
         torch.cuda.empty_cache()
     return chosen
 

@@ -1,7 +1,10 @@
 """The randomized conformance sweep (attn_dispatch.testing.sweep) on the test plugins."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -333,11 +336,7 @@ def test_an_implementation_not_installed_is_a_usage_error(toys, capsys) -> None:
     assert exit_.value.code == 2 and "not installed: nope:nothing" in capsys.readouterr().err
 
 
-def _collected(env: dict) -> list[str]:
-    import os
-    import subprocess
-    import sys
-
+def _collected(env: dict, marks: list[str] | None = None) -> list[str]:
     result = subprocess.run(
         [
             sys.executable,
@@ -347,8 +346,7 @@ def _collected(env: dict) -> list[str]:
             "-q",
             "-p",
             "no:cacheprovider",
-            "-m",
-            "slow",
+            *(marks or ["-m", "slow"]),
             "tests/sweep/test_random_sweep_gpu.py",
         ],
         env={**os.environ, "ATTN_DISPATCH_SWEEP_SEED": "7", **env},
@@ -368,3 +366,15 @@ def test_the_gpu_sweep_runs_one_shard_of_its_cases() -> None:
 def test_a_bad_sweep_shard_names_its_variable() -> None:
     ids = _collected({"ATTN_DISPATCH_SWEEP_SHARD": "3/3"})
     assert "ATTN_DISPATCH_SWEEP_SHARD" in ids[0]
+
+
+def test_the_reported_shapes_run_in_the_first_shard_only() -> None:
+    default = ["-m", "not slow"]
+    first = _collected({"ATTN_DISPATCH_SWEEP_SHARD": "0/2"}, default)
+    second = _collected({"ATTN_DISPATCH_SWEEP_SHARD": "1/2"}, default)
+
+    def reported(lines: list[str]) -> list[str]:  # an empty parameter set collects as NOTSET
+        return [line for line in lines if "reported_shape" in line and "NOTSET" not in line]
+
+    assert len(reported(first)) == 11, first[:3]
+    assert reported(second) == [], second[:3]

@@ -90,9 +90,9 @@ def packed_unit_strides(t: torch.Tensor) -> torch.Tensor:
     """``t`` with the stride of each size-1 dim set to what a packed tensor would have there.
 
     A size-1 dim is never stepped, so its stride is free (the core's alignment check ignores
-    it), but PyTorch's memory-efficient kernels test every stride for alignment: a [1, 1, 72]
-    bf16 view with strides (150, 75, 1) found no backward kernel ("cutlassB: no kernel found
-    to launch"). Same memory and values; ``t`` itself when nothing changes."""
+    it), but PyTorch's memory-efficient kernels test every stride for alignment, and for an
+    unaligned one the backward has no kernel to launch. Same memory and values; ``t`` itself
+    when nothing changes."""
     strides, inner = list(t.stride()), 1
     for dim in reversed(range(t.dim())):
         if t.shape[dim] == 1:

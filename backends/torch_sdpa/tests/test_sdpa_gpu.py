@@ -82,8 +82,8 @@ def test_strided_cu_seqlens_match_the_oracle(impl):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_efficient_runs_a_single_token_with_unaligned_unit_strides():
-    """A sliced single token (strides 150, 75 on its size-1 dims, bf16): PyTorch's backward found
-    no kernel for the unaligned strides the core rightly ignores (sweep seed 1742305917)."""
+    """A sliced single token (strides 150, 75 on its size-1 dims, bf16): PyTorch's backward
+    tests those strides for alignment, which the core rightly ignores."""
     from attn_dispatch.testing import Case, check_backward, check_forward
 
     case = Case((1,), (1,), 1, 1, 72, causal=True, varlen=True, layout="sliced", seed=1)

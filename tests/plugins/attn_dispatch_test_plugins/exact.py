@@ -3,7 +3,8 @@
 
 The forward is the testing oracle's. The gradients are written out by the textbook formulas
 rather than taken with the oracle's autograd: the dispatcher runs inside a custom operator,
-below autograd, where nothing records a graph.
+below autograd, where nothing records a graph. As every backward does, they take
+``rowsum(dO ∘ O)`` from the ``out`` they are given.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class Oracle(adb.Implementation):
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         grads = [[], [], [], []]
-        for q, k, v, do in _sequences(inp, inp.grad_out):
-            for acc, g in zip(grads, _gradients(inp, q, k, v, do)):
+        for q, k, v, do, out in _sequences(inp):
+            for acc, g in zip(grads, _gradients(inp, q, k, v, do, out)):
                 acc.append(g)
         dsinks = None
         if inp.sinks is not None:
@@ -41,17 +42,18 @@ class Oracle(adb.Implementation):
         return ad.Gradients(*(g[0] for g in grads), dsinks)
 
 
-def _sequences(inp: adb.BackwardInputs, grad_out: torch.Tensor):
-    """(q, k, v, grad_out) as dense [B, S, H, D] batches: the whole call, or one per sequence."""
-    tensors = (inp.q, inp.k, inp.v, grad_out)
+def _sequences(inp: adb.BackwardInputs):
+    """(q, k, v, grad_out, out) as dense [B, S, H, D] batches: the whole call, or one per
+    sequence."""
+    tensors = (inp.q, inp.k, inp.v, inp.grad_out, inp.out)
     if not inp.is_varlen:
         yield tensors
         return
     cu_q, cu_k = inp.cu_seqlens_q.tolist(), inp.cu_seqlens_k.tolist()
     for i in range(len(cu_q) - 1):
         rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
-        q, k, v, do = tensors
-        yield q[rows][None], k[keys][None], v[keys][None], do[rows][None]
+        q, k, v, do, out = tensors
+        yield q[rows][None], k[keys][None], v[keys][None], do[rows][None], out[rows][None]
 
 
 def _heads_first(t: torch.Tensor, group: int) -> torch.Tensor:
@@ -77,9 +79,9 @@ def _attend(inp, q, k, v):
     return probs @ vh, (qh, kh, vh, probs, tanh, lse)
 
 
-def _gradients(inp, q, k, v, grad_out):
-    out, (qh, kh, vh, probs, tanh, lse) = _attend(inp, q, k, v)
-    do = _heads_first(grad_out, 1)
+def _gradients(inp, q, k, v, grad_out, out):
+    _, (qh, kh, vh, probs, tanh, lse) = _attend(inp, q, k, v)
+    do, out = _heads_first(grad_out, 1), _heads_first(out, 1)
     dv = probs.transpose(-1, -2) @ do
     dp = do @ vh.transpose(-1, -2)
     delta = (do * out).sum(-1, keepdim=True)
