@@ -712,18 +712,23 @@ def test_a_backward_with_wrong_dsinks_fails_the_check():
         check_backward(_wrong_dsinks_backward, CANCELLING[0], dtype=torch.bfloat16)
 
 
-def _formula_backward(q, k, v, dout, out_given, scale, softcap, causal):
-    """dq, dk of one dense MHA head set by the backward's formulas, in float64, with
-    ``rowsum(dO * O)`` taken from ``out_given`` (q, k, v, dout: [S, H, D])."""
+def _formula_backward(q, k, v, dout, out_given, scale, softcap, causal, sinks=None):
+    """dq, dk and dsinks of one dense MHA sequence by the backward's formulas, in float64, with
+    ``rowsum(dO * O)`` taken from ``out_given`` (q, k, v, dout: [S, H, D]; sinks: [H])."""
     raw = torch.einsum("ihd,jhd->hij", q, k) * scale
     s = softcap * torch.tanh(raw / softcap)
     if causal:
         s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
-    p = torch.softmax(s, dim=-1)
+    lse = torch.logsumexp(s, dim=-1)  # [H, S]
+    if sinks is not None:
+        lse = torch.logaddexp(lse, sinks[:, None])
+    p = torch.exp(s - lse[..., None])
     dp = torch.einsum("ihd,jhd->hij", dout, v)
-    delta = (dout * out_given).sum(-1).t()[:, :, None]  # [H, S, 1]
-    ds = p * (dp - delta) * (1 - torch.tanh(raw / softcap) ** 2) * scale
-    return torch.einsum("hij,jhd->ihd", ds, k), torch.einsum("hij,ihd->jhd", ds, q)
+    delta = (dout * out_given).sum(-1).t()  # [H, S]
+    ds = p * (dp - delta[..., None]) * (1 - torch.tanh(raw / softcap) ** 2) * scale
+    dq, dk = torch.einsum("hij,jhd->ihd", ds, k), torch.einsum("hij,ihd->jhd", ds, q)
+    dsinks = None if sinks is None else -(torch.exp(sinks[:, None] - lse) * delta).sum(-1)
+    return dq, dk, dsinks
 
 
 def test_given_out_dq_and_dk_follow_the_backward_formulas_with_a_soft_cap():
@@ -732,8 +737,30 @@ def test_given_out_dq_and_dk_follow_the_backward_formulas_with_a_soft_cap():
     flags = dict(causal=True, softcap=2.5, scale=0.4)
     given = oracle(q, k, v, dout, given_out_dtype=torch.bfloat16, **flags)
     out_given = given.out.to(torch.bfloat16).double()
-    dq, dk = _formula_backward(q[0], k[0], v[0], dout[0], out_given[0], 0.4, 2.5, True)
+    dq, dk, _ = _formula_backward(q[0], k[0], v[0], dout[0], out_given[0], 0.4, 2.5, True)
     torch.testing.assert_close(given.dq[0], dq)
     torch.testing.assert_close(given.dk[0], dk)
     exact = oracle(q, k, v, dout, **flags)
     assert not torch.allclose(exact.dq, given.dq, rtol=0, atol=1e-12)  # the rounding shows
+
+
+def test_given_out_gradients_follow_the_backward_formulas_with_sinks_per_sequence():
+    """Varlen with sinks: each sequence's dq, dk and its share of dsinks by the formulas."""
+    gen = torch.Generator().manual_seed(1)
+    lengths = (5, 1, 9)
+    q, k, v, dout = (torch.randn(15, 2, 8, generator=gen, dtype=torch.float64) for _ in "qkvd")
+    sinks = torch.randn(2, generator=gen, dtype=torch.float64)
+    cu = torch.tensor([0, 5, 6, 15], dtype=torch.int32)
+    flags = dict(causal=True, softcap=4.0, scale=0.3, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    given = oracle(q, k, v, dout, sinks=sinks, given_out_dtype=torch.bfloat16, **flags)
+    out_given = given.out.to(torch.bfloat16).double()
+    dsinks = torch.zeros_like(sinks)
+    for start, n in zip((0, 5, 6), lengths, strict=True):
+        rows = slice(start, start + n)
+        dq, dk, part = _formula_backward(
+            q[rows], k[rows], v[rows], dout[rows], out_given[rows], 0.3, 4.0, True, sinks
+        )
+        torch.testing.assert_close(given.dq[rows], dq)
+        torch.testing.assert_close(given.dk[rows], dk)
+        dsinks += part
+    torch.testing.assert_close(given.dsinks, dsinks)
