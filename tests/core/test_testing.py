@@ -652,10 +652,21 @@ def _flags_of(inputs) -> dict:
     return flags
 
 
-def _wrong_dsinks_backward(q, k, v, out, lse, grad_out, *, sinks, **flags):
+def _wrong_dsinks_backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    grad_out,
+    *,
+    sinks,
+    deterministic=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    **flags,
+):
     """The oracle's gradients on the given out, with dsinks of the wrong sign."""
-    for name in ("deterministic", "max_seqlen_q", "max_seqlen_k"):
-        flags.pop(name, None)
     given = oracle(q, k, v, grad_out, sinks=sinks, given_out_dtype=out.dtype, **flags)
     return ad.Gradients(
         given.dq.to(q.dtype), given.dk.to(k.dtype), given.dv.to(v.dtype), -given.dsinks

@@ -405,9 +405,7 @@ def _contiguous_sinks(inp: adb.ForwardInputs) -> torch.Tensor:
     stride is not 1 (``Expected strides[leading_dim] == 1``), even at H = 1, where
     ``contiguous()`` keeps the stride; the copy is H elements."""
     sinks = inp.sinks
-    if sinks.stride(0) == 1:
-        return sinks
-    return torch.empty_like(sinks, memory_format=torch.contiguous_format).copy_(sinks)
+    return sinks if sinks.stride(0) == 1 else sinks.clone(memory_format=torch.contiguous_format)
 
 
 def _sinks_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -93,6 +93,8 @@ def packed_unit_strides(t: torch.Tensor) -> torch.Tensor:
     it), but PyTorch's memory-efficient kernels test every stride for alignment, and for an
     unaligned one the backward has no kernel to launch. Same memory and values; ``t`` itself
     when nothing changes."""
+    if 1 not in t.shape:  # the usual call: nothing to pack, one check
+        return t
     strides, inner = list(t.stride()), 1
     for dim in reversed(range(t.dim())):
         if t.shape[dim] == 1:
