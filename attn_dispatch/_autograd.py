@@ -386,6 +386,16 @@ def _bshd(*tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple([t.transpose(1, 2) for t in tensors])
 
 
+def _plain_gradient(grad_out: Tensor, heads_first: bool) -> Tensor:
+    """``grad_out`` in a layout every implementation takes. A gradient from a broadcast
+    (``out.sum()``) or a transpose has odd strides and is copied; with ``heads_first`` the
+    caller's [B, H, S, D]-contiguous gradient arrives as a transposed view, which the kernels
+    read in place as they read q, k and v (a copy would cost a kernel launch per layer)."""
+    if heads_first and grad_out.transpose(1, 2).is_contiguous():
+        return grad_out
+    return grad_out.contiguous()
+
+
 def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     """``(dq, dk, dv, dsinks)`` of the eager node, dq, dk and dv in its inputs' layout: by the
     dispatcher, or by the backward operator where compiled autograd or another tracer runs the
@@ -394,9 +404,7 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     heads_first, max_seqlens, flags = ctx.heads_first, ctx.max_seqlens, ctx.flags
     if heads_first:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    # A gradient from a broadcast (``out.sum()``) or a transpose has odd strides; the kernels
-    # behind the dispatcher want a plain layout, and this is a no-op when it already is one.
-    grad_out = grad_out.contiguous()
+    grad_out = _plain_gradient(grad_out, heads_first)
     # A backward recording a graph (``create_graph=True``) takes the operator too: its result then
     # carries the operator's node, which refuses a second differentiation rather than drop it.
     if (

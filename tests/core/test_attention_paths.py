@@ -96,6 +96,29 @@ def test_eager_gradients_are_contiguous_in_the_leaves_layout():
     assert all(t.grad.is_contiguous() for t in (q, k, v))
 
 
+@pytest.mark.parametrize("heads_first", [False, True], ids=["bshd", "bhsd"])
+def test_eager_backward_reads_a_gradient_in_the_callers_layout_in_place(monkeypatch, heads_first):
+    """A gradient contiguous in the caller's layout reaches the dispatcher uncopied ([B, H, S, D]
+    as a transposed view, like q, k and v); a broadcast one is made contiguous."""
+    seen = []
+
+    def recording(mode, tensors, *rest):
+        if mode.kind == "backward":
+            seen.append(tensors[-1])
+        return _autograd_dispatch(mode, tensors, *rest)
+
+    _autograd_dispatch = _autograd.dispatch
+    monkeypatch.setattr(_autograd, "dispatch", recording)
+    q, k, v = leaves(heads_first)
+    out = attention(q, k, v, heads_first=heads_first)
+    grad = torch.randn(out.shape)  # contiguous as the caller has it (out itself is a view)
+    out.backward(grad)
+    assert seen[0].data_ptr() == grad.data_ptr()
+    assert seen[0].shape == (1, 6, 4, 8)
+    attention(q, k, v, heads_first=heads_first).sum().backward()
+    assert seen[1].is_contiguous() and 0 not in seen[1].stride()
+
+
 def test_eager_output_is_fresh_when_the_implementation_aliases(monkeypatch):
     """An implementation may return views of its inputs: the eager node hands out copies too."""
     q = torch.randn(1, 4, 2, 8, requires_grad=True)
