@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from dispatch_helpers import BOTTOM_RIGHT as CAUSAL_BR
 from dispatch_helpers import EXACT, DeclinesVariants, IgnoresVariants
 
 import attn_dispatch as ad
@@ -263,23 +264,12 @@ def _oracle_forward(q, k, v, *, max_seqlen_q=None, max_seqlen_k=None, **flags):
 
 
 GQA = Case((20,), (24,), heads=8, kv_heads=2, head_dim=16, seed=1)
-BOTTOM_RIGHT = Case(
-    (30,), (12,), heads=2, kv_heads=2, head_dim=16, causal=True, causal_align="bottom_right", seed=2
-)
+BOTTOM_RIGHT = Case((30,), (12,), heads=2, kv_heads=2, head_dim=16, **CAUSAL_BR, seed=2)
 SCALED = Case((16,), (16,), heads=2, kv_heads=1, head_dim=16, scale=0.11, seed=3)
 VARLEN = Case((5, 0, 9), (7, 3, 0), heads=2, kv_heads=1, head_dim=8, varlen=True, seed=4)
-# one cu_seqlens tensor as both, bottom-right (the same mask as top-left here)
-SELF_VARLEN = Case(
-    (5, 0, 9),
-    (5, 0, 9),
-    heads=2,
-    kv_heads=1,
-    head_dim=8,
-    causal=True,
-    causal_align="bottom_right",
-    varlen=True,
-    strided_vectors=True,
-    seed=5,
+# one cu_seqlens tensor as both (a stride-2 view), bottom-right (the same mask as top-left here)
+SELF_VARLEN = dataclasses.replace(
+    VARLEN, seqlens_k=(5, 0, 9), **CAUSAL_BR, strided_vectors=True, seed=5
 )
 
 
