@@ -33,6 +33,11 @@ def one_thread(env):
     torch.set_num_threads(threads)
 
 
+# two query heads on one kv head, D = 8
+SMALL_MQA = {"heads": 2, "kv_heads": 1, "head_dim": 8}
+# a batch of four sequences, one without queries, keys shorter than queries; GQA 4/2
+RAGGED = dict(seqlens_q=(5, 17, 0, 9), seqlens_k=(7, 17, 3, 2), heads=4, kv_heads=2, head_dim=16)
+
 CASES = [
     Case((32,), (32,), heads=4, kv_heads=4, head_dim=16, seed=1),
     Case((24, 24), (40, 40), heads=4, kv_heads=2, head_dim=16, seed=2),  # GQA, Sq != Sk
@@ -41,54 +46,16 @@ CASES = [
     Case((16,), (40,), heads=2, kv_heads=2, head_dim=8, **BOTTOM_RIGHT, seed=5),
     # rows that see no key
     Case((40,), (16,), heads=4, kv_heads=2, head_dim=8, **BOTTOM_RIGHT, seed=6),
-    Case(
-        (5, 17, 0, 9),
-        (7, 17, 3, 2),
-        heads=4,
-        kv_heads=2,
-        head_dim=16,
-        head_dim_v=8,
-        **BOTTOM_RIGHT,
-        varlen=True,
-        seed=7,
-    ),
-    Case(
-        (11, 20),
-        (11, 20),
-        heads=2,
-        kv_heads=1,
-        head_dim=8,
-        causal=True,
-        varlen=True,
-        layout="sliced",
-        seed=8,
-    ),
+    Case(**RAGGED, head_dim_v=8, **BOTTOM_RIGHT, varlen=True, seed=7),
+    Case((11, 20), (11, 20), **SMALL_MQA, causal=True, varlen=True, layout="sliced", seed=8),
     Case((20,), (20,), heads=4, kv_heads=2, head_dim=16, layout="transposed", seed=9),
-    Case((12,), (12,), heads=2, kv_heads=1, head_dim=8, layout="strided", scale=0.3, seed=10),
+    Case((12,), (12,), **SMALL_MQA, layout="strided", scale=0.3, seed=10),
     # sliding windows and soft caps (exact:oracle declares both)
     Case((24,), (40,), heads=4, kv_heads=2, head_dim=16, window=(4, 2), seed=31),
+    # rows that see no key
+    Case((40,), (16,), **SMALL_MQA, **BOTTOM_RIGHT, window=(3, None), softcap=1.5, seed=32),
     Case(
-        (40,),
-        (16,),
-        heads=2,
-        kv_heads=1,
-        head_dim=8,
-        **BOTTOM_RIGHT,
-        window=(3, None),
-        softcap=1.5,
-        seed=32,
-    ),  # rows that see no key
-    Case(
-        (5, 17, 0, 9),
-        (7, 17, 3, 2),
-        heads=4,
-        kv_heads=2,
-        head_dim=16,
-        window=(None, 1),
-        softcap=2.0,
-        causal_align="bottom_right",
-        varlen=True,
-        seed=33,
+        **RAGGED, window=(None, 1), softcap=2.0, causal_align="bottom_right", varlen=True, seed=33
     ),
 ]
 
@@ -105,21 +72,22 @@ def _oracle_flags(flags: dict) -> dict:
     return {k: v for k, v in flags.items() if not k.startswith("max_seqlen")}
 
 
-@pytest.mark.parametrize("backend", [None, "exact"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_gradients_match_oracle(case: Case, backend: str | None) -> None:
-    out, (dq, dk, dv), ref = _run(case, torch.float32, backend)
+def _assert_matches_oracle(out, grads, ref) -> None:
+    """out, dq, dk, dv in float32, finite and within the float32 tolerance of the oracle."""
     tol = tolerance_for(torch.float32)
-    for name, got, want in (
-        ("out", out, ref.out),
-        ("dq", dq, ref.dq),
-        ("dk", dk, ref.dk),
-        ("dv", dv, ref.dv),
+    for name, got, want in zip(
+        ("out", "dq", "dk", "dv"), (out, *grads), (ref.out, ref.dq, ref.dk, ref.dv), strict=True
     ):
         assert got.shape == want.shape and got.dtype == torch.float32, name
         assert torch.isfinite(got).all(), f"{name} has non-finite values"
         max_err, rel_l2 = error_metrics(got, want)
         assert max_err <= tol.max_err and rel_l2 <= tol.rel_l2, (name, max_err, rel_l2)
+
+
+@pytest.mark.parametrize("backend", [None, "exact"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_gradients_match_oracle(case: Case, backend: str | None) -> None:
+    _assert_matches_oracle(*_run(case, torch.float32, backend))
 
 
 GRADCHECK_CASES = [
@@ -526,30 +494,9 @@ def test_numpy_ints_are_taken_as_in_forward() -> None:
 
 
 def test_attention_window_softcap_matches_the_oracle_varlen_gqa():
-    case = Case(
-        (9, 0, 14),
-        (11, 4, 14),
-        heads=4,
-        kv_heads=2,
-        head_dim=8,
-        varlen=True,
-        window=(3, 1),
-        softcap=1.7,
-        causal_align="bottom_right",
-        seed=5,
-    )
-    inp = case.make_inputs(torch.float32)
-    q, k, v = (t.requires_grad_(True) for t in (inp.q, inp.k, inp.v))
-    out = ad.attention(q, k, v, **inp.flags())
-    grads = torch.autograd.grad(out, (q, k, v), inp.grad_out)
-    flags = {k: v for k, v in inp.flags().items() if not k.startswith("max_seqlen")}
-    ref = oracle(q, k, v, inp.grad_out, **flags)
-    tol = tolerance_for(torch.float32)
-    for name, got, want in zip(
-        ("out", "dq", "dk", "dv"), (out, *grads), (ref.out, ref.dq, ref.dk, ref.dv)
-    ):
-        max_err, rel_l2 = error_metrics(got, want)
-        assert max_err <= tol.max_err and rel_l2 <= tol.rel_l2, (name, max_err, rel_l2)
+    variants = dict(window=(3, 1), softcap=1.7, causal_align="bottom_right")
+    case = Case((9, 0, 14), (11, 4, 14), kv_heads=2, head_dim=8, varlen=True, **variants, seed=5)
+    _assert_matches_oracle(*_run(case, torch.float32, None))
 
 
 def test_attention_flags_reach_both_passes(monkeypatch):

@@ -69,17 +69,9 @@ def test_lse_dtype():
 
 def test_a_plugin_that_declares_nothing_allows_everything():
     assert _capabilities.declaration_problems(Silent()) == []
+    odd_shapes = dict(d=7, dv=300, h=6, hkv=2, sq=4, sk=9)
     inp = _inputs(
-        d=7,
-        dv=300,
-        h=6,
-        hkv=2,
-        sq=4,
-        sk=9,
-        dtype=torch.float64,
-        device="cpu",
-        causal=True,
-        align="bottom_right",
+        **odd_shapes, dtype=torch.float64, device="cpu", causal=True, align="bottom_right"
     )
     assert _reasons(Silent(), inp, "gfx950") == []
 

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from dispatch_helpers import BOTTOM_RIGHT as CAUSAL_BR
 from dispatch_helpers import EXACT, DeclinesVariants, IgnoresVariants
 
 import attn_dispatch as ad
@@ -263,23 +264,12 @@ def _oracle_forward(q, k, v, *, max_seqlen_q=None, max_seqlen_k=None, **flags):
 
 
 GQA = Case((20,), (24,), heads=8, kv_heads=2, head_dim=16, seed=1)
-BOTTOM_RIGHT = Case(
-    (30,), (12,), heads=2, kv_heads=2, head_dim=16, causal=True, causal_align="bottom_right", seed=2
-)
+BOTTOM_RIGHT = Case((30,), (12,), heads=2, kv_heads=2, head_dim=16, **CAUSAL_BR, seed=2)
 SCALED = Case((16,), (16,), heads=2, kv_heads=1, head_dim=16, scale=0.11, seed=3)
 VARLEN = Case((5, 0, 9), (7, 3, 0), heads=2, kv_heads=1, head_dim=8, varlen=True, seed=4)
-# one cu_seqlens tensor as both, bottom-right (the same mask as top-left here)
-SELF_VARLEN = Case(
-    (5, 0, 9),
-    (5, 0, 9),
-    heads=2,
-    kv_heads=1,
-    head_dim=8,
-    causal=True,
-    causal_align="bottom_right",
-    varlen=True,
-    strided_vectors=True,
-    seed=5,
+# one cu_seqlens tensor as both (a stride-2 view), bottom-right (the same mask as top-left here)
+SELF_VARLEN = dataclasses.replace(
+    VARLEN, seqlens_k=(5, 0, 9), **CAUSAL_BR, strided_vectors=True, seed=5
 )
 
 
@@ -593,55 +583,25 @@ def test_conformance_suite_collects_variant_cases_only_where_declared(env):
     assert len(declared) > len([c for c in declared if c.needs])
 
 
+def _self_attention_with_sinks(seed: int, seqlens: tuple, heads: int, d: int, **fields) -> Case:
+    """A case with sinks whose keys have the queries' lengths and heads."""
+    return Case(seqlens, seqlens, heads, heads, d, sinks=True, seed=seed, **fields)
+
+
 # Cases of a randomized run (seeds and shapes as drawn) where rowsum(dO ∘ O) cancels: the bf16
 # rounding of the given out moves the exact gradients by 1-6%. dsinks: a sum over rows of mixed
 # sign; dq, dk: one key that takes nearly all of its row's weight beside a sink.
 CANCELLING = [
-    Case(
-        (43,),
-        (43,),
-        heads=3,
-        kv_heads=3,
-        head_dim=10,
-        head_dim_v=72,
-        varlen=True,
-        sinks=True,
-        strided_vectors=True,
-        seed=1742311143917994,
+    _self_attention_with_sinks(
+        1742311143917994, (43,), 3, 10, head_dim_v=72, varlen=True, strided_vectors=True
     ),
-    Case(
-        (1, 1, 1),
-        (1, 1, 1),
-        heads=1,
-        kv_heads=1,
-        head_dim=128,
-        causal=True,
-        layout="transposed",
-        sinks=True,
-        seed=1742311143918072,
+    _self_attention_with_sinks(
+        1742311143918072, (1, 1, 1), 1, 128, causal=True, layout="transposed"
     ),
-    Case(
-        (1, 1, 1),
-        (1, 1, 1),
-        heads=1,
-        kv_heads=1,
-        head_dim=128,
-        scale=0.1709,
-        softcap=7.7,
-        causal_align="bottom_right",
-        sinks=True,
-        seed=1742311143919161,
+    _self_attention_with_sinks(
+        1742311143919161, (1, 1, 1), 1, 128, scale=0.1709, softcap=7.7, causal_align="bottom_right"
     ),
-    Case(
-        (1, 0),
-        (1, 0),
-        heads=2,
-        kv_heads=2,
-        head_dim=72,
-        varlen=True,
-        sinks=True,
-        seed=1742311143920140,
-    ),
+    _self_attention_with_sinks(1742311143920140, (1, 0), 2, 72, varlen=True),
 ]
 
 

@@ -26,6 +26,7 @@ compiled kernels through FA4's disk cache.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -40,6 +41,7 @@ from attn_dispatch.backend import make_inputs
 from attn_dispatch.testing import Case, make_conformance_tests, standard_cases
 
 FA4_ARCHS = ("sm_90", "sm_100", "sm_103")
+BOTTOM_RIGHT = {"causal": True, "causal_align": "bottom_right"}
 
 pytestmark = pytest.mark.gpu
 
@@ -71,35 +73,18 @@ test_conformance_fp16 = make_conformance_tests(
     checks=("backward", "forward"),
 )
 # sinks (and cu_seqlens) given as stride-2 views, dense and varlen
+STRIDED_SINK_CASES = [
+    dataclasses.replace(case, sinks=True, strided_vectors=True)
+    for case in (
+        Case((65,) * 3, (65,) * 3, heads=1, kv_heads=1, head_dim=128, **BOTTOM_RIGHT, seed=3),
+        Case((40, 7), (40, 7), heads=8, kv_heads=2, head_dim=64, varlen=True, seed=4),
+    )
+]
 test_conformance_strided_sinks = make_conformance_tests(
     "flash_attn_cute",
     dtypes=("bfloat16",),
     device="cuda",
-    cases=[
-        Case(
-            (65, 65, 65),
-            (65, 65, 65),
-            heads=1,
-            kv_heads=1,
-            head_dim=128,
-            causal=True,
-            causal_align="bottom_right",
-            sinks=True,
-            strided_vectors=True,
-            seed=3,
-        ),
-        Case(
-            (40, 7),
-            (40, 7),
-            heads=8,
-            kv_heads=2,
-            head_dim=64,
-            varlen=True,
-            sinks=True,
-            strided_vectors=True,
-            seed=4,
-        ),
-    ],
+    cases=STRIDED_SINK_CASES,
     checks=("backward", "forward"),
 )
 test_deterministic_bf16 = make_conformance_tests(
@@ -110,50 +95,25 @@ test_deterministic_bf16 = make_conformance_tests(
     checks=("deterministic",),
 )
 
+# 8 query heads on 2 kv heads (groups of 4), D = 128
+GQA4_D128 = {"heads": 8, "kv_heads": 2, "head_dim": 128}
+# varlen, odd lengths, an empty query sequence and an empty key sequence
+RAGGED_Q, RAGGED_K = (513, 0, 700, 129), (257, 300, 700, 0)
 MULTI_TILE_CASES = [
     # top-left with Sq < Sk and Sq > Sk: FA4's window (None, Sq - Sk) across several tiles
-    Case((300,), (1000,), heads=8, kv_heads=2, head_dim=128, causal=True, seed=101),
-    Case((1000,), (300,), heads=8, kv_heads=2, head_dim=128, causal=True, seed=102),
+    Case((300,), (1000,), **GQA4_D128, causal=True, seed=101),
+    Case((1000,), (300,), **GQA4_D128, causal=True, seed=102),
     # bottom-right with Sq > Sk: the first 700 rows of each head see no key
+    Case((1000,), (300,), heads=4, kv_heads=4, head_dim=64, **BOTTOM_RIGHT, seed=103),
     Case(
-        (1000,),
-        (300,),
-        heads=4,
-        kv_heads=4,
-        head_dim=64,
-        causal=True,
-        causal_align="bottom_right",
-        seed=103,
-    ),
-    # varlen, odd lengths, an empty query sequence and an empty key sequence
-    Case(
-        (513, 0, 700, 129),
-        (257, 300, 700, 0),
-        heads=6,
-        kv_heads=2,
-        head_dim=64,
-        varlen=True,
-        causal=True,
-        causal_align="bottom_right",
-        seed=104,
+        RAGGED_Q, RAGGED_K, heads=6, kv_heads=2, head_dim=64, varlen=True, **BOTTOM_RIGHT, seed=104
     ),
     Case((777,), (777,), heads=4, kv_heads=4, head_dim=256, causal=True, seed=105),
     Case((640,), (640,), heads=16, kv_heads=1, head_dim=128, seed=106),
     # sliding windows across tiles: top-left with Sq < Sk (both sides shifted onto FA4's
     # diagonal), bottom-right causal with a left side, two-sided; soft caps with and without
-    Case((300,), (1000,), heads=8, kv_heads=2, head_dim=128, window=(100, 40), seed=107),
-    Case(
-        (1000,),
-        (1000,),
-        heads=8,
-        kv_heads=2,
-        head_dim=128,
-        causal=True,
-        causal_align="bottom_right",
-        window=(255, None),
-        softcap=30.0,
-        seed=108,
-    ),
+    Case((300,), (1000,), **GQA4_D128, window=(100, 40), seed=107),
+    Case((1000,), (1000,), **GQA4_D128, **BOTTOM_RIGHT, window=(255, None), softcap=30.0, seed=108),
     Case((777,), (777,), heads=4, kv_heads=4, head_dim=64, window=(64, 64), seed=109),
     Case((512,), (700,), heads=4, kv_heads=2, head_dim=128, causal=True, softcap=5.0, seed=110),
 ]

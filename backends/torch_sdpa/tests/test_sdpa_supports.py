@@ -295,17 +295,7 @@ def test_flash_window_sides_near_int64_are_passed_as_unbounded(huge, bounded):
     k = torch.empty(1, 12, 2, 64, dtype=torch.bfloat16, device="meta")
 
     def kwargs(window):
-        inp = make_inputs(
-            q,
-            k,
-            k,
-            causal=False,
-            causal_align="bottom_right",
-            scale=None,
-            deterministic=False,
-            window=window,
-        )
-        return _window_kwargs(inp)
+        return _window_kwargs(make_inputs(q, k, k, causal_align="bottom_right", window=window))
 
     assert kwargs(huge) == kwargs(bounded)
     assert all(-1 <= side < 2**31 for side in kwargs(huge).values())

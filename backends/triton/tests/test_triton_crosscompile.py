@@ -61,6 +61,7 @@ TMA_REDUCE = "cp.reduce.async.bulk.tensor"  # Hopper: dQ tiles added by TMA redu
 FLOAT_POINTERS = {"Lse", "Lse2", "Delta", "DQA", "ACC", "Sinks", "Partial"}
 INT_POINTERS = {"CU_Q", "CU_K"}
 FLOATS = {"qk_scale", "scale", "softcap"}
+INTS = {"heads", "kv_heads", "group", "win_left", "win_right"}  # with stride_* and seqlen_*
 TILE_DESCRIPTORS = {"QDESC", "DODESC", "KDESC", "VDESC"}  # TMA tile loads (config LOAD_TMA)
 TMA_LOAD = "cp.async.bulk.tensor.4d"
 
@@ -142,13 +143,7 @@ def compile_kernel(
             signature[name] = f"tensordesc<{dtype}[1, {tile_rows}, 1, {width}]>"
         elif name in FLOATS:
             signature[name] = "fp32"
-        elif name.startswith(("stride_", "seqlen_")) or name in (
-            "heads",
-            "kv_heads",
-            "group",
-            "win_left",
-            "win_right",
-        ):
+        elif name.startswith(("stride_", "seqlen_")) or name in INTS:
             signature[name] = "i32"
             if (
                 name.startswith("stride_")

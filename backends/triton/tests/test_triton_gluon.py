@@ -36,6 +36,8 @@ FULL = adb.Band(None, None, False)
 
 KERNELS = {"dkdv": (_attn_bwd_dkdv_sm90, (64, 128)), "dq": (_attn_bwd_dq_sm90, (128, 64))}
 SMEM_SM90 = 232448
+# int32 scalars besides stride_* and seqlen_*
+INTS = {"heads", "kv_heads", "group", "unit_offset", "key_blocks", "win_left", "win_right"}
 DESC = (
     "tensordesc<{dtype}[{rows}, 128],NVMMASharedLayout(swizzle_byte_width=128, "
     "element_bitwidth=16, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>"
@@ -109,15 +111,7 @@ def compile_sm90(
             signature[name] = DESC.format(dtype=dtype, rows=k_rows)
         elif name in ("qk_scale", "scale", "softcap"):
             signature[name] = "fp32"
-        elif name.startswith(("stride_", "seqlen_")) or name in (
-            "heads",
-            "kv_heads",
-            "group",
-            "unit_offset",
-            "key_blocks",
-            "win_left",
-            "win_right",
-        ):
+        elif name.startswith(("stride_", "seqlen_")) or name in INTS:
             signature[name] = "i32"
         else:
             # (dK / dV in the fp32 buffer: the slices add, TAIL_SLICES' whole units store)
@@ -327,22 +321,18 @@ def test_cpu_launch_keeps_the_portable_kernels() -> None:
     assert launch.sm90_descriptors(cfg, (64, 128)) is None
 
 
+# (causal, group): {seqlen_k: (Gluon dK/dV, Gluon dQ)}
+SM90_GLUON = {
+    (False, 1): {1024: (False, False), 2048: (False, False), 8192: (True, True)},
+    (False, 8): {1024: (False, True), 2048: (True, True), 8192: (True, True)},
+    (True, 1): {1024: (False, False), 2048: (True, False), 4096: (True, True)},
+    (True, 8): {1024: (True, True), 2048: (True, True), 16384: (True, True)},
+}
+
+
 @pytest.mark.parametrize(
     ("causal", "group", "seqlen_k", "dkdv", "dq"),
-    [
-        (False, 1, 1024, False, False),
-        (False, 1, 2048, False, False),
-        (False, 1, 8192, True, True),
-        (False, 8, 1024, False, True),
-        (False, 8, 2048, True, True),
-        (False, 8, 8192, True, True),
-        (True, 1, 1024, False, False),
-        (True, 1, 2048, True, False),
-        (True, 1, 4096, True, True),
-        (True, 8, 1024, True, True),
-        (True, 8, 2048, True, True),
-        (True, 8, 16384, True, True),
-    ],
+    [(*cls, n, *kinds) for cls, by_length in SM90_GLUON.items() for n, kinds in by_length.items()],
 )
 def test_sm90_table_uses_gluon_where_measured_faster(causal, group, seqlen_k, dkdv, dq) -> None:
     """The Gluon kernels where an H200 measured them faster (docs/experiments.md), with the
