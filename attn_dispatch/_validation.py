@@ -52,7 +52,7 @@ def build_inputs(
     (``tensors``: q, k, v[, out, lse, grad_out]), else ``ForwardInputs``; ``debug``: also
     check the values of cu_seqlens and sinks on a GPU (which waits for the device)."""
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    facts = validate(call, tensors, *seqlens, debug, sinks)
+    facts = validate(call, tensors, seqlens, debug, sinks)
     inputs = ForwardInputs if kind_of(tensors) is Kind.FORWARD else BackwardInputs
     given = tensors[:3] if inputs is ForwardInputs else tensors
     return inputs(*given, cu_seqlens_q, cu_seqlens_k, call, facts, sinks)
@@ -250,22 +250,15 @@ def check_cap_ratio(scale: float, softcap: float | None) -> None:
         )
 
 
-def validate(
-    call: Call,
-    tensors: tuple,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    max_seqlen_q=None,
-    max_seqlen_k=None,
-    debug: bool = False,
-    sinks=None,
-) -> Facts:
+def validate(call: Call, tensors: tuple, seqlens: tuple, debug: bool, sinks) -> Facts:
     """Check ``call``'s flags with its tensors (q, k, v for a forward; q, k, v, out, lse,
-    grad_out for a backward, where any of the last three given makes it one) and ``sinks``.
+    grad_out for a backward, where any of the last three given makes it one), ``seqlens``
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) and ``sinks``.
 
     Raises ``TypeError``/``ValueError`` naming the argument, the expectation and what was given.
     """
     q, k, v, out, lse, grad_out = (*tensors, None, None, None)[:6]
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = seqlens
     backward = kind_of(tensors) is Kind.BACKWARD
     q = _require_tensor("q", q)
     k = _require_tensor("k", k)
