@@ -381,6 +381,17 @@ def _require_backward_shapes(
     _require_shape("lse", lse, lse_shape, lse_layout)
 
 
+def _check_v_like_k(k: torch.Tensor, v: torch.Tensor, d: int) -> int:
+    """Check k's head dim against q's ``d`` and v's dims but the last against k's (k and v of
+    one rank already); return v's head dim."""
+    if k.shape[-1] != d:
+        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
+    if v.shape[:-1] != k.shape[:-1]:
+        lead = ", ".join(str(n) for n in k.shape[:-1])
+        raise ValueError(f"argument 'v': expected shape ({lead}, Dv) to match k, got {_shape(v)}")
+    return v.shape[-1]
+
+
 def _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, backward):
     layout = "[B, S, H, D] (dense BSHD layout; pass cu_seqlens_q/_k for varlen)"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -388,14 +399,8 @@ def _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, bac
     b, sq, h, d = q.shape
     if k.shape[0] != b:
         raise ValueError(f"argument 'k': expected batch {b} (same as q), got shape {_shape(k)}")
-    _, sk, hkv, dk = k.shape
-    if dk != d:
-        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(
-            f"argument 'v': expected shape ({b}, {sk}, {hkv}, Dv) to match k, got {_shape(v)}"
-        )
-    dv = v.shape[3]
+    _, sk, hkv, _ = k.shape
+    dv = _check_v_like_k(k, v, d)
     if backward:
         _require_backward_shapes(
             out, grad_out, lse, (b, sq, h, dv), "[B, Sq, H, Dv]", (b, h, sq), "[B, H, Sq]"
@@ -451,17 +456,11 @@ def _validate_varlen(
     for name, t in (("q", q), ("k", k), ("v", v)):
         _require_rank(name, t, 3, layout)
     tq, h, d = q.shape
-    tk, hkv, dk = k.shape
+    tk, hkv, _ = k.shape
     # No sequence is longer than its packed tensor: a larger max_seqlen means the token count,
     # so kernels never take a grid size or int32 argument beyond the data.
     max_seqlen_q, max_seqlen_k = min(max_seqlen_q, tq), min(max_seqlen_k, tk)
-    if dk != d:
-        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
-    if v.shape[:2] != k.shape[:2]:
-        raise ValueError(
-            f"argument 'v': expected shape ({tk}, {hkv}, Dv) to match k, got {_shape(v)}"
-        )
-    dv = v.shape[2]
+    dv = _check_v_like_k(k, v, d)
     if backward:
         _require_backward_shapes(out, grad_out, lse, (tq, h, dv), "[Tq, H, Dv]", (h, tq), "[H, Tq]")
     check_cu_seqlens(cu_q, cu_k, tq, tk, max_seqlen_q, max_seqlen_k, debug)
