@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ._arch import Arch
 
@@ -25,15 +25,7 @@ class Candidate:
     prediction: str | None = None
 
     def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "priority": self.priority,
-            "opt_in": self.opt_in,
-            "status": self.status,
-            "reasons": list(self.reasons),
-            "predicted_us": self.predicted_us,
-            "prediction": self.prediction,
-        }
+        return asdict(self) | {"reasons": list(self.reasons)}
 
 
 @dataclass(frozen=True)
@@ -46,7 +38,7 @@ class Timing:
     excluded: str | None = None
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "seconds": self.seconds, "excluded": self.excluded}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

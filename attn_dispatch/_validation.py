@@ -52,7 +52,7 @@ def build_inputs(
     (``tensors``: q, k, v[, out, lse, grad_out]), else ``ForwardInputs``; ``debug``: also
     check the values of cu_seqlens and sinks on a GPU (which waits for the device)."""
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    facts = validate(call, tensors, *seqlens, debug, sinks)
+    facts = validate(call, tensors, seqlens, debug, sinks)
     inputs = ForwardInputs if kind_of(tensors) is Kind.FORWARD else BackwardInputs
     given = tensors[:3] if inputs is ForwardInputs else tensors
     return inputs(*given, cu_seqlens_q, cu_seqlens_k, call, facts, sinks)
@@ -250,22 +250,15 @@ def check_cap_ratio(scale: float, softcap: float | None) -> None:
         )
 
 
-def validate(
-    call: Call,
-    tensors: tuple,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    max_seqlen_q=None,
-    max_seqlen_k=None,
-    debug: bool = False,
-    sinks=None,
-) -> Facts:
+def validate(call: Call, tensors: tuple, seqlens: tuple, debug: bool, sinks) -> Facts:
     """Check ``call``'s flags with its tensors (q, k, v for a forward; q, k, v, out, lse,
-    grad_out for a backward, where any of the last three given makes it one) and ``sinks``.
+    grad_out for a backward, where any of the last three given makes it one), ``seqlens``
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) and ``sinks``.
 
     Raises ``TypeError``/``ValueError`` naming the argument, the expectation and what was given.
     """
     q, k, v, out, lse, grad_out = (*tensors, None, None, None)[:6]
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = seqlens
     backward = kind_of(tensors) is Kind.BACKWARD
     q = _require_tensor("q", q)
     k = _require_tensor("k", k)
@@ -388,6 +381,17 @@ def _require_backward_shapes(
     _require_shape("lse", lse, lse_shape, lse_layout)
 
 
+def _check_v_like_k(k: torch.Tensor, v: torch.Tensor, d: int) -> int:
+    """Check k's head dim against q's ``d`` and v's dims but the last against k's (k and v of
+    one rank already); return v's head dim."""
+    if k.shape[-1] != d:
+        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
+    if v.shape[:-1] != k.shape[:-1]:
+        lead = ", ".join(str(n) for n in k.shape[:-1])
+        raise ValueError(f"argument 'v': expected shape ({lead}, Dv) to match k, got {_shape(v)}")
+    return v.shape[-1]
+
+
 def _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, backward):
     layout = "[B, S, H, D] (dense BSHD layout; pass cu_seqlens_q/_k for varlen)"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -395,14 +399,8 @@ def _validate_dense(q, k, v, out, lse, grad_out, max_seqlen_q, max_seqlen_k, bac
     b, sq, h, d = q.shape
     if k.shape[0] != b:
         raise ValueError(f"argument 'k': expected batch {b} (same as q), got shape {_shape(k)}")
-    _, sk, hkv, dk = k.shape
-    if dk != d:
-        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(
-            f"argument 'v': expected shape ({b}, {sk}, {hkv}, Dv) to match k, got {_shape(v)}"
-        )
-    dv = v.shape[3]
+    _, sk, hkv, _ = k.shape
+    dv = _check_v_like_k(k, v, d)
     if backward:
         _require_backward_shapes(
             out, grad_out, lse, (b, sq, h, dv), "[B, Sq, H, Dv]", (b, h, sq), "[B, H, Sq]"
@@ -458,17 +456,11 @@ def _validate_varlen(
     for name, t in (("q", q), ("k", k), ("v", v)):
         _require_rank(name, t, 3, layout)
     tq, h, d = q.shape
-    tk, hkv, dk = k.shape
+    tk, hkv, _ = k.shape
     # No sequence is longer than its packed tensor: a larger max_seqlen means the token count,
     # so kernels never take a grid size or int32 argument beyond the data.
     max_seqlen_q, max_seqlen_k = min(max_seqlen_q, tq), min(max_seqlen_k, tk)
-    if dk != d:
-        raise ValueError(f"argument 'k': expected head dim {d} (same as q), got shape {_shape(k)}")
-    if v.shape[:2] != k.shape[:2]:
-        raise ValueError(
-            f"argument 'v': expected shape ({tk}, {hkv}, Dv) to match k, got {_shape(v)}"
-        )
-    dv = v.shape[2]
+    dv = _check_v_like_k(k, v, d)
     if backward:
         _require_backward_shapes(out, grad_out, lse, (tq, h, dv), "[Tq, H, Dv]", (h, tq), "[H, Tq]")
     check_cu_seqlens(cu_q, cu_k, tq, tk, max_seqlen_q, max_seqlen_k, debug)

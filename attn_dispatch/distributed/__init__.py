@@ -109,9 +109,9 @@ def _ulysses_attention(
         positions = _layout.shard_order(load_balance, world, chunk).to(q.device)
         order = torch.argsort(positions)  # order[p]: where global position p sits in shard order
         inverse = positions  # positions[i]: the global position of shard-order index i
-    heads = [_ulysses.SeqToHeads.apply(t, group, world, order, inverse) for t in (q, k, v)]
+    heads = [_ulysses.Reshard.apply(t, group, world, order, inverse, True) for t in (q, k, v)]
     out = _ulysses.LocalAttention.apply(*heads, flags, _rank_sinks(sinks, rank, world))
-    return _ulysses.HeadsToSeq.apply(out, group, world, order, inverse)
+    return _ulysses.Reshard.apply(out, group, world, order, inverse, False)
 
 
 def context_parallel_attention(

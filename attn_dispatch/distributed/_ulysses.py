@@ -53,26 +53,24 @@ def heads_to_seq(x: Tensor, group, world: int, inverse: Tensor | None) -> Tensor
     return shard.reshape(b, n // world, world * hl, d)
 
 
-class SeqToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, group, world: int, order, inverse) -> Tensor:
-        ctx.args = (group, world, inverse)
+def reshard(x: Tensor, group, world: int, order, inverse, to_heads: bool) -> Tensor:
+    """:func:`seq_to_heads` (``to_heads``) or :func:`heads_to_seq`; each undoes the other."""
+    if to_heads:
         return seq_to_heads(x, group, world, order)
+    return heads_to_seq(x, group, world, inverse)
+
+
+class Reshard(torch.autograd.Function):
+    """:func:`reshard` one way; its gradient goes back the other way."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group, world: int, order, inverse, to_heads: bool) -> Tensor:
+        ctx.args = (group, world, order, inverse, not to_heads)
+        return reshard(x, group, world, order, inverse, to_heads)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return heads_to_seq(grad, *ctx.args), None, None, None, None
-
-
-class HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, group, world: int, order, inverse) -> Tensor:
-        ctx.args = (group, world, order)
-        return heads_to_seq(x, group, world, inverse)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return seq_to_heads(grad, *ctx.args), None, None, None, None
+        return reshard(grad, *ctx.args), None, None, None, None, None
 
 
 class LocalAttention(torch.autograd.Function):

@@ -186,21 +186,20 @@ def oracle_of(inputs, grad_out: Tensor | None = None) -> OracleResult:
     ``softcap``, and optionally ``sinks`` (a case's ``CaseInputs``, an implementation's
     ``ForwardInputs``). The gradients are those of a backward handed the oracle's ``out``
     rounded to q's dtype, as the conformance checks hand it (``given_out_dtype``)."""
+    flags = {name: getattr(inputs, name) for name in _INPUTS_FLAGS}
     return oracle(
         inputs.q,
         inputs.k,
         inputs.v,
         grad_out,
-        causal=inputs.causal,
-        causal_align=inputs.causal_align,
-        scale=inputs.scale,
-        cu_seqlens_q=inputs.cu_seqlens_q,
-        cu_seqlens_k=inputs.cu_seqlens_k,
-        window=inputs.window,
-        softcap=inputs.softcap,
+        **flags,
         sinks=getattr(inputs, "sinks", None),
         given_out_dtype=None if grad_out is None else inputs.q.dtype,
     )
+
+
+# The keyword arguments of :func:`oracle` that :func:`oracle_of` reads off an inputs object.
+_INPUTS_FLAGS = "causal causal_align scale cu_seqlens_q cu_seqlens_k window softcap".split()
 
 
 def _varlen(

@@ -28,7 +28,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -303,15 +303,7 @@ class Report:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {
-            "seed": self.seed,
-            "cases": self.cases,
-            "seconds": self.seconds,
-            "counts": self.counts,
-            "wrong": self.wrong,
-            "chosen": self.chosen,
-            "busy": self.busy,
-        }
+        return asdict(self)
 
 
 def _empty_row() -> dict[str, int]:

@@ -175,20 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"default: {gpu['dtype']}; on the CPU {cpu['dtype']}",
     )
     causal = p.add_mutually_exclusive_group()
-    causal.add_argument(
-        "--causal",
-        dest="causal",
-        action="store_const",
-        const=[True],
-        help="causal only (default: both)",
-    )
-    causal.add_argument(
-        "--no-causal",
-        dest="causal",
-        action="store_const",
-        const=[False],
-        help="non-causal only (default: both)",
-    )
+    for flag, only, what in (("--causal", True, "causal"), ("--no-causal", False, "non-causal")):
+        only_help = f"{what} only (default: both)"
+        causal.add_argument(flag, dest="causal", action="store_const", const=[only], help=only_help)
     p.add_argument(
         "--impls",
         default=None,

@@ -222,6 +222,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _add_fallback(p: argparse.ArgumentParser, flag: str, kind, what: str, fallback: str) -> None:
+    """An optional ``flag`` that takes ``fallback``'s value when not given."""
+    p.add_argument(flag, type=kind, default=None, help=f"{what} (default: {fallback})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description=plain(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -237,23 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch", type=nonnegative_int, default=1, help="batch size")
     p.add_argument("--seqlen", type=nonnegative_int, required=True, help="query sequence length")
-    p.add_argument(
-        "--seqlen-k",
-        type=nonnegative_int,
-        default=None,
-        help="key sequence length (default: --seqlen)",
-    )
+    _add_fallback(p, "--seqlen-k", nonnegative_int, "key sequence length", "--seqlen")
     p.add_argument("--heads", type=positive_int, required=True, help="query heads")
-    p.add_argument(
-        "--kv-heads", type=positive_int, default=None, help="key/value heads (default: --heads)"
-    )
+    _add_fallback(p, "--kv-heads", positive_int, "key/value heads", "--heads")
     p.add_argument("--head-dim", type=positive_int, required=True, help="head dimension")
-    p.add_argument(
-        "--head-dim-v",
-        type=positive_int,
-        default=None,
-        help="head dimension of v (default: --head-dim)",
-    )
+    _add_fallback(p, "--head-dim-v", positive_int, "head dimension of v", "--head-dim")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="inputs' dtype")
     p.add_argument("--causal", action="store_true", help="causal attention")
     p.add_argument(
@@ -306,16 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the arch whose cost tables rank (default: this machine's, as explain's)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    sub.add_parser(
-        "bench",
-        help="time every implementation on a shape sweep (see bench --help)",
-        add_help=False,
-    )
-    sub.add_parser(
-        "tune",
-        help="autotune a list of shapes ahead of a run (see tune --help)",
-        add_help=False,
-    )
+    # bench and tune parse their own arguments (their modules' parsers)
+    for name, what in (
+        ("bench", "time every implementation on a shape sweep"),
+        ("tune", "autotune a list of shapes ahead of a run"),
+    ):
+        sub.add_parser(name, help=f"{what} (see {name} --help)", add_help=False)
     return parser
 
 

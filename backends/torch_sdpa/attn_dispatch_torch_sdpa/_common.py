@@ -28,6 +28,14 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 INF = math.inf
 
 
+class SdpaImplementation(adb.Implementation):
+    """The declarations the three PyTorch ops share."""
+
+    backend = "torch_sdpa"
+    cost_requires = ("torch",)  # its kernels' versions, recorded by its cost tables (costs/)
+    alignment = 16
+
+
 def causal_matches(inp: adb.ForwardInputs, native_align: str, masked: bool | None = None) -> bool:
     """Whether a kernel whose mask is aligned ``native_align`` computes ``inp``'s mask.
 

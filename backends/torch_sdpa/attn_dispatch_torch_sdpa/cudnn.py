@@ -56,14 +56,11 @@ def _run_backward(inp: adb.BackwardInputs, lse: torch.Tensor):
     raise AssertionError("unreachable")
 
 
-class Cudnn(adb.Implementation):
+class Cudnn(c.SdpaImplementation):
     """cuDNN SDPA forward/backward (NVIDIA sm80+)."""
 
-    backend = "torch_sdpa"
-    cost_requires = ("torch",)  # its kernels' versions, recorded by its cost tables (costs/)
     name = "cudnn"
     priority = {"sm_90": 50, "sm_10*": 50, "sm_8*": 35}
-    opt_in = False
     deterministic = False
     vendors = ("cuda",)
     min_sm = 80
@@ -71,7 +68,6 @@ class Cudnn(adb.Implementation):
     head_dims = range(8, 129, 8)  # 16-byte rows, at most 128
     varlen = False  # not through this cuDNN op
     causal_aligns = ("top_left",)  # PyTorch's cuDNN op knows no other
-    alignment = 16
 
     def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: at least one key, not one query with one key, and the

@@ -118,21 +118,17 @@ def _cuda_reasons(inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
     return reasons
 
 
-class Efficient(adb.Implementation):
+class Efficient(c.SdpaImplementation):
     """Memory-efficient attention forward/backward (NVIDIA sm50+, AMD through AOTriton)."""
 
-    backend = "torch_sdpa"
-    cost_requires = ("torch",)  # its kernels' versions, recorded by its cost tables (costs/)
     name = "efficient"
     priority = {"sm_*": 30, "gfx9*": 15, "gfx1*": 15}
-    opt_in = False
     deterministic = True  # num_splits_key=1 when asked (CUDA; ROCm is refused in supports)
     vendors = ("cuda", "rocm")
     archs = ("sm_*", *ROCM_ARCHS)  # ROCm: where AOTriton builds these kernels
     min_sm = 50
     dtypes = (*c.HALF_DTYPES, torch.float32)  # float32 on CUDA only (see supports)
     head_dims = range(8, 257, 8)  # 16-byte rows, at most 256
-    alignment = 16
 
     def supports(self, inp: adb.ForwardInputs, arch: ad.Arch) -> list[str]:
         """Beyond the declarations: what differs between CUDA and AOTriton on ROCm, and the

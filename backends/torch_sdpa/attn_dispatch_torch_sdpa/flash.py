@@ -130,21 +130,17 @@ def _torch_deterministic() -> bool:
     )
 
 
-class Flash(adb.Implementation):
+class Flash(c.SdpaImplementation):
     """FlashAttention-2 forward/backward (NVIDIA sm80+, AMD through AOTriton)."""
 
-    backend = "torch_sdpa"
-    cost_requires = ("torch",)  # its kernels' versions, recorded by its cost tables (costs/)
     name = "flash"
     priority = {"sm_90": 40, "sm_8*": 40, "sm_1*": 40, "gfx9*": 20, "gfx1*": 20}
-    opt_in = False
     vendors = ("cuda", "rocm")
     archs = ("sm_*", *ROCM_ARCHS)  # ROCm: where AOTriton builds these kernels
     min_sm = 80
     dtypes = c.HALF_DTYPES
     head_dims = range(8, 257, 8)  # 16-byte rows, at most 256
     same_head_dims = True
-    alignment = 16
     window = True  # NVIDIA, bottom-right aligned, where the ops take it (see supports)
 
     @property
