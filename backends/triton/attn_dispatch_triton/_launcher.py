@@ -196,14 +196,7 @@ class BackwardLaunch:
                 self.seqlen_q,
                 self.heads,
             ),
-            dict(
-                DV=self.d_v,
-                IS_VARLEN=self.varlen,
-                BLOCK_M=c["BLOCK_M"],
-                BLOCK_DV=self.blocks["BLOCK_DV"],
-                num_warps=c["num_warps"],
-                num_stages=c["num_stages"],
-            ),
+            self._row_constants(c, DV=self.d_v, BLOCK_DV=self.blocks["BLOCK_DV"]),
         )
 
     def dkdv_plan(self, c: dict, atomic_dq: bool = False, gluon: bool = False) -> policy.DkdvPlan:
@@ -482,15 +475,20 @@ class BackwardLaunch:
                 self.heads,
                 self.scale,
             ),
-            dict(
-                D=self.d,
-                IS_VARLEN=self.varlen,
-                BLOCK_M=c["BLOCK_M"],
-                BLOCK_D=self.blocks["BLOCK_D"],
-                WIDE_STORE=self.dq_wide_store,
-                num_warps=c["num_warps"],
-                num_stages=c["num_stages"],
+            self._row_constants(
+                c, D=self.d, BLOCK_D=self.blocks["BLOCK_D"], WIDE_STORE=self.dq_wide_store
             ),
+        )
+
+    def _row_constants(self, c: dict, **extra) -> dict:
+        """Compile-time arguments and launch options of a per-row kernel (preprocess, dQ
+        convert) on the grid ``(query blocks, B*H)`` (``extra``: the kernel's own)."""
+        return dict(
+            **extra,
+            IS_VARLEN=self.varlen,
+            BLOCK_M=c["BLOCK_M"],
+            num_warps=c["num_warps"],
+            num_stages=c["num_stages"],
         )
 
     def tile_descriptors(
