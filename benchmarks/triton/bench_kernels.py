@@ -78,30 +78,22 @@ def tma(bm: int, bn: int, w: int, s: int) -> dict:
 
 # The 4-warp tiles of <= 114 KB shared memory run two programs per SM (each SM has 228 KB).
 DKDV_CANDIDATES = [
-    cfg(64, 128, 8, 2),
-    cfg(64, 128, 8, 3),
-    cfg(32, 128, 4, 3),
-    cfg(32, 128, 8, 3),
+    *(cfg(64, 128, 8, s) for s in (2, 3)),
+    *(cfg(32, 128, w, 3) for w in (4, 8)),
     cfg(64, 64, 4, 3),
     cfg(128, 128, 8, 2),
-    tma(64, 128, 8, 3),
-    tma(64, 128, 8, 2),
-    cfg(32, 64, 4, 3),
-    cfg(32, 64, 4, 4),
+    *(tma(64, 128, 8, s) for s in (3, 2)),
+    *(cfg(32, 64, 4, s) for s in (3, 4)),
     cfg(64, 64, 4, 2),
     tma(32, 64, 4, 4),
 ]
 DQ_CANDIDATES = [
-    cfg(128, 64, 8, 2),
-    cfg(128, 64, 8, 3),
+    *(cfg(128, 64, 8, s) for s in (2, 3)),
     cfg(128, 32, 4, 3),
     cfg(64, 64, 4, 3),
-    cfg(128, 128, 8, 2),
-    cfg(64, 128, 8, 2),
-    tma(128, 64, 8, 3),
-    tma(128, 64, 8, 2),
-    cfg(64, 64, 4, 2),
-    tma(64, 64, 4, 2),
+    *(cfg(bm, 128, 8, 2) for bm in (128, 64)),
+    *(tma(128, 64, 8, s) for s in (3, 2)),
+    *(f(64, 64, 4, 2) for f in (cfg, tma)),
 ]
 # --shapes short: the sequence lengths at or below tuning.SHORT_SEQ, with smaller tiles too
 SHORT_SHAPES = [
@@ -590,6 +582,13 @@ def _extra_job(job: tuple) -> dict:
     return {"case": label + (" atomic" if atomic else ""), "errors": err}
 
 
+def _cumulative(lengths: list[int], dev: str) -> torch.Tensor:
+    """The int32 cumulative lengths ``[0, l0, l0 + l1, ...]`` of varlen sequences."""
+    return torch.tensor(
+        [0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=dev
+    )
+
+
 def varlen_check(dev: str, smoke: bool, atomic: bool = False) -> dict:
     """Varlen (an empty sequence, causal bottom-right, GQA 4) against per-sequence oracles."""
     from attn_dispatch_triton.backward import attention_backward
@@ -602,17 +601,11 @@ def varlen_check(dev: str, smoke: bool, atomic: bool = False) -> dict:
     mk = lambda *s: torch.randn(*s, generator=g, device=dev).to(torch.bfloat16)  # noqa: E731
     q, k, v = mk(sum(lens_q), h, d), mk(sum(lens_k), hk, d), mk(sum(lens_k), hk, d)
     do = mk(sum(lens_q), h, d)
-    cu_q = torch.tensor(
-        [0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device=dev
-    )
-    cu_k = torch.tensor(
-        [0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device=dev
-    )
     flags = dict(
         band=adb.Band.of(None, True, "bottom_right"),
         scale=0.1,
-        cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k,
+        cu_seqlens_q=(cu_q := _cumulative(lens_q, dev)),
+        cu_seqlens_k=(cu_k := _cumulative(lens_k, dev)),
         max_seqlen_q=max(lens_q),
         max_seqlen_k=max(lens_k),
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import query_block, row_delta
+from ._common import query_block, row_delta_lse
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "heads"])
@@ -47,15 +47,23 @@ def _attn_bwd_preprocess(
     b64, row0, h, q_len, offs_m = query_block(CU_Q, seqlen_q, heads, IS_VARLEN, BLOCK_M)
     if tl.program_id(0) * BLOCK_M >= q_len:
         return
-    o_strides = (stride_ob, stride_os, stride_oh)
-    do_strides = (stride_dob, stride_dos, stride_doh)
-    delta = row_delta(Out, DO, b64, row0, h, o_strides, do_strides, offs_m, q_len, DV, BLOCK_DV)
-    row_ok = offs_m < q_len
-    lse = tl.load(
-        Lse + b64 * stride_lb + row0 * stride_ls + h * stride_lh + offs_m * stride_ls,
-        mask=row_ok,
-        other=0.0,
+    delta, lse = row_delta_lse(
+        Out,
+        DO,
+        Lse,
+        b64,
+        row0,
+        h,
+        (stride_ob, stride_os, stride_oh),
+        (stride_dob, stride_dos, stride_doh),
+        (stride_lb, stride_lh, stride_ls),
+        offs_m,
+        q_len,
+        0.0,
+        DV,
+        BLOCK_DV,
     )
+    row_ok = offs_m < q_len
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     t_off = b64 * stride_tb + row0 * stride_ts + h * stride_th + offs_m * stride_ts
     tl.store(Delta + t_off, delta, mask=row_ok)

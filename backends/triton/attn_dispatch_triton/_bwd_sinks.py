@@ -22,7 +22,7 @@ from ._common import (
     lse_strides,
     padded_dim,
     query_block,
-    row_delta,
+    row_delta_lse,
     token_strides,
 )
 
@@ -54,14 +54,21 @@ def _attn_bwd_sinks(
     b64, row0, h, q_len, offs_m = query_block(CU_Q, seqlen_q, heads, IS_VARLEN, BLOCK_M)
     if tl.program_id(0) * BLOCK_M >= q_len:  # the partial stays the zero it was allocated as
         return
-    o_strides = (stride_ob, stride_os, stride_oh)
-    do_strides = (stride_dob, stride_dos, stride_doh)
-    delta = row_delta(Out, DO, b64, row0, h, o_strides, do_strides, offs_m, q_len, DV, BLOCK_DV)
-    row_ok = offs_m < q_len
-    lse = tl.load(
-        Lse + b64 * stride_lb + row0 * stride_ls + h * stride_lh + offs_m * stride_ls,
-        mask=row_ok,
-        other=float("inf"),  # rows past the sequence: P_sink = 0
+    delta, lse = row_delta_lse(
+        Out,
+        DO,
+        Lse,
+        b64,
+        row0,
+        h,
+        (stride_ob, stride_os, stride_oh),
+        (stride_dob, stride_dos, stride_doh),
+        (stride_lb, stride_lh, stride_ls),
+        offs_m,
+        q_len,
+        float("inf"),  # rows past the sequence: P_sink = 0
+        DV,
+        BLOCK_DV,
     )
     sink = tl.load(Sinks + h).to(tl.float32)
     p_sink = tl.math.exp2((sink - lse) * 1.4426950408889634)

@@ -122,6 +122,35 @@ def row_delta(
 
 
 @triton.jit
+def row_delta_lse(
+    Out,
+    DO,
+    Lse,
+    b64,
+    row0,
+    h,
+    o_strides,
+    do_strides,
+    lse_strides,
+    offs_m,
+    q_len,
+    lse_other,
+    DV,
+    BLOCK_DV: tl.constexpr,
+):
+    """``(delta, lse)`` of the rows ``offs_m`` of one (sequence, head): :func:`row_delta` and
+    the forward's lse (``lse_strides``: ``(b, h, s)``; ``lse_other`` past ``q_len``)."""
+    delta = row_delta(Out, DO, b64, row0, h, o_strides, do_strides, offs_m, q_len, DV, BLOCK_DV)
+    stride_lb, stride_lh, stride_ls = lse_strides
+    lse = tl.load(
+        Lse + b64 * stride_lb + row0 * stride_ls + h * stride_lh + offs_m * stride_ls,
+        mask=offs_m < q_len,
+        other=lse_other,
+    )
+    return delta, lse
+
+
+@triton.jit
 def causal_offset(q_len, k_len, BOTTOM_RIGHT: tl.constexpr):
     """Row ``i`` sees key ``j`` iff ``j <= i + offset``."""
     if BOTTOM_RIGHT:

@@ -116,6 +116,8 @@ class BackwardLaunch:
         # the kernels index cu_seqlens as CU + b: a strided view is read through a dense copy
         self.cu_q = dense_vector(cu_seqlens_q) if varlen else q  # an unused pointer when dense
         self.cu_k = dense_vector(cu_seqlens_k) if varlen else q
+        # what every main kernel reads per query row and sequence, in its argument order
+        self._row_stats = (self.lse2, self.delta, self.cu_q, self.cu_k)
         self.scale = scale
         self.qk_scale = scale * LOG2E
         self.strategy = strategy
@@ -129,6 +131,8 @@ class BackwardLaunch:
         self.flags["IS_VARLEN"] = varlen
         # (win_left, win_right, softcap) of every kernel: fixed per plan signature
         self.band_args = (*_band.sides(band), self.softcap or 1.0)
+        # the trailing scalars of every main kernel
+        self.scalars = (self.qk_scale, self.scale, *self.band_args)
         self.blocks = dict(BLOCK_D=padded_dim(self.d), BLOCK_DV=padded_dim(self.d_v))
         self.s_q, self.s_k, self.s_v = (token_strides(t, varlen) for t in (q, k, v))
         self.s_do = token_strides(grad_out, varlen)
@@ -192,14 +196,7 @@ class BackwardLaunch:
                 self.seqlen_q,
                 self.heads,
             ),
-            dict(
-                DV=self.d_v,
-                IS_VARLEN=self.varlen,
-                BLOCK_M=c["BLOCK_M"],
-                BLOCK_DV=self.blocks["BLOCK_DV"],
-                num_warps=c["num_warps"],
-                num_stages=c["num_stages"],
-            ),
+            self._row_constants(c, DV=self.d_v, BLOCK_DV=self.blocks["BLOCK_DV"]),
         )
 
     def dkdv_plan(self, c: dict, atomic_dq: bool = False, gluon: bool = False) -> policy.DkdvPlan:
@@ -328,17 +325,11 @@ class BackwardLaunch:
             self.dq_scratch_descriptor() if atomic_dq else None,
             dk,
             dv,
-            self.lse2,
-            self.delta,
-            self.cu_q,
-            self.cu_k,
+            *self._row_stats,
             *self._output_strides(plan, dk, dv),
             *self.s_t,
             *((dk.stride(0), dv.stride(0)) if slices_apart else (0, 0)),
-            self.seqlen_q,
-            self.seqlen_k,
-            self.kv_heads,
-            self.group,
+            *self._lengths_heads(self.kv_heads),
         )
         for launch in plan.launches:
             self._launch(
@@ -348,9 +339,7 @@ class BackwardLaunch:
                     *head,
                     launch.unit_offset,
                     plan.key_blocks,
-                    self.qk_scale,
-                    self.scale,
-                    *self.band_args,
+                    *self.scalars,
                 ),
                 self.dkdv_sm90_constants(c, launch, atomic_dq),
             )
@@ -371,18 +360,11 @@ class BackwardLaunch:
             _attn_bwd_dkdv,
             launch.grid,
             (
-                self.q,
-                self.k,
-                self.v,
-                self.grad_out,
-                *(descs or (self.q, self.q)),
+                *self._portable_inputs(descs),
                 dk,
                 dv,
                 acc,
-                self.lse2,
-                self.delta,
-                self.cu_q,
-                self.cu_k,
+                *self._row_stats,
                 *self.s_q,
                 *self.s_k,
                 *self.s_v,
@@ -391,29 +373,44 @@ class BackwardLaunch:
                 *s_acc,
                 *self.s_t,
                 *split_strides,
-                self.seqlen_q,
-                self.seqlen_k,
-                self.kv_heads,
-                self.group,
-                self.qk_scale,
-                self.scale,
-                *self.band_args,
+                *self._lengths_heads(self.kv_heads),
+                *self.scalars,
             ),
-            dict(
-                D=self.d,
-                DV=self.d_v,
-                **self.flags,
+            self._portable_constants(
+                c,
+                descs,
+                heavy_first=launch.layout is policy.GridLayout.HEAVY_FIRST,
                 ATOMIC_DQ=atomic_dq,
                 DQ_TMA=tma,
-                HEAVY_FIRST=launch.layout is policy.GridLayout.HEAVY_FIRST,
-                LOAD_TMA=descs is not None,
                 DP_FIRST=bool(c.get("DP_FIRST", 0)),
-                BLOCK_M=c["BLOCK_M"],
-                BLOCK_N=c["BLOCK_N"],
-                **self.blocks,
-                num_warps=c["num_warps"],
-                num_stages=c["num_stages"],
             ),
+        )
+
+    def _portable_inputs(self, descs: tuple | None) -> tuple:
+        """Q, K, V, dO and the two tile descriptors of a portable kernel (``descs``; the
+        unused pointers Q, Q without them)."""
+        return (self.q, self.k, self.v, self.grad_out, *(descs or (self.q, self.q)))
+
+    def _lengths_heads(self, heads: int) -> tuple:
+        """The lengths and head counts every main kernel takes after its strides (``heads``:
+        the heads its grid walks)."""
+        return (self.seqlen_q, self.seqlen_k, heads, self.group)
+
+    def _portable_constants(self, c: dict, descs, *, heavy_first: bool, **extra) -> dict:
+        """Compile-time arguments and launch options of a portable dK/dV or dQ kernel
+        (``extra``: the kernel's own)."""
+        return dict(
+            D=self.d,
+            DV=self.d_v,
+            **self.flags,
+            **extra,
+            HEAVY_FIRST=heavy_first,
+            LOAD_TMA=descs is not None,
+            BLOCK_M=c["BLOCK_M"],
+            BLOCK_N=c["BLOCK_N"],
+            **self.blocks,
+            num_warps=c["num_warps"],
+            num_stages=c["num_stages"],
         )
 
     def dq_(self, c: dict) -> None:
@@ -429,19 +426,11 @@ class BackwardLaunch:
                 (
                     *sm90,
                     self.dq,
-                    self.lse2,
-                    self.delta,
-                    self.cu_q,
-                    self.cu_k,
+                    *self._row_stats,
                     *token_strides(self.dq, self.varlen),
                     *self.s_t,
-                    self.seqlen_q,
-                    self.seqlen_k,
-                    self.heads,
-                    self.group,
-                    self.qk_scale,
-                    self.scale,
-                    *self.band_args,
+                    *self._lengths_heads(self.heads),
+                    *self.scalars,
                 ),
                 dict(self.sm90_constants(c), HEAVY_FIRST=launch.heavy_first),
             )
@@ -456,42 +445,19 @@ class BackwardLaunch:
             _attn_bwd_dq,
             launch.grid,
             (
-                self.q,
-                self.k,
-                self.v,
-                self.grad_out,
-                *(descs or (self.q, self.q)),
+                *self._portable_inputs(descs),
                 self.dq,
-                self.lse2,
-                self.delta,
-                self.cu_q,
-                self.cu_k,
+                *self._row_stats,
                 *self.s_q,
                 *self.s_k,
                 *self.s_v,
                 *self.s_do,
                 *token_strides(self.dq, self.varlen),
                 *self.s_t,
-                self.seqlen_q,
-                self.seqlen_k,
-                self.heads,
-                self.group,
-                self.qk_scale,
-                self.scale,
-                *self.band_args,
+                *self._lengths_heads(self.heads),
+                *self.scalars,
             ),
-            dict(
-                D=self.d,
-                DV=self.d_v,
-                **self.flags,
-                HEAVY_FIRST=launch.heavy_first,
-                LOAD_TMA=descs is not None,
-                BLOCK_M=c["BLOCK_M"],
-                BLOCK_N=c["BLOCK_N"],
-                **self.blocks,
-                num_warps=c["num_warps"],
-                num_stages=c["num_stages"],
-            ),
+            self._portable_constants(c, descs, heavy_first=launch.heavy_first),
         )
 
     def dq_convert(self, c: dict) -> None:
@@ -509,15 +475,20 @@ class BackwardLaunch:
                 self.heads,
                 self.scale,
             ),
-            dict(
-                D=self.d,
-                IS_VARLEN=self.varlen,
-                BLOCK_M=c["BLOCK_M"],
-                BLOCK_D=self.blocks["BLOCK_D"],
-                WIDE_STORE=self.dq_wide_store,
-                num_warps=c["num_warps"],
-                num_stages=c["num_stages"],
+            self._row_constants(
+                c, D=self.d, BLOCK_D=self.blocks["BLOCK_D"], WIDE_STORE=self.dq_wide_store
             ),
+        )
+
+    def _row_constants(self, c: dict, **extra) -> dict:
+        """Compile-time arguments and launch options of a per-row kernel (preprocess, dQ
+        convert) on the grid ``(query blocks, B*H)`` (``extra``: the kernel's own)."""
+        return dict(
+            **extra,
+            IS_VARLEN=self.varlen,
+            BLOCK_M=c["BLOCK_M"],
+            num_warps=c["num_warps"],
+            num_stages=c["num_stages"],
         )
 
     def tile_descriptors(

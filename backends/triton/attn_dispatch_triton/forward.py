@@ -297,10 +297,11 @@ def attention_forward(
     if lse is None:
         lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     if config is None:
-        from .tuning import get_config
+        from .tuning import get_backward_config
 
         group = heads // kv_heads
-        config = get_config("fwd", q.device, d, band.limited, group, seqlen_k, head_dim_v=dv)
+        configs = get_backward_config(q.device, d, band.limited, group, seqlen_k, head_dim_v=dv)
+        config = configs["fwd"]
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     cu_q = cu_seqlens_q if varlen else q  # an unused pointer when dense
     cu_k = cu_seqlens_k if varlen else q

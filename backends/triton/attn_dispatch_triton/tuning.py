@@ -351,19 +351,6 @@ def configs_for(
     return lookup(arch, max(head_dim, head_dim_v), causal, group, _bucket(seqlen_k))
 
 
-def get_config(
-    kernel: str,
-    device: torch.device,
-    head_dim: int,
-    causal: bool,
-    group: int,
-    seqlen_k: int = 1 << 30,
-    head_dim_v: int | None = None,
-) -> Config:
-    """The configuration of one kernel (``head_dim_v``: Dv, when it differs from D)."""
-    return get_backward_config(device, head_dim, causal, group, seqlen_k, head_dim_v)[kernel]
-
-
 def get_backward_config(
     device: torch.device,
     head_dim: int,
@@ -372,7 +359,8 @@ def get_backward_config(
     seqlen_k: int = 1 << 30,
     head_dim_v: int | None = None,
 ) -> dict[str, Config]:
-    """Every kernel's configuration (``head_dim_v`` as in :func:`get_config`)."""
+    """Every kernel's configuration, the forward's (``"fwd"``) among them (``head_dim_v``: Dv,
+    when it differs from D)."""
     dv = head_dim_v or head_dim
     return configs_for(_arch_of(device), head_dim, dv, causal, group, seqlen_k)
 

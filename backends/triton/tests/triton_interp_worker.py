@@ -349,39 +349,21 @@ def _range_kernel():
         k_len,
         win_left,
         win_right,
-        KEY_SIDE: tl.constexpr,
+        WALK: tl.constexpr,
+        STEP: tl.constexpr,
         LIMIT_LEFT: tl.constexpr,
         LIMIT_RIGHT: tl.constexpr,
         BOTTOM_RIGHT: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
     ):
+        # WALK: key_block_ranges (a query block's keys: forward, dQ; STEP = BLOCK_M) or
+        # query_block_ranges (a key block's query rows: dK/dV; STEP = BLOCK_N)
         pid = tl.program_id(0)
         lo_off, hi_off = _common.band_offsets(q_len, k_len, win_left, win_right, BOTTOM_RIGHT)
-        if KEY_SIDE:  # the keys query block pid walks (forward, dQ)
-            r = _common.key_block_ranges(
-                pid * BLOCK_M,
-                q_len,
-                k_len,
-                lo_off,
-                hi_off,
-                LIMIT_LEFT,
-                LIMIT_RIGHT,
-                BLOCK_M,
-                BLOCK_N,
-            )
-        else:  # the query rows key block pid walks (dK/dV)
-            r = _common.query_block_ranges(
-                pid * BLOCK_N,
-                q_len,
-                k_len,
-                lo_off,
-                hi_off,
-                LIMIT_LEFT,
-                LIMIT_RIGHT,
-                BLOCK_M,
-                BLOCK_N,
-            )
+        r = WALK(
+            pid * STEP, q_len, k_len, lo_off, hi_off, LIMIT_LEFT, LIMIT_RIGHT, BLOCK_M, BLOCK_N
+        )
         for x in tl.static_range(4):
             tl.store(Out + pid * 4 + x, r[x])
 
@@ -445,7 +427,8 @@ def run_ranges(case: dict) -> dict:
                 sq,
                 sk,
                 *_band.sides(band),
-                KEY_SIDE=key_side,
+                WALK=_common.key_block_ranges if key_side else _common.query_block_ranges,
+                STEP=bm if key_side else bn,
                 **_band.constexprs(band),
                 BLOCK_M=bm,
                 BLOCK_N=bn,
