@@ -22,8 +22,10 @@ The measurement:
 * Each candidate runs once untimed (compilation and warm-up; its result is the one
   cross-checked), once more to choose how many calls make a sample of at least
   ``SAMPLE_SECONDS``, then ``REPEATS`` samples; the time is the median per call. A candidate
-  whose second call already takes ``HOPELESS`` times the best median so far keeps that time
-  and is not sampled further (candidates run best priority first). On CUDA the
+  whose next ``HOPELESS_CALLS`` calls each take ``HOPELESS`` times the best median so far
+  keeps the fastest of them and is not sampled further (candidates run best priority first);
+  more than one, because an implementation may record its early calls to replay later ones
+  (FA4's host-code replay records its second and third). On CUDA the
   samples are timed with events (which also see the host's launch cost: eager time); a call in
   ``"graph"`` mode (warm-up under ``ad.execution_mode("graph")``) is captured into a CUDA graph
   and its replays are timed. On other devices, ``_measure.clock`` (``time.perf_counter``)
@@ -92,9 +94,11 @@ log = logging.getLogger("attn_dispatch")
 REPEATS = 5
 SAMPLE_SECONDS = 2e-3
 MAX_CALLS_PER_SAMPLE = 100
-# A candidate whose first warm call takes this many times the best median so far is not
-# sampled further (the reference backend at long sequences would cost seconds per call).
+# A candidate whose next HOPELESS_CALLS warm calls each take this many times the best median so
+# far is not sampled further (the reference backend at long sequences would cost seconds per
+# call); one slow call is not enough: an implementation may record its early calls to replay.
 HOPELESS = 10.0
+HOPELESS_CALLS = 3
 # The files' layout; a file of another format is ignored (measured again). Format 2 added
 # ``measured_on``: format 1 files could hold a verdict taken from non-finite answers.
 FORMAT = 2
@@ -339,6 +343,7 @@ def _timed(fn: Any, device: torch.device, bound: float = math.inf) -> float:
         sample_seconds=SAMPLE_SECONDS,
         max_calls=MAX_CALLS_PER_SAMPLE,
         bound=bound,
+        settle=HOPELESS_CALLS,
     )
 
 
