@@ -185,7 +185,10 @@ def tables_command(files: list[str]) -> str:
 
 
 def ratio_table(rows: list[dict], labels: dict[str, str]) -> str:
-    """Per shape and kind: the fastest agreeing forced time, auto's and autotune's ratios."""
+    """Per shape and kind: the fastest agreeing forced time, and for auto and autotune the
+    choice's own forced time over it (what the choice costs; 1.000 when it is the fastest),
+    then as timed through the dispatcher (the choice's row, timed apart from the forced rows,
+    so it carries their run-to-run noise besides the dispatcher's cost)."""
     lines = [
         "| shape | model | kind | fastest eager | auto eager | autotune eager "
         "| fastest graph | auto graph | autotune graph |",
@@ -208,8 +211,11 @@ def ratio_table(rows: list[dict], labels: dict[str, str]) -> str:
                 if r is None or r.get("status") != "ok":
                     cells.append("-")
                     continue
-                ratio = r[f"{mode}_us"] / best[f"{mode}_us"]
-                cells.append(f"{ratio:.3f} ({r.get('chosen_' + mode, '?')})")
+                chosen = r.get("chosen_" + mode, "?")
+                timed = r[f"{mode}_us"] / best[f"{mode}_us"]
+                own = forced.get(chosen)
+                own = "-" if own is None else f"{own[f'{mode}_us'] / best[f'{mode}_us']:.3f}"
+                cells.append(f"{own} ({chosen}; as timed {timed:.3f})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -36,15 +36,19 @@ def test_rows_read_back_and_the_ratio_table_names_the_choice(tmp_path) -> None:
         dict(base, impl="b:y", eager_us=120.0, graph_us=60.0),
         dict(base, impl="c:z", status="disagreed", note="agreed with 0 of 2 others"),
         dict(base, impl="auto", eager_us=101.0, graph_us=66.0, chosen_eager="a:x"),
+        dict(base, impl="autotune", eager_us=95.0, graph_us=84.0, chosen_graph="a:x"),
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     read, run = cost_grid.read_rows([str(path)])
-    assert run["arch"] == "sm_90" and len(read) == 4
+    assert run["arch"] == "sm_90" and len(read) == 5
     table = cost_grid.ratio_table(read, {})
-    line = table.splitlines()[2]
-    assert "100 µs (a:x)" in line and "1.010 (a:x)" in line and "60 µs (b:y)" in line
-    assert "1.100" in line  # auto under graphs: 66 / 60
+    cells = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+    assert cells[3] == "100 µs (a:x)" and cells[6] == "60 µs (b:y)"
+    assert cells[4] == "1.000 (a:x; as timed 1.010)"  # auto, eager: the fastest itself
+    # autotune under graphs chose a:x, whose own forced time is 80 / 60 of the fastest
+    assert cells[8] == "1.333 (a:x; as timed 1.400)"
+    assert cells[7] == "- (?; as timed 1.100)"  # auto under graphs named no choice
 
 
 def shape(point) -> _costs.Shape:
