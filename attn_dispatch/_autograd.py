@@ -386,12 +386,14 @@ def _bshd(*tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple([t.transpose(1, 2) for t in tensors])
 
 
-def _plain_gradient(grad_out: Tensor, heads_first: bool) -> Tensor:
+def _plain_gradient(grad_out: Tensor, q: Tensor, heads_first: bool) -> Tensor:
     """``grad_out`` in a layout every implementation takes. A gradient from a broadcast
-    (``out.sum()``) or a transpose has odd strides and is copied; with ``heads_first`` the
-    caller's [B, H, S, D]-contiguous gradient arrives as a transposed view, which the kernels
-    read in place as they read q, k and v (a copy would cost a kernel launch per layer)."""
-    if heads_first and grad_out.transpose(1, 2).is_contiguous():
+    (``out.sum()``) or a transpose has odd strides and is copied. With ``heads_first``, a
+    gradient [B, H, S, D]-contiguous like the caller's q (``q``, as given) is read in place,
+    through a transposed view as q is (a copy would cost a kernel launch per layer); where q
+    is a view of [B, S, H, D] memory (Hugging Face's projections), the gradient is copied to
+    that layout, which some kernels need all their row operands in (triton's sm_90 ones)."""
+    if heads_first and grad_out.transpose(1, 2).is_contiguous() and q.is_contiguous():
         return grad_out
     return grad_out.contiguous()
 
@@ -402,9 +404,9 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     node's backward."""
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     heads_first, max_seqlens, flags = ctx.heads_first, ctx.max_seqlens, ctx.flags
+    grad_out = _plain_gradient(grad_out, q, heads_first)
     if heads_first:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    grad_out = _plain_gradient(grad_out, heads_first)
     # A backward recording a graph (``create_graph=True``) takes the operator too: its result then
     # carries the operator's node, which refuses a second differentiation rather than drop it.
     if (

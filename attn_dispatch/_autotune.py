@@ -20,12 +20,13 @@ The measurement:
   grad recording off, so that an implementation writing into its inputs cannot corrupt the
   caller's tensors and nothing is recorded for autograd.
 * Each candidate runs once untimed (compilation and warm-up; its result is the one
-  cross-checked), once more to choose how many calls make a sample of at least
-  ``SAMPLE_SECONDS``, then ``REPEATS`` samples; the time is the median per call. A candidate
-  whose next ``HOPELESS_CALLS`` calls each take ``HOPELESS`` times the best median so far
-  keeps the fastest of them and is not sampled further (candidates run best priority first);
-  more than one, because an implementation may record its early calls to replay later ones
-  (FA4's host-code replay records its second and third). On CUDA the
+  cross-checked), then ``SETTLE_CALLS`` single timed calls, the fastest of which chooses how
+  many calls make a sample of at least ``SAMPLE_SECONDS``, then ``REPEATS`` samples; the time
+  is the median per call. Several settling calls because an implementation may record its
+  early calls to replay later ones (FA4's host-code replay records its second and third):
+  samples sized by a recording call would hold one call each. A candidate whose fastest
+  settling call takes ``HOPELESS`` times the best median so far keeps that time and is not
+  sampled further (candidates run best priority first). On CUDA the
   samples are timed with events (which also see the host's launch cost: eager time); a call in
   ``"graph"`` mode (warm-up under ``ad.execution_mode("graph")``) is captured into a CUDA graph
   and its replays are timed. On other devices, ``_measure.clock`` (``time.perf_counter``)
@@ -94,11 +95,11 @@ log = logging.getLogger("attn_dispatch")
 REPEATS = 5
 SAMPLE_SECONDS = 2e-3
 MAX_CALLS_PER_SAMPLE = 100
-# A candidate whose next HOPELESS_CALLS warm calls each take this many times the best median so
-# far is not sampled further (the reference backend at long sequences would cost seconds per
-# call); one slow call is not enough: an implementation may record its early calls to replay.
+# Single timed calls before the samples (see the module docstring): the fastest sizes them.
+SETTLE_CALLS = 3
+# A candidate whose fastest settling call takes this many times the best median so far is not
+# sampled further (the reference backend at long sequences would cost seconds per call).
 HOPELESS = 10.0
-HOPELESS_CALLS = 3
 # The files' layout; a file of another format is ignored (measured again). Format 2 added
 # ``measured_on``: format 1 files could hold a verdict taken from non-finite answers.
 FORMAT = 2
@@ -334,8 +335,8 @@ def _cloned(inp: Any) -> tuple[Any, dict[int, torch.Tensor]]:
 
 
 def _timed(fn: Any, device: torch.device, bound: float = math.inf) -> float:
-    """The median seconds per call of ``REPEATS`` samples (see the module docstring); a first
-    call slower than ``bound`` is the answer (it cannot win)."""
+    """The median seconds per call of ``REPEATS`` samples (see the module docstring); a
+    fastest settling call slower than ``bound`` is the answer (it cannot win)."""
     return _measure.seconds_per_call(
         fn,
         device,
@@ -343,7 +344,7 @@ def _timed(fn: Any, device: torch.device, bound: float = math.inf) -> float:
         sample_seconds=SAMPLE_SECONDS,
         max_calls=MAX_CALLS_PER_SAMPLE,
         bound=bound,
-        settle=HOPELESS_CALLS,
+        settle=SETTLE_CALLS,
     )
 
 

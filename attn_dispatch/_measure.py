@@ -89,16 +89,13 @@ def seconds_per_call(
 ) -> float:
     """The median seconds per call of ``repeats`` samples of ``fn`` (warmed up by the caller).
 
-    One call first sizes the samples: each is enough back-to-back calls to last
-    ``sample_seconds`` (``min_calls`` to ``max_calls``). A call slower than ``bound`` is
-    followed by another, up to ``settle`` calls: when all of them are, the fastest is the
-    answer (it cannot win against what took ``bound``). An implementation may spend its first
-    calls learning what later ones replay; one slow call does not make it hopeless."""
-    first = sample(fn, device, 1)
-    for _ in range(settle - 1):
-        if first <= bound:
-            break
-        first = min(first, sample(fn, device, 1))
+    First ``settle`` single calls (at least one): the fastest sizes the samples, each enough
+    back-to-back calls to last ``sample_seconds`` (``min_calls`` to ``max_calls``), and when
+    even it is slower than ``bound`` it is the answer (it cannot win against what took
+    ``bound``). More than one because an implementation may spend its first calls learning
+    what later ones replay: sized by such a call, samples would be a call or two each, every
+    one timed from an idle device, and one slow call would make it look hopeless."""
+    first = min(sample(fn, device, 1) for _ in range(max(settle, 1)))
     if first > bound:
         return first
     calls = max(min_calls, min(max_calls, math.ceil(sample_seconds / max(first, 1e-9))))

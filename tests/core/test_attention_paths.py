@@ -98,17 +98,9 @@ def test_eager_gradients_are_contiguous_in_the_leaves_layout():
 
 @pytest.mark.parametrize("heads_first", [False, True], ids=["bshd", "bhsd"])
 def test_eager_backward_reads_a_gradient_in_the_callers_layout_in_place(monkeypatch, heads_first):
-    """A gradient contiguous in the caller's layout reaches the dispatcher uncopied ([B, H, S, D]
-    as a transposed view, like q, k and v); a broadcast one is made contiguous."""
-    seen = []
-
-    def recording(mode, tensors, *rest):
-        if mode.kind == "backward":
-            seen.append(tensors[-1])
-        return _autograd_dispatch(mode, tensors, *rest)
-
-    _autograd_dispatch = _autograd.dispatch
-    monkeypatch.setattr(_autograd, "dispatch", recording)
+    """A gradient contiguous in the caller's layout, as q is, reaches the dispatcher uncopied
+    ([B, H, S, D] as a transposed view, like q, k and v); a broadcast one is made contiguous."""
+    seen = record_backward_gradients(monkeypatch)
     q, k, v = leaves(heads_first)
     out = attention(q, k, v, heads_first=heads_first)
     grad = torch.randn(out.shape)  # contiguous as the caller has it (out itself is a view)
@@ -117,6 +109,32 @@ def test_eager_backward_reads_a_gradient_in_the_callers_layout_in_place(monkeypa
     assert seen[0].shape == (1, 6, 4, 8)
     attention(q, k, v, heads_first=heads_first).sum().backward()
     assert seen[1].is_contiguous() and 0 not in seen[1].stride()
+
+
+def test_a_bhsd_gradient_is_copied_to_the_layout_of_qs_memory(monkeypatch):
+    """q, k, v as [B, H, S, D] views of [B, S, H, D] memory (Hugging Face's projections): a
+    [B, H, S, D]-contiguous gradient is copied to [B, S, H, D], the layout of the rows q has."""
+    seen = record_backward_gradients(monkeypatch)
+    q, k, v = (t.detach().transpose(1, 2).requires_grad_(True) for t in leaves(False))
+    out = attention(q, k, v, heads_first=True)
+    grad = torch.randn(out.shape)
+    out.backward(grad)
+    assert seen[0].is_contiguous() and seen[0].data_ptr() != grad.data_ptr()
+    torch.testing.assert_close(seen[0], grad.transpose(1, 2), rtol=0, atol=0)
+
+
+def record_backward_gradients(monkeypatch) -> list[torch.Tensor]:
+    """The grad_out of every backward ``ad.attention``'s eager node dispatches, in order."""
+    seen = []
+    dispatch = _autograd.dispatch
+
+    def recording(mode, tensors, *rest):
+        if mode.kind == "backward":
+            seen.append(tensors[-1])
+        return dispatch(mode, tensors, *rest)
+
+    monkeypatch.setattr(_autograd, "dispatch", recording)
+    return seen
 
 
 def test_eager_output_is_fresh_when_the_implementation_aliases(monkeypatch):

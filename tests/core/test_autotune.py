@@ -589,35 +589,57 @@ def test_a_hopeless_candidate_is_not_sampled_further(timed_env):
     registry = ad._settings.current().registry
     pool = [registry.implementations[FAST], registry.implementations[SLOW]]
     found = _autotune._measure_pool(BACKWARD, inp, args, pool, "eager")
-    # the cross-checked run and HOPELESS_CALLS timed calls, each hopeless
-    assert calls()[SLOW] == 1 + _autotune.HOPELESS_CALLS
-    assert calls()[FAST] >= 1 + 1 + _autotune.REPEATS
+    # the cross-checked run and the settling calls, each hopeless
+    assert calls()[SLOW] == 1 + _autotune.SETTLE_CALLS
+    assert calls()[FAST] >= 1 + _autotune.SETTLE_CALLS + _autotune.REPEATS
     assert found["timings"] == pytest.approx({FAST: timed.FAST_SECONDS, SLOW: timed.SLOW_SECONDS})
     assert found["excluded"] == {}
 
 
-def test_a_candidate_whose_early_calls_record_is_not_judged_hopeless(timed_env, monkeypatch):
-    """An implementation that records its second and third calls (as FA4's host-code replay
-    does) and replays the rest is timed by its replays, not by one slow recording."""
-    from attn_dispatch._dispatch import BACKWARD
-    from attn_dispatch.backend import make_inputs
-
-    registry = ad._settings.current().registry
-    fast = registry.implementations[FAST]
-    plain = type(fast).backward
+def record_early_calls(monkeypatch, name: str) -> None:
+    """``name``'s second and third calls cost 25 times ``timed:slow``'s, as an implementation
+    that records its early calls to replay the later ones (FA4's host-code replay)."""
+    impl = ad._settings.current().registry.implementations[name]
+    plain = type(impl).backward
 
     def recording(self, inp):
-        if timed.CALLS[FAST] in (1, 2):  # its second and third calls record
+        if timed.CALLS[name] in (1, 2):
             timed.CLOCK.advance(25 * timed.SLOW_SECONDS)
         return plain(self, inp)
 
-    monkeypatch.setattr(type(fast), "backward", recording)
+    monkeypatch.setattr(type(impl), "backward", recording)
+
+
+def measure(*names: str) -> dict:
+    """``_measure_pool`` of a backward over ``names``, measured in that order."""
+    from attn_dispatch._dispatch import BACKWARD
+    from attn_dispatch.backend import make_inputs
+
     args = inputs()
     inp = make_inputs(*args, causal=True, causal_align="top_left", scale=None, deterministic=False)
-    pool = [registry.implementations[SLOW], fast]  # best priority first, as autotune runs them
-    found = _autotune._measure_pool(BACKWARD, inp, args, pool, "eager")
-    assert found["timings"][FAST] == pytest.approx(timed.FAST_SECONDS)
-    assert found["timings"][SLOW] == pytest.approx(timed.SLOW_SECONDS)
+    registry = ad._settings.current().registry
+    pool = [registry.implementations[n] for n in names]
+    return _autotune._measure_pool(BACKWARD, inp, args, pool, "eager")
+
+
+def test_a_candidate_whose_early_calls_record_is_not_judged_hopeless(timed_env, monkeypatch):
+    """Measured after a faster one, an implementation whose early calls record is timed by its
+    replays, not judged hopeless on one recording call."""
+    record_early_calls(monkeypatch, FAST)
+    found = measure(SLOW, FAST)
+    assert found["timings"] == pytest.approx({FAST: timed.FAST_SECONDS, SLOW: timed.SLOW_SECONDS})
+
+
+def test_samples_are_sized_by_a_replayed_call_not_a_recording_one(timed_env, monkeypatch):
+    """Measured first (nothing to be hopeless against), an implementation whose early calls
+    record gets samples sized by its fastest settling call: as many calls per sample as its
+    replays need, not the one call a recording call would size them to."""
+    record_early_calls(monkeypatch, FAST)
+    found = measure(FAST)
+    assert _autotune.SAMPLE_SECONDS >= 2 * timed.FAST_SECONDS  # two replays fill a sample
+    in_samples = calls()[FAST] - 1 - _autotune.SETTLE_CALLS
+    assert in_samples >= 2 * _autotune.REPEATS
+    assert found["timings"] == pytest.approx({FAST: timed.FAST_SECONDS})
 
 
 def test_a_call_with_sinks_is_measured_apart_and_its_dsinks_cross_checked(timed_env):

@@ -44,6 +44,40 @@ def test_a_first_call_beyond_the_bound_is_the_answer(monkeypatch):
     assert seconds == 1.0 and fn.calls == 1
 
 
+class Recording(Counted):
+    """``Counted`` whose calls 2 and 3 cost ``slow`` instead: it records them, replays the rest."""
+
+    def __init__(self, cost: float, slow: float) -> None:
+        super().__init__(cost)
+        self.slow = slow
+
+    def __call__(self) -> None:
+        super().__call__()
+        if self.calls in (2, 3):
+            self.now += self.slow - self.cost
+
+
+@pytest.mark.parametrize("bound", [float("inf"), 0.05])
+def test_the_fastest_settling_call_sizes_the_samples_and_judges_the_bound(monkeypatch, bound):
+    fn = Recording(1e-3, slow=1.0)
+    fn()  # the caller's warm-up: the call before the recorded ones
+    monkeypatch.setattr(_measure, "clock", fn.clock)
+    seconds = _measure.seconds_per_call(
+        fn, CPU, repeats=3, sample_seconds=4.5e-3, max_calls=100, bound=bound, settle=3
+    )
+    assert seconds == pytest.approx(1e-3)
+    assert fn.calls == 1 + 3 + 3 * 5  # warm-up, settling calls, 3 samples of 5 replays
+
+
+def test_settling_calls_all_beyond_the_bound_give_the_fastest(monkeypatch):
+    fn = Recording(0.8, slow=1.0)
+    monkeypatch.setattr(_measure, "clock", fn.clock)
+    seconds = _measure.seconds_per_call(
+        fn, CPU, repeats=5, sample_seconds=1e-3, max_calls=100, bound=0.5, settle=3
+    )
+    assert seconds == pytest.approx(0.8) and fn.calls == 3
+
+
 def test_consensus_excludes_the_one_that_disagrees_and_trusts_priority_between_two():
     dq = torch.randn(2, 8, 2, 4, dtype=torch.float64)
     right, wrong = (dq, dq, dq), (dq, dq, 1.5 * dq)

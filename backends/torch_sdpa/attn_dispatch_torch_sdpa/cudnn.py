@@ -15,6 +15,8 @@ op exposes no deterministic mode), ROCm, head dims above 128, float32.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import attn_dispatch as ad
@@ -24,15 +26,36 @@ from . import _common as c
 from ._ops import CUDNN_BWD, CUDNN_FWD, aten, empty_long, ops_problems
 
 _stats_rank: list[int] = [4, 3]  # ranks of lse to try for the backward, working one first
+# cuDNN before 9.5.1 reads dO with O's strides: PyTorch then copies dO with a warning or, in
+# some releases, fails an internal assert (pytorch/pytorch#134001). Such a cuDNN gets dO in O's
+# layout from here; from 9.5.1 each is read with its own strides.
+OWN_GRAD_STRIDES_CUDNN = 90501
+
+
+@functools.cache
+def _cudnn_version() -> int:
+    return torch.backends.cudnn.version() or 0
+
+
+def grad_in_out_layout(grad_out: torch.Tensor, out: torch.Tensor, cudnn_version: int):
+    """``grad_out`` as this cuDNN reads it: itself, or a copy with ``out``'s strides where the
+    two differ and cuDNN predates 9.5.1."""
+    if grad_out.stride() == out.stride() or cudnn_version >= OWN_GRAD_STRIDES_CUDNN:
+        return grad_out
+    like_out = torch.empty_strided(
+        out.shape, out.stride(), dtype=grad_out.dtype, device=grad_out.device
+    )
+    return like_out.copy_(grad_out)
 
 
 def _run_backward(inp: adb.BackwardInputs, lse: torch.Tensor):
     seed = empty_long(inp.q.device)
+    grad_out = grad_in_out_layout(inp.grad_out, inp.out, _cudnn_version())
     for attempt, rank in enumerate(list(_stats_rank)):
         stats = lse.unsqueeze(-1) if rank == 4 else lse
         try:
             return aten(CUDNN_BWD)(
-                inp.grad_out.transpose(1, 2),
+                grad_out.transpose(1, 2),
                 inp.q.transpose(1, 2),
                 inp.k.transpose(1, 2),
                 inp.v.transpose(1, 2),

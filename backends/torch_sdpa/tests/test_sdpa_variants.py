@@ -249,3 +249,18 @@ def test_size_one_dims_get_packed_strides_and_keep_their_values():
     wide = torch.randn(2, 3, 80)[:, :, :72]  # no size-1 dim: returned as given
     assert packed_unit_strides(wide) is wide
     assert packed_unit_strides(wide[:1]).stride() == (240, 80, 1)
+
+
+def test_cudnn_before_9_5_1_gets_the_gradient_in_the_outputs_layout():
+    from attn_dispatch_torch_sdpa.cudnn import OWN_GRAD_STRIDES_CUDNN, grad_in_out_layout
+
+    out = torch.randn(2, 16, 4, 8)  # [B, S, H, D], as the forward returns it
+    grad = torch.randn(2, 4, 16, 8).transpose(1, 2)  # the caller's [B, H, S, D] gradient
+    old = grad_in_out_layout(grad, out, OWN_GRAD_STRIDES_CUDNN - 1)
+    assert old.stride() == out.stride() and torch.equal(old, grad)
+    sliced = torch.randn(2, 16, 6, 8)[:, :, :4]  # an out with gaps: its strides all the same
+    assert grad_in_out_layout(grad, sliced, 90100).stride() == sliced.stride()
+    assert grad_in_out_layout(grad, out, OWN_GRAD_STRIDES_CUDNN) is grad  # reads its strides
+    assert grad_in_out_layout(out.clone(), out, 90100).stride() == out.stride()
+    same = torch.randn(out.shape)
+    assert grad_in_out_layout(same, out, 90100) is same
