@@ -231,6 +231,13 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def selected(points: list[Point], shard: int, shards: int, skip: int) -> list[Point]:
+    """The points a run takes: every ``shards``-th from the ``shard``-th, of those after the
+    first ``skip`` (a run that stopped resumes with ``--skip``, and the warm-up processes
+    before it share out what remains)."""
+    return points[skip:][shard::shards]
+
+
 def read_rows(paths: list[str]) -> tuple[list[dict], dict]:
     """The rows of JSON-lines files, and the provenance line a run writes first."""
     rows, run = [], {}
@@ -250,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="*", help="tables / report: the JSON-lines files of rows")
     p.add_argument("--warm", action="store_true", help="run each call once, time nothing")
     p.add_argument("--shard", type=parse_shard, default=(0, 1), metavar="I/N")
-    p.add_argument("--skip", type=int, default=0, help="leave out the first N points")
+    p.add_argument(
+        "--skip", type=int, default=0, help="leave out the first N points (before --shard)"
+    )
     p.add_argument("--out", metavar="PATH", help="append the rows here, one JSON line each")
     args = p.parse_args(argv)
     command = "python benchmarks/cost_grid.py " + " ".join(argv or sys.argv[1:])
@@ -267,9 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("cost_grid.py measure/evaluate need a GPU", file=sys.stderr)
         return 2
-    points = grid() if args.step == "measure" else evaluated_shapes()
-    i, n = args.shard
-    points = points[i::n][args.skip :]
+    points = selected(
+        grid() if args.step == "measure" else evaluated_shapes(), *args.shard, args.skip
+    )
     os.environ.setdefault("ATTN_DISPATCH_CACHE_DIR", tempfile.mkdtemp(prefix="autotune_"))
     if args.out and not args.warm:
         with open(args.out, "a") as f:

@@ -17,6 +17,11 @@
 #   host      one layer's host cost (benchmarks/host_cost.py) and its backward on autograd's
 #             device thread against the calling thread (benchmarks/engine_thread_cost.py, with
 #             profiler traces of both in traces.tgz)
+#   evaluate  the cost tables' held-out evaluation (benchmarks/cost_grid.py evaluate, its
+#             shapes from EVAL_SKIP on, capped at EVAL_TIMEOUT seconds) and its report
+#   grid      cost-grid rows (benchmarks/cost_grid.py measure, shard GRID_SHARD, points from
+#             GRID_SKIP on, capped at GRID_TIMEOUT seconds), for `cost_grid.py tables`
+# evaluate and grid first fill the compile caches from 14 processes (WARM_TIMEOUT seconds).
 # Results go to $OUT (at most 8 files); each step has a time cap.
 set -u
 DEFAULT_STEPS=tests,bench,graphs,overhead,e2e
@@ -122,4 +127,32 @@ if step host; then
     > "$OUT/engine_thread.txt" 2>&1
   cat "$OUT/engine_thread.txt"
   tar czf "$OUT/traces.tgz" -C /tmp traces
+fi
+
+# Fills the compile caches for cost_grid.py's step $1, its points from $2 on, from 14
+# processes at once.
+warm_grid() {
+  for i in $(seq 0 13); do
+    timeout "${WARM_TIMEOUT:-90}" $PY benchmarks/cost_grid.py "$1" --warm --skip "$2" \
+      --shard "$i/14" > /dev/null 2>&1 &
+  done
+  wait
+}
+
+if step evaluate; then
+  echo "== held-out evaluation of the cost tables"
+  warm_grid evaluate "${EVAL_SKIP:-0}"
+  timeout -s INT "${EVAL_TIMEOUT:-400}" $PY benchmarks/cost_grid.py evaluate \
+    --skip "${EVAL_SKIP:-0}" --out "$OUT/evaluate.jsonl" 2> "$OUT/evaluate.progress"
+  echo "evaluate rc=$?"; tail -1 "$OUT/evaluate.progress"
+  $PY benchmarks/cost_grid.py report "$OUT/evaluate.jsonl" | tee "$OUT/evaluate.md"
+fi
+
+if step grid; then
+  echo "== cost-grid rows"
+  warm_grid measure "${GRID_SKIP:-0}"
+  timeout -s INT "${GRID_TIMEOUT:-400}" $PY benchmarks/cost_grid.py measure \
+    --shard "${GRID_SHARD:-0/1}" --skip "${GRID_SKIP:-0}" --out "$OUT/grid.jsonl" \
+    2> "$OUT/grid.progress"
+  echo "grid rc=$?"; tail -1 "$OUT/grid.progress"
 fi

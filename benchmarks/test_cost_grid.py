@@ -72,3 +72,12 @@ def test_the_default_grid_covers_every_seed_shape() -> None:
     for seed in cost_grid.seed_shapes():
         nearest = min(_costs.distance(shape(seed), m) for m in measured)
         assert nearest <= _costs.COVERAGE, seed.label
+
+
+def test_a_run_skips_its_first_points_before_taking_its_shard() -> None:
+    points = cost_grid.grid()
+    rest = points[180:]
+    shards = [cost_grid.selected(points, i, 3, 180) for i in range(3)]
+    assert sorted(map(points.index, sum(shards, []))) == list(range(180, len(points)))
+    assert shards[0][:2] == [rest[0], rest[3]]
+    assert cost_grid.selected(points, 0, 1, 0) == points
