@@ -16,8 +16,8 @@ is ranked by it, any other by the shipped table where that covers it (:func:`pre
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
 for a call, each implementation's rows of the same kind (forward or backward), mask class
 (``none``, ``causal``, ``window``), sinks and soft cap are its candidates; the *nearest* of them
-by :func:`distance` (a weighted sum of ``|log2|`` ratios of batch, query heads, GQA group,
-lengths, head dim and window width; ties averaged) give the time per unit of work, which times
+by :func:`distance` (the sum of ``|log2|`` ratios of batch, query heads, GQA group, lengths,
+head dim and window width; ties averaged) give the time per unit of work, which times
 the call's work (:func:`work`) is the prediction. A row further than :data:`COVERAGE` covers
 nothing: the call is then outside what was measured, and the implementation is ranked by the
 shipped table where only the user's does not cover it, else by its priority. The prediction
@@ -48,20 +48,13 @@ COSTS_DIR = "costs"
 # The table format this module reads (``format`` in a table; docs/design.md, "Recorded cost
 # tables"). A table of a newer format fails its implementations with a reason, not silently.
 FORMAT = 1
-# The weighted log2 distance (see ``distance``) within which a measured row predicts a call: a
-# factor of 2 in two of length, head dim and group, or of 4 in one, or batch and heads further.
+# The log2 distance (see ``distance``) within which a measured row predicts a call: a factor of 2
+# in two of batch, heads, group, length, head dim and window width, or of 4 in one.
+# Batch and heads count as much as the other features: their time does not scale with the work
+# ratio where a row's few heads leave most of the GPU idle (on the sm_90 grid, predicting each
+# batch x heads layout from the others' rows ranked worse than the priorities did; docs/
+# benchmarks.md section 11).
 COVERAGE = 2.0
-# Batch and query heads change a kernel's time nearly in proportion (more of the same tiles),
-# which the work ratio already carries; so they count half in the distance.
-WEIGHTS = {
-    "batch": 0.5,
-    "heads": 0.5,
-    "group": 1.0,
-    "seqlen_q": 1.0,
-    "seqlen_k": 1.0,
-    "head_dim": 1.0,
-    "window": 1.0,
-}
 KINDS = ("forward", "backward")
 
 
@@ -163,12 +156,12 @@ def work(shape: Shape) -> float:
 
 
 def distance(a: Shape, b: Shape) -> float:
-    """The weighted sum of ``|log2(a/b)|`` over the features both have; ``inf`` when they
-    differ in mask class, sinks or soft cap, or only one is a window with a width."""
+    """The sum of ``|log2(a/b)|`` over the features both have; ``inf`` when they differ in mask
+    class, sinks or soft cap, or only one is a window with a width."""
     if a.exact != b.exact or (a.window is None) != (b.window is None):
         return math.inf
     fa, fb = a.features, b.features
-    return sum(WEIGHTS[name] * abs(fa[name] - fb[name]) for name in fa)
+    return sum(abs(fa[name] - fb[name]) for name in fa)
 
 
 @dataclass(frozen=True)

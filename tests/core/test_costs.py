@@ -162,13 +162,28 @@ def test_the_nearest_rows_predict_scaled_by_work_and_ties_average(costed) -> Non
 def test_distance_matches_mask_sinks_and_softcap_exactly() -> None:
     a = shape()
     assert _costs.distance(a, a) == 0
-    assert _costs.distance(a, shape(heads=16, kv_heads=16)) == pytest.approx(0.5)
+    assert _costs.distance(a, shape(heads=16, kv_heads=16)) == pytest.approx(1.0)
     assert _costs.distance(a, shape(heads=8, kv_heads=1)) == pytest.approx(3.0)
     for other in (shape(mask="none"), shape(sinks=True), shape(softcap=True)):
         assert _costs.distance(a, other) == math.inf
     w = shape(mask="window", window=128)
     assert _costs.distance(w, shape(mask="window", window=512)) == pytest.approx(2.0)
     assert _costs.distance(w, a) == math.inf
+
+
+def test_rows_of_a_quarter_of_the_heads_do_not_cover_a_call() -> None:
+    # 8/8-head rows said nothing of a 32/32-head call at D=96 (their fastest kernel was 2.9x
+    # slower there): 4x the heads alone is at the coverage's edge, and any other difference
+    # takes the call outside it
+    table = _costs.parse(
+        json.dumps({"format": 1, "arch": "cpu", "rows": [row("x:y", 100.0, head_dim=128)]}),
+        "test",
+    )
+    near = shape(heads=32, kv_heads=32, head_dim=128)
+    assert table.predict("x:y", "backward", "eager", near).distance == pytest.approx(2.0)
+    assert (
+        table.predict("x:y", "backward", "eager", shape(heads=32, kv_heads=32, head_dim=96)) is None
+    )
 
 
 def test_mask_classes_and_work() -> None:
