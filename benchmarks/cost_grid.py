@@ -239,16 +239,39 @@ def selected(points: list[Point], shard: int, shards: int, skip: int) -> list[Po
 
 
 def read_rows(paths: list[str]) -> tuple[list[dict], dict]:
-    """The rows of JSON-lines files, and the provenance line a run writes first."""
-    rows, run = [], {}
+    """The rows of JSON-lines files, and the provenance of the runs that wrote them (each run
+    writes one first: :func:`merged_provenance`)."""
+    rows, runs = [], []
     for path in paths:
         for line in Path(path).read_text().splitlines():
             entry = json.loads(line) if line else None
             if entry and "provenance" in entry:
-                run = entry["provenance"]
+                runs.append(entry["provenance"])
             elif entry:
                 rows.append(entry)
-    return rows, run
+    return rows, merged_provenance(runs)
+
+
+# What may differ between the runs whose rows make one table: where and when they ran. Their
+# arch and versions may not (the rows of one table rank kernels of one stack).
+PER_RUN = ("gpu", "date", "commit", "command")
+
+
+def merged_provenance(runs: list[dict]) -> dict:
+    """One provenance for the rows of ``runs``: what they share, and for each key of
+    :data:`PER_RUN` the runs' distinct values in order, ``"; "``-joined. ``ValueError`` when
+    anything else differs."""
+    merged = dict(runs[0]) if runs else {}
+    for key in {key for run in runs for key in run}:
+        values = [run.get(key) for run in runs]
+        if key in PER_RUN:
+            merged[key] = "; ".join(dict.fromkeys(str(v) for v in values))
+        elif any(v != values[0] for v in values):
+            raise ValueError(
+                f"the runs differ in {key} ({', '.join(map(repr, values))}): one table holds "
+                "the rows of one arch and stack"
+            )
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:

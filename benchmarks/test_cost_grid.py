@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from attn_dispatch import _costs
 from attn_dispatch.tools import grid
 
@@ -49,6 +51,23 @@ def test_rows_read_back_and_the_ratio_table_names_the_choice(tmp_path) -> None:
     # autotune under graphs chose a:x, whose own forced time is 80 / 60 of the fastest
     assert cells[8] == "1.333 (a:x; as timed 1.400)"
     assert cells[7] == "- (?; as timed 1.100)"  # auto under graphs named no choice
+
+
+def test_rows_of_two_runs_name_both_and_must_share_one_stack(tmp_path) -> None:
+    run = {"gpu": "A", "commit": "1", "arch": "sm_90", "versions": {"torch": "2.11.0"}}
+    row = {"label": "x", "impl": "a:x", "kind": "backward", "status": "ok", "eager_us": 1.0}
+    files = []
+    for number, changes in enumerate(({}, {"gpu": "B", "commit": "2"}, {"commit": "3"})):
+        path = tmp_path / f"{number}.jsonl"
+        path.write_text(json.dumps({"provenance": run | changes}) + "\n" + json.dumps(row) + "\n")
+        files.append(str(path))
+    rows, merged = cost_grid.read_rows(files)
+    assert len(rows) == 3 and merged["gpu"] == "A; B" and merged["commit"] == "1; 2; 3"
+    assert merged["versions"] == {"torch": "2.11.0"} and merged["arch"] == "sm_90"
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"provenance": run | {"versions": {"torch": "2.13.0"}}}) + "\n")
+    with pytest.raises(ValueError, match="differ in versions"):
+        cost_grid.read_rows([files[0], str(other)])
 
 
 def shape(point) -> _costs.Shape:

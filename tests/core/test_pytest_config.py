@@ -15,13 +15,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pytest_with_project_config(tmp_path, *options: str) -> subprocess.CompletedProcess:
-    """pytest on the tests in ``tmp_path`` with this project's configuration."""
+    """pytest on the tests in ``tmp_path`` with this project's configuration alone: neither
+    the options of the run around it (``PYTEST_ADDOPTS``) nor the pytest plugins installed
+    beside it (one warns under ``-W error`` where xdist runs, pytest-benchmark)."""
     config = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), *options]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *config, str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
+        env=env | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     )
 
 
