@@ -21,12 +21,15 @@ The measurement:
   caller's tensors and nothing is recorded for autograd.
 * Each candidate runs once untimed (compilation and warm-up; its result is the one
   cross-checked), then ``SETTLE_CALLS`` single timed calls, the fastest of which chooses how
-  many calls make a sample of at least ``SAMPLE_SECONDS``, then ``REPEATS`` samples; the time
-  is the median per call. Several settling calls because an implementation may record its
-  early calls to replay later ones (FA4's host-code replay records its second and third):
-  samples sized by a recording call would hold one call each. A candidate whose fastest
-  settling call takes ``HOPELESS`` times the best median so far keeps that time and is not
-  sampled further (candidates run best priority first). On CUDA the
+  many calls make a sample of at least ``SAMPLE_SECONDS``; then ``REPEATS`` rounds take one
+  sample of every candidate each, the order reversed from round to round, so that a device
+  whose speed drifts during the measurement moves every candidate alike
+  (``_measure.seconds_per_call_each``); the time is the median per call. Several settling
+  calls because an implementation may record its early calls to replay later ones (FA4's
+  host-code replay records its second and third): samples sized by a recording call would hold
+  one call each. A candidate whose fastest settling call takes ``HOPELESS`` times the best
+  settling call so far keeps that time and is not sampled (candidates settle best priority
+  first). Every candidate's clones live until all are timed. On CUDA the
   samples are timed with events (which also see the host's launch cost: eager time); a call in
   ``"graph"`` mode (warm-up under ``ad.execution_mode("graph")``) is captured into a CUDA graph
   and its replays are timed. On other devices, ``_measure.clock`` (``time.perf_counter``)
@@ -69,7 +72,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -334,20 +337,6 @@ def _cloned(inp: Any) -> tuple[Any, dict[int, torch.Tensor]]:
     return copied, clones
 
 
-def _timed(fn: Any, device: torch.device, bound: float = math.inf) -> float:
-    """The median seconds per call of ``REPEATS`` samples (see the module docstring); a
-    fastest settling call slower than ``bound`` is the answer (it cannot win)."""
-    return _measure.seconds_per_call(
-        fn,
-        device,
-        repeats=REPEATS,
-        sample_seconds=SAMPLE_SECONDS,
-        max_calls=MAX_CALLS_PER_SAMPLE,
-        bound=bound,
-        settle=SETTLE_CALLS,
-    )
-
-
 INPUT_NAMES = ("q", "k", "v", "out", "lse", "grad_out", "sinks")
 RESULT_NAMES = {"forward": ("out", "lse"), "backward": ("dq", "dk", "dv", "dsinks")}
 
@@ -392,8 +381,9 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
     forward = mode.kind == "forward"
     graph = execution == "graph" and device.type == "cuda"
     results: dict[str, tuple] = {}
-    timings: dict[str, float] = {}
     excluded: dict[str, str] = {}
+    # each candidate's call on its own clones, kept until every candidate is timed
+    fns: dict[str, Callable[[], Any]] = {}
     with torch.no_grad(), torch.cuda.device(device) if device.type == "cuda" else _nothing():
         for impl in pool:
             name = impl.full_name
@@ -411,19 +401,33 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
                 excluded[name] = f"raised {_measure.describe_error(exc)}"
                 log.warning("attn_dispatch: autotune excluded %s: %s", name, excluded[name])
                 continue
+            fn = functools.partial(run, cand)
             try:
-                fn = functools.partial(run, cand)
-                fn = _measure.graph_replays([fn], device)[0] if graph else fn
-                bound = HOPELESS * min(timings.values(), default=math.inf)
-                timings[name] = _timed(fn, device, bound)
+                fns[name] = _measure.graph_replays([fn], device)[0] if graph else fn
             except SettingError:
                 raise
             except Exception as exc:
-                what = "cannot be captured into a CUDA graph" if graph else "raised while timed"
-                excluded[name] = f"{what}: {_measure.describe_error(exc)}"
+                excluded[name] = (
+                    f"cannot be captured into a CUDA graph: {_measure.describe_error(exc)}"
+                )
                 log.warning("attn_dispatch: autotune excluded %s: %s", name, excluded[name])
                 continue
             results[name] = _measure.answer(result)  # dsinks cross-checked as the gradients
+        timings, errors = _measure.seconds_per_call_each(
+            fns,
+            device,
+            repeats=REPEATS,
+            sample_seconds=SAMPLE_SECONDS,
+            max_calls=MAX_CALLS_PER_SAMPLE,
+            settle=SETTLE_CALLS,
+            hopeless=HOPELESS,
+        )
+    for name, exc in errors.items():
+        if isinstance(exc, SettingError):
+            raise exc
+        excluded[name] = f"raised while timed: {_measure.describe_error(exc)}"
+        log.warning("attn_dispatch: autotune excluded %s: %s", name, excluded[name])
+        results.pop(name)
     non_finite = {
         name: bad
         for name, result in results.items()

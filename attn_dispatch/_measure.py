@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -101,6 +101,59 @@ def seconds_per_call(
     calls = max(min_calls, min(max_calls, math.ceil(sample_seconds / max(first, 1e-9))))
     samples = sorted(sample(fn, device, calls) for _ in range(repeats))
     return samples[len(samples) // 2]
+
+
+def seconds_per_call_each(
+    fns: Mapping[str, Callable[[], Any]],
+    device: torch.device,
+    *,
+    repeats: int,
+    sample_seconds: float,
+    max_calls: int,
+    min_calls: int = 1,
+    settle: int = 1,
+    hopeless: float = math.inf,
+) -> tuple[dict[str, float], dict[str, Exception]]:
+    """Each of ``fns``'s median seconds per call, its samples taken in rounds, and the
+    exceptions of those that raised (left out of the times).
+
+    First, in ``fns``'s order, each one's ``settle`` single calls (as :func:`seconds_per_call`:
+    the fastest sizes its samples, ``min_calls`` to ``max_calls`` calls each); one whose fastest
+    settling call takes ``hopeless`` times the best so far keeps that as its time and is not
+    sampled. Then ``repeats`` rounds, each taking one sample of every sampled one in turn, the order
+    reversed from one round to the next: a device whose speed drifts while it is measured (its
+    clocks, its temperature, other work) moves every candidate's samples alike, where
+    candidates timed one after another would each see another part of the drift."""
+    times: dict[str, float] = {}
+    errors: dict[str, Exception] = {}
+    settled: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for name, fn in fns.items():
+        try:
+            first = min(sample(fn, device, 1) for _ in range(max(settle, 1)))
+        except Exception as exc:  # a broken candidate costs only itself
+            errors[name] = exc
+            continue
+        if first > hopeless * min(settled.values(), default=math.inf):
+            times[name] = first
+            continue
+        settled[name] = first
+        calls[name] = max(min_calls, min(max_calls, math.ceil(sample_seconds / max(first, 1e-9))))
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls)
+    for _ in range(repeats):
+        for name in order:
+            if name in errors:
+                continue
+            try:
+                samples[name].append(sample(fns[name], device, calls[name]))
+            except Exception as exc:
+                errors[name] = exc
+        order.reverse()
+    for name, taken in samples.items():
+        if name not in errors:
+            times[name] = sorted(taken)[len(taken) // 2]
+    return times, errors
 
 
 def graph_replays(

@@ -17,6 +17,7 @@ and real models fall in, in about 7 minutes; :func:`quick_grid`, a few tiny poin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import sys
 from collections.abc import Callable, Iterable
@@ -280,18 +281,52 @@ def time_graph(fn: Callable[[], Any], device: torch.device, timing: Timing = FUL
     return time_eager(_measure.graph_replays([fn], device)[0], device, timing)
 
 
-def timings(
-    kind: str, t: dict, backend: str | None, device: torch.device, timing: Timing = FULL
-) -> dict:
-    """A row's status and times: eager, and under CUDA graphs on CUDA."""
-    try:
-        times = {"eager_us": time_eager(lambda: call(kind, t, backend), device, timing)}
-        if device.type == "cuda":
-            times["graph_us"] = time_graph(lambda: call(kind, t, backend), device, timing)
-    except Exception as exc:  # a failure is a row, not the end of the run
-        return dict(status="error", note=_measure.describe_error(exc))
-    # rounded for the table, never to zero (a zero time is no time: the table refuses it)
-    return dict(status="ok") | {k: max(round(us, 2), 0.01) for k, us in times.items()}
+def timed_rows(
+    kind: str, t: dict, names: list[str], device: torch.device, timing: Timing = FULL
+) -> dict[str, dict]:
+    """Each of ``names``'s row status and times, eager and under CUDA graphs on CUDA: one
+    warm-up call each, then the candidates timed in rounds (``_measure.seconds_per_call_each``:
+    a device whose speed drifts during the point moves them alike). A failure is a row, not
+    the end of the run."""
+    rows = {name: {"status": "ok"} for name in names}
+
+    def failed(name: str, exc: Exception) -> None:
+        rows[name] = dict(status="error", note=_measure.describe_error(exc))
+
+    modes = {"eager_us": {name: functools.partial(call, kind, t, name) for name in names}}
+    if device.type == "cuda":
+        modes["graph_us"] = {}
+        for name in names:
+            try:
+                replay = _measure.graph_replays([functools.partial(call, kind, t, name)], device)
+                modes["graph_us"][name] = replay[0]
+            except Exception as exc:
+                failed(name, exc)
+    for key, fns in modes.items():
+        live = {}
+        for name, fn in fns.items():
+            if rows[name]["status"] == "ok":
+                try:
+                    fn()
+                    live[name] = fn
+                except Exception as exc:
+                    failed(name, exc)
+        times, errors = _measure.seconds_per_call_each(
+            live,
+            device,
+            repeats=timing.blocks,
+            sample_seconds=timing.target_s,
+            max_calls=timing.max_calls,
+            min_calls=timing.min_calls,
+        )
+        for name, exc in errors.items():
+            failed(name, exc)
+        for name, seconds in times.items():
+            if rows[name]["status"] == "ok":
+                # rounded for the table, never to zero (a zero time is no time: the table
+                # refuses it)
+                rows[name][key] = max(round(seconds * 1e6, 2), 0.01)
+    return rows
 
 
 def measure_kind(
@@ -319,6 +354,7 @@ def measure_kind(
         # the backward's out and lse become the best agreeing forward's: the automatic choice
         # that made them may be the one that disagreed, and then every backward would differ
         t["out"], t["lse"] = answers[agreed[0]][:2]
+    times = timed_rows(kind, t, agreed, device, timing) if timed else {}
     rows = []
     for name in names:
         row = dict(dataclasses.asdict(point), impl=name, kind=kind)
@@ -328,7 +364,7 @@ def measure_kind(
             row["note"] = errors.get(name) or disagreed[name]
             print(f"  !! {point.label} {kind} {name}: {row['note']}", file=sys.stderr)
         elif timed:
-            row.update(timings(kind, t, name, device, timing))
+            row.update(times[name])
         rows.append(row)
     return rows
 

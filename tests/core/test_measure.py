@@ -3,6 +3,8 @@ cost-table writer: CPU timing on its replaceable clock, the cross-check's consen
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -92,3 +94,64 @@ def test_versions_of_a_distribution_that_is_not_installed_are_none():
     found = _measure.distribution_versions(["torch", "no-such-distribution-here"])
     assert found["torch"] is not None
     assert found["no-such-distribution-here"] is None
+
+
+class Drifting:
+    """A device that slows down as it works: each call costs ``cost`` times ``1 + rate * t``,
+    ``t`` the seconds worked so far (one clock for all the functions it makes)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.now = rate, 0.0
+        self.calls: list[str] = []
+
+    def function(self, name: str, cost: float):
+        def call() -> None:
+            self.now += cost * (1 + self.rate * self.now)
+            self.calls.append(name)
+
+        return call
+
+    def clock(self) -> float:
+        return self.now
+
+
+MEASURE = dict(repeats=5, sample_seconds=4.0, max_calls=100)
+
+
+def test_candidates_timed_in_rounds_rank_alike_on_a_drifting_device(monkeypatch):
+    # b is 5% faster than a; timed one after the other, b runs on a device already slowed by
+    # a's whole measurement and looks slower; in rounds both see the same drift
+    one_after_the_other = Drifting(rate=0.005)
+    monkeypatch.setattr(_measure, "clock", one_after_the_other.clock)
+    a, b = (one_after_the_other.function(n, c) for n, c in (("a", 1.0), ("b", 0.95)))
+    apart = {n: _measure.seconds_per_call(f, CPU, **MEASURE) for n, f in (("a", a), ("b", b))}
+    assert apart["b"] > apart["a"]
+
+    in_rounds = Drifting(rate=0.005)
+    monkeypatch.setattr(_measure, "clock", in_rounds.clock)
+    fns = {n: in_rounds.function(n, c) for n, c in (("a", 1.0), ("b", 0.95))}
+    times, errors = _measure.seconds_per_call_each(fns, CPU, **MEASURE)
+    assert errors == {} and times["b"] < times["a"]
+    # one settling call each, then 5 rounds of one sample each (4 calls of a, 5 of b), the
+    # order reversed from round to round: a b | b a | a b | b a | a b
+    runs = [(name, len(list(group))) for name, group in itertools.groupby(in_rounds.calls[2:])]
+    assert in_rounds.calls[:2] == ["a", "b"]
+    assert runs == [("a", 4), ("b", 10), ("a", 8), ("b", 10), ("a", 8), ("b", 5)]
+
+
+def test_a_hopeless_or_failing_candidate_is_not_sampled(monkeypatch):
+    device = Drifting(rate=0.0)
+    monkeypatch.setattr(_measure, "clock", device.clock)
+
+    def broken() -> None:
+        raise RuntimeError("no kernel")
+
+    fns = {
+        "quick": device.function("quick", 1.0),
+        "broken": broken,
+        "hopeless": device.function("hopeless", 20.0),
+    }
+    times, errors = _measure.seconds_per_call_each(fns, CPU, hopeless=10.0, **MEASURE)
+    assert times == {"quick": pytest.approx(1.0), "hopeless": pytest.approx(20.0)}
+    assert list(errors) == ["broken"] and "no kernel" in str(errors["broken"])
+    assert device.calls.count("hopeless") == 1  # its settling call alone
