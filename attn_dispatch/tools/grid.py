@@ -61,6 +61,16 @@ class Timing:
     min_calls: int = 2
     max_calls: int = 200
 
+    @property
+    def sampling(self) -> dict[str, float]:
+        """The keyword arguments of ``_measure.seconds_per_call`` and its ``_each``."""
+        return dict(
+            repeats=self.blocks,
+            sample_seconds=self.target_s,
+            min_calls=self.min_calls,
+            max_calls=self.max_calls,
+        )
+
 
 FULL = Timing()
 # The quick grid's tiny calls: short blocks (what they rank is a smoke test, not a GPU's times)
@@ -265,15 +275,7 @@ def estimate(points: Iterable[Point], arch: str, reference: bool = False) -> Est
 def time_eager(fn: Callable[[], Any], device: torch.device, timing: Timing = FULL) -> float:
     """µs per call of ``fn``: one warm-up call, then the median of the timed blocks."""
     fn()
-    seconds = _measure.seconds_per_call(
-        fn,
-        device,
-        repeats=timing.blocks,
-        sample_seconds=timing.target_s,
-        min_calls=timing.min_calls,
-        max_calls=timing.max_calls,
-    )
-    return seconds * 1e6
+    return _measure.seconds_per_call(fn, device, **timing.sampling) * 1e6
 
 
 def time_graph(fn: Callable[[], Any], device: torch.device, timing: Timing = FULL) -> float:
@@ -311,14 +313,7 @@ def timed_rows(
                     live[name] = fn
                 except Exception as exc:
                     failed(name, exc)
-        times, errors = _measure.seconds_per_call_each(
-            live,
-            device,
-            repeats=timing.blocks,
-            sample_seconds=timing.target_s,
-            max_calls=timing.max_calls,
-            min_calls=timing.min_calls,
-        )
+        times, errors = _measure.seconds_per_call_each(live, device, **timing.sampling)
         for name, exc in errors.items():
             failed(name, exc)
         for name, seconds in times.items():
