@@ -388,9 +388,10 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
         for impl in pool:
             name = impl.full_name
             run = getattr(impl, mode.kind)
-            cand, clones = _cloned(inp)
-            cloned_tensors = tuple(clones.get(id(t), t) for t in tensors)
             try:  # a broken candidate costs only itself; a bad setting is the caller's error
+                # its own clones (one that cannot be allocated excludes it alone)
+                cand, clones = _cloned(inp)
+                cloned_tensors = tuple(clones.get(id(t), t) for t in tensors)
                 # timed as the dispatcher runs it: with its plan, made outside the timing
                 cand.plan = impl.prepare(cand)
                 result = mode.checked(impl, run(cand), cloned_tensors, inp.facts, cand.sinks)

@@ -265,7 +265,7 @@ def merged_provenance(runs: list[dict]) -> dict:
     for key in {key for run in runs for key in run}:
         values = [run.get(key) for run in runs]
         if key in PER_RUN:
-            merged[key] = "; ".join(dict.fromkeys(str(v) for v in values))
+            merged[key] = "; ".join(dict.fromkeys(str(v) for v in values if v is not None))
         elif any(v != values[0] for v in values):
             raise ValueError(
                 f"the runs differ in {key} ({', '.join(map(repr, values))}): one table holds "

@@ -288,34 +288,23 @@ def timed_rows(
 ) -> dict[str, dict]:
     """Each of ``names``'s row status and times, eager and under CUDA graphs on CUDA: one
     warm-up call each, then the candidates timed in rounds (``_measure.seconds_per_call_each``:
-    a device whose speed drifts during the point moves them alike). A failure is a row, not
-    the end of the run."""
+    a device whose speed drifts during the point moves them alike). The graphs are captured
+    after the eager times, and released before the rows return. A failure is a row, not the
+    end of the run."""
     rows = {name: {"status": "ok"} for name in names}
-
-    def failed(name: str, exc: Exception) -> None:
-        rows[name] = dict(status="error", note=_measure.describe_error(exc))
-
-    modes = {"eager_us": {name: functools.partial(call, kind, t, name) for name in names}}
-    if device.type == "cuda":
-        modes["graph_us"] = {}
-        for name in names:
+    for key in ("eager_us", "graph_us") if device.type == "cuda" else ("eager_us",):
+        fns = {}
+        for name in [name for name in names if rows[name]["status"] == "ok"]:
             try:
-                replay = _measure.graph_replays([functools.partial(call, kind, t, name)], device)
-                modes["graph_us"][name] = replay[0]
+                fn = functools.partial(call, kind, t, name)
+                fn = _measure.graph_replays([fn], device)[0] if key == "graph_us" else fn
+                fn()
+                fns[name] = fn
             except Exception as exc:
-                failed(name, exc)
-    for key, fns in modes.items():
-        live = {}
-        for name, fn in fns.items():
-            if rows[name]["status"] == "ok":
-                try:
-                    fn()
-                    live[name] = fn
-                except Exception as exc:
-                    failed(name, exc)
-        times, errors = _measure.seconds_per_call_each(live, device, **timing.sampling)
+                rows[name] = dict(status="error", note=_measure.describe_error(exc))
+        times, errors = _measure.seconds_per_call_each(fns, device, **timing.sampling)
         for name, exc in errors.items():
-            failed(name, exc)
+            rows[name] = dict(status="error", note=_measure.describe_error(exc))
         for name, seconds in times.items():
             if rows[name]["status"] == "ok":
                 # rounded for the table, never to zero (a zero time is no time: the table

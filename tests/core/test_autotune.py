@@ -643,6 +643,26 @@ def test_samples_are_sized_by_a_replayed_call_not_a_recording_one(timed_env, mon
     assert found["timings"] == pytest.approx({FAST: timed.FAST_SECONDS})
 
 
+def test_a_candidate_whose_clones_cannot_be_allocated_is_excluded_alone(timed_env, monkeypatch):
+    """Every candidate's clones live until all are timed; one that no longer fits (the device
+    out of memory) costs only that candidate."""
+    real = _autotune._cloned
+    made = []
+
+    def cloned(inp):
+        made.append(inp)
+        if len(made) == 2:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(inp)
+
+    monkeypatch.setattr(_autotune, "_cloned", cloned)
+    found = measure(SLOW, FAST)
+    assert found["timings"] == pytest.approx({SLOW: timed.SLOW_SECONDS})
+    assert found["excluded"] == {
+        FAST: "raised RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    }
+
+
 def test_a_call_with_sinks_is_measured_apart_and_its_dsinks_cross_checked(timed_env):
     """The measurement key holds the sinks' metadata (a call without them keeps the key it
     had), and two candidates whose dsinks differ disagree."""
