@@ -76,31 +76,13 @@ def sample(fn: Callable[[], Any], device: torch.device, calls: int) -> float:
     return timed(fn, device, calls).seconds() / calls
 
 
-def seconds_per_call(
-    fn: Callable[[], Any],
-    device: torch.device,
-    *,
-    repeats: int,
-    sample_seconds: float,
-    max_calls: int,
-    min_calls: int = 1,
-    bound: float = math.inf,
-    settle: int = 1,
-) -> float:
-    """The median seconds per call of ``repeats`` samples of ``fn`` (warmed up by the caller).
-
-    First ``settle`` single calls (at least one): the fastest sizes the samples, each enough
-    back-to-back calls to last ``sample_seconds`` (``min_calls`` to ``max_calls``), and when
-    even it is slower than ``bound`` it is the answer (it cannot win against what took
-    ``bound``). More than one because an implementation may spend its first calls learning
-    what later ones replay: sized by such a call, samples would be a call or two each, every
-    one timed from an idle device, and one slow call would make it look hopeless."""
-    first = min(sample(fn, device, 1) for _ in range(max(settle, 1)))
-    if first > bound:
-        return first
-    calls = max(min_calls, min(max_calls, math.ceil(sample_seconds / max(first, 1e-9))))
-    samples = sorted(sample(fn, device, calls) for _ in range(repeats))
-    return samples[len(samples) // 2]
+def seconds_per_call(fn: Callable[[], Any], device: torch.device, **sampling: Any) -> float:
+    """The median seconds per call of ``fn`` (warmed up by the caller), measured as
+    :func:`seconds_per_call_each` measures one candidate; its exception, if it raises."""
+    times, errors = seconds_per_call_each({"fn": fn}, device, **sampling)
+    if errors:
+        raise errors["fn"]
+    return times["fn"]
 
 
 def seconds_per_call_each(
@@ -112,18 +94,23 @@ def seconds_per_call_each(
     max_calls: int,
     min_calls: int = 1,
     settle: int = 1,
+    bound: float = math.inf,
     hopeless: float = math.inf,
 ) -> tuple[dict[str, float], dict[str, Exception]]:
     """Each of ``fns``'s median seconds per call, its samples taken in rounds, and the
     exceptions of those that raised (left out of the times).
 
-    First, in ``fns``'s order, each one's ``settle`` single calls (as :func:`seconds_per_call`:
-    the fastest sizes its samples, ``min_calls`` to ``max_calls`` calls each); one whose fastest
-    settling call takes ``hopeless`` times the best so far keeps that as its time and is not
-    sampled. Then ``repeats`` rounds, each taking one sample of every sampled one in turn, the order
-    reversed from one round to the next: a device whose speed drifts while it is measured (its
-    clocks, its temperature, other work) moves every candidate's samples alike, where
-    candidates timed one after another would each see another part of the drift."""
+    First, in ``fns``'s order, each one's ``settle`` single calls (at least one): the fastest
+    sizes its samples, each enough back-to-back calls to last ``sample_seconds`` (``min_calls``
+    to ``max_calls``). More than one because an implementation may spend its first calls
+    learning what later ones replay: sized by such a call, samples would be a call or two
+    each, every one timed from an idle device, and one slow call would make it look hopeless.
+    One whose fastest settling call is slower than ``bound``, or than ``hopeless`` times the
+    best so far, keeps that as its time and is not sampled (it cannot win). Then ``repeats``
+    rounds, each taking one sample of every sampled one in turn, the order reversed from one
+    round to the next: a device whose speed drifts while it is measured (its clocks, its
+    temperature, other work) moves every candidate's samples alike, where candidates timed one
+    after another would each see another part of the drift."""
     times: dict[str, float] = {}
     errors: dict[str, Exception] = {}
     settled: dict[str, float] = {}
@@ -134,7 +121,7 @@ def seconds_per_call_each(
         except Exception as exc:  # a broken candidate costs only itself
             errors[name] = exc
             continue
-        if first > hopeless * min(settled.values(), default=math.inf):
+        if first > min(bound, hopeless * min(settled.values(), default=math.inf)):
             times[name] = first
             continue
         settled[name] = first
