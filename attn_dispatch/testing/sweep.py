@@ -54,6 +54,8 @@ POOL_COMMON, OTHER_HEAD_DIMS = 2, 1
 # pool keeps a run's compile time bounded while successive seeds cover every group.
 POOL_GROUPS = 3
 MAX_SCORES = 1 << 25  # B * H * Sq * Sk of one case: keeps the float64 oracle small and fast
+# Each pair of head dims (D, Dv) a run draws takes one dtype for the whole run, drawn from
+# these: a kernel compiles a variant per dtype, and successive seeds cover both.
 DTYPES = (torch.bfloat16, torch.bfloat16, torch.float16)
 # Shares of the cases whose tensors are strided views (drawn from a stream of their own): q, k,
 # v, out, grad_out and lse with a last-dim stride of 2, and sinks and cu_seqlens of stride 2
@@ -184,12 +186,13 @@ def draw_cases(
     from :func:`head_dim_pool` (:data:`POOL_COMMON` of :data:`COMMON_HEAD_DIMS`, 128 among them,
     :data:`OTHER_HEAD_DIMS` other multiples of 8 up to ``largest_head_dim`` and one value that
     is none, chosen by the seed);
-    Dv != D (from the same pool) in 15%;
+    Dv != D in 15%, one pair of the pool for the whole run (a kernel compiles a variant per pair);
     causal 50% (both alignments); a sliding window in 20% (each side unbounded, 0, up to 64 or
     up to ``longest``); a soft cap in 15%; attention sinks in 15% (from a stream of their own, so
     each case is otherwise the one drawn without them); a custom scale in 20%; a sliced or
-    transposed layout in 25%; ``deterministic=True`` in 10%; bf16 (2/3) or f16. B * H * Sq * Sk
-    is capped at :data:`MAX_SCORES` by halving the lengths. From a third stream (so the rest of
+    transposed layout in 25%; ``deterministic=True`` in 10%; bf16 (2/3) or f16, one of them per
+    pair of head dims for the whole run (so a run compiles each pair's kernels once). B * H * Sq
+    * Sk is capped at :data:`MAX_SCORES` by halving the lengths. From a third stream (so the rest of
     each case is unchanged): in :data:`STRIDED_LAYOUT` of the cases q, k, v, out, grad_out and
     lse have a last-dim stride of 2 (layout ``"strided"``; an implementation that needs a
     contiguous last dim refuses them), and in :data:`STRIDED_VECTORS` of the cases with sinks or
@@ -200,6 +203,8 @@ def draw_cases(
     views_rng = random.Random(seed * 1_000_003 + 13)
     pool = head_dim_pool(rng, largest_head_dim)
     groups = group_pool(rng, max_group)
+    unequal = tuple(rng.sample(pool, 2)) if len(pool) > 1 else (pool[0], pool[0])
+    dtypes: dict[tuple[int, int], torch.dtype] = {}
     drawn = []
     for index in range(n):
         batch = rng.randint(1, 4)
@@ -207,7 +212,7 @@ def draw_cases(
         sq, sk = _lengths(rng, batch, varlen, longest)
         kv = rng.randint(1, 4)
         d = rng.choice(pool)
-        dv = rng.choice(pool) if rng.random() < 0.15 else d
+        d, dv = unequal if rng.random() < 0.15 else (d, d)
         causal = rng.random() < 0.5
         args = _fit(
             dict(
@@ -236,7 +241,8 @@ def draw_cases(
         strided_vectors = views_rng.random() < STRIDED_VECTORS
         args["strided_vectors"] = strided_vectors and (args["sinks"] or varlen)
         deterministic = True if rng.random() < 0.1 else None
-        drawn.append(SweepCase(Case(**args), rng.choice(DTYPES), deterministic, index, seed))
+        dtype = dtypes.setdefault((d, dv), rng.choice(DTYPES))
+        drawn.append(SweepCase(Case(**args), dtype, deterministic, index, seed))
     return drawn
 
 

@@ -5,6 +5,7 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
@@ -77,6 +78,27 @@ def test_the_pools_keep_a_run_to_fewer_kernel_variants_than_wider_ones(
     monkeypatch.setattr(sweep, "POOL_GROUPS", 16)
     wider_groups, wider_pairs = variants()
     assert groups < wider_groups and pairs < wider_pairs
+
+
+@pytest.mark.parametrize("seed", [1, 2471031134])
+def test_a_run_draws_each_pair_of_head_dims_in_one_dtype_and_one_unequal_pair(seed: int) -> None:
+    """A kernel compiles a variant per head-dim pair and dtype: a run keeps one dtype per pair,
+    and its Dv != D cases to one pair, while seeds cover both dtypes and other pairs."""
+    drawn = sweep.draw_cases(300, seed)
+    dtypes: dict[tuple[int, int], set] = {}
+    for d in drawn:
+        dtypes.setdefault((d.case.head_dim, d.case.dv), set()).add(d.dtype)
+    assert all(len(kinds) == 1 for kinds in dtypes.values()), dtypes
+    assert len([pair for pair in dtypes if pair[0] != pair[1]]) == 1
+    runs = [sweep.draw_cases(60, s) for s in range(20)]
+    assert {d.dtype for run in runs for d in run if d.case.head_dim == 128} == {
+        torch.bfloat16,
+        torch.float16,
+    }
+    assert (
+        len({(d.case.head_dim, d.case.dv) for r in runs for d in r if d.case.dv != d.case.head_dim})
+        > 10
+    )
 
 
 def test_the_distribution_draws_strided_views_of_every_tensor() -> None:
@@ -378,3 +400,16 @@ def test_the_reported_shapes_run_in_the_first_shard_only() -> None:
 
     assert len(reported(first)) == 11, first[:3]
     assert reported(second) == [], second[:3]
+
+
+def test_the_gpu_sweep_collects_its_largest_compile_groups_first() -> None:
+    """xdist hands the groups to workers in collection order: a large group collected last would
+    run alone at the end of the run."""
+    ids = _collected({}, ["-m", "not slow"])
+    indices = [int(line.rsplit("[", 1)[1].rstrip("]")) for line in ids if "random_case" in line]
+    drawn = sweep.draw_cases(3000, 7)
+    groups = [drawn[i].compile_group for i in indices]
+    sizes = Counter(groups)
+    assert sorted(indices) == list(range(300)), ids[:3]
+    assert [sizes[g] for g in groups] == sorted((sizes[g] for g in groups), reverse=True)
+    assert len([g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]) == len(sizes)
