@@ -383,6 +383,14 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def key_gradient(x: torch.Tensor) -> torch.Tensor:
+    """The dK or dV buffer of key-side tensor ``x``: contiguous whatever ``x``'s layout. The
+    partial sums of a split GQA group share one buffer with contiguous outputs and are summed
+    by a kernel launch; outputs laid out like a view of [B, H, S, D] memory would be summed by
+    torch, which a launch plan cannot replay, so every such call would record again."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 def kernel_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``(q, k, v, ...)`` as the kernels read them: each with a contiguous last dim and, where
     D and Dv pad to different tile widths (D = 64 with Dv = 32), each with 16-byte aligned rows.

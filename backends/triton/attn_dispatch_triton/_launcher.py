@@ -31,6 +31,7 @@ from ._common import (
     LOG2E,
     dense_vector,
     kernel_operands,
+    key_gradient,
     lse_strides,
     padded_dim,
     softcap_mode,
@@ -109,8 +110,8 @@ class BackwardLaunch:
         )
         self.q, self.k, self.v, self.out, self.lse, self.grad_out = q, k, v, out, lse, grad_out
         self.dq = torch.empty_like(q) if dq is None else dq
-        self.dk = torch.empty_like(k) if dk is None else dk
-        self.dv = torch.empty_like(v) if dv is None else dv
+        self.dk = key_gradient(k) if dk is None else dk
+        self.dv = key_gradient(v) if dv is None else dv
         tmp = torch.empty((2, *lse.shape), dtype=torch.float32, device=q.device)
         self.lse2, self.delta = tmp[0], tmp[1]
         # the kernels index cu_seqlens as CU + b: a strided view is read through a dense copy

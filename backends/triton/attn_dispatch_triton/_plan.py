@@ -400,20 +400,22 @@ class Prepared:
 
     def __init__(self, key: tuple) -> None:
         self.key = key
-        self.plans: dict[tuple[int, int], Plan] = {}
+        self.plans: dict[tuple[int, int], Plan | None] = {}
         self.generation = _generation
         _PREPARED.add(self)
 
-    def get(self, device: int, align: int) -> Plan | bool:
-        """The plan of a call on ``device`` with pointer alignment bits ``align``; ``False``
-        when none was recorded (since the last :func:`clear`)."""
+    def get(self, device: int, align: int) -> Plan | None | bool:
+        """The plan of a call on ``device`` with pointer alignment bits ``align``; ``None``
+        when such a call was not plannable, ``False`` when none was recorded (since the last
+        :func:`clear`)."""
         if self.generation != _generation:
             self.plans.clear()
             self.generation = _generation
         return self.plans.get((device, align), False)
 
-    def put(self, device: int, align: int, plan: Plan) -> None:
-        """Remember the plan of a call on ``device`` with alignment bits ``align``."""
+    def put(self, device: int, align: int, plan: Plan | None) -> None:
+        """Remember the plan of a call on ``device`` with alignment bits ``align`` (``None``:
+        not plannable, do not record again)."""
         if self.generation != _generation:
             self.plans.clear()
             self.generation = _generation
@@ -448,5 +450,5 @@ def recorded() -> list[Plan]:
     plans = [plan for plan in _PLANS.values() if plan is not None]
     for prepared in list(_PREPARED):
         if prepared.generation == _generation:
-            plans.extend(prepared.plans.values())
+            plans.extend(plan for plan in prepared.plans.values() if plan is not None)
     return plans

@@ -20,7 +20,7 @@ import triton
 from attn_dispatch import backend as adb
 
 from . import _plan
-from ._common import LOG2E, dense_vector, kernel_operands
+from ._common import LOG2E, dense_vector, kernel_operands, key_gradient
 from ._launch_strategy import DIRECT, RecordingStrategy
 from ._launcher import BackwardLaunch
 
@@ -50,7 +50,8 @@ def attention_backward(
     gluon: bool = True,
     plan: _plan.Prepared | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(dq, dk, dv)`` of attention, shaped and typed like ``(q, k, v)``.
+    """Gradients ``(dq, dk, dv)`` of attention, shaped and typed like ``(q, k, v)`` (dk and dv
+    contiguous, see :func:`._common.key_gradient`).
 
     ``band`` / ``softcap`` as in :func:`~.forward.attention_forward` (the same values the
     forward that produced ``out`` and ``lse`` ran with).
@@ -85,15 +86,18 @@ def attention_backward(
             key += (align,)
             found = _plan.get(key)
             keep = functools.partial(_plan.put, key)
-        if found is not False:
+        if found is None:  # recorded before and not plannable: launch directly
+            keep, strategy = None, DIRECT
+        elif found is not False:
             dq = torch.empty_like(q) if dq is None else dq
-            dk = torch.empty_like(k) if dk is None else dk
-            dv = torch.empty_like(v) if dv is None else dv
+            dk = key_gradient(k) if dk is None else dk
+            dv = key_gradient(v) if dv is None else dv
             values[_plan.DQ], values[_plan.DK] = dq.data_ptr(), dk.data_ptr()
             values[_plan.DV] = dv.data_ptr()
             found.run(values, q.device, _current_stream(device))
             return dq, dk, dv
-        strategy = RecordingStrategy(_plan.Recorder())
+        else:
+            strategy = RecordingStrategy(_plan.Recorder())
     else:
         keep, strategy = None, DIRECT
     launch = BackwardLaunch(
@@ -132,9 +136,8 @@ def attention_backward(
     if not gluon:
         config = {name: {k: x for k, x in c.items() if k != "GLUON"} for name, c in config.items()}
     grads = launch.run(config)
-    recorded = strategy.plan(launch.plan_extra)  # (None when direct: nothing recorded)
-    if recorded is not None:
-        keep(recorded)
+    if keep is not None:  # a recording call: its plan, or None (not plannable: do not record again)
+        keep(strategy.plan(launch.plan_extra))
     return grads
 
 

@@ -154,3 +154,50 @@ def test_prepare_makes_no_signature_where_plans_never_run() -> None:
     q, k, v, out, lse, do = _call()
     assert Fused().prepare(adb.make_inputs(q, k, v)) is None
     assert Fused().prepare(adb.make_inputs(q, k, v, out, lse, do)) is None
+
+
+def test_a_call_on_bhsd_memory_with_a_split_group_records_a_plan(launches, monkeypatch) -> None:
+    """q, k, v as [B, S, H, D] views of [B, H, S, D] memory (``ad.attention(layout="bhsd")``)
+    with the GQA group split across programs, as on a GPU at short lengths: the partials are
+    summed by a launch (dK / dV are allocated contiguous), so the call keeps a plan and later
+    calls replay it instead of recording again."""
+    from attn_dispatch_triton import _launch_policy
+
+    monkeypatch.setattr(_launch_policy, "group_split", lambda p, config, block_n, sms: 2)
+
+    def bhsd_call() -> tuple:
+        q, k, v, out, lse, do = _call()
+        q, k, v, out, do = (
+            t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, out, do)
+        )
+        return q, k, v, out, lse, do
+
+    tensors = bhsd_call()
+    assert not tensors[1].is_contiguous()
+    prepared = backward.signature(*tensors, **_FLAGS)
+    _backward(tensors, prepared)
+    recorded, replayed = launches
+    assert list(prepared.plans) == [(0, 0)], "the first call keeps its plan"
+    _backward(bhsd_call(), prepared)
+    assert len(replayed) == len(recorded), "the second call replays it"
+
+
+def test_a_signature_that_is_not_plannable_is_launched_directly_after_its_first_call(
+    launches, monkeypatch
+) -> None:
+    """A recording that makes no plan is remembered: later calls of the signature launch
+    through ``kernel[grid]`` without recording again (recording costs more host time)."""
+    from attn_dispatch_triton import _launch_strategy
+
+    direct = []
+    monkeypatch.setattr(_plan.Recorder, "plan", lambda self, extra: None)
+    monkeypatch.setattr(
+        _launch_strategy.DirectStrategy, "launch", staticmethod(lambda k, *a: direct.append(k))
+    )
+    recorded, replayed = launches
+    prepared = backward.signature(*_call(), **_FLAGS)
+    _backward(_call(), prepared)
+    n = len(recorded)
+    assert n and not direct and prepared.plans == {(0, 0): None}
+    _backward(_call(), prepared)
+    assert len(recorded) == n and len(direct) == n and not replayed

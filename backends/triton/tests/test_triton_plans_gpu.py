@@ -25,7 +25,7 @@ CASES = [  # (heads, kv_heads, seqlen_q, seqlen_k, causal, align, varlen, impl)
 ]
 
 
-def _fresh(h, hkv, sq, sk, causal, align, varlen, seed, d=64):
+def _fresh(h, hkv, sq, sk, causal, align, varlen, seed, d=64, bhsd=False):
     g = torch.Generator(device="cuda").manual_seed(seed)
     kw = dict(causal=causal, causal_align=align)
     if varlen:  # three sequences, one of them empty, packed
@@ -46,19 +46,23 @@ def _fresh(h, hkv, sq, sk, causal, align, varlen, seed, d=64):
         shapes = ((2, sq, h, d), (2, sk, hkv, d), (2, sk, hkv, d), (2, sq, h, d))
     q, k, v, do = (torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g) for s in shapes)
     out, lse = ad.forward(q, k, v, backend="reference", **kw)
-    return (q, k, v, out.to(torch.bfloat16), lse, do), kw
+    tensors = [q, k, v, out.to(torch.bfloat16), lse, do]
+    if bhsd:  # [B, S, H, D] views of [B, H, S, D] memory, as ad.attention(layout="bhsd") passes
+        tensors[:4] = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in tensors[:4]]
+        tensors[5] = tensors[5].transpose(1, 2).contiguous().transpose(1, 2)
+    return tuple(tensors), kw
 
 
 @pytest.mark.parametrize(
     "case", CASES, ids=lambda c: f"{c[7]}-h{c[0]}kv{c[1]}-{c[5]}-{'varlen' if c[6] else 'dense'}"
 )
-def test_replayed_plan_uses_the_new_tensors(case, d=64):
+def test_replayed_plan_uses_the_new_tensors(case, d=64, bhsd=False):
     *shape, impl = case
-    recorded, kw = _fresh(*shape, seed=0, d=d)
+    recorded, kw = _fresh(*shape, seed=0, d=d, bhsd=bhsd)
     ad.backward(*recorded, backend=impl, **kw)  # records the plan
     ad.backward(*recorded, backend=impl, **kw)
     for seed in (1, 2):
-        args, kw = _fresh(*shape, seed=seed, d=d)
+        args, kw = _fresh(*shape, seed=seed, d=d, bhsd=bhsd)
         got = ad.backward(*args, backend=impl, **kw)
         ref = ad.backward(
             *[t.float() if t.dtype == torch.bfloat16 else t for t in args],
@@ -243,3 +247,17 @@ def test_replayed_plan_with_tail_slices(monkeypatch):
         (8, 2, 640, 640, False, "top_left", False), SPLIT=1, TAIL_SLICES=4
     )
     assert (16, 1, 1) in grids and (4, 1, 2) in grids, grids
+
+
+@pytest.mark.parametrize("impl", ["triton:fused", "triton:fused_atomic"])
+def test_replayed_plan_on_bhsd_memory(impl):
+    """q, k, v, out and dO as [B, S, H, D] views of [B, H, S, D] memory at a short GQA length,
+    where the group is split across programs: the call keeps a plan (dK / dV partials summed by
+    a launch into contiguous outputs) and its replays on new tensors match the reference."""
+    from attn_dispatch_triton import _plan
+
+    _plan.clear()
+    test_replayed_plan_uses_the_new_tensors(
+        (32, 8, 128, 128, True, "top_left", False, impl), d=128, bhsd=True
+    )
+    assert _plan.recorded(), "the call on [B, H, S, D] memory should keep a plan"
