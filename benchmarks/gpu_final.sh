@@ -3,7 +3,8 @@
 # triton, transformers and flash-attn-4 (with its CUTLASS DSL) installed; no network needed.
 # Installs every package editable (--no-deps), then runs the steps named in STEPS (a comma list;
 # default all of them, in this order):
-#   tests     the whole test suite with the GPU tests, in parallel workers (pytest -n $WORKERS)
+#   tests     the whole test suite with the GPU tests, in parallel workers (pytest -n $WORKERS;
+#             TEST_PATHS: only these paths)
 #   bench     `attn-dispatch bench --repeats 41` eager, the 20 seed shapes, every implementation
 #   graphs    the same under CUDA graphs (the GPU's time alone)
 #   overhead  the dispatcher's cost (CPU and CUDA) and flash_attn_cute's cost over FA4 called
@@ -51,8 +52,10 @@ head -8 "$OUT/env.txt"
 if step tests; then
   echo "== tests (GPU included)"
   xdist_workers 14
+  # TEST_PATHS narrows the run (the whole suite takes more than one 10-minute call: split it)
+  # shellcheck disable=SC2086
   capped_pytest "${TESTS_TIMEOUT:-420}" "$OUT/gpu_tests.txt" "${workers[@]}" \
-    tests backends/*/tests benchmarks --tb=short -rfE
+    ${TEST_PATHS:-tests backends/*/tests benchmarks} --tb=short -rfE
   echo "tests rc=$?"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20
   tail -1 "$OUT/gpu_tests.txt"
