@@ -69,37 +69,23 @@ def attention_backward(
     scale = float(scale)  # one specialization (fp32) whatever the caller passes
     # before the plan's signature: a plan replays the pointers of the tensors the kernels read
     cu_seqlens_q, cu_seqlens_k = dense_vector(cu_seqlens_q), dense_vector(cu_seqlens_k)
+    grads = (dq, dk, dv)
     # a Prepared covers calls that allocate their gradients (its key holds no dq/dk/dv)
     prepared = plan if dq is None and dk is None and dv is None else None
-    planned = config is None and (prepared is not None or plannable(q))
-    if planned and not _plan.hooks_installed():
+    keep, strategy = None, DIRECT
+    if config is None and (prepared is not None or plannable(q)) and not _plan.hooks_installed():
         q, k, v, out, grad_out = kernel_operands(q, k, v, out, grad_out)
         inputs = (q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k)
-        values, align = _values(inputs, (dq, dk, dv), scale)
-        device = _current_device()
-        if prepared is not None:
-            found = prepared.get(device, align)
-            keep = functools.partial(prepared.put, device, align)
-        else:
-            flags = (band, atomic_dq, softcap, gluon)
-            key = (_static_key((*inputs, dq, dk, dv), max_seqlen_q, max_seqlen_k, flags), device)
-            key += (align,)
-            found = _plan.get(key)
-            keep = functools.partial(_plan.put, key)
+        flags = (band, atomic_dq, softcap, gluon)
+        found, keep, values, device = _find_plan(
+            inputs, grads, scale, prepared, flags, (max_seqlen_q, max_seqlen_k)
+        )
+        if isinstance(found, _plan.Plan):
+            return _replay(found, values, device, inputs[:3], grads)
         if found is None:  # recorded before and not plannable: launch directly
-            keep, strategy = None, DIRECT
-        elif found is not False:
-            dq = torch.empty_like(q) if dq is None else dq
-            dk = key_gradient(k) if dk is None else dk
-            dv = key_gradient(v) if dv is None else dv
-            values[_plan.DQ], values[_plan.DK] = dq.data_ptr(), dk.data_ptr()
-            values[_plan.DV] = dv.data_ptr()
-            found.run(values, q.device, _current_stream(device))
-            return dq, dk, dv
+            keep = None
         else:
             strategy = RecordingStrategy(_plan.Recorder())
-    else:
-        keep, strategy = None, DIRECT
     launch = BackwardLaunch(
         q,
         k,
@@ -122,11 +108,52 @@ def attention_backward(
     )
     if launch.batch * launch.heads == 0 or q.numel() == 0 and k.numel() == 0:
         return launch.dq.zero_(), launch.dk.zero_(), launch.dv.zero_()
+    result = launch.run(_kernel_configs(launch, config, gluon))
+    if keep is not None:  # a recording call: its plan, or None (not plannable: do not record again)
+        keep(strategy.plan(launch.plan_extra))
+    return result
+
+
+def _find_plan(
+    inputs: tuple, grads: tuple, scale: float, prepared, flags: tuple, max_seqlens: tuple
+) -> tuple:
+    """``(found, keep, values, device)`` of a plannable call: its plan (``False``: none recorded
+    yet; ``None``: recorded and not plannable), the function that keeps what its recording
+    makes, its per-call values and the current device. Kept by ``prepared`` (the call's
+    :class:`~._plan.Prepared`) where given, else by a key built from every tensor of the call."""
+    values, align = _values(inputs, grads, scale)
+    device = _current_device()
+    if prepared is not None:
+        keep = functools.partial(prepared.put, device, align)
+        return prepared.get(device, align), keep, values, device
+    key = (_static_key((*inputs, *grads), *max_seqlens, flags), device, align)
+    return _plan.get(key), functools.partial(_plan.put, key), values, device
+
+
+def _replay(plan: _plan.Plan, values: list, device: int, qkv: tuple, grads: tuple) -> tuple:
+    """``(dq, dk, dv)`` by ``plan``, into ``grads`` where given, else into fresh tensors."""
+    q, k, v = qkv
+    dq, dk, dv = grads
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = key_gradient(k) if dk is None else dk
+    dv = key_gradient(v) if dv is None else dv
+    values[_plan.DQ], values[_plan.DK], values[_plan.DV] = (
+        dq.data_ptr(),
+        dk.data_ptr(),
+        dv.data_ptr(),
+    )
+    plan.run(values, q.device, _current_stream(device))
+    return dq, dk, dv
+
+
+def _kernel_configs(launch: BackwardLaunch, config: dict | None, gluon: bool) -> dict:
+    """``config`` or, without one, the tuning table's for ``launch``'s problem; with
+    ``gluon=False`` every entry's ``GLUON`` key dropped."""
     if config is None:
         from .tuning import get_backward_config
 
         config = get_backward_config(
-            q.device,
+            launch.q.device,
             launch.d,
             launch.band.limited,
             launch.group,
@@ -135,10 +162,7 @@ def attention_backward(
         )
     if not gluon:
         config = {name: {k: x for k, x in c.items() if k != "GLUON"} for name, c in config.items()}
-    grads = launch.run(config)
-    if keep is not None:  # a recording call: its plan, or None (not plannable: do not record again)
-        keep(strategy.plan(launch.plan_extra))
-    return grads
+    return config
 
 
 def signature(
