@@ -383,12 +383,17 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def key_gradient(x: torch.Tensor) -> torch.Tensor:
-    """The dK or dV buffer of key-side tensor ``x``: contiguous whatever ``x``'s layout. The
-    partial sums of a split GQA group share one buffer with contiguous outputs and are summed
-    by a kernel launch; outputs laid out like a view of [B, H, S, D] memory would be summed by
-    torch, which a launch plan cannot replay, so every such call would record again."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+def dense(x: torch.Tensor) -> bool:
+    """Whether ``x``'s elements fill its memory span exactly, in any order of its dims (a
+    contiguous tensor, or a transposed view of one such as [B, S, H, D] views of [B, H, S, D]
+    memory): a flat buffer of ``x.numel()`` elements then holds one element per element of
+    ``x`` when viewed with ``x``'s strides."""
+    expected = 1
+    for stride, size in sorted((st, n) for st, n in zip(x.stride(), x.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def kernel_operands(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

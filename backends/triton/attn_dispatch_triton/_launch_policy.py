@@ -210,9 +210,9 @@ def window(config: dict, grid: tuple[int, int, int]) -> int:
     return w
 
 
-def _partials(split: int, tail: bool, contiguous_out: bool, add: bool) -> tuple:
+def _partials(split: int, tail: bool, dense_out: bool, add: bool) -> tuple:
     """``(partials, count, zeroed)`` of a dK/dV plan."""
-    if (split > 1 or tail) and contiguous_out:
+    if (split > 1 or tail) and dense_out:
         return Partials.SUM_KERNEL, 1 if add else split, add
     if split > 1:
         return Partials.TORCH_SUM, split, False
@@ -236,24 +236,24 @@ def _ordered(
 
 
 def dkdv_plan(
-    p: Problem, config: dict, *, sms: int | None, gluon: bool, atomic_dq: bool, contiguous_out: bool
+    p: Problem, config: dict, *, sms: int | None, gluon: bool, atomic_dq: bool, dense_out: bool
 ) -> DkdvPlan:
     """The dK/dV launches of one call.
 
     ``gluon``: the Gluon sm_90 kernel runs (else the ``tl`` one); ``atomic_dq``: the fused-atomic
-    design; ``contiguous_out``: dK and dV are contiguous, so partials can share one buffer with
-    them and be summed by the sum launch. With the Gluon fused-atomic kernel, config
-    ``SPLIT_ADD`` (and ``TAIL_SLICES``' slices) add dK / dV into one zero-filled fp32 buffer by
-    atomics, which the sum launch then only casts.
+    design; ``dense_out``: dK and dV fill their memory exactly (:func:`._common.dense`), so
+    partials laid out like them can share one buffer and be summed by the sum launch. With the
+    Gluon fused-atomic kernel, config ``SPLIT_ADD`` (and ``TAIL_SLICES``' slices) add dK / dV
+    into one zero-filled fp32 buffer by atomics, which the sum launch then only casts.
     """
     split = group_split(p, config, config["BLOCK_N"], sms)
     blocks = key_blocks(p, config["BLOCK_N"])
     tail = None
-    if gluon and atomic_dq and contiguous_out and sms is not None:
+    if gluon and atomic_dq and dense_out and sms is not None:
         tail = tail_slices(p, config, split, sms)
-    summed = (split > 1 or tail is not None) and contiguous_out
+    summed = (split > 1 or tail is not None) and dense_out
     add = summed and atomic_dq and gluon and (bool(config.get("SPLIT_ADD", 0)) or tail is not None)
-    partials, count, zeroed = _partials(split, tail is not None, contiguous_out, add)
+    partials, count, zeroed = _partials(split, tail is not None, dense_out, add)
     rows = p.batch * p.kv_heads
     if tail is None:
         launches = (_ordered(p, config, (blocks, rows, split), gluon, add),)

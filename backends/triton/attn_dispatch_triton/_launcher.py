@@ -29,9 +29,9 @@ from ._bwd_preprocess import _attn_bwd_preprocess
 from ._bwd_split_sum import _attn_bwd_split_sum
 from ._common import (
     LOG2E,
+    dense,
     dense_vector,
     kernel_operands,
-    key_gradient,
     lse_strides,
     padded_dim,
     softcap_mode,
@@ -110,8 +110,8 @@ class BackwardLaunch:
         )
         self.q, self.k, self.v, self.out, self.lse, self.grad_out = q, k, v, out, lse, grad_out
         self.dq = torch.empty_like(q) if dq is None else dq
-        self.dk = key_gradient(k) if dk is None else dk
-        self.dv = key_gradient(v) if dv is None else dv
+        self.dk = torch.empty_like(k) if dk is None else dk
+        self.dv = torch.empty_like(v) if dv is None else dv
         tmp = torch.empty((2, *lse.shape), dtype=torch.float32, device=q.device)
         self.lse2, self.delta = tmp[0], tmp[1]
         # the kernels index cu_seqlens as CU + b: a strided view is read through a dense copy
@@ -208,7 +208,7 @@ class BackwardLaunch:
             sms=self._sms(),
             gluon=gluon,
             atomic_dq=atomic_dq,
-            contiguous_out=self.dk.is_contiguous() and self.dv.is_contiguous(),
+            dense_out=dense(self.dk) and dense(self.dv),
         )
 
     def dkdv(self, c: dict, atomic_dq: bool = False) -> None:
@@ -274,8 +274,8 @@ class BackwardLaunch:
         layout = policy.sum_layout(self.dk.numel(), self.dv.numel())
         alloc = torch.zeros if plan.zero_partials else torch.empty
         part = alloc((count, layout.row), dtype=torch.float32, device=device)
-        dk = part[:, : layout.n_k].view(count, *self.dk.shape)
-        dv = part[:, layout.v_offset :].view(count, *self.dv.shape)
+        dk = _laid_out_like(part[:, : layout.n_k], self.dk)
+        dv = _laid_out_like(part[:, layout.v_offset :], self.dv)
         self.plan_extra["part_numel"] = part.numel()
         self.plan_extra["part_zeroed"] = plan.zero_partials
         self.strategy.name_partials(part, dk, dv)
@@ -563,3 +563,10 @@ class BackwardLaunch:
             STEP_SLICES=launch.step_slices,
             WIDE_STORE=self.dq_wide_store,
         )
+
+
+def _laid_out_like(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``rows`` (``[count, >= like.numel()]`` of a partials buffer) as ``count`` tensors each
+    strided like ``like`` (dense, see :func:`._common.dense`): the sum launch walks both flat,
+    so element i of a partial is then element i of ``like``'s memory, in any order of dims."""
+    return rows.as_strided((rows.shape[0], *like.shape), (rows.stride(0), *like.stride()))

@@ -109,11 +109,14 @@ class Recorder:
         self.launches: list[tuple[Any, tuple, list, bool]] = []
         self.constants: set[int] = set()  # id() of floats fixed by the plan's signature
         self.ok = True
+        # one tensor in two roles (k is v): a fact of this call, not of its signature
+        self.aliased = False
 
     def name(self, obj: Any, index: int, offset: int | None = 0) -> None:
         """``obj`` is per-call value ``index`` (+ ``offset`` bytes for a pointer)."""
         if id(obj) in self.slots and self.slots[id(obj)][0] != index:
             self.ok = False  # two roles share one object: do not learn from this call
+            self.aliased = True
         self.slots.setdefault(id(obj), (index, offset))
 
     def constant(self, value: float) -> None:

@@ -20,7 +20,7 @@ import triton
 from attn_dispatch import backend as adb
 
 from . import _plan
-from ._common import LOG2E, dense_vector, kernel_operands, key_gradient
+from ._common import LOG2E, dense_vector, kernel_operands
 from ._launch_strategy import DIRECT, RecordingStrategy
 from ._launcher import BackwardLaunch
 
@@ -50,8 +50,7 @@ def attention_backward(
     gluon: bool = True,
     plan: _plan.Prepared | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(dq, dk, dv)`` of attention, shaped and typed like ``(q, k, v)`` (dk and dv
-    contiguous, see :func:`._common.key_gradient`).
+    """Gradients ``(dq, dk, dv)`` of attention, shaped and typed like ``(q, k, v)``.
 
     ``band`` / ``softcap`` as in :func:`~.forward.attention_forward` (the same values the
     forward that produced ``out`` and ``lse`` ran with).
@@ -110,7 +109,9 @@ def attention_backward(
         return launch.dq.zero_(), launch.dk.zero_(), launch.dv.zero_()
     result = launch.run(_kernel_configs(launch, config, gluon))
     if keep is not None:  # a recording call: its plan, or None (not plannable: do not record again)
-        keep(strategy.plan(launch.plan_extra))
+        made = strategy.plan(launch.plan_extra)
+        if made is not None or not strategy.recorder.aliased:  # (aliasing is this call's alone)
+            keep(made)
     return result
 
 
@@ -135,8 +136,8 @@ def _replay(plan: _plan.Plan, values: list, device: int, qkv: tuple, grads: tupl
     q, k, v = qkv
     dq, dk, dv = grads
     dq = torch.empty_like(q) if dq is None else dq
-    dk = key_gradient(k) if dk is None else dk
-    dv = key_gradient(v) if dv is None else dv
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
     values[_plan.DQ], values[_plan.DK], values[_plan.DV] = (
         dq.data_ptr(),
         dk.data_ptr(),

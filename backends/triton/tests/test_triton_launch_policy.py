@@ -22,7 +22,7 @@ def plan(
     sms: int | None = 132,
     gluon: bool = True,
     atomic_dq: bool = True,
-    contiguous_out: bool = True,
+    dense_out: bool = True,
     **config,
 ) -> policy.DkdvPlan:
     return policy.dkdv_plan(
@@ -31,7 +31,7 @@ def plan(
         sms=sms,
         gluon=gluon,
         atomic_dq=atomic_dq,
-        contiguous_out=contiguous_out,
+        dense_out=dense_out,
     )
 
 
@@ -217,7 +217,7 @@ def test_split_add_needs_the_gluon_fused_atomic_kernel(gluon, atomic_dq) -> None
 
 
 def test_split_outputs_with_other_strides_are_summed_by_torch() -> None:
-    got = plan(gqa(8192, causal=True), contiguous_out=False, SPLIT=4, SPLIT_ADD=1)
+    got = plan(gqa(8192, causal=True), dense_out=False, SPLIT=4, SPLIT_ADD=1)
     assert (got.partials, got.partial_count, got.zero_partials) == (Partials.TORCH_SUM, 4, False)
     assert got.launches == (DkdvLaunch((64, 8, 4)),)
 
@@ -243,7 +243,7 @@ def test_tail_plan_launches_whole_units_then_slices() -> None:
 
 @pytest.mark.parametrize(
     "change",
-    [dict(gluon=False), dict(atomic_dq=False), dict(contiguous_out=False)],
+    [dict(gluon=False), dict(atomic_dq=False), dict(dense_out=False)],
     ids=["tl-kernel", "split-design", "strided-outputs"],
 )
 def test_tail_slices_only_for_the_gluon_fused_atomic_kernel(change) -> None:

@@ -138,6 +138,28 @@ DEFAULT_CASES = [
         repeat=True,
         config=tiles(dkdv={"SPLIT": 2}),
     ),
+    # q, k, v and the gradients as [B, S, H, D] views of [B, H, S, D] memory: the partials of
+    # the split group are strided like dK / dV and summed by the sum launch
+    case(
+        "gqa4-causal-bf16-heads-first-group-split",
+        sq=45,
+        sk=70,
+        heads=8,
+        kv_heads=2,
+        causal=True,
+        heads_first=True,
+        config=tiles(dkdv={"SPLIT": 2}),
+    ),
+    case(
+        "gqa4-full-f16-heads-first-group-split-atomic",
+        dtype="float16",
+        batch=2,
+        heads=8,
+        kv_heads=2,
+        heads_first=True,
+        atomic=True,
+        config=tiles(dkdvq={"SPLIT": 4}),
+    ),
     case(
         "varlen-gqa4-full-bf16-group-split",
         heads=4,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-from attn_dispatch_triton._common import kernel_operands  # noqa: E402
+from attn_dispatch_triton._common import dense, kernel_operands  # noqa: E402
 
 from attn_dispatch.testing.cases import place  # noqa: E402
 
@@ -43,3 +43,13 @@ def test_equal_tile_widths_keep_their_views(d, dv) -> None:
 def test_aligned_mixed_widths_are_not_copied() -> None:
     given = _call(64, 32, "contiguous", heads=2)
     assert all(a is b for a, b in zip(given, kernel_operands(*given), strict=True))
+
+
+def test_dense_tensors_fill_their_memory_in_any_order_of_dims() -> None:
+    """What the dK / dV partials may be laid out like: a contiguous tensor or a permuted view of
+    one (size-1 dims aside), not a slice or an expanded view."""
+    x = torch.empty(2, 5, 3, 4)
+    assert dense(x) and dense(x.transpose(1, 2)) and dense(x.permute(3, 0, 2, 1))
+    assert dense(torch.empty(1, 7, 1, 4).transpose(0, 2))
+    assert not dense(x[..., :3]) and not dense(x[:, ::2])
+    assert not dense(torch.empty(1, 4).expand(3, 4))

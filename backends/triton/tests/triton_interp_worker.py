@@ -251,6 +251,8 @@ def run_case(case: dict) -> dict:
         k, v = kv[..., 0, :, :d], kv[..., 1, :, :dv]
     else:
         q, k, v = rand(*lead_q, h, d), rand(*lead_k, hk, d), rand(*lead_k, hk, dv)
+    if case.get("heads_first"):  # [B, S, H, D] views of [B, H, S, D] memory
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     flags = kernel_flags(case, q, k, v)
     sinks = None
     if case.get("sinks"):  # [H] float32 logits of std 2: a real share of each row's mass
@@ -284,7 +286,8 @@ def run_case(case: dict) -> dict:
     res["lse_abs"] = (lse.double() - lse64)[finite].abs().max().item() if finite.any() else 0.0
     res["lse_nan"] = bool(torch.isnan(lse).any())
 
-    grads = [torch.full(t.shape, float("nan"), dtype=dt) for t in (q, k, v)]
+    # laid out like q, k, v where they fill their memory (any order of dims), else contiguous
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     atomic = bool(case.get("atomic"))  # the fused design: dQ through fp32 atomics
     attention_backward(
         q,
