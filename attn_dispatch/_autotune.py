@@ -100,8 +100,8 @@ SAMPLE_SECONDS = 2e-3
 MAX_CALLS_PER_SAMPLE = 100
 # Single timed calls before the samples (see the module docstring): the fastest sizes them.
 SETTLE_CALLS = 3
-# A candidate whose fastest settling call takes this many times the best median so far is not
-# sampled further (the reference backend at long sequences would cost seconds per call).
+# A candidate whose fastest settling call takes this many times the best settling call so far is
+# not sampled (the reference backend at long sequences would cost seconds per call).
 HOPELESS = 10.0
 # The files' layout; a file of another format is ignored (measured again). Format 2 added
 # ``measured_on``: format 1 files could hold a verdict taken from non-finite answers.

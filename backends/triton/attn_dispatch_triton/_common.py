@@ -383,6 +383,12 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def gradient_buffers(q, k, v, grads: tuple) -> tuple:
+    """``grads`` (dq, dk, dv), each ``None`` replaced by a fresh tensor laid out like its input
+    (q, k or v): what a call records and what its replays allocate are the same."""
+    return tuple(torch.empty_like(x) if g is None else g for x, g in zip((q, k, v), grads))
+
+
 def dense(x: torch.Tensor) -> bool:
     """Whether ``x``'s elements fill its memory span exactly, in any order of its dims (a
     contiguous tensor, or a transposed view of one such as [B, S, H, D] views of [B, H, S, D]

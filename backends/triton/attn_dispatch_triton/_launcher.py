@@ -31,6 +31,7 @@ from ._common import (
     LOG2E,
     dense,
     dense_vector,
+    gradient_buffers,
     kernel_operands,
     lse_strides,
     padded_dim,
@@ -109,9 +110,7 @@ class BackwardLaunch:
             has_keys=k.numel() > 0,
         )
         self.q, self.k, self.v, self.out, self.lse, self.grad_out = q, k, v, out, lse, grad_out
-        self.dq = torch.empty_like(q) if dq is None else dq
-        self.dk = torch.empty_like(k) if dk is None else dk
-        self.dv = torch.empty_like(v) if dv is None else dv
+        self.dq, self.dk, self.dv = gradient_buffers(q, k, v, (dq, dk, dv))
         tmp = torch.empty((2, *lse.shape), dtype=torch.float32, device=q.device)
         self.lse2, self.delta = tmp[0], tmp[1]
         # the kernels index cu_seqlens as CU + b: a strided view is read through a dense copy

@@ -20,7 +20,7 @@ import triton
 from attn_dispatch import backend as adb
 
 from . import _plan
-from ._common import LOG2E, dense_vector, kernel_operands
+from ._common import LOG2E, dense_vector, gradient_buffers, kernel_operands
 from ._launch_strategy import DIRECT, RecordingStrategy
 from ._launcher import BackwardLaunch
 
@@ -133,17 +133,13 @@ def _find_plan(
 
 def _replay(plan: _plan.Plan, values: list, device: int, qkv: tuple, grads: tuple) -> tuple:
     """``(dq, dk, dv)`` by ``plan``, into ``grads`` where given, else into fresh tensors."""
-    q, k, v = qkv
-    dq, dk, dv = grads
-    dq = torch.empty_like(q) if dq is None else dq
-    dk = torch.empty_like(k) if dk is None else dk
-    dv = torch.empty_like(v) if dv is None else dv
+    dq, dk, dv = gradient_buffers(*qkv, grads)
     values[_plan.DQ], values[_plan.DK], values[_plan.DV] = (
         dq.data_ptr(),
         dk.data_ptr(),
         dv.data_ptr(),
     )
-    plan.run(values, q.device, _current_stream(device))
+    plan.run(values, dq.device, _current_stream(device))
     return dq, dk, dv
 
 
