@@ -159,8 +159,8 @@ def test_prepare_makes_no_signature_where_plans_never_run() -> None:
 def test_a_call_on_bhsd_memory_with_a_split_group_records_a_plan(launches, monkeypatch) -> None:
     """q, k, v as [B, S, H, D] views of [B, H, S, D] memory (``ad.attention(layout="bhsd")``)
     with the GQA group split across programs, as on a GPU at short lengths: the partials are
-    summed by a launch (dK / dV are allocated contiguous), so the call keeps a plan and later
-    calls replay it instead of recording again."""
+    strided like dK / dV (laid out like k and v) and summed by a launch, so the call keeps a
+    plan and later calls replay it instead of recording again."""
     from attn_dispatch_triton import _launch_policy
 
     monkeypatch.setattr(_launch_policy, "group_split", lambda p, config, block_n, sms: 2)
