@@ -40,7 +40,9 @@ The measurement:
   (ties: the higher priority) defines the consensus; every candidate that disagrees with it is
   excluded, named in a ``warnings.warn``. With two candidates that disagree, the
   higher-priority one is trusted. A candidate that raises, returns malformed results or cannot
-  be captured is excluded too.
+  be captured is excluded too, unless the device faulted (an illegal memory access): then
+  nothing more can run on it, and the call raises ``DeviceFault`` (a ``RuntimeError``) naming
+  the candidate, or the measurement when the fault shows only at its end; nothing is kept.
 * Only finite answers are judged. A call whose inputs hold NaN or an infinity (lse: NaN or
   +inf; -inf is a row that sees no key) is run by the priority decision, not measured, and
   neither cached nor persisted: the next call of its signature measures. A candidate whose
@@ -376,7 +378,10 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
     """Run and time every implementation of ``pool`` (best priority first) on clones of
     ``inp``; cross-check their finite results. Returns ``{"timings": {name: seconds},
     "excluded": {name: reason}, "judged": bool}``; ``judged`` is False when candidates ran but
-    none returned finite results (nothing to compare: the measurement must not be kept)."""
+    none returned finite results (nothing to compare: the measurement must not be kept). A
+    candidate that fails is excluded alone, but a device fault raises
+    :class:`~._measure.DeviceFault` (naming the candidate, or the measurement when the fault
+    shows only at its end) and nothing is kept: the device can run nothing more."""
     device = inp.device
     forward = mode.kind == "forward"
     graph = execution == "graph" and device.type == "cuda"
@@ -399,6 +404,8 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
             except SettingError:
                 raise
             except Exception as exc:
+                if _measure.is_device_fault(exc):
+                    raise _measure.fault_in(f"autotune's {mode.kind} of {name}", exc) from exc
                 excluded[name] = f"raised {_measure.describe_error(exc)}"
                 log.warning("attn_dispatch: autotune excluded %s: %s", name, excluded[name])
                 continue
@@ -408,6 +415,9 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
             except SettingError:
                 raise
             except Exception as exc:
+                if _measure.is_device_fault(exc):
+                    what = f"autotune's CUDA graph capture of {name}'s {mode.kind}"
+                    raise _measure.fault_in(what, exc) from exc
                 excluded[name] = (
                     f"cannot be captured into a CUDA graph: {_measure.describe_error(exc)}"
                 )
@@ -422,6 +432,14 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
             max_calls=MAX_CALLS_PER_SAMPLE,
             settle=SETTLE_CALLS,
             hopeless=HOPELESS,
+        )
+    measured = list(fns)
+    del fns  # the candidates' graphs and clones, released before the device is asked
+    fault = _measure.device_fault(device)
+    if fault is not None:
+        raise _measure.DeviceFault(
+            f"the device faulted during autotune's {execution} measurement of "
+            f"{', '.join(measured)} ({mode.kind}): {fault}"
         )
     for name, exc in errors.items():
         if isinstance(exc, SettingError):

@@ -8,6 +8,9 @@ judge whether two implementations' answers agree and record the versions they me
   launch cost when the calls are eager); elsewhere :data:`clock` around synchronous calls.
 * Agreement: two answers agree within twice the dtype's tolerance of :mod:`._tolerances` (each
   may be that far from exact); the consensus of several is :func:`consensus`.
+* Device faults: a candidate that fails costs only itself, unless the device faulted (an
+  illegal memory access, a kernel that trapped). Every later operation on that device fails,
+  so measuring stops there with :class:`DeviceFault`, naming what ran last.
 """
 
 from __future__ import annotations
@@ -27,6 +30,56 @@ from ._tolerances import error_metrics, tolerance_for
 # Seconds of the CPU timings (CUDA ones are the device's events). Replaceable so that tests
 # measure counted work instead of a wall-clock ratio, which a loaded machine skews.
 clock: Callable[[], float] = time.perf_counter
+
+
+# --- device faults ------------------------------------------------------------------------
+
+# How CUDA words the errors after which the device (its context) can no longer run anything.
+_FAULT_WORDS = (
+    "illegal memory access",
+    "misaligned address",
+    "illegal instruction",
+    "unspecified launch failure",
+    "device-side assert triggered",
+    "hardware stack error",
+    "invalid program counter",
+)
+
+
+class DeviceFault(RuntimeError):
+    """The device faulted while something was measured: nothing more can run on it (the
+    process must end), and the message names what ran last."""
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` reports a device fault (an ``AcceleratorError`` or ``RuntimeError``,
+    depending on the torch release), as opposed to an error of one call (a refused argument,
+    an allocation that did not fit)."""
+    if isinstance(exc, DeviceFault):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(word in text for word in _FAULT_WORDS)
+
+
+def fault_in(what: str, exc: BaseException) -> DeviceFault:
+    """The :class:`DeviceFault` to raise for ``exc``, raised while ``what`` ran."""
+    if isinstance(exc, DeviceFault):
+        return exc
+    notes = "".join(f" {note}" for note in getattr(exc, "__notes__", ()))  # the dispatcher's
+    return DeviceFault(f"the device faulted while {what} ran: {describe_error(exc)}{notes}")
+
+
+def device_fault(device: torch.device) -> str | None:
+    """The asynchronous fault ``device`` reports, if any: waits for its queued work, so a
+    kernel that faulted is named by the check that launched it, not by a later one that
+    happens to synchronize first."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # an AcceleratorError or RuntimeError, depending on the release
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 # --- timing -------------------------------------------------------------------------------
@@ -110,7 +163,8 @@ def seconds_per_call_each(
     rounds, each taking one sample of every sampled one in turn, the order reversed from one
     round to the next: a device whose speed drifts while it is measured (its clocks, its
     temperature, other work) moves every candidate's samples alike, where candidates timed one
-    after another would each see another part of the drift."""
+    after another would each see another part of the drift. A device fault raises
+    :class:`DeviceFault` naming the candidate whose call reported it."""
     times: dict[str, float] = {}
     errors: dict[str, Exception] = {}
     settled: dict[str, float] = {}
@@ -119,6 +173,8 @@ def seconds_per_call_each(
         try:
             first = min(sample(fn, device, 1) for _ in range(max(settle, 1)))
         except Exception as exc:  # a broken candidate costs only itself
+            if is_device_fault(exc):
+                raise fault_in(name, exc) from exc
             errors[name] = exc
             continue
         if first > min(bound, hopeless * min(settled.values(), default=math.inf)):
@@ -135,6 +191,8 @@ def seconds_per_call_each(
             try:
                 samples[name].append(sample(fns[name], device, calls[name]))
             except Exception as exc:
+                if is_device_fault(exc):
+                    raise fault_in(name, exc) from exc
                 errors[name] = exc
         order.reverse()
     for name, taken in samples.items():

@@ -131,7 +131,8 @@ def auto_rows(point: Point, kind: str, t: dict) -> list[dict]:
                     row[f"{execution}_us"] = round(timer(lambda: call(kind, t, None)), 2)
                     row["chosen_" + execution] = chosen
                 except Exception as exc:
-                    row.update(status="error", note=_measure.describe_error(exc))
+                    what = f"the {'autotuned' if tune else 'default'} choice's {kind}, {execution}"
+                    row.update(status="error", note=_grid.failure(what, exc))
         rows.append(row)
     return rows
 
@@ -309,12 +310,19 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps({"provenance": run}) + "\n")
     start = time.perf_counter()
     for number, point in enumerate(points, 1):
-        rows = measure_point(
-            point,
-            ("forward", "backward") if args.step == "measure" else ("backward",),
-            timed=not args.warm,
-            autotune=args.step == "evaluate" and not args.warm,
-        )
+        try:
+            rows = measure_point(
+                point,
+                ("forward", "backward") if args.step == "measure" else ("backward",),
+                timed=not args.warm,
+                autotune=args.step == "evaluate" and not args.warm,
+            )
+        except _measure.DeviceFault as exc:
+            # the device can run nothing more: the points before are written, resume after
+            print(
+                f"cost_grid.py: stopped at point {number} of {len(points)}: {exc}", file=sys.stderr
+            )
+            return 1
         if args.out and not args.warm:
             with open(args.out, "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)

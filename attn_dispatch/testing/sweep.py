@@ -35,6 +35,7 @@ import torch
 import attn_dispatch as ad
 from attn_dispatch import _settings
 from attn_dispatch import backend as adb
+from attn_dispatch._measure import device_fault
 
 from ..tools._args import Parser, check_output_path, cpu_or_cuda, nonnegative_int, positive_int
 from .cases import Case, CaseInputs, place
@@ -314,19 +315,6 @@ class Report:
 
 def _empty_row() -> dict[str, int]:
     return {"ok": 0, "refused": 0, "wrong": 0, "crashed": 0}
-
-
-def device_fault(device: torch.device) -> str | None:
-    """The asynchronous fault ``device`` reports, if any: waits for its queued work, so a
-    kernel that faulted is named by the check that launched it, not by a later one that
-    happens to synchronize first."""
-    if device.type != "cuda":
-        return None
-    try:
-        torch.cuda.synchronize(device)
-    except Exception as exc:  # an AcceleratorError or RuntimeError, depending on the release
-        return f"{type(exc).__name__}: {exc}"
-    return None
 
 
 def _auto(api: Callable) -> Callable:

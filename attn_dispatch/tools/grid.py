@@ -43,8 +43,9 @@ DEFAULT_HEADS = ((1, 8, 8), (4, 32, 8), (1, 64, 8))
 DEFAULT_HEAD_DIMS = (64, 128)
 DEFAULT_SEQLENS = (1024, 4096, 16384)
 # Seconds per row (one implementation's forward or backward at one point: its answer checked,
-# then timed eager and under CUDA graphs): 290 s for 1116 rows, the H200 run of the full
-# grid's first 105 points (docs/results/2026-12-04-h200-cost-grid), compile caches warm
+# then timed eager and under CUDA graphs), compile caches warm: 290 s for 1116 rows on an H200
+# (the grid's first 105 points, commit 6384643); an H100 took 636 s for the whole grid's 1996
+# rows, 0.32 s each (docs/results/2026-12-06-h100-cost-grid)
 ROW_SECONDS = 0.26
 # A JIT-compiled kernel's first call, per variant: FA4's took 2.5-4.6 s on an H200
 # (docs/benchmarks.md, "Compile times"); a cached or precompiled kernel takes none of it
@@ -301,7 +302,7 @@ def timed_rows(
                 fn()
                 fns[name] = fn
             except Exception as exc:
-                rows[name] = dict(status="error", note=_measure.describe_error(exc))
+                rows[name] = dict(status="error", note=failure(f"{name}'s {kind}", exc))
         times, errors = _measure.seconds_per_call_each(fns, device, **timing.sampling)
         for name, exc in errors.items():
             rows[name] = dict(status="error", note=_measure.describe_error(exc))
@@ -330,8 +331,9 @@ def measure_kind(
     for name in names:
         try:
             answers[name] = _measure.answer(call(kind, t, name))
+            _measure.synchronize(device)  # a fault is this call's, not a later one's
         except Exception as exc:  # a failure is a row, not the end of the run
-            errors[name] = _measure.describe_error(exc)
+            errors[name] = failure(f"{name}'s {kind}", exc)
     disagreed = _measure.consensus(answers, kind == "forward", torch.bfloat16)
     agreed = [name for name in answers if name not in disagreed]
     if kind == "forward" and agreed:
@@ -364,17 +366,42 @@ def measure_point(
     extra: Callable[[Point, str, dict], list[dict]] | None = None,
 ) -> list[dict]:
     """Rows of one point (:func:`measure_kind` per kind); ``extra(point, kind, tensors)``
-    adds rows of its own after each kind's."""
-    t = make(point, device)
+    adds rows of its own after each kind's. A device fault raises
+    :class:`~attn_dispatch._measure.DeviceFault` naming the point (see :func:`failure`)."""
     rows = []
-    for kind in kinds:
-        rows += measure_kind(point, kind, t, timed=timed, timing=timing, reference=reference)
-        if extra is not None:
-            rows += extra(point, kind, t)
-    del t
+    try:
+        t = _made(point, device)
+        for kind in kinds:
+            rows += measure_kind(point, kind, t, timed=timed, timing=timing, reference=reference)
+            if extra is not None:
+                rows += extra(point, kind, t)
+        del t  # the point's tensors, released before the device is asked
+        fault = _measure.device_fault(torch.device(device))
+        if fault is not None:
+            raise _measure.DeviceFault(f"the device faulted by the end of the point: {fault}")
+    except _measure.DeviceFault as exc:
+        raise _measure.DeviceFault(f"{point.label}: {exc}") from exc
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def _made(point: Point, device: str | torch.device) -> dict:
+    """:func:`make`'s tensors, a device fault raised as :func:`failure` raises it."""
+    try:
+        return make(point, device)
+    except Exception as exc:
+        failure("the default choice's forward (which makes the point's out and lse)", exc)
+        raise
+
+
+def failure(what: str, exc: BaseException) -> str:
+    """``exc``, raised while ``what`` ran, as a row's note. A device fault raises
+    :class:`~attn_dispatch._measure.DeviceFault` instead: nothing more can run on the device,
+    and recorded as one candidate's error it would be charged to every one after it."""
+    if _measure.is_device_fault(exc):
+        raise _measure.fault_in(what, exc) from exc
+    return _measure.describe_error(exc)
 
 
 # --- tables -----------------------------------------------------------------------------------

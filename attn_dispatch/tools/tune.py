@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 import attn_dispatch as ad
-from attn_dispatch import _autotune, _costs, _settings
+from attn_dispatch import _autotune, _costs, _measure, _settings
 
 from . import grid as cost_grid
 from ._args import (
@@ -390,7 +390,17 @@ def tune_grid(args: argparse.Namespace, argv: list[str]) -> int:
         if point.label in done:
             print(f"{prefix}: measured before", file=sys.stderr, flush=True)
             continue
-        measured = cost_grid.measure_point(point, device=device, timing=timing, reference=reference)
+        try:
+            measured = cost_grid.measure_point(
+                point, device=device, timing=timing, reference=reference
+            )
+        except _measure.DeviceFault as exc:
+            print(
+                f"{PROG} tune: {exc}; the points before are kept in {path}: a new process "
+                "resumes after them",
+                file=sys.stderr,
+            )
+            return 1
         with path.open("a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in measured)
         rows += measured

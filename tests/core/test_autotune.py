@@ -738,3 +738,43 @@ def test_dsinks_does_not_loosen_the_cross_check_of_the_other_gradients():
     big_dsinks = torch.full((4,), 1000.0)
     wrong = (dq * 1.5, dq, dq, big_dsinks)
     assert _measure.agreement(wrong, (dq, dq, dq, big_dsinks), False, torch.bfloat16)
+
+
+ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"
+
+
+def test_a_device_fault_ends_the_measurement_naming_the_candidate(tuned, cache, monkeypatch):
+    """A candidate whose call reports a device fault is not excluded like one that raised: no
+    other candidate can run after it, and nothing is cached or written."""
+    impl = ad._settings.current().registry.implementations[FAST]
+
+    def faults(self, inp):
+        raise RuntimeError(ILLEGAL_ACCESS)
+
+    monkeypatch.setattr(type(impl), "backward", faults)
+    with pytest.raises(_measure.DeviceFault, match=f"autotune's backward of {FAST} ran: .*illegal"):
+        ad.backward(*inputs(), causal=True)
+    assert calls()[SLOW] <= 1 and files(cache) == []
+    report = ad.explain(*inputs(), causal=True)
+    assert report.autotune.status == "pending"
+
+
+def test_a_fault_shown_only_at_the_measurement_s_end_is_charged_to_the_measurement(
+    timed_env, monkeypatch
+):
+    """A fault the device reports only once the candidates' graphs and clones are released
+    names the measurement (execution, candidates, kind); its timings are not returned."""
+    asked = []
+
+    def device_fault(device):
+        asked.append(device)
+        return f"AcceleratorError: {ILLEGAL_ACCESS}"
+
+    monkeypatch.setattr(_measure, "device_fault", device_fault)
+    with pytest.raises(_measure.DeviceFault) as caught:
+        measure(SLOW, FAST)
+    assert str(caught.value) == (
+        f"the device faulted during autotune's eager measurement of {SLOW}, {FAST} (backward): "
+        f"AcceleratorError: {ILLEGAL_ACCESS}"
+    )
+    assert len(asked) == 1

@@ -155,3 +155,46 @@ def test_a_hopeless_or_failing_candidate_is_not_sampled(monkeypatch):
     assert times == {"quick": pytest.approx(1.0), "hopeless": pytest.approx(20.0)}
     assert list(errors) == ["broken"] and "no kernel" in str(errors["broken"])
     assert device.calls.count("hopeless") == 1  # its settling call alone
+
+
+ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered"
+
+
+@pytest.mark.parametrize(
+    ("exc", "fault"),
+    [
+        (RuntimeError(ILLEGAL_ACCESS), True),
+        (RuntimeError("CUDA error: misaligned address"), True),
+        (RuntimeError("CUDA error: unspecified launch failure"), True),
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
+        (RuntimeError("Expected all tensors to be on the same device"), False),
+        (ValueError(ILLEGAL_ACCESS), False),
+    ],
+    ids=["illegal access", "misaligned", "launch failure", "out of memory", "devices", "value"],
+)
+def test_a_device_fault_is_told_from_an_error_of_one_call(exc, fault):
+    assert _measure.is_device_fault(exc) is fault
+
+
+def test_a_device_fault_while_timed_stops_the_measurement_naming_the_candidate(monkeypatch):
+    """Candidates that raise cost only themselves, but after a device fault nothing can run:
+    the measurement stops there, naming the candidate whose call reported it."""
+    fast, later = Counted(1e-3), Counted(1e-3)
+    monkeypatch.setattr(_measure, "clock", fast.clock)
+
+    def broken():
+        raise RuntimeError("an error of this call alone")
+
+    def faulting():
+        raise RuntimeError(ILLEGAL_ACCESS)
+
+    fns = {"fast": fast, "broken": broken, "faulting": faulting, "later": later}
+    with pytest.raises(_measure.DeviceFault, match="while faulting ran: RuntimeError: CUDA"):
+        _measure.seconds_per_call_each(
+            fns, CPU, repeats=3, sample_seconds=5e-3, max_calls=100, settle=1
+        )
+    assert later.calls == 0
+
+
+def test_device_fault_reads_nothing_off_cuda():
+    assert _measure.device_fault(CPU) is None

@@ -33,6 +33,24 @@ LIAR = TAGGED.format(backend="liar") + textwrap.dedent(
 )
 
 
+# A backend whose forward reports a device fault, as a kernel's illegal memory access does.
+FAULTING = TAGGED.format(backend="faulting") + textwrap.dedent(
+    """
+    class Faulting(Tagged):
+        name, tag, priority = "faulting", 1.0, {"*": 5}
+        window = True
+
+        def forward(self, inp):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+    @adb.hookimpl
+    def attn_dispatch_implementations():
+        return [Faulting()]
+    """
+)
+
+
 @pytest.fixture
 def measured(env, plugins, tmp_path):
     """The exact oracle, the reference backend and a liar, with the cache in ``tmp_path``."""
@@ -81,6 +99,40 @@ def test_tune_grid_writes_a_table_per_backend_package_with_provenance(measured, 
     rows = [json.loads(line) for line in run.read_text().splitlines()]
     assert {r["status"] for r in rows if r["impl"] == "liar:tagged"} == {"disagreed"}
     assert not user_path("liar_backend").exists()
+
+
+@pytest.mark.parametrize(
+    ("priority", "ran"),
+    [
+        (0, "faulting:faulting's forward"),
+        # the default choice, which makes the point's out and lse
+        (5, "the default choice's forward (which makes the point's out and lse)"),
+    ],
+    ids=["a candidate", "the default choice"],
+)
+def test_a_device_fault_stops_tune_grid_naming_the_point_and_implementation(
+    env, plugins, tmp_path, capsys, priority, ran
+) -> None:
+    """After a device fault nothing more can run: the run stops (exit 1) at that point, naming
+    it and the implementation, keeps the points before it and writes no table."""
+    source = FAULTING.replace('{"*": 5}', f'{{"*": {priority}}}')
+    plugins.add("faulting-backend", {"faulting": "faulting_backend"}, {"faulting_backend": source})
+    env.set(
+        ATTN_DISPATCH_TEST_PLUGINS="1",
+        ATTN_DISPATCH_PLUGINS="exact,faulting",
+        ATTN_DISPATCH_CACHE_DIR=str(tmp_path / "cache"),
+    )
+    assert cli.main(GRID) == 1
+    (err,) = [line for line in capsys.readouterr().err.splitlines() if "faulted" in line]
+    first = grid.quick_grid()[0].label
+    assert err.startswith(
+        f"attn-dispatch tune: {first}: the device faulted while {ran} ran: RuntimeError: CUDA "
+        "error: an illegal memory access was encountered"
+    ), err
+    assert "faulting:faulting" in err.split(" ran: ")[1] or priority == 0, err
+    assert "; the points before are kept in " in err
+    assert not user_path("attn_dispatch_test_plugins").exists()
+    _costs.clear()
 
 
 def test_a_second_run_measures_nothing_new(measured, capsys) -> None:
