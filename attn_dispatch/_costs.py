@@ -15,7 +15,8 @@ is ranked by it, any other by the shipped table where that covers it (:func:`pre
 
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
 for a call, each implementation's rows of the same kind (forward or backward), mask class
-(``none``, ``causal``, ``window``), sinks and soft cap are its candidates; the *nearest* of them
+(``none``, ``causal``, ``window``), sinks, soft cap and packing (varlen: a packed call counts as
+its sequences at their mean lengths) are its candidates; the *nearest* of them
 by :func:`distance` (the sum of ``|log2|`` ratios of batch, query heads, GQA group, lengths,
 head dim and window width; ties averaged) give the time per unit of work, which times
 the call's work (:func:`work`) is the prediction. A row further than :data:`COVERAGE` covers
@@ -72,10 +73,13 @@ class Shape:
     window: int | None = None  # visible keys per row when ``mask == "window"``
     sinks: bool = False
     softcap: bool = False
+    # packed sequences (THD): ``batch`` of them, ``seqlen_q`` / ``seqlen_k`` their mean lengths
+    varlen: bool = False
 
     @property
     def label(self) -> str:
-        """``B=1 H=64/8 S=4096 D=128 causal`` (``Sq/Sk`` when they differ)."""
+        """``B=1 H=64/8 S=4096 D=128 causal`` (``Sq/Sk`` when they differ; ``varlen``: B
+        sequences of mean length S, packed)."""
         lengths = (
             f"{self.seqlen_q}"
             if self.seqlen_q == self.seqlen_k
@@ -83,6 +87,7 @@ class Shape:
         )
         mask = {"none": "", "causal": " causal"}.get(self.mask, f" window {self.window}")
         extra = (" sinks" if self.sinks else "") + (" softcap" if self.softcap else "")
+        extra += " varlen" if self.varlen else ""
         heads = f"{self.heads}/{self.kv_heads}"
         return f"B={self.batch} H={heads} S={lengths} D={self.head_dim}{mask}{extra}"
 
@@ -92,23 +97,32 @@ class Shape:
 
     @classmethod
     def of(cls, inp: ForwardInputs) -> Shape | None:
-        """The features of ``inp``; ``None`` where the tables hold no such call: varlen, or
-        empty (a zero size: no work to predict, and no logarithm of it)."""
-        sizes = (inp.batch, inp.heads, inp.kv_heads, inp.seqlen_q, inp.seqlen_k, inp.head_dim)
-        if inp.is_varlen or min(sizes) <= 0:
+        """The features of ``inp``; ``None`` for an empty call (a zero size: no work to
+        predict, and no logarithm of it). A varlen call is its sequences at their mean lengths
+        (the tokens over the sequences: the shapes tell no more, and on meta tensors the
+        offsets cannot be read), which only rows measured on packed sequences predict."""
+        batch, seqlen_q, seqlen_k = inp.batch, inp.seqlen_q, inp.seqlen_k
+        if inp.is_varlen:
+            batch = inp.cu_seqlens_q.shape[0] - 1
+            if batch > 0:
+                seqlen_q = round(inp.q.shape[0] / batch)
+                seqlen_k = round(inp.k.shape[0] / batch)
+        sizes = (batch, inp.heads, inp.kv_heads, seqlen_q, seqlen_k, inp.head_dim)
+        if min(sizes) <= 0:
             return None
         mask, width = mask_of(inp.band.left, inp.band.right)
         return cls(
-            inp.batch,
+            batch,
             inp.heads,
             inp.kv_heads,
-            inp.seqlen_q,
-            inp.seqlen_k,
+            seqlen_q,
+            seqlen_k,
             max(inp.head_dim, inp.head_dim_v),
             mask,
             width,
             inp.sinks is not None,
             inp.softcap is not None,
+            inp.is_varlen,
         )
 
     @property
@@ -128,7 +142,7 @@ class Shape:
     @property
     def exact(self) -> tuple:
         """What a row must match exactly to predict this call."""
-        return (self.mask, self.sinks, self.softcap)
+        return (self.mask, self.sinks, self.softcap, self.varlen)
 
 
 def mask_of(left: int | None, right: int | None) -> tuple[str, int | None]:
@@ -157,7 +171,7 @@ def work(shape: Shape) -> float:
 
 def distance(a: Shape, b: Shape) -> float:
     """The sum of ``|log2(a/b)|`` over the features both have; ``inf`` when they differ in mask
-    class, sinks or soft cap, or only one is a window with a width."""
+    class, sinks, soft cap or packing (varlen), or only one is a window with a width."""
     if a.exact != b.exact or (a.window is None) != (b.window is None):
         return math.inf
     fa, fb = a.features, b.features
@@ -268,7 +282,8 @@ MASKS = ("none", "causal", "window")
 EXECUTIONS = ("eager", "graph")
 TABLE_FIELDS = frozenset({"format", "arch", "provenance", "rows"})
 ROW_FIELDS = frozenset(
-    {"impl", "kind", *SIZES, "mask", "window", "sinks", "softcap"} | {f"{m}_us" for m in EXECUTIONS}
+    {"impl", "kind", *SIZES, "mask", "window", "sinks", "softcap", "varlen"}
+    | {f"{m}_us" for m in EXECUTIONS}
 )
 
 
@@ -321,7 +336,7 @@ def _row(entry: dict, impl: str) -> Row:
             raise ValueError(f"window {window!r} with mask {mask!r}")
         window = _positive_int(entry, "window")
     sizes = [_positive_int(entry, name) for name in SIZES]
-    flags = (_flag(entry, "sinks"), _flag(entry, "softcap"))
+    flags = (_flag(entry, "sinks"), _flag(entry, "softcap"), _flag(entry, "varlen"))
     return Row(impl, kind, Shape(*sizes, mask, window, *flags), _times(entry))
 
 
@@ -465,7 +480,7 @@ def predict(
     """``impl``'s predicted time for ``inp``: from the user's own table (``user``: the
     directory of the user's tables and the package it is named after) where that covers the
     call, else from ``package``'s shipped table for ``arch`` where that covers it, else
-    ``None`` (no table, a varlen or empty call, nothing measured within :data:`COVERAGE`).
+    ``None`` (no table, an empty call, nothing measured within :data:`COVERAGE`).
     A user table measures a grid of its own (``tune --grid``'s default holds D 64 and 128
     only), so it outranks the shipped one only within what it measured.
     :class:`CostTableError` when a table consulted, or ``impl``'s rows in it, cannot be read:

@@ -89,11 +89,14 @@ class Point:
     window: int | None = None
     sinks: bool = False
     softcap: bool = False
+    # packed documents (THD): ``batch`` sequences of ``seqlen`` tokens each, in one row
+    varlen: bool = False
 
     @property
     def label(self) -> str:
         mask = {"none": "", "causal": " causal"}.get(self.mask, f" window {self.window}")
         sinks = (" sinks" if self.sinks else "") + (" softcap" if self.softcap else "")
+        sinks += " varlen" if self.varlen else ""
         return (
             f"B={self.batch} H={self.heads}/{self.kv_heads} S={self.seqlen} "
             f"D={self.head_dim}{mask}{sinks}"
@@ -126,16 +129,25 @@ def grid() -> list[Point]:
     for (b, h, hkv, d), s in itertools.product(((1, 64, 8, 128), (2, 16, 8, 256)), (2048, 8192)):
         points.append(Point(b, h, hkv, s, d, "causal", softcap=True))
         points.append(Point(b, h, hkv, s, d, "window", 4096 if s > 4096 else WINDOW, softcap=True))
-    return points
+    return points + packed_points()
+
+
+def packed_points() -> list[Point]:
+    """Packed documents, causal: 16K tokens as 32 sequences of 512, 8 of 2K or 4 of 4K, in the
+    layouts of Llama-3 8B (32/8, D 128) and GPT-OSS (64/8, D 64)."""
+    return [
+        Point(docs, h, hkv, s, d, "causal", varlen=True)
+        for h, hkv, d in ((32, 8, 128), (64, 8, 64))
+        for docs, s in ((32, 512), (8, 2048), (4, 4096))
+    ]
 
 
 def default_grid() -> list[Point]:
     """``tune --grid``'s points: batch x heads (GQA groups 1, 4, 8) x head dim (64, 128) x length
-    (1K, 4K, 16K) x mask (none, causal), capped at :data:`MAX_WORK`, then one windowed point
-    and GPT-OSS's two sink layers (causal, sliding window 128) and Gemma-2's two soft-capped
-    ones (causal, window): a model with sinks or a soft cap has both kinds of layer, and a
-    table ranks only the mask class it measured. Varlen calls are not in any grid: the tables
-    hold none (``_costs.Shape.of``), so they are ranked by priority."""
+    (1K, 4K, 16K) x mask (none, causal), capped at :data:`MAX_WORK`, then one windowed point,
+    GPT-OSS's two sink layers (causal, sliding window 128), Gemma-2's two soft-capped ones
+    (causal, window): a model with sinks or a soft cap has both kinds of layer, and a table
+    ranks only the mask class it measured; and one of packed documents (8 of 2K, causal)."""
     points = [
         Point(b, h, hkv, s, d, mask)
         for b, h, hkv in DEFAULT_HEADS
@@ -150,6 +162,7 @@ def default_grid() -> list[Point]:
         Point(1, 64, 8, 4096, 64, "window", SINK_WINDOW, sinks=True),
         Point(1, 64, 8, 4096, 128, "causal", softcap=True),
         Point(1, 64, 8, 4096, 128, "window", WINDOW, softcap=True),
+        Point(8, 32, 8, 2048, 128, "causal", varlen=True),
     ]
 
 
@@ -172,14 +185,31 @@ def make(point: Point, device: str | torch.device = "cuda", seed: int = 0) -> di
     def rand(*shape):
         return torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
 
-    b, s, d = point.batch, point.seqlen, point.head_dim
-    q, dout = rand(b, s, point.heads, d), rand(b, s, point.heads, d)
-    k, v = rand(b, s, point.kv_heads, d), rand(b, s, point.kv_heads, d)
+    rows = _rows(point)
+    q, dout = rand(*rows, point.heads, point.head_dim), rand(*rows, point.heads, point.head_dim)
+    k, v = (rand(*rows, point.kv_heads, point.head_dim) for _ in range(2))
     flags = point.flags()
     if point.sinks:
         flags["sinks"] = torch.randn(point.heads, generator=gen, device=device)
+    if point.varlen:
+        _pack(point, flags, torch.arange(0, q.shape[0] + 1, point.seqlen, device=device))
     out, lse = ad.forward(q, k, v, **flags)
     return dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, flags=flags)
+
+
+def _rows(point: Point) -> tuple[int, ...]:
+    """The leading dims of ``point``'s q, k and v: (batch, seqlen), or (tokens,) packed."""
+    if point.varlen:
+        return (point.batch * point.seqlen,)
+    return (point.batch, point.seqlen)
+
+
+def _pack(point: Point, flags: dict, offsets: torch.Tensor) -> None:
+    """Add to ``flags`` the varlen arguments of ``point``'s packed documents (``offsets``:
+    their cu_seqlens, any dtype; one tensor for queries and keys)."""
+    cu = offsets.to(torch.int32)
+    flags.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=point.seqlen)
+    flags["max_seqlen_k"] = point.seqlen
 
 
 def call(kind: str, t: dict, backend: str | None) -> Any:
@@ -219,14 +249,18 @@ def meta_call(point: Point, kind: str) -> tuple[tuple, dict]:
     def meta(*shape, dtype=torch.bfloat16):
         return torch.empty(shape, device="meta", dtype=dtype)
 
-    b, s, d = point.batch, point.seqlen, point.head_dim
-    q, kv = meta(b, s, point.heads, d), meta(b, s, point.kv_heads, d)
+    rows, d = _rows(point), point.head_dim
+    q, kv = meta(*rows, point.heads, d), meta(*rows, point.kv_heads, d)
     args = (q, kv, kv)
     if kind == "backward":
-        args += (meta(b, s, point.heads, d), meta(b, point.heads, s, dtype=torch.float32), q)
+        # lse: [B, H, S], or [H, tokens] packed
+        lse = (point.heads, *rows) if point.varlen else (point.batch, point.heads, point.seqlen)
+        args += (meta(*rows, point.heads, d), meta(*lse, dtype=torch.float32), q)
     flags = point.flags()
     if point.sinks:
         flags["sinks"] = meta(point.heads, dtype=torch.float32)
+    if point.varlen:
+        _pack(point, flags, torch.empty(point.batch + 1, device="meta", dtype=torch.int32))
     return args, flags
 
 
@@ -266,6 +300,7 @@ def estimate(points: Iterable[Point], arch: str, reference: bool = False) -> Est
             names = measured(ad.explain(*args, **flags, arch=arch), reference)
             rows += len(names)
             shape = (point.head_dim, point.mask, point.window, point.sinks, point.softcap)
+            shape += (point.varlen,)
             variants.update((name, kind, *shape) for name in names)
     return Estimate(len(points), rows, len(variants))
 
@@ -437,6 +472,8 @@ def table_row(r: dict) -> dict:
     entry = {k: r[k] for k in KEEP}
     entry.update(seqlen_q=r["seqlen"], seqlen_k=r["seqlen"])
     entry.update(sinks=r["sinks"], softcap=r["softcap"])
+    if r.get("varlen"):  # a dense row leaves it out (the rows of runs before it have none)
+        entry["varlen"] = True
     entry.update({m: r[m] for m in ("eager_us", "graph_us") if m in r})
     return entry
 

@@ -13,9 +13,10 @@ one per line in ``--shapes FILE`` (blank lines and ``#`` comments are skipped). 
 (dtype, causal, window, soft cap, determinism, execution mode) apply to every shape.
 
 ``--grid`` measures a cost grid instead on this device with the installed versions: by
-default 39 points covering each class of call (GQA groups 1, 4, 8; head dims 64, 128; lengths
-1K to 16K; no mask and causal; a window, sinks and soft caps), about 7 minutes on an H200;
-``--full``: the 196 points the shipped tables were measured at; ``--quick``: a few tiny ones,
+default 40 points covering each class of call (GQA groups 1, 4, 8; head dims 64, 128; lengths
+1K to 16K; no mask and causal; a window, sinks, soft caps and packed documents), about 8
+minutes on an H200; ``--full``: the full grid's 202 points (the shipped tables' 196 and 6 of
+packed documents); ``--quick``: a few tiny ones,
 for a CPU or a smoke test. Every implementation with a priority on the arch runs forced,
 forward and backward, cross-checked (one that disagrees is left out), timed eager and on CUDA
 under CUDA graphs. The run first prints its estimate (rows, minutes), then one line per point.
@@ -140,12 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--quick",
         action="store_true",
-        help="with --grid: a few tiny points, for a CPU or a smoke test (default: 39 points)",
+        help="with --grid: a few tiny points, for a CPU or a smoke test (default: 40 points)",
     )
     size.add_argument(
         "--full",
         action="store_true",
-        help="with --grid: the full grid the shipped tables were measured at (default: 39 points)",
+        help="with --grid: the full grid the shipped tables were measured at (default: 40 points)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(

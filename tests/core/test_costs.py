@@ -164,7 +164,7 @@ def test_distance_matches_mask_sinks_and_softcap_exactly() -> None:
     assert _costs.distance(a, a) == 0
     assert _costs.distance(a, shape(heads=16, kv_heads=16)) == pytest.approx(1.0)
     assert _costs.distance(a, shape(heads=8, kv_heads=1)) == pytest.approx(3.0)
-    for other in (shape(mask="none"), shape(sinks=True), shape(softcap=True)):
+    for other in (shape(mask="none"), shape(sinks=True), shape(softcap=True), shape(varlen=True)):
         assert _costs.distance(a, other) == math.inf
     w = shape(mask="window", window=128)
     assert _costs.distance(w, shape(mask="window", window=512)) == pytest.approx(2.0)
@@ -196,14 +196,58 @@ def test_mask_classes_and_work() -> None:
     assert _costs.work(shape(mask="window", window=128)) == pytest.approx(full / 4)
 
 
-def test_varlen_calls_are_outside_every_table(costed) -> None:
-    costed([row("costed:quick", 90.0), row("costed:steady", 60.0)])
-    q, k, v = (torch.randn(512, 8, 64) for _ in range(3))
-    cu = torch.tensor([0, 512], dtype=torch.int32)
-    report = ad.explain(
-        q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=512, max_seqlen_k=512
+def explain_packed(docs: int, length: int, device: str = "cpu", cu=None) -> ad.Report:
+    """``explain`` of a causal forward of ``docs`` packed sequences of ``length`` tokens (or
+    of the sequences ``cu`` delimits in as many tokens)."""
+    q, k, v = (torch.randn(docs * length, 8, 64, device=device) for _ in range(3))
+    longest = length
+    if cu is None:
+        cu = torch.arange(0, docs * length + 1, length, dtype=torch.int32, device=device)
+    else:
+        longest = int(cu.diff().max())
+    return ad.explain(
+        q,
+        k,
+        v,
+        causal=True,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=longest,
+        max_seqlen_k=longest,
+        arch="cpu",
     )
-    assert report.selected == "costed:quick"
+
+
+def test_only_rows_of_packed_sequences_rank_a_varlen_call(costed) -> None:
+    """A varlen call is its sequences at their mean length, and only rows measured on packed
+    sequences predict it (its kernels are not the dense ones): dense rows leave it to the
+    priorities, and packed rows say nothing of a dense call."""
+    dense = [row("costed:quick", 90.0), row("costed:steady", 60.0, kind="forward")]
+    costed(dense)
+    assert explain_packed(1, 512).selected == "costed:quick"  # by priority
+    packed = [
+        row("costed:quick", 90.0, kind="forward", batch=4, varlen=True),
+        row("costed:steady", 60.0, kind="forward", batch=4, varlen=True),
+    ]
+    costed(packed)
+    report = explain_packed(4, 512)
+    assert report.selected == "costed:steady"
+    steady = next(c for c in report.candidates if c.name == "costed:steady")
+    assert steady.predicted_us == pytest.approx(60.0)
+    assert "nearest measured B=4 H=8/8 S=512 D=64 causal varlen (distance 0.00)" in str(report)
+    # twice the sequences: twice the work, within the coverage (distance 1)
+    twice = next(c for c in explain_packed(8, 512).candidates if c.name == "costed:steady")
+    assert twice.predicted_us == pytest.approx(120.0)
+    # sequences of other lengths in as many tokens: the same mean length, the same prediction
+    uneven = torch.tensor([0, 100, 612, 1500, 2048], dtype=torch.int32)
+    other = next(c for c in explain_packed(4, 512, cu=uneven).candidates if c.name == steady.name)
+    assert other.predicted_us == pytest.approx(60.0)
+    q, k, v = make_inputs(b=4, sq=512, h=8, hkv=8, d=64)[:3]
+    assert ad.explain(q, k, v, causal=True).selected == "costed:quick"  # dense: by priority
+    meta = explain_packed(4, 512, device="meta")
+    assert [(c.name, c.predicted_us) for c in meta.candidates] == [
+        (c.name, c.predicted_us) for c in report.candidates
+    ]
 
 
 def test_meta_tensors_predict_what_the_same_call_on_the_device_does(costed) -> None:
@@ -264,6 +308,7 @@ BAD_ROWS = {
     "unknown mask": (dict(mask="full"), "mask 'full' is not one of"),
     "window off a window mask": (dict(window=128), "window 128 with mask 'causal'"),
     "sinks as text": (dict(sinks="no"), "sinks 'no' is not true or false"),
+    "varlen as a number": (dict(varlen=1), "varlen 1 is not true or false"),
     "a misspelt field": (dict(eager_ms=3.0), "unknown fields ['eager_ms']"),
 }
 

@@ -192,12 +192,14 @@ def test_tune_grid_prints_its_estimate_first_and_the_time_so_far_per_point(
 # --- the grids ----------------------------------------------------------------------------------
 
 
-def test_the_default_grid_covers_each_class_in_39_points() -> None:
+def test_the_default_grid_covers_each_class_in_40_points() -> None:
     points = grid.default_grid()
-    assert len(points) == len({p.label for p in points}) == 39
-    assert len(grid.grid()) == 196
+    assert len(points) == len({p.label for p in points}) == 40
+    assert len(grid.grid()) == len({p.label for p in grid.grid()}) == 202
     assert all(p.batch * p.heads * p.seqlen**2 * p.head_dim <= grid.MAX_WORK for p in points)
-    dense = [p for p in points if not (p.sinks or p.softcap)]
+    assert [p.label for p in points if p.varlen] == ["B=8 H=32/8 S=2048 D=128 causal varlen"]
+    assert sum(p.varlen for p in grid.grid()) == 6
+    dense = [p for p in points if not (p.sinks or p.softcap or p.varlen)]
     for mask in ("none", "causal"):
         of_mask = [p for p in dense if p.mask == mask]
         assert {p.heads // p.kv_heads for p in of_mask} == {1, 4, 8}
