@@ -205,17 +205,8 @@ def explain_packed(docs: int, length: int, device: str = "cpu", cu=None) -> ad.R
         cu = torch.arange(0, docs * length + 1, length, dtype=torch.int32, device=device)
     else:
         longest = int(cu.diff().max())
-    return ad.explain(
-        q,
-        k,
-        v,
-        causal=True,
-        cu_seqlens_q=cu,
-        cu_seqlens_k=cu,
-        max_seqlen_q=longest,
-        max_seqlen_k=longest,
-        arch="cpu",
-    )
+    packed = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+    return ad.explain(q, k, v, causal=True, arch="cpu", **packed)
 
 
 def test_only_rows_of_packed_sequences_rank_a_varlen_call(costed) -> None:
