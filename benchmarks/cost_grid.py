@@ -16,7 +16,8 @@ writer are ``attn_dispatch.tools.grid``'s, which ``attn-dispatch tune --grid`` s
 ``evaluate``: at the 20 seed shapes and at :data:`HELD_OUT` (shapes the grid does not hold),
 times every implementation forced, the default automatic choice and the autotuned choice,
 eager and under CUDA graphs, and prints each one's ratio to the fastest implementation whose
-answer agreed with the others.
+answer agreed with the others (``--without-autotune``: the default choice alone). A device
+fault stops a run at its point, naming it (the rows of the points before are written).
 
 ``--warm --shard i/n`` runs each call once, to fill the compile caches (Triton's, FA4's disk
 cache) from several processes at once before a timing run.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import importlib.resources
 import json
 import os
@@ -108,19 +110,21 @@ def time_graph(fn) -> float:
     return _grid.time_graph(fn, CUDA)
 
 
-def measure_point(point: Point, kinds, timed: bool, autotune: bool = False) -> list:
+def measure_point(
+    point: Point, kinds, timed: bool, autotune: bool = False, tuned: bool = True
+) -> list:
     """Rows of one point: per kind, every candidate's answer check and times (with
-    ``autotune``, also the default and the autotuned choice's)."""
-    extra = auto_rows if timed and autotune else None
+    ``autotune``, also the default choice's and, with ``tuned``, the autotuned choice's)."""
+    extra = functools.partial(auto_rows, tuned=tuned) if timed and autotune else None
     return _grid.measure_point(point, kinds, device=CUDA, timed=timed, extra=extra)
 
 
-def auto_rows(point: Point, kind: str, t: dict) -> list[dict]:
-    """The default choice and the autotuned choice, timed as the forced rows are (autotune
-    measures on the first call of each execution mode)."""
+def auto_rows(point: Point, kind: str, t: dict, tuned: bool = True) -> list[dict]:
+    """The default choice and (``tuned``) the autotuned choice, timed as the forced rows are
+    (autotune measures on the first call of each execution mode)."""
     args = tensors(kind, t)
     rows = []
-    for label, tune in (("auto", False), ("autotune", True)):
+    for label, tune in (("auto", False), ("autotune", True))[: 2 if tuned else 1]:
         row = dict(dataclasses.asdict(point), impl=label, kind=kind, label=point.label, status="ok")
         with ad.autotune(tune):
             for execution, timer in (("eager", time_eager), ("graph", time_graph)):
@@ -285,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         "--skip", type=int, default=0, help="leave out the first N points (before --shard)"
     )
     p.add_argument("--out", metavar="PATH", help="append the rows here, one JSON line each")
+    p.add_argument(
+        "--without-autotune",
+        action="store_true",
+        help="evaluate: the default choice's rows alone, not the autotuned choice's",
+    )
     args = p.parse_args(argv)
     command = "python benchmarks/cost_grid.py " + " ".join(argv or sys.argv[1:])
     held = dict(HELD_OUT)
@@ -316,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("forward", "backward") if args.step == "measure" else ("backward",),
                 timed=not args.warm,
                 autotune=args.step == "evaluate" and not args.warm,
+                tuned=not args.without_autotune,
             )
         except _measure.DeviceFault as exc:
             # the device can run nothing more: the points before are written, resume after

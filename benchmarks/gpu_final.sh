@@ -19,7 +19,8 @@
 #             device thread against the calling thread (benchmarks/engine_thread_cost.py, with
 #             profiler traces of both in traces.tgz)
 #   evaluate  the cost tables' held-out evaluation (benchmarks/cost_grid.py evaluate, its
-#             shapes from EVAL_SKIP on, capped at EVAL_TIMEOUT seconds) and its report
+#             shapes from EVAL_SKIP on, capped at EVAL_TIMEOUT seconds; EVAL_WITHOUT_AUTOTUNE=1:
+#             the default choice's rows alone) and its report
 #   grid      cost-grid rows (benchmarks/cost_grid.py measure, shard GRID_SHARD, points from
 #             GRID_SKIP on, capped at GRID_TIMEOUT seconds), for `cost_grid.py tables`
 #   fault     the autotune sequence that faulted the device (benchmarks/autotune_fault.py):
@@ -148,7 +149,8 @@ if step evaluate; then
   echo "== held-out evaluation of the cost tables"
   warm_grid evaluate "${EVAL_SKIP:-0}"
   timeout -s INT "${EVAL_TIMEOUT:-400}" $PY benchmarks/cost_grid.py evaluate \
-    --skip "${EVAL_SKIP:-0}" --out "$OUT/evaluate.jsonl" 2> "$OUT/evaluate.progress"
+    --skip "${EVAL_SKIP:-0}" ${EVAL_WITHOUT_AUTOTUNE:+--without-autotune} \
+    --out "$OUT/evaluate.jsonl" 2> "$OUT/evaluate.progress"
   echo "evaluate rc=$?"; tail -1 "$OUT/evaluate.progress"
   $PY benchmarks/cost_grid.py report "$OUT/evaluate.jsonl" | tee "$OUT/evaluate.md"
 fi

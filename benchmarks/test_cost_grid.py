@@ -100,3 +100,23 @@ def test_a_run_skips_its_first_points_before_taking_its_shard() -> None:
     assert sorted(map(points.index, sum(shards, []))) == list(range(180, len(points)))
     assert shards[0][:2] == [rest[0], rest[3]]
     assert cost_grid.selected(points, 0, 1, 0) == points
+
+
+@pytest.mark.parametrize("tuned", [True, False])
+def test_the_evaluation_times_the_autotuned_choice_unless_told_not_to(monkeypatch, tuned) -> None:
+    """``evaluate --without-autotune``: the default choice's rows alone (a run that must not
+    start autotune's measurements still times the default at every shape)."""
+    timed = []
+
+    def timer(fn):
+        fn()
+        timed.append(fn)
+        return 1.0
+
+    monkeypatch.setattr(cost_grid, "time_eager", timer)
+    monkeypatch.setattr(cost_grid, "time_graph", timer)
+    point = grid.quick_grid()[0]
+    rows = cost_grid.auto_rows(point, "backward", grid.make(point, "cpu"), tuned=tuned)
+    assert [r["impl"] for r in rows] == (["auto", "autotune"] if tuned else ["auto"])
+    assert all(r["status"] == "ok" and r["eager_us"] == r["graph_us"] == 1.0 for r in rows)
+    assert len(timed) == 2 * len(rows)
