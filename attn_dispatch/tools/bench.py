@@ -509,6 +509,8 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             checked = "" if ref is None else f"checked (rel_l2={row.rel_l2:.1e}), "
             log(f"  {name}: {checked}warmed up, first call {first[0]:.1f} us")
         except Exception as exc:  # one broken implementation must not end the sweep
+            if _measure.is_device_fault(exc):  # but after a device fault nothing can run
+                raise _measure.fault_in(f"{name}'s backward at {shape.label}", exc) from exc
             row.status, row.note = "ERROR", _measure.describe_error(exc)
             log(f"  {name}: {row.note}")
     if chosen is not None and not any(r.impl == chosen and r.status != "ok" for r in rows):
@@ -525,6 +527,9 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             try:
                 variants[row] = _measure.graph_replays(variants[row], device)
             except Exception as exc:  # an implementation that cannot be captured is reported
+                if _measure.is_device_fault(exc):
+                    what = f"the CUDA graph capture of {row.impl} at {shape.label}"
+                    raise _measure.fault_in(what, exc) from exc
                 del variants[row]
                 row.status = "ERROR"
                 row.note = f"CUDA graph capture failed: {_measure.describe_error(exc)}"
@@ -535,6 +540,8 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             variants, args.warmup, _repeats(args.repeats, estimate), seed=args.seed
         )
     except Exception as exc:
+        if _measure.is_device_fault(exc):
+            raise _measure.fault_in(f"the timing at {shape.label}", exc) from exc
         measured = {}
         log(f"  timing failed: {type(exc).__name__}: {exc}")
     for row, (us, host_us, calls, spread) in measured.items():
@@ -760,9 +767,15 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bf16 matmul 8192^3: {matmul:.0f} TFLOP/s")
     gen = torch.Generator(device=device).manual_seed(args.seed)
     rows: list[Row] = []
+    fault = None
     for i, shape in enumerate(shapes, 1):
         log(f"[{i}/{len(shapes)}] {shape.label}")
-        rows += bench_shape(shape, args, device, gen, log)
+        try:
+            rows += bench_shape(shape, args, device, gen, log)
+        except _measure.DeviceFault as exc:  # nothing more can run: report what was measured
+            fault = exc
+            log(f"stopped: {exc}")
+            break
     if args.cuda_graphs:
         print("timing: CUDA-graph replays, the GPU's time alone (host us: one replay's)")
     print(format_table(rows))
@@ -789,4 +802,4 @@ def main(argv: list[str] | None = None) -> int:
             log("--plot: matplotlib is not installed (pip install matplotlib); skipped")
     except OSError as exc:  # checked before the sweep, but the disk can still fill up
         parser.error(f"writing the results: {exc}")
-    return 1 if any(r.status in ("WRONG", "ERROR") for r in rows) else 0
+    return 1 if fault is not None or any(r.status in ("WRONG", "ERROR") for r in rows) else 0

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import textwrap
 
 import pytest
 import torch
-from dispatch_helpers import tag_of
+from dispatch_helpers import TAGGED, tag_of
 
 from attn_dispatch.tools import bench
 
@@ -290,3 +291,39 @@ def test_direct_calls_run_the_decided_implementation_on_its_inputs(toys):
     assert {tag_of(call()) for call in graph} == {7.0}  # toy:graph_only's tag
     assert bench.direct_calls("toy:fast", sets, False, "eager") is None
     assert bench.direct_calls("toy:nondet", sets, False, "graph") is None
+
+
+# A backend whose backward reports a device fault, as a kernel's illegal memory access does.
+FAULTING = TAGGED.format(backend="faulting") + textwrap.dedent(
+    """
+    class Faulting(Tagged):
+        name, tag, priority = "faulting", 1.0, {"*": 1}
+
+        def backward(self, inp):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+    @adb.hookimpl
+    def attn_dispatch_implementations():
+        return [Faulting()]
+    """
+)
+
+
+def test_a_device_fault_stops_the_sweep_naming_the_implementation_and_shape(env, plugins, capsys):
+    """One broken implementation costs only its row, but after a device fault nothing can run:
+    the sweep stops there (exit 1), naming it, and prints what it measured before."""
+    plugins.add(
+        "faulting-backend", {"faulting": "faulting_backend"}, {"faulting_backend": FAULTING}
+    )
+    env.set(ATTN_DISPATCH_TEST_PLUGINS="1", ATTN_DISPATCH_PLUGINS="reference,faulting")
+    argv = ["--seqlens", "32,64", "--heads", "4", "--kv-heads", "2", "--head-dim", "16"]
+    argv += ["--dtype", "fp32", "--device", "cpu", "--no-matmul", "--repeats", "2"]
+    assert bench.main(argv) == 1
+    out = capsys.readouterr()
+    label = "GQA 4/2 B=1 S=32 D=16"
+    assert (
+        f"stopped: the device faulted while faulting:faulting's backward at {label} ran: "
+        "RuntimeError: CUDA error: an illegal memory access was encountered"
+    ) in out.err
+    assert "[2/2]" not in out.err
