@@ -404,9 +404,8 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
             except SettingError:
                 raise
             except Exception as exc:
-                if _measure.is_device_fault(exc):
-                    raise _measure.fault_in(f"autotune's {mode.kind} of {name}", exc) from exc
-                excluded[name] = f"raised {_measure.describe_error(exc)}"
+                why = _measure.failure(f"autotune's {mode.kind} of {name}", exc)
+                excluded[name] = f"raised {why}"
                 log.warning("attn_dispatch: autotune excluded %s: %s", name, excluded[name])
                 continue
             fn = functools.partial(run, cand)
@@ -415,12 +414,9 @@ def _measure_pool(mode: Any, inp: Any, tensors: tuple, pool: list, execution: st
             except SettingError:
                 raise
             except Exception as exc:
-                if _measure.is_device_fault(exc):
-                    what = f"autotune's CUDA graph capture of {name}'s {mode.kind}"
-                    raise _measure.fault_in(what, exc) from exc
-                excluded[name] = (
-                    f"cannot be captured into a CUDA graph: {_measure.describe_error(exc)}"
-                )
+                what = f"autotune's CUDA graph capture of {name}'s {mode.kind}"
+                why = _measure.failure(what, exc)
+                excluded[name] = f"cannot be captured into a CUDA graph: {why}"
                 log.warning("attn_dispatch: autotune excluded %s: %s", name, excluded[name])
                 continue
             results[name] = _measure.answer(result)  # dsinks cross-checked as the gradients

@@ -61,12 +61,23 @@ def is_device_fault(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(word in text for word in _FAULT_WORDS)
 
 
-def fault_in(what: str, exc: BaseException) -> DeviceFault:
-    """The :class:`DeviceFault` to raise for ``exc``, raised while ``what`` ran."""
+def raise_fault(what: str, exc: BaseException) -> None:
+    """Raise :class:`DeviceFault` when ``exc``, raised while ``what`` ran, is a device fault
+    (naming ``what``); return otherwise: an error of one call is the caller's to record."""
+    if not is_device_fault(exc):
+        return
     if isinstance(exc, DeviceFault):
-        return exc
+        raise exc
     notes = "".join(f" {note}" for note in getattr(exc, "__notes__", ()))  # the dispatcher's
-    return DeviceFault(f"the device faulted while {what} ran: {describe_error(exc)}{notes}")
+    raise DeviceFault(f"the device faulted while {what} ran: {describe_error(exc)}{notes}") from exc
+
+
+def failure(what: str, exc: BaseException) -> str:
+    """``exc``, raised while ``what`` ran, as a one-line note of that candidate's failure; a
+    device fault raises instead (:func:`raise_fault`): recorded as one candidate's error, it
+    would be charged to every one after it."""
+    raise_fault(what, exc)
+    return describe_error(exc)
 
 
 def device_fault(device: torch.device) -> str | None:
@@ -173,8 +184,7 @@ def seconds_per_call_each(
         try:
             first = min(sample(fn, device, 1) for _ in range(max(settle, 1)))
         except Exception as exc:  # a broken candidate costs only itself
-            if is_device_fault(exc):
-                raise fault_in(name, exc) from exc
+            raise_fault(name, exc)
             errors[name] = exc
             continue
         if first > min(bound, hopeless * min(settled.values(), default=math.inf)):
@@ -191,8 +201,7 @@ def seconds_per_call_each(
             try:
                 samples[name].append(sample(fns[name], device, calls[name]))
             except Exception as exc:
-                if is_device_fault(exc):
-                    raise fault_in(name, exc) from exc
+                raise_fault(name, exc)
                 errors[name] = exc
         order.reverse()
     for name, taken in samples.items():

@@ -124,7 +124,8 @@ def auto_rows(point: Point, kind: str, t: dict, tuned: bool = True) -> list[dict
     (autotune measures on the first call of each execution mode)."""
     args = tensors(kind, t)
     rows = []
-    for label, tune in (("auto", False), ("autotune", True))[: 2 if tuned else 1]:
+    choices = [("auto", False)] + ([("autotune", True)] if tuned else [])
+    for label, tune in choices:
         row = dict(dataclasses.asdict(point), impl=label, kind=kind, label=point.label, status="ok")
         with ad.autotune(tune):
             for execution, timer in (("eager", time_eager), ("graph", time_graph)):
@@ -136,7 +137,7 @@ def auto_rows(point: Point, kind: str, t: dict, tuned: bool = True) -> list[dict
                     row["chosen_" + execution] = chosen
                 except Exception as exc:
                     what = f"the {'autotuned' if tune else 'default'} choice's {kind}, {execution}"
-                    row.update(status="error", note=_grid.failure(what, exc))
+                    row.update(status="error", note=_measure.failure(what, exc))
         rows.append(row)
     return rows
 

@@ -509,9 +509,8 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             checked = "" if ref is None else f"checked (rel_l2={row.rel_l2:.1e}), "
             log(f"  {name}: {checked}warmed up, first call {first[0]:.1f} us")
         except Exception as exc:  # one broken implementation must not end the sweep
-            if _measure.is_device_fault(exc):  # but after a device fault nothing can run
-                raise _measure.fault_in(f"{name}'s backward at {shape.label}", exc) from exc
-            row.status, row.note = "ERROR", _measure.describe_error(exc)
+            row.status = "ERROR"
+            row.note = _measure.failure(f"{name}'s backward at {shape.label}", exc)
             log(f"  {name}: {row.note}")
     if chosen is not None and not any(r.impl == chosen and r.status != "ok" for r in rows):
         auto = Row(shape, chosen, AUTO)
@@ -527,12 +526,12 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             try:
                 variants[row] = _measure.graph_replays(variants[row], device)
             except Exception as exc:  # an implementation that cannot be captured is reported
-                if _measure.is_device_fault(exc):
-                    what = f"the CUDA graph capture of {row.impl} at {shape.label}"
-                    raise _measure.fault_in(what, exc) from exc
+                why = _measure.failure(
+                    f"the CUDA graph capture of {row.impl} at {shape.label}", exc
+                )
                 del variants[row]
                 row.status = "ERROR"
-                row.note = f"CUDA graph capture failed: {_measure.describe_error(exc)}"
+                row.note = f"CUDA graph capture failed: {why}"
                 log(f"  {row.impl} ({row.kind}): {row.note}")
     log(f"  timing {len(variants)} variants, interleaved")
     try:
@@ -540,8 +539,7 @@ def bench_shape(shape: Shape, args, device, gen, log) -> list[Row]:
             variants, args.warmup, _repeats(args.repeats, estimate), seed=args.seed
         )
     except Exception as exc:
-        if _measure.is_device_fault(exc):
-            raise _measure.fault_in(f"the timing at {shape.label}", exc) from exc
+        _measure.raise_fault(f"the timing at {shape.label}", exc)
         measured = {}
         log(f"  timing failed: {type(exc).__name__}: {exc}")
     for row, (us, host_us, calls, spread) in measured.items():

@@ -207,9 +207,8 @@ def _rows(point: Point) -> tuple[int, ...]:
 def _pack(point: Point, flags: dict, offsets: torch.Tensor) -> None:
     """Add to ``flags`` the varlen arguments of ``point``'s packed documents (``offsets``:
     their cu_seqlens, any dtype; one tensor for queries and keys)."""
-    cu = offsets.to(torch.int32)
-    flags.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=point.seqlen)
-    flags["max_seqlen_k"] = point.seqlen
+    cu, s = offsets.to(torch.int32), point.seqlen
+    flags.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s)
 
 
 def call(kind: str, t: dict, backend: str | None) -> Any:
@@ -337,7 +336,7 @@ def timed_rows(
                 fn()
                 fns[name] = fn
             except Exception as exc:
-                rows[name] = dict(status="error", note=failure(f"{name}'s {kind}", exc))
+                rows[name] = dict(status="error", note=_measure.failure(f"{name}'s {kind}", exc))
         times, errors = _measure.seconds_per_call_each(fns, device, **timing.sampling)
         for name, exc in errors.items():
             rows[name] = dict(status="error", note=_measure.describe_error(exc))
@@ -368,7 +367,7 @@ def measure_kind(
             answers[name] = _measure.answer(call(kind, t, name))
             _measure.synchronize(device)  # a fault is this call's, not a later one's
         except Exception as exc:  # a failure is a row, not the end of the run
-            errors[name] = failure(f"{name}'s {kind}", exc)
+            errors[name] = _measure.failure(f"{name}'s {kind}", exc)
     disagreed = _measure.consensus(answers, kind == "forward", torch.bfloat16)
     agreed = [name for name in answers if name not in disagreed]
     if kind == "forward" and agreed:
@@ -402,7 +401,7 @@ def measure_point(
 ) -> list[dict]:
     """Rows of one point (:func:`measure_kind` per kind); ``extra(point, kind, tensors)``
     adds rows of its own after each kind's. A device fault raises
-    :class:`~attn_dispatch._measure.DeviceFault` naming the point (see :func:`failure`)."""
+    :class:`~attn_dispatch._measure.DeviceFault` naming the point."""
     rows = []
     try:
         t = _made(point, device)
@@ -422,21 +421,14 @@ def measure_point(
 
 
 def _made(point: Point, device: str | torch.device) -> dict:
-    """:func:`make`'s tensors, a device fault raised as :func:`failure` raises it."""
+    """:func:`make`'s tensors; a device fault raised as a :class:`DeviceFault` naming it."""
     try:
         return make(point, device)
     except Exception as exc:
-        failure("the default choice's forward (which makes the point's out and lse)", exc)
+        _measure.raise_fault(
+            "the default choice's forward (which makes the point's out and lse)", exc
+        )
         raise
-
-
-def failure(what: str, exc: BaseException) -> str:
-    """``exc``, raised while ``what`` ran, as a row's note. A device fault raises
-    :class:`~attn_dispatch._measure.DeviceFault` instead: nothing more can run on the device,
-    and recorded as one candidate's error it would be charged to every one after it."""
-    if _measure.is_device_fault(exc):
-        raise _measure.fault_in(what, exc) from exc
-    return _measure.describe_error(exc)
 
 
 # --- tables -----------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--full",
         action="store_true",
-        help="with --grid: the full grid the shipped tables were measured at (default: 40 points)",
+        help="with --grid: the full grid, 202 points (default: 40 points)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(
