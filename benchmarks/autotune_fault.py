@@ -77,25 +77,36 @@ def run_sequence(point: grid.Point, kind: str, steps: list[tuple[bool, str]]) ->
 
 
 def each_blocked(argv: list[str], names: list[str]) -> int:
-    """The sequence in a fresh process as given, then once per name of ``names`` disabled."""
-    status = 0
+    """The sequence in a fresh process as given, then once per name of ``names`` disabled.
+
+    The processes run side by side: what is looked for is a fault, not a timing, and a fault
+    stays in the process (the device context) that caused it."""
+    runs = []
     for blocked in [None, *names]:
         env = dict(os.environ, ATTN_DISPATCH_CACHE_DIR=tempfile.mkdtemp(prefix="autotune_"))
         if blocked is not None:
             env["ATTN_DISPATCH_DISABLE"] = blocked
-        done = subprocess.run(
-            [sys.executable, __file__, *argv], env=env, capture_output=True, text=True
+        process = subprocess.Popen(
+            [sys.executable, __file__, *argv],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        last = (done.stdout.strip().splitlines() or ["(no output)"])[-1].strip()
-        if done.returncode == 0:
+        runs.append((blocked, process))
+    status = 0
+    for blocked, process in runs:
+        stdout, stderr = process.communicate()
+        last = (stdout.strip().splitlines() or ["(no output)"])[-1].strip()
+        if process.returncode == 0:
             verdict = f"no fault ({last})"
         elif "FAULT" in last:
             verdict = f"faulted ({last})"
         else:  # the run itself failed: its error, not a fault of the sequence
-            error = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            verdict = f"failed, exit {done.returncode}: {error}"
+            error = (stderr.strip().splitlines() or ["(no output)"])[-1]
+            verdict = f"failed, exit {process.returncode}: {error}"
         print(f"{blocked or 'nothing blocked'}: {verdict}", flush=True)
-        if blocked is None and done.returncode != 0:
+        if blocked is None and process.returncode != 0:
             status = 1
     return status
 

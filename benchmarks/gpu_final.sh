@@ -168,7 +168,7 @@ if step fault; then
   echo "== the autotune device fault: the sequence, each candidate blocked, compute-sanitizer"
   {
     timeout 120 $PY benchmarks/autotune_fault.py; echo "rc=$?"
-    timeout 300 $PY benchmarks/autotune_fault.py --each-blocked; echo "rc=$?"
+    timeout 200 $PY benchmarks/autotune_fault.py --each-blocked; echo "rc=$?"
     sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [ -n "$sanitizer" ]; then
       timeout 300 "$sanitizer" --tool memcheck --show-backtrace device --print-limit 5 \
