@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import torch
@@ -67,6 +68,7 @@ def run_sequence(point: grid.Point, kind: str, steps: list[tuple[bool, str]]) ->
                 grid.call(kind, t, None)
             fault = _measure.device_fault(torch.device(device))
         except Exception as exc:
+            traceback.print_exc()  # where it surfaced (with CUDA_LAUNCH_BLOCKING=1: the launch)
             fault = _measure.describe_error(exc)
         if fault is not None:
             print(f"  {step}: FAULT {fault}", flush=True)

@@ -167,7 +167,7 @@ fi
 if step fault; then
   echo "== the autotune device fault: the sequence, each candidate blocked, compute-sanitizer"
   {
-    timeout 120 $PY benchmarks/autotune_fault.py; echo "rc=$?"
+    CUDA_LAUNCH_BLOCKING=1 timeout 120 $PY benchmarks/autotune_fault.py 2>&1 | tail -40
     timeout 200 $PY benchmarks/autotune_fault.py --each-blocked; echo "rc=$?"
     sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
     if [ -n "$sanitizer" ]; then
