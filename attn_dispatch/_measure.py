@@ -210,28 +210,45 @@ def seconds_per_call_each(
     return times, errors
 
 
+class GraphReplay:
+    """Replays one captured CUDA graph, holding the call it captured: a graph records the
+    addresses of the tensors its kernels read, not the tensors, so the call (and through it
+    those tensors) must live as long as the replay. Released earlier, their memory returns to
+    PyTorch's cache, and the next capture's ``empty_cache`` can hand it back to the driver: a
+    later replay then reads unmapped memory (``an illegal memory access``)."""
+
+    __slots__ = ("graph", "call")
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, call: Callable[[], Any]) -> None:
+        self.graph = graph
+        self.call = call
+
+    def __call__(self) -> None:
+        self.graph.replay()
+
+
 def graph_replays(
     calls: Sequence[Callable[[], Any]], device: torch.device
 ) -> list[Callable[[], Any]]:
-    """One CUDA graph per call of ``calls``; returns their replays.
+    """One CUDA graph per call of ``calls``; returns their replays (:class:`GraphReplay`).
 
     The calls run once more on a side stream first, as ``torch.cuda.graph`` asks (lazy
     initialisation must not happen during a capture), declared as graph execution so that a
-    dispatched call warms up the decision its capture reuses; the graphs keep their own memory
-    (alive as long as their replays)."""
+    dispatched call warms up the decision its capture reuses; each replay keeps its graph's
+    memory and its call (with the tensors the call reads) alive."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side), execution_mode("graph"):
         for call in calls:
             call()
     torch.cuda.current_stream(device).wait_stream(side)
-    graphs = []
+    replays = []
     for call in calls:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             call()
-        graphs.append(graph)
-    return [graph.replay for graph in graphs]
+        replays.append(GraphReplay(graph, call))
+    return replays
 
 
 def describe_error(exc: BaseException) -> str:

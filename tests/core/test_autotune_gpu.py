@@ -136,3 +136,35 @@ def test_a_new_process_reuses_the_gpu_measurement(tmp_path):
         pytest.skip("one implementation admits this call here: nothing to measure")
     assert first["timed"] and not second["timed"], results
     assert second["status"] == "reused" and second["selected"] == first["selected"]
+
+
+def test_autotune_in_graph_mode_after_eager_of_the_same_signature(tmp_path):
+    # autotune captures every candidate before timing any: each candidate's graph must keep
+    # the clones it reads alive, or the next capture's empty_cache releases them and the first
+    # replay faults (the device then runs nothing more: hence a child process)
+    script = textwrap.dedent(
+        """
+        import torch
+        import attn_dispatch as ad
+
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(1, 1024, 64, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
+        k, v = (
+            torch.randn(1, 1024, 8, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2)
+        )
+        with ad.autotune(True):
+            eager, _ = ad.forward(q, k, v)
+            with ad.execution_mode("graph"):
+                graph, _ = ad.forward(q, k, v)
+                status = ad.explain(q, k, v, execution="graph").autotune.status
+        torch.cuda.synchronize()
+        print(status, (graph.float() - eager.float()).abs().max().item())
+        """
+    )
+    env = dict(os.environ, ATTN_DISPATCH_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    status, difference = done.stdout.split()[-2:]
+    assert status in ("reused", "single"), done.stdout
+    assert float(difference) <= tolerance_for(torch.bfloat16).max_err
