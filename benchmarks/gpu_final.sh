@@ -23,8 +23,6 @@
 #             the default choice's rows alone) and its report
 #   grid      cost-grid rows (benchmarks/cost_grid.py measure, shard GRID_SHARD, points from
 #             GRID_SKIP on, capped at GRID_TIMEOUT seconds), for `cost_grid.py tables`
-#   fault     the autotune sequence that faulted the device (benchmarks/autotune_fault.py):
-#             as it ran, once per candidate blocked, and under compute-sanitizer where installed
 # evaluate and grid first fill the compile caches from 14 processes (WARM_TIMEOUT seconds).
 # Results go to $OUT (at most 8 files); each step has a time cap.
 set -u
@@ -162,20 +160,4 @@ if step grid; then
     --shard "${GRID_SHARD:-0/1}" --skip "${GRID_SKIP:-0}" --out "$OUT/grid.jsonl" \
     2> "$OUT/grid.progress"
   echo "grid rc=$?"; tail -1 "$OUT/grid.progress"
-fi
-
-if step fault; then
-  echo "== the autotune device fault: the sequence, each candidate blocked, compute-sanitizer"
-  {
-    CUDA_LAUNCH_BLOCKING=1 timeout 120 $PY benchmarks/autotune_fault.py 2>&1 | tail -40
-    timeout 200 $PY benchmarks/autotune_fault.py --each-blocked; echo "rc=$?"
-    sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-    if [ -n "$sanitizer" ]; then
-      timeout 300 "$sanitizer" --tool memcheck --show-backtrace device --print-limit 5 \
-        $PY benchmarks/autotune_fault.py 2>&1 | tail -80
-    else
-      echo "compute-sanitizer: not installed"
-    fi
-  } > "$OUT/fault.txt" 2>&1
-  tail -60 "$OUT/fault.txt"
 fi
