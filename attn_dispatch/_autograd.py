@@ -4,8 +4,8 @@
 (``_Attention``) whose forward calls the dispatcher as :func:`attn_dispatch.forward` does and
 whose backward calls it as :func:`attn_dispatch.backward` does. Eager mode pays for nothing but
 the dispatch and one autograd node: the custom-op layer below (binding the schema's arguments,
-the wrapping of its registered autograd) costs about 1 ms of host time per layer's forward and
-backward, several times the dispatch itself.
+the wrapping of its registered autograd) costs several times the dispatch itself in host time
+per layer's forward and backward (docs/benchmarks.md section 8).
 
 **Traced**: three custom operators, which ``torch.compile`` and export see as opaque nodes whose
 output shapes come from fake (meta) implementations:

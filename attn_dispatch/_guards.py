@@ -1,12 +1,12 @@
 """A faster front for the decision cache on dense calls: C-level guards over tensor metadata.
 
 The dictionary key of the hot path reads shape, stride, dtype and device of six tensors in Python
-and hashes them (about 2.5 µs in CPython). PyTorch's ``TensorGuards`` (the check ``torch.compile``
-uses for the same question: "are these tensors like the ones I saw?") compares sizes, strides,
-dtype, device, dispatch keys and ``requires_grad`` in C++ in about 0.6 µs. The class is private,
-so it is probed once (it must reject a changed size, stride, dtype and device) and any failure
-leaves the dictionary path alone. A guard is stricter than the key, so a miss costs only the
-dictionary path, never a wrong decision.
+and hashes them. PyTorch's ``TensorGuards`` (the check ``torch.compile`` uses for the same
+question: "are these tensors like the ones I saw?") compares sizes, strides, dtype, device,
+dispatch keys and ``requires_grad`` in C++, several times faster (docs/benchmarks.md section 2
+has the figures). The class is private, so it is probed once (it must reject a changed size,
+stride, dtype and device) and any failure leaves the dictionary path alone. A guard is stricter
+than the key, so a miss costs only the dictionary path, never a wrong decision.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import torch
 
 # At most this many guards per flag combination (the first signatures seen keep them): a call
-# of any later signature scans them all (each fails at its first tensor, ~0.15 µs) before the
-# dictionary serves it. A training loop has one or two signatures per flag combination.
+# of any later signature scans them all (each fails at its first tensor) before the dictionary
+# serves it. A training loop has one or two signatures per flag combination.
 MAX_GUARDS_PER_FLAGS = 4
 
 
