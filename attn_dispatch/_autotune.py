@@ -105,6 +105,11 @@ SETTLE_CALLS = 3
 # A candidate whose fastest settling call takes this many times the best settling call so far is
 # not sampled (the reference backend at long sequences would cost seconds per call).
 HOPELESS = 10.0
+# A candidate replaces the decision's own choice only when it was measured more than this much
+# faster: samples this short rank two kernels within a few percent of each other either way
+# (docs/benchmarks.md section 11), and within that the decision's choice (a cost table's,
+# measured at length over a grid, or the declared priority) is the better guess.
+MARGIN = 0.02
 # The files' layout; a file of another format is ignored (measured again). Format 2 added
 # ``measured_on``: format 1 files could hold a verdict taken from non-finite answers.
 FORMAT = 2
@@ -512,10 +517,15 @@ def _pool(report: Report) -> list[str]:
     ]
 
 
-def _fastest(entry: dict, admitted: list[str]) -> str | None:
+def _fastest(entry: dict, admitted: list[str], preferred: str) -> str | None:
+    """The fastest measured of ``admitted``, unless ``preferred`` (the decision's own choice)
+    was measured within :data:`MARGIN` of it."""
     times = entry["timings"]
     measured = [name for name in admitted if name in times]
-    return min(measured, key=lambda name: (times[name], admitted.index(name)), default=None)
+    best = min(measured, key=lambda name: (times[name], admitted.index(name)), default=None)
+    if best is not None and preferred in times and times[preferred] <= times[best] * (1 + MARGIN):
+        return preferred
+    return best
 
 
 def choose(
@@ -588,7 +598,7 @@ def choose(
             time.perf_counter() - start,
             ", ".join(f"{n} {t * 1e6:.1f} us" for n, t in found["timings"].items()),
         )
-    chosen = _fastest(entry, admitted)
+    chosen = _fastest(entry, admitted, report.selected)
     timings = tuple(
         Timing(name, entry["timings"].get(name), entry["excluded"].get(name)) for name in admitted
     )

@@ -112,6 +112,8 @@ class Report:
         chosen = next((c for c in self.candidates if c.name == self.selected), None)
         if self.autotune and self.autotune.measured:
             how = " (measured: the fastest that agreed)"
+            if not _timed_fastest(self.autotune.timings, self.selected):
+                how = " (measured: within autotune's margin of the fastest, the decision's own)"
         elif chosen is not None and chosen.predicted_us is not None and not self.forced:
             how = " (the fastest the recorded cost table predicts)"
         else:
@@ -146,6 +148,12 @@ def format_table(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
         ).rstrip()
         for row in rows
     )
+
+
+def _timed_fastest(timings: tuple[Timing, ...], selected: str | None) -> bool:
+    """Whether ``selected`` took the least time of the measured candidates."""
+    times = {t.name: t.seconds for t in timings if t.seconds is not None and not t.excluded}
+    return selected not in times or times[selected] <= min(times.values())
 
 
 def _timing_lines(timings: tuple[Timing, ...], selected: str | None) -> list[str]:

@@ -105,6 +105,25 @@ def test_the_fastest_agreeing_implementation_runs_and_the_wrong_one_is_excluded(
     assert files(cache) == [report.autotune.note.rsplit("file ", 1)[1]]
 
 
+@pytest.mark.parametrize("faster, chosen", [(1.01, SLOW), (1.05, FAST)])
+def test_a_candidate_replaces_the_decisions_choice_only_beyond_the_margin(
+    tuned, monkeypatch, faster, chosen
+):
+    # within the measurement's resolution the decision's own choice (here the priority's,
+    # timed:slow) is kept; a candidate clearly faster replaces it
+    tuned.set(ATTN_DISPATCH_DISABLE=WRONG)
+    fast = type(ad._settings.current().registry.implementations[FAST])
+    monkeypatch.setattr(fast, "cost", timed.SLOW_SECONDS / faster)
+    args = inputs()
+    ad.backward(*args, causal=True)
+    report = ad.explain(*args, causal=True)
+    times = {t.name: t.seconds for t in report.autotune.timings}
+    assert times[FAST] < times[SLOW]
+    assert report.selected == chosen
+    kept = "within autotune's margin of the fastest, the decision's own"
+    assert (kept in str(report)) == (chosen == SLOW)
+
+
 def test_the_forward_is_tuned_too(tuned):
     q, k, v, *_ = inputs()
     with pytest.warns(UserWarning, match=EXCLUDED):
