@@ -166,7 +166,9 @@ def test_autotune_in_graph_mode_after_eager_of_the_same_signature(tmp_path):
         """
     )
     env = dict(os.environ, ATTN_DISPATCH_CACHE_DIR=str(tmp_path / "cache"))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     status, difference = done.stdout.split()[-2:]
     assert status in ("reused", "single"), done.stdout

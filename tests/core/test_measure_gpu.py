@@ -39,6 +39,8 @@ def test_a_replay_keeps_the_tensors_its_call_reads_alive():
         print("replayed", torch.equal(y.cpu(), expected))
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["replayed", "True"]
