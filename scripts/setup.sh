@@ -34,6 +34,10 @@ for arg in "$@"; do
   esac
 done
 BASE="${PYTHON:-python3}"
+if ! "$BASE" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "setup: $BASE is not Python 3.11 or newer (set PYTHON to one, e.g. PYTHON=python3.12)" >&2
+  exit 2
+fi
 VENV=.venv
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 has_nvidia_driver() { [ -e /proc/driver/nvidia/version ] || nvidia-smi -L >/dev/null 2>&1; }

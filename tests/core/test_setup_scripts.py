@@ -87,3 +87,23 @@ def test_a_project_is_installed_while_its_editable_install_and_pyproject_are_unc
     other = {"url": (tmp_path / "other").as_uri(), "dir_info": {"editable": True}}
     _dist(elsewhere, "demo-proj", "0.1.0", direct_url=other)
     assert _run(elsewhere, tmp_path, "check", str(project)).returncode == 1  # another checkout
+
+
+def test_setup_refuses_a_python_older_than_the_package_requires(tmp_path):
+    """The packages need Python 3.11 (``enum.StrEnum``): setup says so up front, exit 2, before
+    it builds a virtual environment whose import would then fail."""
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\nexec " + sys.executable + ' -c "import sys; sys.exit(1)"\n')
+    old.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": str(old)},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "not Python 3.11 or newer" in done.stderr
+    requires = (ROOT / "pyproject.toml").read_text()
+    assert 'requires-python = ">=3.11"' in requires
