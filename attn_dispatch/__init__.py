@@ -24,6 +24,7 @@ from ._autograd import attention
 from ._errors import NoBackendError, SettingError, UnknownBackendError
 from ._execution import execution_mode
 from ._implementation import Gradients
+from ._measure import DeviceFault
 from ._report import Candidate, Measurement, Report, Timing
 from ._settings import autotune, enable, reload, use_backend
 from ._varlen import Varlen, varlen_from_key_mask, varlen_from_mask, varlen_from_position_ids
@@ -38,6 +39,7 @@ __all__ = [
     "BackendInfo",
     "Candidate",
     "Choice",
+    "DeviceFault",
     "Gradients",
     "ImplementationInfo",
     "Measurement",

@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+import attn_dispatch as ad
 from attn_dispatch import _measure
 
 CPU = torch.device("cpu")
@@ -189,7 +190,8 @@ def test_a_device_fault_while_timed_stops_the_measurement_naming_the_candidate(m
         raise RuntimeError(ILLEGAL_ACCESS)
 
     fns = {"fast": fast, "broken": broken, "faulting": faulting, "later": later}
-    with pytest.raises(_measure.DeviceFault, match="while faulting ran: RuntimeError: CUDA"):
+    # users catch it by its public name
+    with pytest.raises(ad.DeviceFault, match="while faulting ran: RuntimeError: CUDA"):
         _measure.seconds_per_call_each(
             fns, CPU, repeats=3, sample_seconds=5e-3, max_calls=100, settle=1
         )

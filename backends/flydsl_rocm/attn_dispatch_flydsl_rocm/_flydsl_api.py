@@ -85,7 +85,7 @@ def _isa_dump_name() -> None:
 PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     PrivateAPI(
         "flydsl._mlir.ir",
-        "_prims (vector/scalar MLIR types, attributes), _kernel_main (i32 type)",
+        "_prims (vector/scalar MLIR types, attributes)",
         _module_attrs(
             "flydsl._mlir.ir",
             "flydsl._mlir.ir",
@@ -105,7 +105,7 @@ PRIVATE_APIS: tuple[PrivateAPI, ...] = (
     ),
     PrivateAPI(
         "flydsl._mlir.dialects.arith",
-        "_prims (constant, truncf), _kernel_main and _kernel_rows (select, extf, mulf, truncf)",
+        "_prims (constant, truncf, select, extf, mulf)",
         _module_attrs(
             "flydsl._mlir.dialects.arith",
             "flydsl._mlir.dialects.arith",
