@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
+from torch._C._functorch import TransformType
 
 from . import _execution, _settings
 from ._call import Call, Kind, OpFlags, of_schema
@@ -318,6 +319,25 @@ def _traced(*tensors) -> bool:
     return _function_modes() and torch._ops._len_torch_dispatch_stack_pre_dispatch() > 0
 
 
+def _refuse_derivative_transforms() -> None:
+    """Refuse torch.func's differentiating transforms (``grad``, ``vjp``, ``jacrev``, ``jvp``,
+    ``jacfwd``) with one clear error: the operators' autograd comes from ``torch.library``, which
+    those transforms cannot run (reverse mode fails inside PyTorch with a message about
+    ``setup_context``), and forward mode has no derivative formula here at all (``jvp`` would
+    return a zero tangent). ``vmap`` alone is supported; ``torch.autograd`` differentiates."""
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    for interpreter in retrieve_all_functorch_interpreters():
+        kind = interpreter.key()
+        if kind in (TransformType.Grad, TransformType.Jvp):
+            mode = "forward-mode (jvp, jacfwd)" if kind == TransformType.Jvp else "reverse-mode"
+            raise NotImplementedError(
+                f"attn_dispatch.attention under torch.func's {mode} differentiation: not "
+                "supported (torch.func.vmap is; differentiate with torch.autograd: "
+                "loss.backward() or torch.autograd.grad)"
+            )
+
+
 def _fresh_all(outputs: tuple, inputs: tuple) -> tuple:
     """:func:`_fresh` for each of ``outputs`` (``None`` stays). A ``contiguous()`` that copied
     is fresh already; the inputs' storages are read only when one did not copy."""
@@ -542,6 +562,8 @@ def attention(
         OpFlags,
         (causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap),
     )
+    if not _is_compiling() and _functorch_active():
+        _refuse_derivative_transforms()
     if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
         # eager: one autograd node, dispatching directly (see _Attention)
         out = _eager_apply(

@@ -313,3 +313,32 @@ def test_double_backward_is_refused_not_dropped(heads_first):
     assert dq.requires_grad
     with pytest.raises(RuntimeError, match="attn_dispatch.bwd"):
         dq.square().sum().backward()
+
+
+def test_vmap_maps_attention_over_a_leading_dimension():
+    """torch.func.vmap takes the operators: each slice is the eager call on that slice."""
+    q, k, v = (t.detach() for t in leaves())
+    stacked = [torch.stack([t, 2 * t]) for t in (q, k, v)]
+    got = torch.func.vmap(attention)(*stacked)
+    for i in range(2):
+        torch.testing.assert_close(got[i], attention(*(t[i] for t in stacked)))
+
+
+@pytest.mark.parametrize(
+    "transform, mode",
+    [
+        (lambda f, x: torch.func.jvp(f, (x,), (torch.ones_like(x),)), "forward-mode"),
+        (lambda f, x: torch.func.jacfwd(f)(x), "forward-mode"),
+        (lambda f, x: torch.func.grad(lambda y: f(y).sum())(x), "reverse-mode"),
+        (lambda f, x: torch.func.vjp(f, x), "reverse-mode"),
+        (lambda f, x: torch.func.vmap(torch.func.jacrev(f))(x[None]), "reverse-mode"),
+    ],
+    ids=["jvp", "jacfwd", "grad", "vjp", "vmap-jacrev"],
+)
+def test_torch_func_differentiation_is_refused_by_name(transform, mode):
+    """No derivative formula runs under torch.func's differentiating transforms: forward mode
+    would return a zero tangent, reverse mode fails inside PyTorch's own layers; the call says
+    so and names torch.autograd, which differentiates it."""
+    q, k, v = (t.detach() for t in leaves())
+    with pytest.raises(NotImplementedError, match=f"{mode}.*torch.autograd"):
+        transform(lambda x: attention(x, k, v), q)
