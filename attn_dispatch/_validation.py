@@ -101,7 +101,10 @@ def float_type_arg(name: str, value) -> float:
     """``value`` as a float, checked for its type only (a real number, not a bool)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"argument '{name}': expected a float, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int or Fraction beyond float's range: the value checks refuse it
+        return math.inf if value > 0 else -math.inf
 
 
 def _float_arg(name: str, value) -> float:

@@ -4,6 +4,8 @@ whether or not a decision for the same metadata is cached."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 import torch
 from dispatch_helpers import EXACT, make_inputs
@@ -44,6 +46,9 @@ BAD_SOFTCAPS = [
     (0.0, ValueError),
     (0, ValueError),
     (-1.5, ValueError),
+    (10**400, ValueError),  # beyond float's range: refused by value, not an OverflowError
+    (-(10**400), ValueError),
+    (Fraction(10**400, 3), ValueError),
     (True, TypeError),
     ("30", TypeError),
     ((30.0,), TypeError),
@@ -78,6 +83,14 @@ def test_malformed_softcap_is_rejected_naming_it(softcap, error):
         call(softcap=1.0)
         with pytest.raises(error, match="argument 'softcap'"):
             call(softcap=softcap)
+
+
+@pytest.mark.parametrize("scale", [10**400, Fraction(-(10**400), 3), 1e31, 0], ids=repr)
+def test_a_scale_out_of_range_is_rejected_naming_it(scale):
+    for call in _entry_points().values():
+        call(scale=1.0)
+        with pytest.raises(ValueError, match="argument 'scale': expected a finite float > 0"):
+            call(scale=scale)
 
 
 def test_equal_keys_of_other_types_are_still_checked():
