@@ -156,6 +156,12 @@ def _forced(
     ``settings`` read it; unchecked, it goes into the decision key) and where it came from
     (``None``: nothing forced)."""
     if backend is not None:
+        if not isinstance(backend, str):
+            # the name is a cache key: an unhashable one must fail as a bad argument first
+            raise TypeError(
+                "argument 'backend': expected a backend name (str), got "
+                f"{type(backend).__name__}"
+            )
         return backend, "backend"
     if (backend := _settings.forced_var.get()) is not None:
         return backend, "use_backend"

@@ -200,6 +200,27 @@ def test_a_causal_align_of_another_type_is_named_by_every_entry_point(env, align
         assert repr(align) in str(info.value), name
 
 
+@pytest.mark.parametrize("backend", [["exact"], {"exact": 1}, 0], ids=["list", "dict", "int"])
+def test_a_backend_of_another_type_is_named_by_every_entry_point(env, backend):
+    """An unhashable name too: the forced name is part of the cache key, looked up before
+    validation (a cached dense signature first, so the guarded path is the one asked)."""
+    env.set(**EXACT)
+    q, k, v, out, lse, grad_out = make_inputs()
+    calls = {
+        "backward": lambda **kw: ad.backward(q, k, v, out, lse, grad_out, **kw),
+        "forward": lambda **kw: ad.forward(q, k, v, **kw),
+        "attention": lambda **kw: ad.attention(q, k, v, **kw),
+        "explain": lambda **kw: ad.explain(q, k, v, out, lse, grad_out, **kw),
+        "decide": lambda **kw: ad.decide(q, k, v, out, lse, grad_out, **kw),
+    }
+    for name, call in calls.items():
+        call(causal=True)
+        call(causal=True)
+        with pytest.raises(TypeError, match="argument 'backend': expected a") as info:
+            call(causal=True, backend=backend)
+        assert type(backend).__name__ in str(info.value), name
+
+
 def test_max_seqlen_type_is_checked_after_caching(env):
     env.set(**EXACT)
     q, k, v = (torch.randn(8, 2, 16) for _ in range(3))
