@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._validation import _require_tensor
+
 
 @dataclass(frozen=True, eq=False)
 class Varlen:
@@ -49,6 +51,7 @@ class Varlen:
         Strided inputs (e.g. a BSHD view of a BHSD tensor) are gathered directly, without first
         copying the whole batch.
         """
+        _require_tensor("x", x)
         if x.dim() < 2 or tuple(x.shape[:2]) != (self.batch, self.seqlen):
             raise ValueError(
                 f"argument 'x': expected shape ({self.batch}, {self.seqlen}, ...) "
@@ -60,6 +63,7 @@ class Varlen:
 
     def pad(self, x: Tensor) -> Tensor:
         """``x`` ``[T, ...]`` back to ``[batch, seqlen, ...]``, zeros at padding; differentiable."""
+        _require_tensor("x", x)
         if x.dim() < 1 or x.shape[0] != self.total:
             raise ValueError(
                 f"argument 'x': expected shape ({self.total}, ...) [T, ...], got {tuple(x.shape)}"
@@ -68,9 +72,18 @@ class Varlen:
         return flat.index_copy(0, self.indices, x).view(self.batch, self.seqlen, *x.shape[1:])
 
 
+def _readable(name: str, t: Tensor) -> None:
+    """Lengths are read from ``t``'s values: a meta tensor has none."""
+    if t.is_meta:
+        raise ValueError(
+            f"argument '{name}': a meta tensor has no values to read sequence lengths from "
+            "(pass the mask on the device, or on the CPU)"
+        )
+
+
 def _check_mask(name: str, mask) -> Tensor:
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"argument '{name}': expected a torch.Tensor, got {type(mask).__name__}")
+    _require_tensor(name, mask)
+    _readable(name, mask)
     if mask.dim() != 2 or mask.shape[0] == 0:
         raise ValueError(
             f"argument '{name}': expected a 2-D [batch, seqlen] mask with batch >= 1, "
@@ -140,16 +153,18 @@ def varlen_from_position_ids(position_ids: Tensor) -> Varlen:
     plus one (``position_ids`` restarting), the rule Hugging Face transformers uses. Every token
     is kept, so ``unpad`` is a reshape; ``num_sequences > B`` tells whether anything is packed.
     """
-    if not isinstance(position_ids, Tensor):
-        raise TypeError(
-            f"argument 'position_ids': expected a torch.Tensor, got {type(position_ids).__name__}"
-        )
+    _require_tensor("position_ids", position_ids)
+    _readable("position_ids", position_ids)
     if position_ids.dim() != 2 or position_ids.numel() == 0:
         raise ValueError(
             "argument 'position_ids': expected a non-empty 2-D [batch, seqlen] tensor, got "
             f"shape {tuple(position_ids.shape)}"
         )
-    if position_ids.is_floating_point() or position_ids.dtype == torch.bool:
+    if (
+        position_ids.is_floating_point()
+        or position_ids.is_complex()
+        or position_ids.dtype == torch.bool
+    ):
         raise TypeError(f"argument 'position_ids': expected integers, got {position_ids.dtype}")
     batch, seqlen = position_ids.shape
     starts = torch.ones_like(position_ids, dtype=torch.bool)

@@ -1,5 +1,6 @@
 """Padded batch <-> varlen helpers: metadata, round trips, gradients, bad input."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -103,6 +104,36 @@ def test_varlen_attention_of_unpadded_batch_matches_each_row_alone():
             lambda: ad.varlen_from_mask(torch.ones(1, 3, dtype=torch.bool)).unpad(torch.ones(2, 3)),
             ValueError,
             "argument 'x'",
+        ),
+        (
+            lambda: ad.varlen_from_mask(torch.ones(1, 3, dtype=torch.bool)).unpad(np.zeros((1, 3))),
+            TypeError,
+            "argument 'x': expected a torch.Tensor, got ndarray",
+        ),
+        (
+            lambda: ad.varlen_from_mask(torch.ones(1, 3, dtype=torch.bool)).pad([[0.0]] * 3),
+            TypeError,
+            "argument 'x': expected a torch.Tensor, got list",
+        ),
+        (
+            lambda: ad.varlen_from_mask(torch.ones(2, 3, dtype=torch.bool, device="meta")),
+            ValueError,
+            "argument 'mask': a meta tensor has no values",
+        ),
+        (
+            lambda: ad.varlen_from_key_mask(torch.ones(2, 3, dtype=torch.bool, device="meta"), 1),
+            ValueError,
+            "argument 'key_mask': a meta tensor has no values",
+        ),
+        (
+            lambda: ad.varlen_from_position_ids(torch.zeros(2, 3, dtype=torch.long, device="meta")),
+            ValueError,
+            "argument 'position_ids': a meta tensor has no values",
+        ),
+        (
+            lambda: ad.varlen_from_position_ids(torch.tensor([[0, 1, 2, 0, 1]]) + 0.5j),
+            TypeError,
+            "argument 'position_ids': expected integers, got torch.complex",
         ),
     ],
 )
