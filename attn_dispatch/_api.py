@@ -256,6 +256,8 @@ def _decision(
             report, impl = _autotune.choose(
                 settings, _MODES[call.kind], inp, call, tensors, seqlens, report, measure=False
             )
+        else:
+            report = _autotune.without_device(report)
     return report, impl, inp
 
 

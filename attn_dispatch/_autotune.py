@@ -528,6 +528,21 @@ def _fastest(entry: dict, admitted: list[str], preferred: str) -> str | None:
     return best
 
 
+def without_device(report: Report) -> Report:
+    """The report of an automatic decision under autotune for a device that is not here (meta
+    tensors, another arch): nothing can be timed or looked up; it says what a first call on
+    such a device will time."""
+    admitted = _pool(report)
+    if len(admitted) < 2:
+        note = "one implementation can run these inputs: nothing to measure"
+        return dataclasses.replace(report, autotune=Measurement("single", (), note))
+    note = (
+        "not measured (no device to time: meta tensors or another arch); a first call on the "
+        f"device will time {', '.join(admitted)}"
+    )
+    return dataclasses.replace(report, autotune=Measurement("pending", (), note))
+
+
 def choose(
     settings: Any,
     mode: Any,

@@ -159,8 +159,7 @@ def _forced(
         if not isinstance(backend, str):
             # the name is a cache key: an unhashable one must fail as a bad argument first
             raise TypeError(
-                "argument 'backend': expected a backend name (str), got "
-                f"{type(backend).__name__}"
+                f"argument 'backend': expected a backend name (str), got {type(backend).__name__}"
             )
         return backend, "backend"
     if (backend := _settings.forced_var.get()) is not None:

@@ -325,6 +325,21 @@ def test_explain_before_the_first_call_says_what_will_be_timed(tuned, cache):
     assert calls() == {SLOW: 0, WRONG: 0, FAST: 0} and files(cache) == []
 
 
+@pytest.mark.parametrize("where", ["meta", "arch"])
+def test_explain_for_another_device_says_what_its_first_call_will_time(tuned, cache, where):
+    """On meta tensors or for a named arch nothing can be timed, and the report says so."""
+    tuned.set(ATTN_DISPATCH_ARCH="cpu")
+    args = [t.to("meta") for t in inputs()] if where == "meta" else inputs()
+    report = ad.explain(*args, causal=True, arch="cpu" if where == "arch" else None)
+    assert report.selected == SLOW and report.autotune.status == "pending"
+    assert report.autotune.note == (
+        "not measured (no device to time: meta tensors or another arch); a first call on the "
+        "device will time timed:slow, timed:wrong, timed:fast"
+    )
+    assert report.to_dict()["autotune"]["status"] == "pending"
+    assert calls() == {SLOW: 0, WRONG: 0, FAST: 0} and files(cache) == []
+
+
 def test_one_candidate_is_not_measured(tuned, cache):
     tuned.set(ATTN_DISPATCH_AUTOTUNE="1", ATTN_DISPATCH_DISABLE="timed:wrong,timed:fast")
     ad.backward(*inputs(), causal=True)
