@@ -301,6 +301,11 @@ def _flag(entry: dict, name: str) -> bool:
     return value
 
 
+# The longest time a row may hold, in microseconds (about 17 minutes per call): a larger one is
+# no measurement, and scaled to a larger call it would overflow a prediction to infinity.
+MAX_US = 1e9
+
+
 def _times(entry: dict) -> dict[str, float]:
     """The row's microseconds per execution mode: each finite and positive (a NaN or a
     negative time would rank as the fastest), at least one of them."""
@@ -311,8 +316,8 @@ def _times(entry: dict) -> dict[str, float]:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{mode}_us {value!r} is not a number")
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{mode}_us {value!r} is not a finite positive time")
+        if not (0 < value <= MAX_US):  # also False for NaN (and an int beyond float's range)
+            raise ValueError(f"{mode}_us {value!r} is not a positive time of at most {MAX_US:g}")
         us[mode] = float(value)
     if not us:
         raise ValueError("no time (eager_us or graph_us)")
@@ -346,12 +351,18 @@ def _provenance(data: dict) -> dict:
         raise ValueError(f"provenance {info!r} is not an object")
     requires = info.get("requires", {})
     if not isinstance(requires, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in requires.items()
+        _name(k) and _name(v) for k, v in requires.items()
     ):
         raise ValueError(
             f"provenance.requires {requires!r} is not an object of distribution: version"
         )
     return info
+
+
+def _name(value: object) -> bool:
+    """A distribution name or version: a non-empty string (``importlib.metadata`` raises on an
+    empty name)."""
+    return isinstance(value, str) and bool(value.strip())
 
 
 def _table(data: object, source: str) -> CostTable:

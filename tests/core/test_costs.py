@@ -264,6 +264,9 @@ MALFORMED_TABLES = {
     "requires as a list": json.dumps(
         {"format": 1, "arch": "cpu", "provenance": {"requires": ["torch"]}, "rows": []}
     ),
+    "requires naming no distribution": json.dumps(
+        {"format": 1, "arch": "cpu", "provenance": {"requires": {"": "1"}}, "rows": []}
+    ),
     "not UTF-8": b'{"format": 1, "arch": "cpu", "rows": [], "provenance": {"gpu": "\xff\xfe"}}',
     "nested too deeply": '{"format": 1, "arch": "cpu", "rows": [], "provenance": ' + "[" * 100_000,
     "not an object": "[]",
@@ -291,9 +294,12 @@ BAD_ROWS = {
     "negative head dim": (dict(head_dim=-64), "head_dim -64 is not a positive integer"),
     "no keys": (dict(seqlen_k=0), "seqlen_k 0 is not a positive integer"),
     "length as text": (dict(seqlen_q="512"), "seqlen_q '512' is not a positive integer"),
-    "NaN time": (dict(eager_us=math.nan), "eager_us nan is not a finite positive time"),
-    "negative time": (dict(eager_us=-5.0), "eager_us -5.0 is not a finite positive time"),
-    "infinite time": (dict(eager_us=math.inf), "eager_us inf is not a finite positive time"),
+    "NaN time": (dict(eager_us=math.nan), "eager_us nan is not a positive time of at most"),
+    "negative time": (dict(eager_us=-5.0), "eager_us -5.0 is not a positive time of at most"),
+    "infinite time": (dict(eager_us=math.inf), "eager_us inf is not a positive time of at most"),
+    # beyond float's range, or so long that a larger call's prediction would overflow
+    "huge integer time": (dict(eager_us=10**400), "is not a positive time of at most 1e+09"),
+    "huge time": (dict(eager_us=1e308), "eager_us 1e+308 is not a positive time of at most"),
     "no time": (dict(eager_us=None), "no time (eager_us or graph_us)"),
     "unknown kind": (dict(kind="both"), "kind 'both' is not one of"),
     "unknown mask": (dict(mask="full"), "mask 'full' is not one of"),
