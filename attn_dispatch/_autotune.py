@@ -237,6 +237,10 @@ def lookup(config: Config, key: dict) -> dict | None:
         return entry
     path = config.directory / name
     try:
+        if not path.is_file():  # absent; or a directory, or a FIFO whose read would block
+            if path.exists():
+                log.warning("attn_dispatch: autotune: ignoring %s (not a regular file)", path)
+            return None
         entry = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
@@ -270,8 +274,9 @@ def _well_formed(entry: object, key: dict) -> bool:
 
 
 def _seconds(value: object) -> bool:
-    """Whether ``value`` is a time a measurement writes (JSON's ``true`` is not one)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    """Whether ``value`` is a time a measurement writes (JSON's ``true`` is not one, nor an
+    integer beyond float's range, nor a time of more than an hour per call)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 3600
 
 
 def store(config: Config, key: dict, entry: dict) -> None:

@@ -399,6 +399,7 @@ DAMAGES = [
     "time a string",
     "time a boolean",
     "reason a number",
+    "time beyond float",
 ]
 
 
@@ -415,10 +416,37 @@ def _damaged(entry: dict, damage: str) -> bytes:
         "time a string": json.dumps(entry | {"timings": {FAST: "1e-6"}}),
         "time a boolean": json.dumps(entry | {"timings": {FAST: True, SLOW: 1.0}}),
         "reason a number": json.dumps(entry | {"excluded": {WRONG: 3}}),
+        # every time an integer beyond float's range: the choice among them overflowed
+        "time beyond float": json.dumps(
+            entry | {"timings": {t: 10**400 for t in entry["timings"]}}
+        ),
     }
     if damage == "not utf-8":
         return b"\xff\xfe" + text.encode("utf-16-le")
     return damaged[damage].encode()
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_measurement_path_that_is_no_regular_file_is_measured_again(tuned, cache, kind):
+    """A directory or a FIFO where the file belongs: ignored (a FIFO's read would block the
+    call for good), the call measured again."""
+    args = inputs()
+    with pytest.warns(UserWarning, match=EXCLUDED):
+        ad.backward(*args, causal=True)
+    (name,) = files(cache)
+    path = cache / "autotune" / name
+    path.unlink()
+    path.mkdir() if kind == "directory" else os.mkfifo(path)
+    _autotune.forget()
+    ad.reload()
+    before = calls()[SLOW]
+    with pytest.warns(UserWarning) as warned:
+        ad.backward(*args, causal=True)
+    assert calls()[SLOW] > before
+    messages = " ".join(str(w.message) for w in warned)
+    assert "autotune excluded" in messages
+    # a directory cannot be replaced by the new file: said once, kept in memory
+    assert ("autotune cannot write" in messages) == (kind == "directory")
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
