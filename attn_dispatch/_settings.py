@@ -91,7 +91,12 @@ def cache_root() -> Path:
     ``$XDG_CACHE_HOME/attn_dispatch``, else ``~/.cache/attn_dispatch``."""
     explicit = os.environ.get(CACHE_DIR_ENV, "").strip()
     if explicit:
-        return Path(explicit).expanduser()
+        try:
+            return Path(explicit).expanduser()
+        except RuntimeError as exc:  # "~user" of no such user
+            raise SettingError(
+                f"{CACHE_DIR_ENV}={explicit!r}: expected a directory path ({exc})"
+            ) from None
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "attn_dispatch"

@@ -388,6 +388,17 @@ def test_the_default_cache_directory(monkeypatch, tmp_path):
     assert _settings.cache_directory() == tmp_path / "mine" / "autotune"
 
 
+def test_a_cache_directory_of_an_unknown_user_is_a_setting_error(timed_env):
+    """``~user`` of no such user cannot be expanded: the error names the variable."""
+    named = "ATTN_DISPATCH_CACHE_DIR='~no_such_user_4f2a/x'"
+    with pytest.raises(ad.SettingError, match=named):  # setting it reloads the settings
+        timed_env.set(ATTN_DISPATCH_AUTOTUNE="1", ATTN_DISPATCH_CACHE_DIR="~no_such_user_4f2a/x")
+    with pytest.raises(ad.SettingError, match=named):
+        ad.backward(*inputs(), causal=True)
+    with pytest.raises(ad.SettingError, match="ATTN_DISPATCH_CACHE_DIR"):
+        _settings.costs_directory()
+
+
 DAMAGES = [
     "cut short",
     "no timings",
