@@ -548,6 +548,28 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+# Bounds of the command's counts and seed: a case's inputs are seeded with
+# ``seed * 1_000_003 + index``, which must fit torch's 64-bit seed, and drawing is done up front.
+MAX_SEED, MAX_CASES = (1 << 32) - 1, 100_000
+
+
+def _bounded(text: str, high: int) -> int:
+    value = nonnegative_int(text)
+    if value > high:
+        raise argparse.ArgumentTypeError(f"expected an integer <= {high}, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    """argparse type: a seed in [0, MAX_SEED]."""
+    return _bounded(text, MAX_SEED)
+
+
+def _count(text: str) -> int:
+    """argparse type: a case count or index in [0, MAX_CASES]."""
+    return _bounded(text, MAX_CASES)
+
+
 def _longest(text: str) -> int:
     """argparse type: the longest sequence length drawn, at least 2 (the drawn lengths
     include ones from 2 up)."""
@@ -562,9 +584,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m attn_dispatch.testing.sweep", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--cases", type=nonnegative_int, default=300, help="cases to draw (default 300)"
+        "--cases",
+        type=_count,
+        default=300,
+        help=f"cases to draw, at most {MAX_CASES} (default 300)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="default: a fresh one")
+    parser.add_argument(
+        "--seed", type=_seed, default=None, help=f"0 to {MAX_SEED} (default: a fresh one)"
+    )
     parser.add_argument(
         "--device",
         type=cpu_or_cuda,
@@ -594,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--case",
-        type=nonnegative_int,
+        type=_count,
         default=None,
         help="run only the drawn case of this index (a failure's case#), e.g. in a fresh "
         "process under compute-sanitizer (default: every case)",

@@ -256,6 +256,11 @@ def _one_error_line(capsys) -> str:
         (["--device", "bogus"], "argument --device: expected cpu or cuda[:N], got 'bogus'"),
         (["--longest", "1"], "argument --longest: expected an integer >= 2, got 1"),
         (["--cases", "-1"], "argument --cases: expected an integer >= 0, got -1"),
+        # a case's seed must fit torch's; drawing is done up front (a huge index never ended)
+        (["--seed", "20000000000000"], "argument --seed: expected an integer <= 4294967295"),
+        (["--seed", "-3"], "argument --seed: expected an integer >= 0, got -3"),
+        (["--case", "100000000000"], "argument --case: expected an integer <= 100000"),
+        (["--cases", "100000000000"], "argument --cases: expected an integer <= 100000"),
         (
             ["--cases", "0", "--json", "/no/such/dir/x.json"],
             "--json: the directory '/no/such/dir' does not",
