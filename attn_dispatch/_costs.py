@@ -324,8 +324,9 @@ def _times(entry: dict) -> dict[str, float]:
     return us
 
 
-def _row(entry: dict, impl: str) -> Row:
-    """One validated row (``ValueError`` naming the bad field)."""
+def validated_row(entry: dict, impl: str) -> Row:
+    """One validated row of ``impl`` (``ValueError`` naming the bad field); the loader's
+    check, which writers use too before a table holds a row."""
     unknown = sorted(set(entry) - ROW_FIELDS)
     if unknown:
         raise ValueError(f"unknown fields {unknown}")
@@ -392,7 +393,7 @@ def _table(data: object, source: str) -> CostTable:
         if not isinstance(impl, str) or not impl:
             raise ValueError(f"row {number} names no implementation (impl)")
         try:
-            rows.append(_row(entry, impl))
+            rows.append(validated_row(entry, impl))
         except ValueError as exc:
             broken.setdefault(impl, f"cost table {source} is malformed: row {number}: {exc}")
     return CostTable(arch, source, info, tuple(r for r in rows if r.impl not in broken), broken)

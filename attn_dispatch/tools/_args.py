@@ -108,6 +108,8 @@ def check_output_path(parser: argparse.ArgumentParser, option: str, path: str | 
     """Fail before the work, not after it, when ``path`` cannot be written."""
     if path is None:
         return
+    if not path.strip():  # an empty path would be skipped silently where the file is written
+        parser.error(f"{option}: expected a file path, got {path!r}")
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         parser.error(f"{option}: {path!r} is a directory")

@@ -155,6 +155,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The options --grid reads; every other one tunes shapes (the grid's points carry their own
+# flags, and the grid writes cost tables, not JSON).
+_GRID_OPTIONS = {"help", "shape", "shapes", "device", "grid", "quick", "full"}
+
+
+def _not_for_grid(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The options given that ``--grid`` would not read."""
+    return [
+        action.option_strings[0]
+        for action in parser._actions
+        if action.option_strings
+        and action.dest not in _GRID_OPTIONS
+        and getattr(args, action.dest) != action.default
+    ]
+
+
 def _passes(text: str) -> list[str]:
     passes = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in passes if p not in PASSES]
@@ -254,7 +270,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.grid:
         if args.shape or args.shapes:
             parser.error("--grid measures the grid's points: give no --shape or --shapes")
-        return tune_grid(args, argv if argv is not None else sys.argv[1:])
+        ignored = _not_for_grid(parser, args)
+        if ignored:
+            names = ", ".join(ignored)
+            parser.error(f"--grid sets its points' flags and writes no JSON: give no {names}")
+        try:
+            return tune_grid(args, argv if argv is not None else sys.argv[1:])
+        except OSError as exc:  # the cache directory cannot hold the run's rows or tables
+            print(f"{PROG} tune: error: {exc}", file=sys.stderr)
+            return 2
     if args.quick or args.full:
         parser.error(f"{'--quick' if args.quick else '--full'} goes with --grid")
     passes = _passes(args.passes)
@@ -297,17 +321,37 @@ def _run_file(run: dict) -> Path:
 
 
 def _read_run(path: Path) -> list[dict]:
-    """The rows measured so far (a line cut short by an interrupted run is skipped)."""
-    rows = []
+    """The rows measured so far. A line cut short by an interrupted run is skipped; a point
+    with a row that is not one this command wrote (a field missing, a time that is no time) is
+    dropped whole, so that it is measured again rather than written into a table."""
+    rows, damaged = [], set()
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(entry, dict) and "impl" in entry and "label" in entry:
+            if not isinstance(entry, dict):
+                continue
+            if _resumable(entry):
                 rows.append(entry)
-    return rows
+            elif isinstance(entry.get("label"), str):
+                damaged.add(entry["label"])
+    return [r for r in rows if r["label"] not in damaged]
+
+
+def _resumable(entry: dict) -> bool:
+    """Whether ``entry`` is a row a grid run writes (an agreeing one: with valid times)."""
+    named = all(isinstance(entry.get(k), str) for k in ("impl", "label"))
+    if not named or entry.get("kind") not in cost_grid.KINDS:
+        return False
+    if entry.get("status") != "ok":
+        return True
+    try:
+        _costs.validated_row(cost_grid.table_row(entry), entry["impl"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return True
 
 
 def _fastest(rows: list[dict]) -> str:
@@ -379,6 +423,10 @@ def tune_grid(args: argparse.Namespace, argv: list[str]) -> int:
     rows = _read_run(path)
     done = {r["label"] for r in rows}
     path.parent.mkdir(parents=True, exist_ok=True)
+    tables_dir = _settings.costs_directory() / arch
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    if not os.access(tables_dir, os.W_OK):  # found before the measuring, not after it
+        raise PermissionError(f"cannot write the cost tables into {tables_dir}")
     print(
         f"cost grid ({which}): {len(points)} points on {run['device']} ({arch}) -> {path}",
         file=sys.stderr,

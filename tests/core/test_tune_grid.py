@@ -5,6 +5,7 @@ the shipped ones (attn_dispatch._costs)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import textwrap
@@ -170,6 +171,64 @@ def test_tune_grid_takes_no_shapes_and_quick_or_full_needs_grid(measured, capsys
     assert "--full goes with --grid" in capsys.readouterr().err
     assert cli.main([*GRID, "--full"]) == 2
     assert "not allowed with argument --quick" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "option",
+    [["--json", "x.json"], ["--causal"], ["--dtype", "f32"], ["--seed", "3"], ["--cuda-graphs"]],
+    ids=lambda o: o[0],
+)
+def test_tune_grid_refuses_the_options_it_would_not_read(measured, capsys, option) -> None:
+    assert cli.main([*GRID, *option]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--grid sets its points' flags and writes no JSON: give no {option[0]}")
+    assert len(err.splitlines()) == 1 and not (measured / "costs").exists()
+
+
+@pytest.mark.parametrize("where", ["cache is a file", "tables' folder read-only"])
+def test_tune_grid_that_cannot_write_says_so_in_one_line_before_measuring(
+    measured, capsys, where
+) -> None:
+    if where == "cache is a file":
+        measured.parent.mkdir(parents=True, exist_ok=True)
+        measured.write_text("")
+    else:
+        tables = measured / "costs" / "cpu"
+        tables.mkdir(parents=True)
+        tables.chmod(0o500)
+    try:
+        if where != "cache is a file" and os.access(measured / "costs" / "cpu", os.W_OK):
+            pytest.skip("running as a user that writes into read-only folders")
+        assert cli.main(GRID) == 2
+    finally:
+        if where != "cache is a file":
+            (measured / "costs" / "cpu").chmod(0o700)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attn-dispatch tune: error: "), err
+    assert not progress_of(err)  # nothing measured and then lost
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"kind": None}, {"eager_us": "fast"}, {"eager_us": -1.0}, {"seqlen": None}],
+    ids=["no kind", "time as text", "negative time", "no length"],
+)
+def test_a_damaged_row_of_the_run_file_is_measured_again_not_written(
+    measured, capsys, damage
+) -> None:
+    assert cli.main(GRID) == 0
+    (run,) = (measured / "costs" / "runs").iterdir()
+    rows = [json.loads(line) for line in run.read_text().splitlines()]
+    first = next(r for r in rows if r["status"] == "ok")
+    rows[rows.index(first)] = {k: v for k, v in (first | damage).items() if v is not None}
+    run.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert cli.main(GRID) == 0
+    again = [line for line in progress(capsys) if not line.endswith(": measured before")]
+    assert len(again) == 1 and f"] {first['label']}: " in again[0]
+    exact = first["impl"].startswith("exact:")
+    package = "attn_dispatch_test_plugins" if exact else "attn_dispatch_reference"
+    assert _costs.parse(user_path(package).read_bytes(), "table").rows
 
 
 def test_tune_grid_prints_its_estimate_first_and_the_time_so_far_per_point(
