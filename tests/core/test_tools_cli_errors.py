@@ -47,6 +47,10 @@ def _error_line(capsys) -> str:
             "q of shape [100000000000, 100000000000, 1000000, 64] would take 1.28e+30 bytes",
         ),
         (["demo", "--cpu", "--repeats", "0"], "argument --repeats: expected an integer >= 1"),
+        # an empty path was accepted, then skipped where the file is written
+        (BENCH + ["--json", ""], "--json: expected a file path, got ''"),
+        (BENCH + ["--csv", " "], "--csv: expected a file path, got ' '"),
+        (["tune", "--shape", "1,8,2,2,8", "--json", ""], "--json: expected a file path, got ''"),
         (BENCH + ["--seqlens", "-5"], "argument --seqlens: expected an integer >= 1, got -5"),
         (BENCH + ["--heads", "8", "--kv-heads", "3"], "--kv-heads 3 does not divide --heads 8"),
         (BENCH + ["--heads", "12", "--kv-heads", "16"], "--kv-heads 16 does not divide"),
