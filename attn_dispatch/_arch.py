@@ -115,4 +115,25 @@ def detect_arch(device: torch.device | str | None = None) -> Arch:
     override = arch_from_env()
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return resolve_arch(torch.device(device), override)
+    return resolve_arch(_checked_device(device, gpu_needed=override is None), override)
+
+
+def _checked_device(device: object, gpu_needed: bool) -> torch.device:
+    """``device`` as a ``torch.device``; a CUDA one must be a present GPU when ``gpu_needed``
+    (its arch is read from it)."""
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(
+            f"argument 'device': expected a torch.device or str, got {type(device).__name__}"
+        )
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"argument 'device': {exc}") from None
+    if parsed.type == "cuda" and gpu_needed:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if parsed.index is not None and parsed.index >= count or count == 0:
+            raise ValueError(
+                f"argument 'device': {str(parsed)!r} is not a GPU of this machine "
+                f"({count} CUDA/ROCm device(s))"
+            )
+    return parsed

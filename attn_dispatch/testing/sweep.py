@@ -565,7 +565,7 @@ def _seed(text: str) -> int:
     return _bounded(text, MAX_SEED)
 
 
-def _count(text: str) -> int:
+def _case_count(text: str) -> int:
     """argparse type: a case count or index in [0, MAX_CASES]."""
     return _bounded(text, MAX_CASES)
 
@@ -585,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cases",
-        type=_count,
+        type=_case_count,
         default=300,
         help=f"cases to draw, at most {MAX_CASES} (default 300)",
     )
@@ -621,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--case",
-        type=_count,
+        type=_case_count,
         default=None,
         help="run only the drawn case of this index (a failure's case#), e.g. in a fresh "
         "process under compute-sanitizer (default: every case)",

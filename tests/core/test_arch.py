@@ -40,6 +40,25 @@ def test_detect_cpu_and_override(monkeypatch):
     assert ad.detect_arch("cpu").name == "gfx950"
 
 
+@pytest.mark.parametrize(
+    ("device", "error", "message"),
+    [
+        ("bogus", ValueError, "argument 'device': Expected one of"),
+        ("cuda:99", ValueError, "argument 'device': 'cuda:99' is not a GPU of this machine"),
+        (["cpu"], TypeError, "argument 'device': expected a torch.device or str, got list"),
+    ],
+    ids=["unknown type", "absent GPU", "a list"],
+)
+def test_detect_arch_names_a_device_it_cannot_read(monkeypatch, device, error, message):
+    """Not torch's RuntimeError or the AssertionError of a CPU-only build."""
+    monkeypatch.delenv("ATTN_DISPATCH_ARCH", raising=False)
+    with pytest.raises(error, match=message):
+        ad.detect_arch(device)
+    monkeypatch.setenv("ATTN_DISPATCH_ARCH", "sm_90")  # an override needs no GPU to read
+    if device == "cuda:99":
+        assert ad.detect_arch(device).name == "sm_90"
+
+
 def test_a_bad_override_is_a_setting_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("ATTN_DISPATCH_ARCH", "bogus")
     with pytest.raises(ad.SettingError, match="ATTN_DISPATCH_ARCH: arch='bogus'"):
