@@ -38,7 +38,7 @@ from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._autograd import attention
-from .._varlen import Varlen, varlen_from_key_mask, varlen_from_position_ids
+from .._varlen import Varlen, varlen_from_key_mask, varlen_from_mask, varlen_from_position_ids
 
 try:
     from transformers import AttentionInterface, AttentionMaskInterface
@@ -399,8 +399,24 @@ def _refuse(dropout: float, attention_mask: Tensor | None, kwargs: dict) -> None
         )
 
 
-def _padded_metadata(mask: Tensor, seqlen_q: int) -> tuple[Varlen, Varlen]:
-    return _mask_cached(mask, seqlen_q, lambda: varlen_from_key_mask(mask, seqlen_q))
+def _padded_metadata(mask: Tensor, seqlen_q: int, causal: bool) -> tuple[Varlen, Varlen]:
+    """``(queries, keys)`` of a padding mask. Causal: the queries are the last ``seqlen_q``
+    positions of the keys' rows (a KV cache holds the others). Bidirectional (an encoder, or
+    cross-attention over an encoder's keys, whose queries are another sequence): the mask pads
+    the keys only and every query is real, as eager attention computes every query row."""
+    if causal:
+        return _mask_cached(mask, seqlen_q, lambda: varlen_from_key_mask(mask, seqlen_q))
+
+    def build() -> tuple[Varlen, Varlen]:
+        return _all_real(mask.shape[0], seqlen_q, mask.device), varlen_from_mask(mask)
+
+    return _mask_cached(mask, ("keys", seqlen_q), build)
+
+
+def _all_real(batch: int, seqlen: int, device: torch.device) -> Varlen:
+    """Varlen metadata of ``[batch, seqlen]`` rows without padding (no device read)."""
+    cu = torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device=device)
+    return Varlen(torch.arange(batch * seqlen, device=device), cu, seqlen, batch, seqlen)
 
 
 def _packed_metadata(position_ids: Tensor, batch: int, module: torch.nn.Module) -> Varlen:
@@ -498,14 +514,16 @@ def attention_forward(
 
     if attention_mask is not None:
         length = attention_mask.shape[1]
-        if attention_mask.shape[0] != batch or not seqlen_q <= length <= k.shape[1]:
+        # causal: the queries are the last of the mask's positions; bidirectional: it masks keys
+        least = seqlen_q if causal else 1
+        if attention_mask.shape[0] != batch or not least <= length <= k.shape[1]:
             raise ValueError(
-                f"argument 'attention_mask': expected [batch={batch}, L] with {seqlen_q} <= L <= "
+                f"argument 'attention_mask': expected [batch={batch}, L] with {least} <= L <= "
                 f"{k.shape[1]} (queries, keys), got {tuple(attention_mask.shape)}"
             )
         k, v = k[:, :length], v[:, :length]  # a static cache's unwritten slots are dropped
         if not _is_trim_only(attention_mask):
-            vq, vk = _padded_metadata(attention_mask, seqlen_q)
+            vq, vk = _padded_metadata(attention_mask, seqlen_q, causal)
             opts |= _window(sliding_window, causal, vk.max_seqlen)
             if sliding_window is not None:
                 _check_window_over_padding(attention_mask, sliding_window)

@@ -783,3 +783,59 @@ def test_gpt_oss_bf16_decoding_on_a_gpu_is_as_close_to_float32_as_eager():
         return ((got - want).abs().max() / want.abs().max()).item()
 
     assert err(ours) <= 2 * err(eager) + 1e-3, (err(ours), err(eager))
+
+
+def _bart_pair():
+    """A tiny BART (encoder, decoder, cross-attention) on eager and on attn_dispatch."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = BartConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=48,
+        max_position_embeddings=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        init_std=0.5,
+    )
+    theirs = BartForConditionalGeneration(config).double().eval()
+    theirs.set_attn_implementation("eager")
+    ours = copy.deepcopy(theirs)
+    ours.set_attn_implementation(NAME)
+    return theirs, ours
+
+
+@pytest.mark.parametrize("decoder_len", [5, 11], ids=["decoder shorter", "decoder longer"])
+def test_cross_attention_over_a_padded_encoder_matches_eager(decoder_len):
+    """The encoder's padding mask pads the keys of cross-attention; its queries (the decoder's
+    tokens) are another sequence and all real. Taken as the tail of the keys' rows, the last
+    decoder rows read zeros where the encoder row is right-padded."""
+    theirs, ours = _bart_pair()
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (2, 8), generator=gen)
+    decoder_ids = torch.randint(3, VOCAB, (2, decoder_len), generator=gen)
+    mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
+    outs = []
+    for model in (theirs, ours):
+        model.zero_grad()
+        logits = model(
+            input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, use_cache=False
+        ).logits
+        logits.square().mean().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        outs.append((logits.detach(), grads))
+    torch.testing.assert_close(outs[1][0], outs[0][0])
+    for got, want in zip(outs[1][1], outs[0][1]):
+        torch.testing.assert_close(got, want)
+    generated = [
+        m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        for m in (theirs, ours)
+    ]
+    assert torch.equal(generated[0], generated[1])
