@@ -8,6 +8,7 @@ costs only itself.
 from __future__ import annotations
 
 import logging
+import re
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -114,12 +115,29 @@ def discover(allowlist: list[str] | None) -> Registry:
     return registry
 
 
+# What a backend or implementation name may hold: names are joined as ``backend:impl`` and
+# listed in comma-separated variables (ATTN_DISPATCH_PLUGINS, _ENABLE, _DISABLE), so a ``:``, a
+# comma or a space in one could never be forced, blocked or enabled by that name.
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _bad_name(what: str, name: object) -> str | None:
+    """Why ``name`` cannot name a backend or implementation, or ``None``."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        return f"{what} {name!r} is not a name of letters, digits, '_', '.' and '-'"
+    return None
+
+
 def _load_one(
     manager: pluggy.PluginManager,
     ep: metadata.EntryPoint,
     record: BackendRecord,
     registry: Registry,
 ) -> None:
+    if (why := _bad_name("the entry point's name", ep.name)) is not None:
+        record.error = why
+        _report_failure(f"backend plugin {ep.name!r} is not loaded: {why}")
+        return
     try:
         module = ep.load()
         manager.register(module, name=ep.name)
@@ -141,8 +159,8 @@ def _load_one(
                 f"{impl!r} declares backend {impl.backend!r}, but its entry point "
                 f"is named {ep.name!r}"
             )
-        elif not impl.name:
-            problems.append(f"{impl!r} has an empty name")
+        elif (why := _bad_name("its name", impl.name)) is not None:
+            problems.append(f"{impl!r}: {why}")
         elif impl.full_name in registry.implementations:
             problems.append(f"{impl.full_name} is provided twice")
         else:

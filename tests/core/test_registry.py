@@ -148,3 +148,26 @@ def test_a_string_deterministic_declaration_fails_its_plugin(plugins, env):
     with pytest.warns(UserWarning, match="deterministic='False' must be a bool"):
         env.set(ATTN_DISPATCH_PLUGINS="strdet,reference")
     assert ad.explain(*make_inputs(), deterministic=True).selected == "reference:chunked"
+
+
+def test_a_backend_name_no_variable_could_list_is_not_loaded(plugins, env):
+    """``colon:x`` would join as ``colon:x:impl``: forcing or blocking it by its own name would
+    split it at the first ``:`` and never match."""
+    source = IMPOSTOR.replace('"reference", "chunked"', '"colon:x", "i"')
+    plugins.add("rel-colon", {"colon:x": "rel_colon"}, {"rel_colon": source})
+    with pytest.warns(UserWarning, match="'colon:x' is not loaded: the entry point's name"):
+        env.set(ATTN_DISPATCH_PLUGINS="colon:x,reference")
+    errors = {b.name: b.error for b in ad.backends()}
+    assert "is not a name of letters, digits" in errors["colon:x"]
+    assert errors["reference"] is None
+    assert ad.explain(*make_inputs()).selected == "reference:chunked"
+
+
+@pytest.mark.parametrize("name", ["a b", "a,b", "a:b", "", 5], ids=repr)
+def test_an_implementation_name_no_variable_could_list_fails_its_plugin(plugins, env, name):
+    plugins.backend("named", f"class Named(Tagged):\n    name, tag = {name!r}, 1.0\n", "[Named()]")
+    with pytest.warns(UserWarning, match="'named' is invalid: .*its name"):
+        env.set(ATTN_DISPATCH_PLUGINS="named,reference")
+    (named,) = [b for b in ad.backends() if b.name == "named"]
+    assert f"its name {name!r} is not a name of letters, digits" in named.error
+    assert ad.explain(*make_inputs()).selected == "reference:chunked"
