@@ -315,6 +315,13 @@ def test_double_backward_is_refused_not_dropped(heads_first):
         dq.square().sum().backward()
 
 
+# torch.func's first use scripts helpers of its own; torch 2.13 warns that torch.jit is deprecated
+_TORCH_FUNC_IMPORT = pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script` is deprecated:DeprecationWarning"
+)
+
+
+@_TORCH_FUNC_IMPORT
 def test_vmap_maps_attention_over_a_leading_dimension():
     """torch.func.vmap takes the operators: each slice is the eager call on that slice."""
     q, k, v = (t.detach() for t in leaves())
@@ -335,6 +342,7 @@ def test_vmap_maps_attention_over_a_leading_dimension():
     ],
     ids=["jvp", "jacfwd", "grad", "vjp", "vmap-jacrev"],
 )
+@_TORCH_FUNC_IMPORT
 def test_torch_func_differentiation_is_refused_by_name(transform, mode):
     """No derivative formula runs under torch.func's differentiating transforms: forward mode
     would return a zero tangent, reverse mode fails inside PyTorch's own layers; the call says
