@@ -562,8 +562,6 @@ def attention(
         OpFlags,
         (causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap),
     )
-    if not _is_compiling() and _functorch_active():
-        _refuse_derivative_transforms()
     if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
         # eager: one autograd node, dispatching directly (see _Attention)
         out = _eager_apply(
@@ -573,6 +571,9 @@ def attention(
             flags,
         )
     else:
+        # a functorch transform is one of the things _traced takes to the operators
+        if not _is_compiling() and _functorch_active():
+            _refuse_derivative_transforms()
         if heads_first:
             q, k, v = _bshd(q, k, v)
         out, _ = _fwd(

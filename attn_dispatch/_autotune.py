@@ -533,14 +533,19 @@ def _fastest(entry: dict, admitted: list[str], preferred: str) -> str | None:
     return best
 
 
+def _single(report: Report) -> Report:
+    """``report`` of a decision with one admitted candidate: nothing to measure."""
+    note = "one implementation can run these inputs: nothing to measure"
+    return dataclasses.replace(report, autotune=Measurement("single", (), note))
+
+
 def without_device(report: Report) -> Report:
     """The report of an automatic decision under autotune for a device that is not here (meta
     tensors, another arch): nothing can be timed or looked up; it says what a first call on
     such a device will time."""
     admitted = _pool(report)
     if len(admitted) < 2:
-        note = "one implementation can run these inputs: nothing to measure"
-        return dataclasses.replace(report, autotune=Measurement("single", (), note))
+        return _single(report)
     note = (
         "not measured (no device to time: meta tensors or another arch); a first call on the "
         f"device will time {', '.join(admitted)}"
@@ -566,8 +571,7 @@ def choose(
     admitted = _pool(report)
     winner = registry.implementations[report.selected]
     if len(admitted) < 2:
-        note = "one implementation can run these inputs: nothing to measure"
-        return dataclasses.replace(report, autotune=Measurement("single", (), note)), winner
+        return _single(report), winner
     real = [t for t in tensors if t is not None]
     # versions of every implementation that accepts the inputs, blocked or opt-in ones too:
     # blocking or enabling one later changes what may run, not what was measured
