@@ -160,8 +160,8 @@ def test_autotune_in_graph_mode_after_eager_of_the_same_signature(tmp_path):
         for execution in ("eager", "graph"):
             with ad.autotune(True), ad.execution_mode(execution):
                 answers[execution] = grid.call("forward", t, None)[0]
-            torch.cuda.synchronize()
-            report = ad.explain(*grid.tensors("forward", t), **t["flags"], execution=execution)
+                torch.cuda.synchronize()
+                report = ad.explain(*grid.tensors("forward", t), **t["flags"], execution=execution)
         print(report.autotune.status, (answers["graph"] - answers["eager"]).abs().max().item())
         """
     )
