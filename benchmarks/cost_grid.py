@@ -183,10 +183,24 @@ def in_repository(path: str) -> str:
         return resolved.name
 
 
+def measure_command(path: str) -> str:
+    """The command that measured the rows file ``path``, as its run recorded it (shard and
+    skip included), writing to ``path`` relative to the repository."""
+    name = in_repository(path)
+    first = Path(path).read_text().partition("\n")[0]
+    recorded = json.loads(first).get("provenance", {}).get("command", "") if first else ""
+    words = recorded.split()
+    if "measure" not in words:
+        return f"python benchmarks/cost_grid.py measure --out {name}"
+    if "--out" in words:
+        del words[words.index("--out") : words.index("--out") + 2]
+    return " ".join([*words, "--out", name])
+
+
 def tables_command(files: list[str]) -> str:
     """The commands that measured ``files`` and turn them into tables, repository-relative."""
+    measure = [measure_command(f) for f in files]
     names = [in_repository(f) for f in files]
-    measure = [f"python benchmarks/cost_grid.py measure --out {name}" for name in names]
     return "; ".join(measure + ["python benchmarks/cost_grid.py tables " + " ".join(names)])
 
 

@@ -120,3 +120,18 @@ def test_the_evaluation_times_the_autotuned_choice_unless_told_not_to(monkeypatc
     assert [r["impl"] for r in rows] == (["auto", "autotune"] if tuned else ["auto"])
     assert all(r["status"] == "ok" and r["eager_us"] == r["graph_us"] == 1.0 for r in rows)
     assert len(timed) == 2 * len(rows)
+
+
+def test_a_tables_command_repeats_each_run_s_own_measure_arguments(tmp_path) -> None:
+    recorded = "python benchmarks/cost_grid.py measure --shard 1/2 --skip 196 --out /scratch/x.jsonl"
+    ran = tmp_path / "ran.jsonl"
+    ran.write_text(json.dumps({"provenance": {"command": recorded}}) + "\n")
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(json.dumps({"label": "x"}) + "\n")
+    command = cost_grid.tables_command([str(ran), str(bare)])
+    ran_name, bare_name = (cost_grid.in_repository(str(p)) for p in (ran, bare))
+    assert command.split("; ") == [
+        f"python benchmarks/cost_grid.py measure --shard 1/2 --skip 196 --out {ran_name}",
+        f"python benchmarks/cost_grid.py measure --out {bare_name}",
+        f"python benchmarks/cost_grid.py tables {ran_name} {bare_name}",
+    ]
