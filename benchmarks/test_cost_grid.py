@@ -93,6 +93,15 @@ def test_the_default_grid_covers_every_seed_shape() -> None:
         assert nearest <= _costs.COVERAGE, seed.label
 
 
+def test_a_tensor_parallel_shard_lies_within_the_grid_s_coverage() -> None:
+    # Llama-3-70B at 8 ranks: one KV head per rank, a layout no 8-KV-head point covers
+    shard = shape(cost_grid.Point(2, 8, 1, 4096, 128, "causal"))
+    without = [shape(p) for p in cost_grid.grid() if p not in grid.shard_points()]
+    assert min(_costs.distance(shard, m) for m in without) > _costs.COVERAGE
+    nearest = min(_costs.distance(shard, shape(p)) for p in grid.shard_points())
+    assert nearest <= _costs.COVERAGE
+
+
 def test_a_run_skips_its_first_points_before_taking_its_shard() -> None:
     points = cost_grid.grid()
     rest = points[180:]

@@ -129,7 +129,20 @@ def grid() -> list[Point]:
     for (b, h, hkv, d), s in itertools.product(((1, 64, 8, 128), (2, 16, 8, 256)), (2048, 8192)):
         points.append(Point(b, h, hkv, s, d, "causal", softcap=True))
         points.append(Point(b, h, hkv, s, d, "window", 4096 if s > 4096 else WINDOW, softcap=True))
-    return points + packed_points()
+    return points + packed_points() + shard_points()
+
+
+def shard_points() -> list[Point]:
+    """A tensor-parallel shard's few heads (16 query heads over 2 KV heads, D 128: Llama-3-70B
+    or Qwen2.5-72B at 4 ranks), every length and mask: the layouts above hold 8 or more KV
+    heads, so a shard of 1 or 2 KV heads lay outside every table's coverage. Last in the grid,
+    so that a run can measure them alone (``--skip``)."""
+    return [
+        Point(1, 16, 2, s, 128, mask, WINDOW if mask == "window" else None)
+        for s in SEQLENS
+        for mask in ("none", "causal", "window")
+        if mask != "window" or s > WINDOW
+    ]
 
 
 def packed_points() -> list[Point]:
