@@ -32,3 +32,32 @@ def median_per_call(
         sync(device)
         per_round.append((time.perf_counter() - start) / number)
     return statistics.median(per_round)
+
+
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]],
+    device: torch.device,
+    warmup: int,
+    rounds: int,
+    number: int,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Seconds per call of each of ``fns``, timed as :func:`median_per_call` times one, but
+    round by round across all of them (round 1 of every function, then round 2, ...): a slow
+    spell of a host-bound machine then weighs on every row alike, and the rows of one run
+    compare. ``progress`` gets a line after each round."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    sync(device)
+    per_round: dict[str, list[float]] = {name: [] for name in fns}
+    for index in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            sync(device)
+            per_round[name].append((time.perf_counter() - start) / number)
+        if progress is not None:
+            progress(f"round {index + 1}/{rounds}")
+    return {name: statistics.median(times) for name, times in per_round.items()}

@@ -25,7 +25,9 @@ tensor, as a training step runs it) through one more layer of the stack than the
   the library's own cost.
 
 Each row: median over rounds of the wall time of N back-to-back calls, synchronised only at a
-round's end, divided by N (host-bound calls: the wall time is the host's). Without CUDA the run
+round's end, divided by N (host-bound calls: the wall time is the host's). The rounds go across
+the rows (round 1 of every row, then round 2, ...), so that a slow spell of the host weighs on
+every row alike and the rows of one run compare. Without CUDA the run
 uses float32 and a tiny shape on the CPU, where the numbers compare the Python and dispatcher
 layers only (the kernels there are PyTorch's CPU math).
 
@@ -49,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from _minimal_node import minimal_node
 from _provenance import git_commit
-from _timing import median_per_call, sync
+from _timing import interleaved_medians, sync
 
 import attn_dispatch as ad
 from attn_dispatch import NoBackendError
@@ -57,11 +59,6 @@ from attn_dispatch import NoBackendError
 # (batch, query heads, KV heads, sequence length, head dim)
 GPU_SHAPE = (1, 32, 8, 128, 128)
 CPU_SHAPE = (1, 4, 2, 16, 16)
-
-
-def per_call_us(fn: Callable[[], object], device, rounds: int, number: int, warmup: int) -> float:
-    """Median over ``rounds`` of the wall time of ``number`` back-to-back calls, per call (µs)."""
-    return median_per_call(fn, device, warmup, rounds, number) * 1e6
 
 
 class Layer:
@@ -289,24 +286,21 @@ def main(argv: list[str] | None = None) -> int:
     layer = Layer(shape, device, dtype)
     fwd, bwd = chosen(layer)
 
-    def time_row(path: str, fn: Callable[[], None]) -> dict:
-        us = per_call_us(fn, device, rounds, number, warmup)
-        print(f"{path}: {us:.1f} µs", file=sys.stderr)
-        return {"path": path, "us": us}
-
-    rows = [time_row("sdpa", sdpa_step(layer))]
-    rows.append(
-        time_row(f"ad.attention (automatic: {fwd.name} / {bwd.name})", attention_step(layer))
-    )
+    steps = {
+        "sdpa": sdpa_step(layer),
+        f"ad.attention (automatic: {fwd.name} / {bwd.name})": attention_step(layer),
+    }
     for name in forced_names(layer):
-        rows.append(time_row(f"ad.attention forced {name}", attention_step(layer, name)))
-    rows.append(
-        time_row("ad.attention as transformers calls it (bshd views)", transformers_step(layer))
+        steps[f"ad.attention forced {name}"] = attention_step(layer, name)
+    steps["ad.attention as transformers calls it (bshd views)"] = transformers_step(layer)
+    steps["a minimal node over ad.forward + ad.backward"] = minimal_node_step(layer)
+    steps["custom ops fwd + bwd, no autograd"] = custom_ops_step(layer)
+    steps["ad.forward + ad.backward"] = public_step(layer)
+    steps["direct: implementations' forward + backward"] = direct_step(fwd, bwd)
+    seconds = interleaved_medians(
+        steps, device, warmup, rounds, number, lambda line: print(line, file=sys.stderr)
     )
-    rows.append(time_row("a minimal node over ad.forward + ad.backward", minimal_node_step(layer)))
-    rows.append(time_row("custom ops fwd + bwd, no autograd", custom_ops_step(layer)))
-    rows.append(time_row("ad.forward + ad.backward", public_step(layer)))
-    rows.append(time_row("direct: implementations' forward + backward", direct_step(fwd, bwd)))
+    rows = [{"path": path, "us": s * 1e6} for path, s in seconds.items()]
     info = versions(device)
     batch, heads, kv_heads, seqlen, d = shape
     where = f"{info['device']}, torch {info['torch']}, python {info['python']}"

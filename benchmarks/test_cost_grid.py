@@ -132,7 +132,7 @@ def test_the_evaluation_times_the_autotuned_choice_unless_told_not_to(monkeypatc
 
 
 def test_a_tables_command_repeats_each_run_s_own_measure_arguments(tmp_path) -> None:
-    recorded = "python benchmarks/cost_grid.py measure --shard 1/2 --skip 196 --out /scratch/x.jsonl"
+    recorded = "python benchmarks/cost_grid.py measure --shard 1/2 --skip 196 --out /tmp/x.jsonl"
     ran = tmp_path / "ran.jsonl"
     ran.write_text(json.dumps({"provenance": {"command": recorded}}) + "\n")
     bare = tmp_path / "bare.jsonl"
