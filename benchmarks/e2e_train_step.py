@@ -301,29 +301,64 @@ def _median_ms(fn, device: torch.device, args) -> float:
     return median_per_call(fn, device, args.warmup, args.rounds, args.steps) * 1e3
 
 
+class _Layer(torch.nn.Module):
+    """What transformers' attention interface reads of its attention module: the config's head
+    counts, ``head_dim``, ``is_causal`` (the integration's call needs no weights)."""
+
+    def __init__(self, shape: Shape):
+        super().__init__()
+        self.config = dataclasses.make_dataclass(
+            "Config", [("num_attention_heads", int), ("num_key_value_heads", int)]
+        )(shape.heads, shape.kv_heads)
+        self.head_dim = shape.hidden // shape.heads
+        self.is_causal = True
+
+
+# The breakdown's paths, in the order the table lists them
+PATHS = ("sdpa", "attn_dispatch", "attn_dispatch, transformers' layouts")
+
+
 def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, args) -> dict:
     """ms per call of one layer's attention through sdpa and attn_dispatch: forward alone (with
-    autograd recording, as in training) and forward + backward."""
+    autograd recording, as in training) and forward + backward. attn_dispatch twice: on
+    [B, H, S, D] q, k, v (``layout="bhsd"``), and through the transformers integration with the
+    layouts a Llama layer hands it (q and k [B, H, S, D]-contiguous as rotary embedding leaves
+    them, v a [B, H, S, D] view of the projection's [B, S, H, D] rows; the output's gradient in
+    [B, S, H, D] rows, as the output projection returns it)."""
+    from attn_dispatch.integrations import transformers as adt
+
     d = shape.hidden // shape.heads
     gen = torch.Generator(device="cpu").manual_seed(2)
 
-    def rand(heads: int) -> torch.Tensor:
-        t = torch.randn(batch, heads, seqlen, d, generator=gen, dtype=dtype)
-        return t.to(device).requires_grad_()
+    def rand(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, dtype=dtype).to(device).requires_grad_()
 
-    q, k, v = rand(shape.heads), rand(shape.kv_heads), rand(shape.kv_heads)
+    q, k, v = (rand(batch, h, seqlen, d) for h in (shape.heads, shape.kv_heads, shape.kv_heads))
+    v_rows = rand(batch, seqlen, shape.kv_heads, d)
     grad = torch.randn_like(q)
-    paths = {
-        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-        "attn_dispatch": lambda: ad.attention(q, k, v, causal=True, layout="bhsd"),
+    grad_rows = grad.transpose(1, 2).contiguous()
+    layer = _Layer(shape)
+    paths = {  # name: (forward, its leaves, the output's gradient)
+        PATHS[0]: (
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+            (q, k, v),
+            grad,
+        ),
+        PATHS[1]: (lambda: ad.attention(q, k, v, causal=True, layout="bhsd"), (q, k, v), grad),
+        PATHS[2]: (
+            lambda: adt.attention_forward(layer, q, k, v_rows.transpose(1, 2), None)[0],
+            (q, k, v_rows),
+            grad_rows,
+        ),
     }
     out: dict[str, dict[str, float]] = {"forward": {}, "fwd_bwd": {}}
     steps = {}
-    for name, fn in paths.items():
+    for name, (fn, leaves, gradient) in paths.items():
 
-        def step(fn=fn):
-            q.grad = k.grad = v.grad = None
-            fn().backward(grad)
+        def step(fn=fn, leaves=leaves, gradient=gradient):
+            for t in leaves:
+                t.grad = None
+            fn().backward(gradient)
 
         steps[name] = step
         # both passes warmed before anything is timed: a first forward (a decision, a compile,
@@ -331,7 +366,7 @@ def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, arg
         for _ in range(max(1, args.warmup)):
             step()
     sync(device)
-    for name, fn in paths.items():
+    for name, (fn, _, _) in paths.items():
         out["forward"][name] = _median_ms(fn, device, args)
         out["fwd_bwd"][name] = _median_ms(steps[name], device, args)
     return out
@@ -399,7 +434,7 @@ def markdown(results: list[dict], shape: Shape) -> str:
         if "attention_alone" not in r:
             continue
         a, step = r["attention_alone"], r["routes"]["sdpa"]["ms"]
-        for path in ("sdpa", "attn_dispatch"):
+        for path in (p for p in PATHS if p in a["fwd_bwd"]):
             both = a["fwd_bwd"][path]
             lines.append(
                 f"| {r['case']} | {path} | {a['forward'][path]:.2f} | {both:.2f} | "

@@ -33,6 +33,9 @@ def test_smoke_run_times_every_case_after_checking_losses(tmp_path, capsys):
         assert ours["first_loss"] == pytest.approx(base["first_loss"], rel=1e-5)
         for route, entry in result["routes"].items():
             assert "ms" in entry or entry["skipped"], route
+        if result["case"].startswith("dense"):
+            alone = result["attention_alone"]
+            assert set(alone["fwd_bwd"]) == set(alone["tiny_fwd_bwd"]) == set(e2e_train_step.PATHS)
     captured = capsys.readouterr()
     assert "| case | sdpa | attn_dispatch | speedup |" in captured.out
     assert "| case | eager | attn_dispatch | speedup |" in captured.out
