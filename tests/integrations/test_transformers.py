@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import warnings
 
 import pytest
 import torch
@@ -839,3 +840,37 @@ def test_cross_attention_over_a_padded_encoder_matches_eager(decoder_len):
         for m in (theirs, ours)
     ]
     assert torch.equal(generated[0], generated[1])
+
+
+def _host_waits(model, ids) -> list[str]:
+    """The synchronizing CUDA calls of one training step of ``model`` (after a warm one)."""
+
+    def step():
+        model(ids, labels=ids, use_cache=False).loss.backward()
+
+    step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_a_dense_training_step_waits_for_the_gpu_once_more_than_sdpa_at_most():
+    """A waiting host exposes its work between the kernels: a dense step through attn_dispatch
+    may wait for the GPU once beyond sdpa's route (reading ``position_ids`` for packed
+    documents, once per forward, shared by the layers), no more."""
+    torch.manual_seed(0)
+    model = MODELS["llama"]().to(device="cuda", dtype=torch.bfloat16).train()
+    ids = torch.randint(3, VOCAB, (2, 64), generator=torch.Generator().manual_seed(1)).cuda()
+    model.set_attn_implementation("sdpa")
+    theirs = _host_waits(model, ids)
+    model.set_attn_implementation(NAME)
+    ours = _host_waits(model, ids)
+    assert len(ours) <= len(theirs) + 1, (theirs, ours)
