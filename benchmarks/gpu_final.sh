@@ -23,6 +23,8 @@
 #             the default choice's rows alone) and its report
 #   grid      cost-grid rows (benchmarks/cost_grid.py measure, shard GRID_SHARD, points from
 #             GRID_SKIP on, capped at GRID_TIMEOUT seconds), for `cost_grid.py tables`
+#   tune      `attn-dispatch tune --grid` from an empty cache (capped at TUNE_TIMEOUT
+#             seconds): its progress and the tables it wrote (tune_tables.tgz)
 # evaluate and grid first fill the compile caches from 14 processes (WARM_TIMEOUT seconds).
 # Results go to $OUT (at most 8 files); each step has a time cap.
 set -u
@@ -160,4 +162,14 @@ if step grid; then
     --shard "${GRID_SHARD:-0/1}" --skip "${GRID_SKIP:-0}" --out "$OUT/grid.jsonl" \
     2> "$OUT/grid.progress"
   echo "grid rc=$?"; tail -1 "$OUT/grid.progress"
+fi
+
+if step tune; then
+  echo "== attn-dispatch tune --grid from an empty cache (the user's own cost tables)"
+  rm -rf /tmp/tune_cache
+  start=$(date +%s)
+  ATTN_DISPATCH_CACHE_DIR=/tmp/tune_cache timeout -s INT "${TUNE_TIMEOUT:-560}" \
+    $PY -m attn_dispatch tune --grid 2> "$OUT/tune.progress"
+  echo "tune rc=$? in $(( $(date +%s) - start )) s"; tail -3 "$OUT/tune.progress"
+  tar czf "$OUT/tune_tables.tgz" -C /tmp/tune_cache costs 2>/dev/null
 fi
