@@ -37,6 +37,7 @@ import functools
 import importlib.resources
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -189,12 +190,13 @@ def measure_command(path: str) -> str:
     name = in_repository(path)
     first = Path(path).read_text().partition("\n")[0]
     recorded = json.loads(first).get("provenance", {}).get("command", "") if first else ""
-    words = recorded.split()
+    words = shlex.split(recorded)
     if "measure" not in words:
-        return f"python benchmarks/cost_grid.py measure --out {name}"
+        return f"python benchmarks/cost_grid.py measure --out {shlex.quote(name)}"
     if "--out" in words:
         del words[words.index("--out") : words.index("--out") + 2]
-    return " ".join([*words, "--out", name])
+    words = [w for w in words if not w.startswith("--out=")]
+    return shlex.join([*words, "--out", name])
 
 
 def tables_command(files: list[str]) -> str:
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         help="evaluate: the default choice's rows alone, not the autotuned choice's",
     )
     args = p.parse_args(argv)
-    command = "python benchmarks/cost_grid.py " + " ".join(argv or sys.argv[1:])
+    command = "python benchmarks/cost_grid.py " + shlex.join(argv or sys.argv[1:])
     held = dict(HELD_OUT)
     labels = {pt.label: name for pt, name in held.items()}
     if args.step == "tables":

@@ -22,7 +22,7 @@ GPT-OSS) on the same weights before it is timed; another route whose loss differ
 as skipped with the difference (it computes something else, e.g. ignores the sinks).
 Time: median over 3 rounds of the mean of 3 steps, after warm-up steps. Then a breakdown for
 the dense cases: one layer's attention alone through ``ad.attention``, through the transformers
-integration with the layouts a Llama layer hands it, and through
+integration with the layouts a Llama layer hands it ([B, S, H, D] rows), and through
 ``F.scaled_dot_product_attention`` (forward, forward + backward, times the layer count against the
 step time), and forward + backward at S=128, where the time is the host's work per call: what
 limits a dense step, the kernels or the per-layer overhead.
@@ -322,10 +322,10 @@ PATHS = ("sdpa", "attn_dispatch", "attn_dispatch, transformers' layouts")
 def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, args) -> dict:
     """ms per call of one layer's attention through sdpa and attn_dispatch: forward alone (with
     autograd recording, as in training) and forward + backward. attn_dispatch twice: on
-    [B, H, S, D] q, k, v (``layout="bhsd"``), and through the transformers integration with the
-    layouts a Llama layer hands it (q and k [B, H, S, D]-contiguous as rotary embedding leaves
-    them, v a [B, H, S, D] view of the projection's [B, S, H, D] rows; the output's gradient in
-    [B, S, H, D] rows, as the output projection returns it)."""
+    [B, H, S, D]-contiguous q, k, v (``layout="bhsd"``), and through the transformers
+    integration with the layouts a Llama layer hands it: q, k and v [B, H, S, D] views of
+    [B, S, H, D] rows (the projections' rows, which the rotary embedding keeps), the output's
+    gradient in [B, S, H, D] rows, as the output projection returns it."""
     from attn_dispatch.integrations import transformers as adt
 
     d = shape.hidden // shape.heads
@@ -334,8 +334,9 @@ def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, arg
     def rand(*size: int) -> torch.Tensor:
         return torch.randn(*size, generator=gen, dtype=dtype).to(device).requires_grad_()
 
-    q, k, v = (rand(batch, h, seqlen, d) for h in (shape.heads, shape.kv_heads, shape.kv_heads))
-    v_rows = rand(batch, seqlen, shape.kv_heads, d)
+    heads = (shape.heads, shape.kv_heads, shape.kv_heads)
+    q, k, v = (rand(batch, h, seqlen, d) for h in heads)
+    rows = tuple(rand(batch, seqlen, h, d) for h in heads)
     grad = torch.randn_like(q)
     grad_rows = grad.transpose(1, 2).contiguous()
     layer = _Layer(shape)
@@ -347,8 +348,8 @@ def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, arg
         ),
         PATHS[1]: (lambda: ad.attention(q, k, v, causal=True, layout="bhsd"), (q, k, v), grad),
         PATHS[2]: (
-            lambda: adt.attention_forward(layer, q, k, v_rows.transpose(1, 2), None)[0],
-            (q, k, v_rows),
+            lambda: adt.attention_forward(layer, *(t.transpose(1, 2) for t in rows), None)[0],
+            rows,
             grad_rows,
         ),
     }

@@ -23,8 +23,8 @@
 #             the default choice's rows alone) and its report
 #   grid      cost-grid rows (benchmarks/cost_grid.py measure, shard GRID_SHARD, points from
 #             GRID_SKIP on, capped at GRID_TIMEOUT seconds), for `cost_grid.py tables`
-#   tune      `attn-dispatch tune --grid` from an empty cache (capped at TUNE_TIMEOUT
-#             seconds): its progress and the tables it wrote (tune_tables.tgz)
+#   tune      `attn-dispatch tune --grid` from empty caches (its own, triton's, FA4's; capped
+#             at TUNE_TIMEOUT seconds): its progress and the tables it wrote (tune_tables.tgz)
 # evaluate and grid first fill the compile caches from 14 processes (WARM_TIMEOUT seconds).
 # Results go to $OUT (at most 8 files); each step has a time cap.
 set -u
@@ -165,11 +165,17 @@ if step grid; then
 fi
 
 if step tune; then
-  echo "== attn-dispatch tune --grid from an empty cache (the user's own cost tables)"
-  rm -rf /tmp/tune_cache
+  # a first run on a fresh machine: attn_dispatch's, triton's and FA4's caches all empty
+  echo "== attn-dispatch tune --grid from empty caches (the user's own cost tables)"
+  rm -rf /tmp/tune_cache /tmp/tune_triton /tmp/tune_fa4
   start=$(date +%s)
-  ATTN_DISPATCH_CACHE_DIR=/tmp/tune_cache timeout -s INT "${TUNE_TIMEOUT:-560}" \
+  ATTN_DISPATCH_CACHE_DIR=/tmp/tune_cache TRITON_CACHE_DIR=/tmp/tune_triton \
+    FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/tune_fa4 timeout -s INT "${TUNE_TIMEOUT:-560}" \
     $PY -m attn_dispatch tune --grid 2> "$OUT/tune.progress"
   echo "tune rc=$? in $(( $(date +%s) - start )) s"; tail -3 "$OUT/tune.progress"
-  tar czf "$OUT/tune_tables.tgz" -C /tmp/tune_cache costs 2>/dev/null
+  if [[ -d /tmp/tune_cache/costs ]]; then
+    tar czf "$OUT/tune_tables.tgz" -C /tmp/tune_cache costs
+  else
+    echo "tune wrote no tables"
+  fi
 fi

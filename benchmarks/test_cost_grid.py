@@ -94,7 +94,8 @@ def test_the_default_grid_covers_every_seed_shape() -> None:
 
 
 def test_a_tensor_parallel_shard_lies_within_the_grid_s_coverage() -> None:
-    # Llama-3-70B at 8 ranks: one KV head per rank, a layout no 8-KV-head point covers
+    # Llama-3-70B at 8 ranks: one KV head per rank, a layout no 8-KV-head point covers; the
+    # shard layout (1, 16/2) is 2.0 away (batch 1, heads 1), at the coverage's limit
     shard = shape(cost_grid.Point(2, 8, 1, 4096, 128, "causal"))
     without = [shape(p) for p in cost_grid.grid() if p not in grid.shard_points()]
     assert min(_costs.distance(shard, m) for m in without) > _costs.COVERAGE
@@ -137,10 +138,16 @@ def test_a_tables_command_repeats_each_run_s_own_measure_arguments(tmp_path) -> 
     ran.write_text(json.dumps({"provenance": {"command": recorded}}) + "\n")
     bare = tmp_path / "bare.jsonl"
     bare.write_text(json.dumps({"label": "x"}) + "\n")
-    command = cost_grid.tables_command([str(ran), str(bare)])
-    ran_name, bare_name = (cost_grid.in_repository(str(p)) for p in (ran, bare))
+    joined = tmp_path / "joined.jsonl"
+    recorded = "python benchmarks/cost_grid.py measure --out=/tmp/x.jsonl --skip 3"
+    joined.write_text(json.dumps({"provenance": {"command": recorded}}) + "\n")
+    command = cost_grid.tables_command([str(ran), str(bare), str(joined)])
+    ran_name, bare_name, joined_name = (
+        cost_grid.in_repository(str(p)) for p in (ran, bare, joined)
+    )
     assert command.split("; ") == [
         f"python benchmarks/cost_grid.py measure --shard 1/2 --skip 196 --out {ran_name}",
         f"python benchmarks/cost_grid.py measure --out {bare_name}",
-        f"python benchmarks/cost_grid.py tables {ran_name} {bare_name}",
+        f"python benchmarks/cost_grid.py measure --skip 3 --out {joined_name}",
+        f"python benchmarks/cost_grid.py tables {ran_name} {bare_name} {joined_name}",
     ]

@@ -9,9 +9,10 @@ tolerance; one that disagrees with the consensus is left out and named); then ea
 eager (back-to-back calls: host work included) and, on CUDA, as replays of a CUDA graph (the
 GPU's time). Medians of 3 blocks.
 
-Three grids: :func:`grid`, the full one (the shipped tables': about 18 minutes of an H200 by
-:func:`estimate`); :func:`default_grid`, ``tune --grid``'s: each class of call the seed shapes
-and real models fall in, in about 7 minutes; :func:`quick_grid`, a few tiny points for a CPU.
+Three grids: :func:`grid`, the full one (the shipped tables' points and those measured after
+them: about 20 minutes of an H200 by :func:`estimate`); :func:`default_grid`, ``tune
+--grid``'s: each class of call the seed shapes and real models fall in, in about 7 minutes;
+:func:`quick_grid`, a few tiny points for a CPU.
 """
 
 from __future__ import annotations
@@ -112,8 +113,10 @@ class Point:
 
 
 def grid() -> list[Point]:
-    """The full grid (the shipped tables'): batch x heads x GQA group x length x head dim x
-    mask, capped at :data:`MAX_WORK`, with attention sinks and soft-capped points."""
+    """The full grid: batch x heads x GQA group x length x head dim x mask, capped at
+    :data:`MAX_WORK`, with attention sinks and soft-capped points, then packed documents and a
+    tensor-parallel shard's layout (the points a run added are appended, so that ``--skip``
+    measures them alone)."""
     points = []
     for b, h, hkv in HEADS:
         for d in HEAD_DIMS:
