@@ -21,17 +21,7 @@ def median_per_call(
     """Seconds per call of ``fn``: the median over ``rounds`` of the wall time of ``number``
     back-to-back calls, after ``warmup`` untimed calls; ``device`` is synchronised before and
     after each round, not between calls, so that the launches of a round overlap its kernels."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    per_round = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        sync(device)
-        per_round.append((time.perf_counter() - start) / number)
-    return statistics.median(per_round)
+    return interleaved_medians({"": fn}, device, warmup, rounds, number)[""]
 
 
 def interleaved_medians(

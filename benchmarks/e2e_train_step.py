@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import json
 import sys
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -308,9 +309,9 @@ class _Layer(torch.nn.Module):
 
     def __init__(self, shape: Shape):
         super().__init__()
-        self.config = dataclasses.make_dataclass(
-            "Config", [("num_attention_heads", int), ("num_key_value_heads", int)]
-        )(shape.heads, shape.kv_heads)
+        self.config = types.SimpleNamespace(
+            num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads
+        )
         self.head_dim = shape.hidden // shape.heads
         self.is_causal = True
 

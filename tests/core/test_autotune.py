@@ -314,15 +314,20 @@ def test_a_determinism_request_keeps_out_the_non_deterministic_one(tuned):
     assert ad.decide(*inputs(), causal=True, deterministic=True).name == SLOW
 
 
+def assert_pending_and_nothing_timed(report, note: str, cache) -> None:
+    assert report.selected == SLOW and report.autotune.status == "pending"
+    assert report.autotune.note == note
+    assert report.to_dict()["autotune"]["status"] == "pending"
+    assert calls() == {SLOW: 0, WRONG: 0, FAST: 0} and files(cache) == []
+
+
 def test_explain_before_the_first_call_says_what_will_be_timed(tuned, cache):
     report = ad.explain(*inputs(), causal=True)
-    assert report.selected == SLOW and report.autotune.status == "pending"
-    assert report.autotune.note == (
+    note = (
         "not measured (explain and decide never measure); the first call will time "
         "timed:slow, timed:wrong, timed:fast"
     )
-    assert report.to_dict()["autotune"]["status"] == "pending"
-    assert calls() == {SLOW: 0, WRONG: 0, FAST: 0} and files(cache) == []
+    assert_pending_and_nothing_timed(report, note, cache)
 
 
 @pytest.mark.parametrize("where", ["meta", "arch"])
@@ -331,13 +336,11 @@ def test_explain_for_another_device_says_what_its_first_call_will_time(tuned, ca
     tuned.set(ATTN_DISPATCH_ARCH="cpu")
     args = [t.to("meta") for t in inputs()] if where == "meta" else inputs()
     report = ad.explain(*args, causal=True, arch="cpu" if where == "arch" else None)
-    assert report.selected == SLOW and report.autotune.status == "pending"
-    assert report.autotune.note == (
+    note = (
         "not measured (no device to time: meta tensors or another arch); a first call on the "
         "device will time timed:slow, timed:wrong, timed:fast"
     )
-    assert report.to_dict()["autotune"]["status"] == "pending"
-    assert calls() == {SLOW: 0, WRONG: 0, FAST: 0} and files(cache) == []
+    assert_pending_and_nothing_timed(report, note, cache)
 
 
 def test_one_candidate_is_not_measured(tuned, cache):
