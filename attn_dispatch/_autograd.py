@@ -338,22 +338,41 @@ def _refuse_derivative_transforms() -> None:
             )
 
 
-def _fresh_all(outputs: tuple, inputs: tuple) -> tuple:
-    """:func:`_fresh` for each of ``outputs`` (``None`` stays). A ``contiguous()`` that copied
-    is fresh already; the inputs' storages are read only when one did not copy."""
+def _fresh_all(outputs: tuple, like: tuple, inputs: tuple) -> tuple:
+    """Each of ``outputs`` (``None`` stays) laid out as autograd takes it without a copy: as
+    it is where it is contiguous or has the strides of its counterpart in ``like`` (the
+    tensor it is the gradient of, as the caller passed it: a kernel that allocates its
+    gradients like its inputs, as FA4 does, then hands them on uncopied; a contiguous copy
+    would be copied back by autograd into the layout of a leaf), else a contiguous copy; and
+    sharing no memory with any of ``inputs``, whose storages are read only when no copy
+    was made."""
     storages = None
     fresh = []
-    for t in outputs:
+    for t, x in zip(outputs, like):
         if t is not None:
-            c = t.contiguous()
+            c = t if _kept_layout(t, x) else t.contiguous()
             if c is t:
                 if storages is None:
-                    storages = {x.untyped_storage().data_ptr() for x in inputs if x is not None}
+                    storages = {i.untyped_storage().data_ptr() for i in inputs if i is not None}
                 if t.untyped_storage().data_ptr() in storages:
                     c = t.clone()
             t = c
         fresh.append(t)
     return tuple(fresh)
+
+
+def _kept_layout(t: Tensor, like: Tensor | None) -> bool:
+    """Whether gradient ``t`` can go to autograd as it is: contiguous, or dense with the strides
+    of ``like`` (one transpose of dims 1 and 2 away from contiguous: the [B, S, H, D] and
+    [B, H, S, D] orders)."""
+    if t.is_contiguous():
+        return True
+    return (
+        like is not None
+        and t.dim() == 4
+        and t.stride() == like.stride()
+        and t.transpose(1, 2).is_contiguous()
+    )
 
 
 class _Attention(torch.autograd.Function):
@@ -425,6 +444,7 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sinks = ctx.saved_tensors
     heads_first, max_seqlens, flags = ctx.heads_first, ctx.max_seqlens, ctx.flags
     grad_out = _plain_gradient(grad_out, q, heads_first)
+    given = (q, k, v)
     if heads_first:
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     # A backward recording a graph (``create_graph=True``) takes the operator too: its result then
@@ -446,9 +466,7 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
         dq, dk, dv = grads
         if heads_first:
             dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
-        # contiguous in the inputs' layout, so that autograd takes them as the leaves' .grad
-        # without another copy
-        return _fresh_all((dq, dk, dv, grads.dsinks), (*tensors, sinks))
+        return _fresh_all((dq, dk, dv, grads.dsinks), (*given, None), (*tensors, sinks))
     if heads_first:
         dq, dk, dv = _bshd(dq, dk, dv)
     return dq, dk, dv, dsinks

@@ -123,6 +123,36 @@ def test_a_bhsd_gradient_is_copied_to_the_layout_of_qs_memory(monkeypatch):
     torch.testing.assert_close(seen[0], grad.transpose(1, 2), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("heads_first", [False, True], ids=["bshd", "bhsd"])
+def test_gradients_laid_out_like_their_inputs_reach_the_leaves_uncopied(monkeypatch, heads_first):
+    """A kernel that allocates dq, dk and dv like q, k and v (``empty_like``, as FA4 does) on
+    inputs that are transposed views of the caller's leaves: each gradient becomes its leaf's
+    ``.grad`` as it is, not copied to contiguous rows and then back by autograd."""
+    returned = []
+    dispatch = _autograd.dispatch
+
+    def like_inputs(mode, tensors, *rest):
+        result = dispatch(mode, tensors, *rest)
+        if mode.kind != "backward":
+            return result
+        grads = [torch.empty_like(x).copy_(g) for x, g in zip(tensors[:3], result)]
+        returned.extend(grads)
+        return ad.Gradients(*grads)
+
+    monkeypatch.setattr(_autograd, "dispatch", like_inputs)
+    tensors = leaves(not heads_first)  # the other order: the call sees transposed views
+    out = attention(*(t.transpose(1, 2) for t in tensors), heads_first=heads_first)
+    grad = torch.randn(out.shape)
+    out.backward(grad)
+    for leaf, returned_grad in zip(tensors, returned):
+        assert leaf.grad.data_ptr() == returned_grad.data_ptr()
+    monkeypatch.setattr(_autograd, "dispatch", dispatch)
+    want = [t.detach().clone().requires_grad_(True) for t in tensors]
+    attention(*(t.transpose(1, 2) for t in want), heads_first=heads_first).backward(grad)
+    for got, w in zip(tensors, want):
+        torch.testing.assert_close(got.grad, w.grad, rtol=0, atol=0)
+
+
 def record_backward_gradients(monkeypatch) -> list[torch.Tensor]:
     """The grad_out of every backward ``ad.attention``'s eager node dispatches, in order."""
     seen = []
