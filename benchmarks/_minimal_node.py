@@ -28,3 +28,19 @@ def minimal_node(backend: str | None = None) -> type[torch.autograd.Function]:
             return grads[0], grads[1], grads[2]
 
     return Minimal
+
+
+class EmptyNode(torch.autograd.Function):
+    """A node over q, k and v ([B, S, H, D]) that computes nothing: its forward and backward
+    only allocate their results. What any Python autograd node costs a training step, with
+    the engine's walk of the graph around it, before it does any work."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -13,7 +13,8 @@ tensor, as a training step runs it) through one more layer of the stack than the
   integration calls it ([B, S, H, D] views in, the output used in that layout, so its gradient
   needs no copy), and the same call through a minimal autograd node over ``ad.forward`` /
   ``ad.backward`` (the transformers-layout row minus that row is ``ad.attention``'s own node's
-  cost);
+  cost), and a node over the same views that computes nothing, only allocating its results:
+  what any Python autograd node and the engine's walk around it cost;
 * ``custom ops``: the operators ``attn_dispatch::fwd`` and ``attn_dispatch::bwd`` called
   directly, without autograd: what a compiled or traced ``ad.attention`` runs (an eager call
   does not go through them);
@@ -49,7 +50,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _minimal_node import minimal_node
+from _minimal_node import EmptyNode, minimal_node
 from _provenance import git_commit
 from _timing import interleaved_medians, sync
 
@@ -126,6 +127,18 @@ def minimal_node_step(layer: Layer) -> Callable[[], None]:
     def step():
         layer.clear()
         node.apply(*(t.transpose(1, 2) for t in (layer.q, layer.k, layer.v))).backward(grad)
+
+    return step
+
+
+def empty_node_step(layer: Layer) -> Callable[[], None]:
+    """:func:`minimal_node_step` with a node that computes nothing (``EmptyNode``): the floor
+    of any Python autograd node at these layouts, to set the rows above against."""
+    grad = layer.grad.transpose(1, 2).contiguous()
+
+    def step():
+        layer.clear()
+        EmptyNode.apply(*(t.transpose(1, 2) for t in (layer.q, layer.k, layer.v))).backward(grad)
 
     return step
 
@@ -294,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         steps[f"ad.attention forced {name}"] = attention_step(layer, name)
     steps["ad.attention as transformers calls it (bshd views)"] = transformers_step(layer)
     steps["a minimal node over ad.forward + ad.backward"] = minimal_node_step(layer)
+    steps["an empty Python node (computes nothing)"] = empty_node_step(layer)
     steps["custom ops fwd + bwd, no autograd"] = custom_ops_step(layer)
     steps["ad.forward + ad.backward"] = public_step(layer)
     steps["direct: implementations' forward + backward"] = direct_step(fwd, bwd)

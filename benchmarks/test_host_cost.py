@@ -30,7 +30,8 @@ def test_smoke_run_times_every_layer_and_writes_json(tmp_path, capsys):
     assert paths[0] == "sdpa" and paths[1].startswith("ad.attention (automatic: ")
     forced = [p for p in paths if p.startswith("ad.attention forced ")]
     assert f"ad.attention forced {data['chosen']['forward']}" in forced
-    assert paths[-3:] == [
+    assert paths[-4:] == [
+        "an empty Python node (computes nothing)",
         "custom ops fwd + bwd, no autograd",
         "ad.forward + ad.backward",
         "direct: implementations' forward + backward",
