@@ -317,16 +317,22 @@ class _Layer(torch.nn.Module):
 
 
 # The breakdown's paths, in the order the table lists them
-PATHS = ("sdpa", "attn_dispatch", "attn_dispatch, transformers' layouts")
+PATHS = (
+    "sdpa",
+    "attn_dispatch",
+    "sdpa, transformers' layouts",
+    "attn_dispatch, transformers' layouts",
+)
 
 
 def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, args) -> dict:
     """ms per call of one layer's attention through sdpa and attn_dispatch: forward alone (with
-    autograd recording, as in training) and forward + backward. attn_dispatch twice: on
-    [B, H, S, D]-contiguous q, k, v (``layout="bhsd"``), and through the transformers
-    integration with the layouts a Llama layer hands it: q, k and v [B, H, S, D] views of
-    [B, S, H, D] rows (the projections' rows, which the rotary embedding keeps), the output's
-    gradient in [B, S, H, D] rows, as the output projection returns it."""
+    autograd recording, as in training) and forward + backward. Each twice: on
+    [B, H, S, D]-contiguous q, k, v (``layout="bhsd"``), and with the layouts a Llama layer
+    hands its attention (sdpa as transformers' sdpa route calls it, attn_dispatch through the
+    integration): q, k and v [B, H, S, D] views of [B, S, H, D] rows (the projections' rows,
+    which the rotary embedding keeps), the output's gradient in [B, S, H, D] rows, as the
+    output projection returns it."""
     from attn_dispatch.integrations import transformers as adt
 
     d = shape.hidden // shape.heads
@@ -348,7 +354,15 @@ def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, arg
             grad,
         ),
         PATHS[1]: (lambda: ad.attention(q, k, v, causal=True, layout="bhsd"), (q, k, v), grad),
+        # transformers' sdpa route: [B, H, S, D] views in, the output transposed back to rows
         PATHS[2]: (
+            lambda: F.scaled_dot_product_attention(
+                *(t.transpose(1, 2) for t in rows), is_causal=True, enable_gqa=True
+            ).transpose(1, 2),
+            rows,
+            grad_rows,
+        ),
+        PATHS[3]: (
             lambda: adt.attention_forward(layer, *(t.transpose(1, 2) for t in rows), None)[0],
             rows,
             grad_rows,
@@ -375,19 +389,36 @@ def _attention_timings(batch: int, seqlen: int, shape: Shape, device, dtype, arg
     return out
 
 
+def _chosen(batch: int, seqlen: int, shape: Shape, device, dtype) -> dict:
+    """The implementations the integration's call runs at this shape: forward, backward."""
+    d = shape.hidden // shape.heads
+    q, k, v = (
+        torch.randn(batch, seqlen, h, d, device=device, dtype=dtype)
+        for h in (shape.heads, shape.kv_heads, shape.kv_heads)
+    )
+    opts = {"causal": True, "causal_align": "bottom_right"}
+    forward = ad.decide(q, k, v, mode="forward", **opts)
+    with torch.no_grad():
+        out, lse = ad.forward(q, k, v, **opts)
+    backward = ad.decide(q, k, v, out, lse, torch.randn_like(out), **opts)
+    return {"forward": forward.name, "backward": backward.name}
+
+
 def attention_alone(case: Case, shape: Shape, device: torch.device, dtype, args) -> dict:
     """One layer's attention alone, through each path (ms per layer): forward, forward +
     backward, and forward + backward at a tiny sequence length, where the time is the host's
     work per call (dispatch, checks, launches) rather than the kernels'."""
     full = _attention_timings(case.batch, case.seqlen, shape, device, dtype, args)
     tiny = _attention_timings(1, TINY_SEQLEN, shape, device, dtype, args)["fwd_bwd"]
+    chosen = _chosen(case.batch, case.seqlen, shape, device, dtype)
+    log(f"case {case.name}: attn_dispatch runs {chosen['forward']} / {chosen['backward']}")
     for name in full["fwd_bwd"]:
         log(
             f"case {case.name}: attention alone via {name}: forward {full['forward'][name]:.2f}"
             f" ms, forward+backward {full['fwd_bwd'][name]:.2f} ms, at S={TINY_SEQLEN}"
             f" {tiny[name]:.3f} ms (per layer)"
         )
-    return {**full, "tiny_fwd_bwd": tiny, "tiny_seqlen": TINY_SEQLEN}
+    return {**full, "tiny_fwd_bwd": tiny, "tiny_seqlen": TINY_SEQLEN, "chosen": chosen}
 
 
 def versions(device: torch.device) -> dict:

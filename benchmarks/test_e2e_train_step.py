@@ -36,6 +36,7 @@ def test_smoke_run_times_every_case_after_checking_losses(tmp_path, capsys):
         if result["case"].startswith("dense"):
             alone = result["attention_alone"]
             assert set(alone["fwd_bwd"]) == set(alone["tiny_fwd_bwd"]) == set(e2e_train_step.PATHS)
+            assert set(alone["chosen"]) == {"forward", "backward"}
     captured = capsys.readouterr()
     assert "| case | sdpa | attn_dispatch | speedup |" in captured.out
     assert "| case | eager | attn_dispatch | speedup |" in captured.out
