@@ -32,7 +32,7 @@ every row alike and the rows of one run compare. Without CUDA the run
 uses float32 and a tiny shape on the CPU, where the numbers compare the Python and dispatcher
 layers only (the kernels there are PyTorch's CPU math).
 
-GPU: ``python benchmarks/host_cost.py --json host_cost.json [--profile]``
+GPU: ``python benchmarks/host_cost.py --json host_cost.json [--profile] [--ops]``
 CPU: ``python benchmarks/host_cost.py`` (``--smoke``: one short round per row, for the tests)
 """
 
@@ -244,6 +244,32 @@ def profile(fn: Callable[[], object], device, number: int, top: int) -> str:
     return text.getvalue()
 
 
+def operator_counts(steps: dict[str, Callable[[], None]], device, number: int, top: int) -> str:
+    """Per row of ``steps``: the ``top`` most frequent profiler events of ``number`` calls (after
+    ten warm ones), each with its count and its own host time per call: the aten operators,
+    kernel launches and autograd nodes a row's forward + backward runs."""
+    from torch import profiler
+
+    activities = [profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(profiler.ProfilerActivity.CUDA)
+    text = []
+    for name, fn in steps.items():
+        for _ in range(10):
+            fn()
+        sync(device)
+        with profiler.profile(activities=activities) as prof:
+            for _ in range(number):
+                fn()
+            sync(device)
+        text.append(f"\n{name}: events of {number} calls (count, own host µs per call, event)")
+        events = sorted(prof.key_averages(), key=lambda e: -e.count)[:top]
+        text += [
+            f"{e.count:6d} {e.self_cpu_time_total / number:8.1f}  {e.key[:100]}" for e in events
+        ]
+    return "\n".join(text)
+
+
 def versions(device: torch.device) -> dict:
     commit = git_commit()
     if device.type == "cuda":
@@ -281,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per row (20)")
     parser.add_argument("--smoke", action="store_true", help="one short round per row (tests)")
     parser.add_argument("--profile", action="store_true", help="cProfile ad.attention's calls")
+    parser.add_argument(
+        "--ops", action="store_true", help="profiler events per call of the autograd rows"
+    )
     parser.add_argument("--top", type=int, default=30, help="profile entries printed (30)")
     parser.add_argument("--json", type=Path, help="write the rows and versions here")
     args = parser.parse_args(argv)
@@ -331,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         print(f"\ncProfile of {number} ad.attention forward+backward calls:")
         print(profile(attention_step(layer), device, number, args.top))
+    if args.ops:
+        autograd_rows = [
+            p for p in steps if not p.startswith(("custom ops", "ad.forward", "direct"))
+        ]
+        print(operator_counts({p: steps[p] for p in autograd_rows}, device, number, args.top))
     if args.json:
         data = {
             "shape": dict(zip(("batch", "heads", "kv_heads", "seqlen", "head_dim"), shape)),

@@ -17,7 +17,7 @@ def test_smoke_run_times_every_layer_and_writes_json(tmp_path, capsys):
     out = tmp_path / "host.json"
     assert (
         host_cost.main(
-            ["--smoke", "--device", "cpu", "--profile", "--top", "5", "--json", str(out)]
+            ["--smoke", "--device", "cpu", "--profile", "--ops", "--top", "5", "--json", str(out)]
         )
         == 0
     )
@@ -42,6 +42,8 @@ def test_smoke_run_times_every_layer_and_writes_json(tmp_path, capsys):
     assert "| path | µs per forward+backward | vs sdpa |" in captured
     assert "attn_dispatch's own layers:" in captured
     assert "cProfile of 3 ad.attention forward+backward calls" in captured
+    assert "sdpa: events of 3 calls" in captured and "aten::" in captured
+    assert "direct: implementations' forward + backward: events" not in captured
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--number", "0"], ["--warmup", "-1"]])

@@ -9,8 +9,8 @@ tolerance; one that disagrees with the consensus is left out and named); then ea
 eager (back-to-back calls: host work included) and, on CUDA, as replays of a CUDA graph (the
 GPU's time). Medians of 3 blocks.
 
-Three grids: :func:`grid`, the full one (the shipped tables' points and those measured after
-them: about 20 minutes of an H200 by :func:`estimate`); :func:`default_grid`, ``tune
+Three grids: :func:`grid`, the full one (the shipped tables' points: about 20 minutes of an
+H200 by :func:`estimate`); :func:`default_grid`, ``tune
 --grid``'s: each class of call the seed shapes and real models fall in, in about 7 minutes;
 :func:`quick_grid`, a few tiny points for a CPU.
 """
@@ -138,7 +138,7 @@ def grid() -> list[Point]:
 def shard_points() -> list[Point]:
     """A tensor-parallel shard's few heads (16 query heads over 2 KV heads, D 128: Llama-3-70B
     or Qwen2.5-72B at 4 ranks), every length and mask: the layouts above hold 8 or more KV
-    heads, so a shard of 1 or 2 KV heads lay outside every table's coverage. Last in the grid,
+    heads, so a shard of 1 or 2 KV heads lies outside their coverage. Last in the grid,
     so that a run can measure them alone (``--skip``)."""
     return [
         Point(1, 16, 2, s, 128, mask, WINDOW if mask == "window" else None)
