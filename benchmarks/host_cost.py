@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import inspect
 import io
 import json
 import platform
@@ -250,6 +251,10 @@ def operator_counts(steps: dict[str, Callable[[], None]], device, number: int, t
     kernel launches and autograd nodes a row's forward + backward runs."""
     from torch import profiler
 
+    # torch 2.11 warns that a profile's events are cleared per cycle unless they accumulate
+    # (``acc_events``, not in every release the project admits)
+    accumulate = "acc_events" in inspect.signature(profiler.profile).parameters
+    options = {"acc_events": True} if accumulate else {}
     activities = [profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(profiler.ProfilerActivity.CUDA)
@@ -258,7 +263,7 @@ def operator_counts(steps: dict[str, Callable[[], None]], device, number: int, t
         for _ in range(10):
             fn()
         sync(device)
-        with profiler.profile(activities=activities) as prof:
+        with profiler.profile(activities=activities, **options) as prof:
             for _ in range(number):
                 fn()
             sync(device)
