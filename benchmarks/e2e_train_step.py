@@ -21,9 +21,10 @@ Each route's first-step loss is checked against the case's reference route (sdpa
 GPT-OSS) on the same weights before it is timed; another route whose loss differs is reported
 as skipped with the difference (it computes something else, e.g. ignores the sinks).
 Time: median over 3 rounds of the mean of 3 steps, after warm-up steps. Then a breakdown for
-the dense cases: one layer's attention alone through ``ad.attention``, through the transformers
-integration with the layouts a Llama layer hands it ([B, S, H, D] rows), and through
-``F.scaled_dot_product_attention`` (forward, forward + backward, times the layer count against the
+the dense cases: one layer's attention alone through ``ad.attention`` and
+``F.scaled_dot_product_attention`` on [B, H, S, D] tensors, and through the transformers
+integration and transformers' sdpa route with the layouts a Llama layer hands them ([B, S, H, D]
+rows) (forward, forward + backward, times the layer count against the
 step time), and forward + backward at S=128, where the time is the host's work per call: what
 limits a dense step, the kernels or the per-layer overhead.
 

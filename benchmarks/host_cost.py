@@ -333,18 +333,21 @@ def main(argv: list[str] | None = None) -> int:
     layer = Layer(shape, device, dtype)
     fwd, bwd = chosen(layer)
 
-    steps = {
+    autograd_steps = {
         "sdpa": sdpa_step(layer),
         f"ad.attention (automatic: {fwd.name} / {bwd.name})": attention_step(layer),
     }
     for name in forced_names(layer):
-        steps[f"ad.attention forced {name}"] = attention_step(layer, name)
-    steps["ad.attention as transformers calls it (bshd views)"] = transformers_step(layer)
-    steps["a minimal node over ad.forward + ad.backward"] = minimal_node_step(layer)
-    steps["an empty Python node (computes nothing)"] = empty_node_step(layer)
-    steps["custom ops fwd + bwd, no autograd"] = custom_ops_step(layer)
-    steps["ad.forward + ad.backward"] = public_step(layer)
-    steps["direct: implementations' forward + backward"] = direct_step(fwd, bwd)
+        autograd_steps[f"ad.attention forced {name}"] = attention_step(layer, name)
+    autograd_steps["ad.attention as transformers calls it (bshd views)"] = transformers_step(layer)
+    autograd_steps["a minimal node over ad.forward + ad.backward"] = minimal_node_step(layer)
+    autograd_steps["an empty Python node (computes nothing)"] = empty_node_step(layer)
+    steps = {
+        **autograd_steps,
+        "custom ops fwd + bwd, no autograd": custom_ops_step(layer),
+        "ad.forward + ad.backward": public_step(layer),
+        "direct: implementations' forward + backward": direct_step(fwd, bwd),
+    }
     seconds = interleaved_medians(
         steps, device, warmup, rounds, number, lambda line: print(line, file=sys.stderr)
     )
@@ -366,10 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ncProfile of {number} ad.attention forward+backward calls:")
         print(profile(attention_step(layer), device, number, args.top))
     if args.ops:
-        autograd_rows = [
-            p for p in steps if not p.startswith(("custom ops", "ad.forward", "direct"))
-        ]
-        print(operator_counts({p: steps[p] for p in autograd_rows}, device, number, args.top))
+        print(operator_counts(autograd_steps, device, number, args.top))
     if args.json:
         data = {
             "shape": dict(zip(("batch", "heads", "kv_heads", "seqlen", "head_dim"), shape)),

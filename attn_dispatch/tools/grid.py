@@ -10,9 +10,9 @@ eager (back-to-back calls: host work included) and, on CUDA, as replays of a CUD
 GPU's time). Medians of 3 blocks.
 
 Three grids: :func:`grid`, the full one (the shipped tables' points: about 20 minutes of an
-H200 by :func:`estimate`); :func:`default_grid`, ``tune
---grid``'s: each class of call the seed shapes and real models fall in, in about 7 minutes;
-:func:`quick_grid`, a few tiny points for a CPU.
+H200 by :func:`estimate`); :func:`default_grid`, ``tune --grid``'s: each class of call the seed
+shapes and real models fall in, in about 7 minutes; :func:`quick_grid`, a few tiny points for a
+CPU.
 """
 
 from __future__ import annotations
