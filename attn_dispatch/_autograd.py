@@ -51,10 +51,10 @@ import torch
 from torch import Tensor
 from torch._C._functorch import TransformType
 
-from . import _execution, _settings
+from . import _execution, _guards, _own_node, _settings
 from ._call import Call, Kind, OpFlags, of_schema
-from ._dispatch import BACKWARD, FORWARD, Mode, dispatch
-from ._inputs import INT64_MAX, lse_dtype, lse_shape
+from ._dispatch import BACKWARD, FORWARD, Mode, dispatch, pointer_residues
+from ._inputs import INT64_MAX, ForwardInputs, lse_dtype, lse_shape
 from ._validation import (
     _require_tensor,
     build_inputs,
@@ -488,6 +488,33 @@ def _unwrapped(*tensors) -> tuple:
     return tuple([t if t is None else _unwrap_if_dead(t) for t in tensors])
 
 
+def _through_own_node(q: Tensor, k: Tensor, v: Tensor, heads_first: bool, flags: OpFlags):
+    """The output (in the node's [B, S, H, D] order) of a dense eager call through its
+    implementation's own autograd node (``_own_node``), or ``None`` where the library's node
+    runs it. The first call of a signature takes the library's node, which caches the forward
+    decision; the verdict for the signature follows it and is guarded as decisions are."""
+    settings = _settings.installed or _settings.current()
+    call = of_schema(_FWD, flags, None, settings)
+    table, key = settings.own_nodes, (call, heads_first)
+    entries = table.get(key)
+    node = None if entries is None else _guards.match(entries, (q, k, v))
+    if node is None:
+        if _guards.can_remember(table, key, (q, k, v)):
+            out = _eager_apply(q, k, v, None, None, None, heads_first, (None, None), flags)
+            with torch.no_grad():
+                tensors = _bshd(q, k, v) if heads_first else (q, k, v)
+                node = _own_node.verdict(settings, call, tensors)
+            _guards.remember(table, key, (q, k, v), node)
+            return out
+        return None
+    if node.run is None or (
+        node.pointers is not None and node.pointers != pointer_residues((q, k, v), None, None)
+    ):
+        return None
+    tensors = _bshd(q, k, v) if heads_first else (q, k, v)
+    return node.run(ForwardInputs(*tensors, None, None, call, node.facts, None, node.plan))
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -581,13 +608,18 @@ def attention(
         (causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap),
     )
     if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
-        # eager: one autograd node, dispatching directly (see _Attention)
-        out = _eager_apply(
-            *_unwrapped(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks),
-            heads_first,
-            (max_seqlen_q, max_seqlen_k),
-            flags,
-        )
+        out = None
+        if cu_seqlens_q is cu_seqlens_k is sinks is max_seqlen_q is max_seqlen_k is None:
+            # dense: the implementation's own compiled node where it runs both passes
+            out = _through_own_node(*_unwrapped(q, k, v), heads_first, flags)
+        if out is None:
+            # eager: one autograd node, dispatching directly (see _Attention)
+            out = _eager_apply(
+                *_unwrapped(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks),
+                heads_first,
+                (max_seqlen_q, max_seqlen_k),
+                flags,
+            )
     else:
         # a functorch transform is one of the things _traced takes to the operators
         if not _is_compiling() and _functorch_active():

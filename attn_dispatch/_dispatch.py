@@ -189,6 +189,11 @@ def _key(call: Call, tensors: Tensors, cu_q, cu_k, max_q, max_k, sinks=None):
         return None
 
 
+def signature_key(call: Call, tensors: Tensors):
+    """The dictionary key of a dense call without sinks (see :func:`_key`)."""
+    return _key(call, tensors, None, None, None, None)
+
+
 def _cu_key(cu: torch.Tensor | None):
     return None if cu is None else (cu.shape, cu.stride(), cu.dtype, cu.device)
 

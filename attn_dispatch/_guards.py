@@ -75,18 +75,24 @@ def match(entries: list, tensors: Sequence[torch.Tensor]):
     return None
 
 
-def remember(table: dict, flags: tuple, tensors: Sequence[torch.Tensor], decision) -> None:
-    """Add a guard for ``tensors`` answering ``decision`` under ``flags`` (if there is room)."""
+def can_remember(table: dict, flags: tuple, tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether :func:`remember` would add a guard for ``tensors`` under ``flags``: there is
+    room, this torch has guards, and the tensors are plain and distinct."""
     entries = table.get(flags)
     if entries is not None and len(entries) >= MAX_GUARDS_PER_FLAGS:
+        return False
+    if _guard_class() is None or not all(type(t) is torch.Tensor for t in tensors):
+        return False
+    # a guard rejects one tensor passed twice (ad.backward(q, q, q, ...)): such calls stay on
+    # the dictionary, without building a guard on every call only to discard it
+    return len({id(t) for t in tensors}) == len(tensors)
+
+
+def remember(table: dict, flags: tuple, tensors: Sequence[torch.Tensor], decision) -> None:
+    """Add a guard for ``tensors`` answering ``decision`` under ``flags`` (if there is room)."""
+    if not can_remember(table, flags, tensors):
         return
     cls = _guard_class()
-    if cls is None or not all(type(t) is torch.Tensor for t in tensors):
-        return
-    if len({id(t) for t in tensors}) != len(tensors):
-        # a guard rejects one tensor passed twice (ad.backward(q, q, q, ...)): such calls stay
-        # on the dictionary, without building a guard on every call only to discard it
-        return
     try:
         guard = _build(cls, tensors)
         if guard.check(*tensors) is not True:

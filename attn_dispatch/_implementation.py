@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import ClassVar, NamedTuple
 
 import torch
+from torch import Tensor
 
 from ._arch import Arch
 from ._inputs import BackwardInputs, ForwardInputs
@@ -217,6 +218,21 @@ class Implementation:
         ``backward`` must run with ``inp.plan`` ``None``. An exception it raises fails the call
         as one raised by ``forward`` / ``backward`` would, naming the implementation; nothing is
         cached, so the next call of the signature asks again.
+        """
+        return None
+
+    def autograd_forward(self, inp: ForwardInputs) -> Callable[[ForwardInputs], Tensor] | None:
+        """For ``attention``'s eager calls of ``inp``'s signature: a function that computes
+        ``forward(inp)``'s output with grad recording on, through an operator whose own autograd
+        node (compiled, as PyTorch's attention operators have) computes what ``backward``
+        computes (optional hook; default ``None``: not for this signature).
+
+        The core asks once per cached forward decision (``inp.plan`` is the decision's plan), and
+        only for dense calls without sinks, where the backward decisions, eager and under graphs,
+        pick this implementation too: those calls then record that node instead of the library's
+        Python one, whose host cost is several times a compiled node's. The function receives
+        each call's inputs (with the plan) and must return exactly what ``forward`` would (the
+        same values, the output's layout), differentiable in ``inp.q``, ``inp.k`` and ``inp.v``.
         """
         return None
 

@@ -131,15 +131,19 @@ class Settings:
     decisions: dict = field(default_factory=dict)
     # flags -> [(guard, Decision)]: the C-level front of ``decisions`` (see _guards).
     guarded: dict = field(default_factory=dict)
+    # (forward Call, heads_first) -> [(guard, OwnNode)]: which eager ``attention`` signatures
+    # record their implementation's own autograd node (see _dispatch.own_node).
+    own_nodes: dict = field(default_factory=dict)
 
     def forget(self) -> None:
         """Drop every cached decision."""
         self.decisions.clear()
         self.guarded.clear()
+        self.own_nodes.clear()
 
     def fresh(self, **changes) -> Settings:
         """A copy with ``changes`` and empty caches."""
-        return dataclasses.replace(self, decisions={}, guarded={}, **changes)
+        return dataclasses.replace(self, decisions={}, guarded={}, own_nodes={}, **changes)
 
     def matches(self, names: set[str], full_name: str) -> bool:
         """Whether ``full_name`` (``backend:impl``) or its backend is in ``names``."""

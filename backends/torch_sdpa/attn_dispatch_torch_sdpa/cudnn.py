@@ -121,9 +121,31 @@ class Cudnn(c.SdpaImplementation):
         lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()
         return out.transpose(1, 2), lse
 
+    def autograd_forward(self, inp: adb.ForwardInputs):
+        """The forward op itself, whose PyTorch autograd node runs
+        ``_scaled_dot_product_cudnn_attention_backward`` as :meth:`backward` does (non-empty
+        calls: every row sees a key under the top-left mask)."""
+        return None if c.is_empty(inp) else _differentiable_forward
+
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
         if c.is_empty(inp):
             return c.zero_gradients(inp)
         dq, dk, dv = _run_backward(inp, inp.lse.contiguous())
         return ad.Gradients(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2))
+
+
+def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
+    """``Cudnn.forward(inp)``'s output, recording the op's own autograd node."""
+    out = aten(CUDNN_FWD)(
+        inp.q.transpose(1, 2),
+        inp.k.transpose(1, 2),
+        inp.v.transpose(1, 2),
+        None,
+        True,
+        0.0,
+        inp.causal,
+        False,
+        scale=inp.scale,
+    )[0]
+    return out.transpose(1, 2)

@@ -199,6 +199,14 @@ class Flash(c.SdpaImplementation):
             )
         return c.clean_empty_rows(out, lse, inp)
 
+    def autograd_forward(self, inp: adb.ForwardInputs):
+        """The forward op itself, whose PyTorch autograd node runs ``_flash_attention_backward``
+        as :meth:`backward` does: for dense calls where every row sees a key (elsewhere the
+        forward's clean-up of such rows is not the op's)."""
+        if inp.is_varlen or c.is_empty(inp) or c.may_have_empty_rows(inp):
+            return None
+        return _differentiable_forward
+
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
         if c.is_empty(inp):
@@ -220,3 +228,20 @@ class Flash(c.SdpaImplementation):
             **_window_kwargs(inp),
         )
         return ad.Gradients(dq, dk, dv)
+
+
+def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
+    """``Flash.forward(inp)``'s output, recording the op's own autograd node."""
+    return aten(FLASH_FWD)(
+        inp.q,
+        inp.k,
+        inp.v,
+        None,
+        None,
+        inp.seqlen_q,
+        inp.seqlen_k,
+        0.0,
+        inp.causal,
+        False,
+        scale=inp.scale,
+    )[0]

@@ -1,0 +1,82 @@
+"""Eager ``attention`` calls through their implementation's own autograd node.
+
+The library's eager node is a Python ``torch.autograd.Function``: its passes dispatch as
+``forward`` and ``backward`` do, and Python's own cost of such a node is several times that of
+the compiled node PyTorch's attention operators record (docs/benchmarks.md, section 8). Where
+an implementation records such a node itself (``Implementation.autograd_forward``), ``attention``
+calls it instead: the forward runs by the cached decision with its plan, and the backward is
+that node's, with nothing of the library in it.
+
+That is the same computation only where the library's node would run that implementation's
+backward too. So the first eager call of a signature runs the library's node, and then
+:func:`verdict` makes the backward decision for the signature, under the call's scope, for a
+gradient laid out like the output (a fresh allocation, as autograd's are), in both execution
+modes (a backward may run captured where its forward did not); only where each picks the
+forward's implementation does the signature get the implementation's node, and a call of it
+takes that node only with q, k and v aligned as that first call's were, where a decision read
+their alignment.
+Autotune measures each pass's candidates apart, so under autotune the library's node stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from . import _dispatch, _settings
+from ._call import Call, Kind
+from ._implementation import Implementation
+from ._inputs import Facts, ForwardInputs, lse_dtype, lse_shape
+from ._validation import build_inputs
+
+
+class OwnNode(NamedTuple):
+    """What an eager ``attention`` signature runs: ``run`` (``None``: the library's node) on
+    inputs built from the forward decision's ``facts`` and ``plan``, where q, k and v have the
+    pointer residues the forward decision read (``pointers``; ``None``: it read none)."""
+
+    run: Callable[[ForwardInputs], torch.Tensor] | None
+    facts: Facts | None = None
+    plan: object = None
+    pointers: tuple | None = None
+
+
+LIBRARY_NODE = OwnNode(None)
+_EXECUTIONS = ("eager", "graph")
+
+
+def verdict(settings: _settings.Settings, call: Call, tensors: tuple) -> OwnNode:
+    """The node for forward ``call`` of ``tensors`` (q, k, v as the forward runs them, after a
+    call of the signature cached its decision): the implementation's, or :data:`LIBRARY_NODE`."""
+    q, k = tensors[:2]
+    if settings.autotune is not None or q.device.type == "meta" or 0 in (q.numel(), k.numel()):
+        return LIBRARY_NODE
+    key = _dispatch.signature_key(call, tensors)
+    decision = None if key is None else settings.decisions.get(key)
+    if decision is None or type(decision.impl).autograd_forward is Implementation.autograd_forward:
+        return LIBRARY_NODE
+    impl, pointers = decision.impl, decision.pointers
+    out = q.new_empty((*q.shape[:-1], decision.facts.head_dim_v))
+    lse = q.new_empty(lse_shape(q.shape, False), dtype=lse_dtype(q.dtype))
+    backward = (*tensors, out, lse, torch.empty_like(out))
+    for execution in _EXECUTIONS:
+        backward_call = call._replace(kind=Kind.BACKWARD, execution=execution)
+        inp = build_inputs(backward_call, backward, None, None, None, None, settings.debug)
+        _, chosen, read_pointers = _dispatch.select(settings, inp, backward_call)
+        if chosen is not impl:
+            return LIBRARY_NODE
+        if read_pointers and pointers is None:
+            # q, k and v's alignment could change the backward's choice: calls of other
+            # residues keep the library's node
+            pointers = _dispatch.pointer_residues(tensors, None, None)
+    forward = ForwardInputs(*tensors, None, None, call, decision.facts, None, decision.plan)
+    try:
+        run = impl.autograd_forward(forward)
+    except Exception as exc:
+        exc.add_note(f"(raised by {impl.full_name}.autograd_forward in attn_dispatch.attention)")
+        raise
+    if run is None:
+        return LIBRARY_NODE
+    return OwnNode(run, decision.facts, decision.plan, pointers)

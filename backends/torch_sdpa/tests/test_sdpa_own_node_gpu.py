@@ -1,0 +1,117 @@
+"""``torch_sdpa:flash`` and ``:cudnn`` through their own autograd nodes (``autograd_forward``)
+on a CUDA GPU.
+
+Eager ``ad.attention`` calls after a signature's first record the forward operator's node,
+whose backward is PyTorch's; their output and gradients must be those of the library's node (the
+first call) and of float32 math, for gradients of any layout.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attn_dispatch as ad
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _nodes(out: torch.Tensor) -> set[str]:
+    """The class names of the autograd nodes two steps below ``out``."""
+    names, frontier = set(), [out.grad_fn]
+    for _ in range(2):
+        names |= {type(n).__name__ for n in frontier if n is not None}
+        frontier = [n for f in frontier if f is not None for n, _ in f.next_functions]
+    return names
+
+
+NODES = {"flash": "FlashAttentionBackward0", "cudnn": "ScaledDotProductCudnnAttentionBackward0"}
+
+
+def _step(q, k, v, grad, layout, impl="flash", **flags):
+    for t in (q, k, v):
+        t.grad = None
+    out = ad.attention(q, k, v, layout=layout, backend=f"torch_sdpa:{impl}", **flags)
+    nodes = _nodes(out)
+    (out * grad).sum().backward() if grad is not None else out.sum().backward()
+    return out.detach().float(), nodes, [t.grad.float() for t in (q, k, v)]
+
+
+def _math(q, k, v, grad, layout, causal):
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    views = leaves if layout == "bhsd" else [t.transpose(1, 2) for t in leaves]
+    out = F.scaled_dot_product_attention(*views, is_causal=causal, enable_gqa=True)
+    out = out if layout == "bhsd" else out.transpose(1, 2)
+    (out * grad.float()).sum().backward() if grad is not None else out.sum().backward()
+    return out.detach(), [t.grad for t in leaves]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert (got - want).norm() / want.norm().clamp_min(1e-6) < 1e-2
+    assert (got - want).abs().max() < 3e-2 * want.abs().max().clamp_min(1.0)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize(
+    "shape", [(1, 128, 32, 8, 128), (2, 77, 6, 2, 64)], ids=["llama-128", "odd-77"]
+)
+@pytest.mark.parametrize("grad_kind", ["random", "broadcast"])
+@pytest.mark.parametrize("impl", ["flash", "cudnn"])
+def test_calls_after_the_first_run_through_the_operators_own_node(impl, layout, shape, grad_kind):
+    batch, seqlen, heads, kv_heads, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(seqlen)
+
+    def leaf(h: int) -> torch.Tensor:
+        dims = (batch, h, seqlen, d) if layout == "bhsd" else (batch, seqlen, h, d)
+        t = torch.randn(dims, generator=gen, device="cuda", dtype=torch.bfloat16)
+        return t.requires_grad_()
+
+    q, k, v = leaf(heads), leaf(kv_heads), leaf(kv_heads)
+    grad = None if grad_kind == "broadcast" else torch.randn_like(q)
+    want_out, want_grads = _math(q, k, v, grad, layout, True)
+    first = _step(q, k, v, grad, layout, impl, causal=True)
+    later = [_step(q, k, v, grad, layout, impl, causal=True) for _ in range(2)]
+    assert NODES[impl] not in first[1]
+    for out, _, grads in (first, *later):
+        _close(out, want_out)
+        for g, w in zip(grads, want_grads):
+            _close(g, w)
+    for _, nodes, _ in later:
+        assert NODES[impl] in nodes, nodes
+
+
+def test_a_second_differentiation_through_the_own_node_raises():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(
+            1, 64, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16
+        ).requires_grad_()
+        for _ in range(3)
+    )
+    for _ in range(2):
+        out = ad.attention(q, k, v, causal=True, backend="torch_sdpa:flash")
+    assert NODES["flash"] in _nodes(out)
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="_flash_attention_backward"):
+        dq.sum().backward()
+
+
+def test_rows_that_see_no_key_keep_the_library_node():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 64, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k, v = (
+        torch.randn(1, 32, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2)
+    )
+    for t in (q, k, v):
+        t.requires_grad_()
+    for _ in range(3):
+        out = ad.attention(
+            q, k, v, causal=True, causal_align="bottom_right", backend="torch_sdpa:flash"
+        )
+        assert "FlashAttentionBackward0" not in _nodes(out)
+        out.sum().backward()

@@ -1,0 +1,119 @@
+"""Eager ``ad.attention`` through an implementation's own autograd node
+(``Implementation.autograd_forward``; the ``noded`` test plugins).
+
+Where one implementation runs both passes of a dense signature, calls after the first record
+that implementation's node instead of the library's Python one; everywhere else the library's
+node stays. The gradients are the same either way.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attn_dispatch_test_plugins import noded
+
+import attn_dispatch as ad
+from attn_dispatch import _autograd
+
+NODED = {"ATTN_DISPATCH_TEST_PLUGINS": "noded", "ATTN_DISPATCH_PLUGINS": "noded"}
+
+
+@pytest.fixture
+def noded_env(env):
+    """``noded:oracle`` alone (``noded:backward`` disabled), with an empty record."""
+    noded.RUNS.clear()
+    env.set(**NODED, ATTN_DISPATCH_DISABLE="noded:backward")
+    yield env
+    noded.RUNS.clear()
+
+
+def leaves(heads_first: bool = False, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((2, 4, 7, 8), (2, 2, 7, 8), (2, 2, 7, 8))
+    if not heads_first:
+        shapes = tuple((b, s, h, d) for b, h, s, d in shapes)
+    return [torch.randn(s, generator=gen, dtype=torch.float64).requires_grad_() for s in shapes]
+
+
+def expected(q, k, v, grad, heads_first: bool) -> tuple[torch.Tensor, ...]:
+    """Output and gradients by PyTorch's math attention (GQA, causal) in float64."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    views = (q, k, v) if heads_first else tuple(t.transpose(1, 2) for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(*views, is_causal=True, enable_gqa=True)
+    out = out if heads_first else out.transpose(1, 2)
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def step(q, k, v, grad, heads_first: bool):
+    """One call and its backward: the output, its node's class name and the gradients."""
+    for t in (q, k, v):
+        t.grad = None
+    out = ad.attention(q, k, v, causal=True, layout="bhsd" if heads_first else "bshd")
+    # a heads-first call returns a transposed view of its node's output
+    producer = out.grad_fn.next_functions[0][0] if heads_first else out.grad_fn
+    node = type(producer).__name__
+    out.backward(grad)
+    return out.detach(), node, q.grad, k.grad, v.grad
+
+
+LIBRARY_NODE = _autograd._EAGER_NODE.__name__
+
+
+@pytest.mark.parametrize("heads_first", [False, True], ids=["bshd", "bhsd"])
+def test_calls_after_the_first_record_the_implementations_own_node(noded_env, heads_first):
+    q, k, v = leaves(heads_first)
+    grad = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(1))
+    want = expected(q, k, v, grad, heads_first)
+    nodes = []
+    for _ in range(3):
+        out, node, *grads = step(q, k, v, grad, heads_first)
+        nodes.append(node)
+        for got, ref in zip((out, *grads), want):
+            torch.testing.assert_close(got, ref)
+    assert nodes[0] == LIBRARY_NODE
+    assert LIBRARY_NODE not in nodes[1:]  # torch's nodes of the plugin's operators
+    assert noded.RUNS == ["forward", "backward noded:oracle", "node", "node"]
+
+
+def test_a_backward_decided_for_another_implementation_keeps_the_library_node(env):
+    noded.RUNS.clear()
+    env.set(**NODED)  # noded:backward ranks above noded:oracle, and has no forward
+    q, k, v = leaves()
+    grad = torch.ones(q.shape, dtype=q.dtype)
+    want = expected(q, k, v, grad, False)
+    for _ in range(3):
+        out, node, *grads = step(q, k, v, grad, False)
+        assert node == LIBRARY_NODE
+        for got, ref in zip((out, *grads), want):
+            torch.testing.assert_close(got, ref)
+    assert noded.RUNS == ["forward", "backward noded:backward"] * 3
+    noded.RUNS.clear()
+
+
+def test_a_call_aligned_otherwise_or_of_another_signature_learns_its_own(noded_env):
+    q, k, v = leaves()
+    grad = torch.ones(q.shape, dtype=q.dtype)
+    step(q, k, v, grad, False)
+    step(q, k, v, grad, False)
+    shorter = [t[:, :5].detach().requires_grad_() for t in (q, k, v)]
+    step(*shorter, torch.ones(shorter[0].shape, dtype=q.dtype), False)
+    step(*shorter, torch.ones(shorter[0].shape, dtype=q.dtype), False)
+    assert noded.RUNS == ["forward", "backward noded:oracle", "node"] * 2
+
+
+def test_calls_without_gradients_take_the_node_too(noded_env):
+    q, k, v = (t.detach() for t in leaves())
+    with torch.no_grad():
+        outs = [ad.attention(q, k, v, causal=True) for _ in range(3)]
+    assert noded.RUNS == ["forward", "node", "node"]
+    torch.testing.assert_close(outs[0], outs[2])
+
+
+def test_a_window_keeps_the_library_node(noded_env):
+    q, k, v = leaves()
+    for _ in range(3):
+        out = ad.attention(q, k, v, causal=True, window=(3, 0))
+        assert type(out.grad_fn).__name__ == LIBRARY_NODE
+        out.sum().backward()
+    assert "node" not in noded.RUNS
