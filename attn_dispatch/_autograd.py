@@ -387,12 +387,13 @@ class _Attention(torch.autograd.Function):
     backward operator instead, so that a compiler sees it as one opaque node."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, heads_first, max_seqlens, flags):
+    def forward(
+        ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, heads_first, max_seqlens, flags, call
+    ):
         tensors = (
             (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)) if heads_first else (q, k, v)
         )
         settings = _settings.installed or _settings.current()
-        call = of_schema(_FWD, flags, sinks, settings)
         out, lse = dispatch(
             FORWARD, tensors, cu_seqlens_q, cu_seqlens_k, *max_seqlens, call, settings, sinks
         )
@@ -408,9 +409,9 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         # one gradient per input: q, k, v, the two cu_seqlens, sinks, heads_first, max_seqlens,
-        # flags
+        # flags, call
         if grad_out is None:
-            return (None,) * 9
+            return (None,) * 10
         if _is_compiling() or ctx.scope == scope():
             # the usual case: backward in the forward's scope; a compiled backward (compiled
             # autograd) reads the scope it runs in
@@ -418,7 +419,7 @@ class _Attention(torch.autograd.Function):
         else:
             with in_scope(ctx.scope):
                 dq, dk, dv, dsinks = _eager_gradients(ctx, grad_out)
-        return dq, dk, dv, None, None, dsinks, None, None, None
+        return dq, dk, dv, None, None, dsinks, None, None, None, None
 
 
 def _bshd(*tensors: Tensor) -> tuple[Tensor, ...]:
@@ -488,19 +489,25 @@ def _unwrapped(*tensors) -> tuple:
     return tuple([t if t is None else _unwrap_if_dead(t) for t in tensors])
 
 
-def _through_own_node(q: Tensor, k: Tensor, v: Tensor, heads_first: bool, flags: OpFlags):
+def _through_own_node(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    heads_first: bool,
+    flags: OpFlags,
+    call: Call,
+    settings: _settings.Settings,
+) -> Tensor | None:
     """The output (in the node's [B, S, H, D] order) of a dense eager call through its
     implementation's own autograd node (``_own_node``), or ``None`` where the library's node
     runs it. The first call of a signature takes the library's node, which caches the forward
     decision; the verdict for the signature follows it and is guarded as decisions are."""
-    settings = _settings.installed or _settings.current()
-    call = of_schema(_FWD, flags, None, settings)
     table, key = settings.own_nodes, (call, heads_first)
     entries = table.get(key)
     node = None if entries is None else _guards.match(entries, (q, k, v))
     if node is None:
         if _guards.can_remember(table, key, (q, k, v)):
-            out = _eager_apply(q, k, v, None, None, None, heads_first, (None, None), flags)
+            out = _eager_apply(q, k, v, None, None, None, heads_first, (None, None), flags, call)
             with torch.no_grad():
                 tensors = _bshd(q, k, v) if heads_first else (q, k, v)
                 node = _own_node.verdict(settings, call, tensors)
@@ -608,10 +615,12 @@ def attention(
         (causal, causal_align, scale, deterministic, backend, window_left, window_right, softcap),
     )
     if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
+        settings = _settings.installed or _settings.current()
+        call = of_schema(_FWD, flags, sinks, settings)
         out = None
         if cu_seqlens_q is cu_seqlens_k is sinks is max_seqlen_q is max_seqlen_k is None:
             # dense: the implementation's own compiled node where it runs both passes
-            out = _through_own_node(*_unwrapped(q, k, v), heads_first, flags)
+            out = _through_own_node(*_unwrapped(q, k, v), heads_first, flags, call, settings)
         if out is None:
             # eager: one autograd node, dispatching directly (see _Attention)
             out = _eager_apply(
@@ -619,6 +628,7 @@ def attention(
                 heads_first,
                 (max_seqlen_q, max_seqlen_k),
                 flags,
+                call,
             )
     else:
         # a functorch transform is one of the things _traced takes to the operators
