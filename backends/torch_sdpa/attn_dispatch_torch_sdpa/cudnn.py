@@ -106,17 +106,7 @@ class Cudnn(c.SdpaImplementation):
         """``(out [B,Sq,H,Dv], lse [B,H,Sq])``."""
         if c.is_empty(inp):
             return c.empty_forward(inp)
-        res = aten(CUDNN_FWD)(
-            inp.q.transpose(1, 2),
-            inp.k.transpose(1, 2),
-            inp.v.transpose(1, 2),
-            None,
-            True,
-            0.0,
-            inp.causal,
-            False,
-            scale=inp.scale,
-        )
+        res = _forward_op(inp)
         out, lse = res[0], res[1]
         lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()
         return out.transpose(1, 2), lse
@@ -135,9 +125,10 @@ class Cudnn(c.SdpaImplementation):
         return ad.Gradients(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2))
 
 
-def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
-    """``Cudnn.forward(inp)``'s output, recording the op's own autograd node."""
-    out = aten(CUDNN_FWD)(
+def _forward_op(inp: adb.ForwardInputs) -> tuple:
+    """The cuDNN op's results for ``inp`` ([B, H, S, D] views; recording the op's autograd node
+    where grad recording is on and an input requires grad)."""
+    return aten(CUDNN_FWD)(
         inp.q.transpose(1, 2),
         inp.k.transpose(1, 2),
         inp.v.transpose(1, 2),
@@ -147,5 +138,9 @@ def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
         inp.causal,
         False,
         scale=inp.scale,
-    )[0]
-    return out.transpose(1, 2)
+    )
+
+
+def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
+    """``Cudnn.forward(inp)``'s output, recording the op's own autograd node."""
+    return _forward_op(inp)[0].transpose(1, 2)

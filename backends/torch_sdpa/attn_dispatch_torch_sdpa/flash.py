@@ -179,17 +179,7 @@ class Flash(c.SdpaImplementation):
         """``(out, lse)`` in our layout."""
         if c.is_empty(inp):
             return c.empty_forward(inp)
-        res = aten(FLASH_FWD)(
-            inp.q,
-            inp.k,
-            inp.v,
-            *_varlen_args(inp),
-            0.0,
-            inp.causal,
-            False,
-            scale=inp.scale,
-            **_window_kwargs(inp),
-        )
+        res = _forward_op(inp)
         out, lse = res[0], res[1]
         expected = 2 if inp.is_varlen else 3
         if lse.dim() != expected:
@@ -230,18 +220,22 @@ class Flash(c.SdpaImplementation):
         return ad.Gradients(dq, dk, dv)
 
 
-def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
-    """``Flash.forward(inp)``'s output, recording the op's own autograd node."""
+def _forward_op(inp: adb.ForwardInputs) -> tuple:
+    """``aten::_flash_attention_forward``'s results for ``inp`` (recording the op's autograd node
+    where grad recording is on and an input requires grad)."""
     return aten(FLASH_FWD)(
         inp.q,
         inp.k,
         inp.v,
-        None,
-        None,
-        inp.seqlen_q,
-        inp.seqlen_k,
+        *_varlen_args(inp),
         0.0,
         inp.causal,
         False,
         scale=inp.scale,
-    )[0]
+        **_window_kwargs(inp),
+    )
+
+
+def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
+    """``Flash.forward(inp)``'s output, recording the op's own autograd node."""
+    return _forward_op(inp)[0]
