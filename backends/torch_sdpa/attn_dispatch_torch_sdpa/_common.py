@@ -28,6 +28,25 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 INF = math.inf
 
 
+#: Turns on eager ``ad.attention`` calls through PyTorch's own autograd node of the flash and
+#: cuDNN forward ops (``autograd_forward``). Off by default until a GPU run of
+#: ``tests/test_sdpa_own_node_gpu.py`` proves it on the measured stack.
+OWN_NODE_VARIABLE = "ATTN_DISPATCH_SDPA_OWN_NODE"
+OWN_NODE = "PyTorch's own autograd node (eager attention)"
+
+
+def own_node_path() -> adb.FastPath:
+    """Whether :data:`OWN_NODE_VARIABLE` lets ``autograd_forward`` offer the op's node."""
+    if adb.env_flag(OWN_NODE_VARIABLE, False):
+        return adb.FastPath(OWN_NODE, True, f"{OWN_NODE_VARIABLE} turns it on")
+    return adb.FastPath(
+        OWN_NODE,
+        False,
+        f"opt-in ({OWN_NODE_VARIABLE}=1) until a GPU run proves it; eager attention calls run "
+        "the library's Python node",
+    )
+
+
 class SdpaImplementation(adb.Implementation):
     """The declarations the three PyTorch ops share."""
 

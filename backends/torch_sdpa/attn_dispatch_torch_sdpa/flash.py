@@ -189,13 +189,17 @@ class Flash(c.SdpaImplementation):
             )
         return c.clean_empty_rows(out, lse, inp)
 
+    def fast_paths(self) -> list[adb.FastPath]:
+        """PyTorch's own autograd node for eager ``attention`` calls (opt-in, ``_common``)."""
+        return [c.own_node_path()]
+
     def autograd_forward(self, inp: adb.ForwardInputs):
         """The forward op itself, whose PyTorch autograd node runs ``_flash_attention_backward``
         as :meth:`backward` does: for dense calls where every row sees a key (elsewhere the
         forward's clean-up of such rows is not the op's)."""
         if inp.is_varlen or c.is_empty(inp) or c.may_have_empty_rows(inp):
             return None
-        return _differentiable_forward
+        return _differentiable_forward if c.own_node_path().on else None
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""

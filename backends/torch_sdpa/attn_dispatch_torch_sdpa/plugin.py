@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from attn_dispatch import backend as adb
 
+from ._common import own_node_path
 from .cudnn import Cudnn
 from .efficient import Efficient
 from .flash import Flash
@@ -16,5 +17,6 @@ from .flash import Flash
 
 @adb.hookimpl
 def attn_dispatch_implementations() -> list[adb.Implementation]:
-    """The torch_sdpa backend's implementations."""
+    """The torch_sdpa backend's implementations (its setting checked now, whatever runs)."""
+    own_node_path()
     return [Cudnn(), Flash(), Efficient()]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from attn_dispatch_torch_sdpa import _common
 
 import attn_dispatch as ad
 
@@ -18,6 +19,13 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def own_node_on(isolated_plugins):
+    """The opt-in on, with no decision or verdict cached from earlier tests."""
+    isolated_plugins.set(**{_common.OWN_NODE_VARIABLE: "1"})
+    return isolated_plugins
 
 
 def _nodes(out: torch.Tensor) -> set[str]:
