@@ -18,32 +18,47 @@ Conventions at the boundary:
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 import attn_dispatch as ad
 from attn_dispatch import backend as adb
 
+from ._ops import torch_version
+
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 INF = math.inf
 
 
-#: Turns on eager ``ad.attention`` calls through PyTorch's own autograd node of the flash and
-#: cuDNN forward ops (``autograd_forward``). Off by default until a GPU run of
-#: ``tests/test_sdpa_own_node_gpu.py`` proves it on the measured stack.
+#: ``torch_sdpa:flash``'s eager ``ad.attention`` calls through PyTorch's own autograd node of
+#: ``aten::_flash_attention_forward`` (``Flash.autograd_forward``): on by default with the torch
+#: releases it was proven on, on NVIDIA GPUs (``tests/test_sdpa_own_node_gpu.py``); this
+#: boolean variable turns it on or off anywhere.
 OWN_NODE_VARIABLE = "ATTN_DISPATCH_SDPA_OWN_NODE"
 OWN_NODE = "PyTorch's own autograd node (eager attention)"
+OWN_NODE_TORCH = ((2, 11),)
 
 
 def own_node_path() -> adb.FastPath:
-    """Whether :data:`OWN_NODE_VARIABLE` lets ``autograd_forward`` offer the op's node."""
-    if adb.env_flag(OWN_NODE_VARIABLE, False):
-        return adb.FastPath(OWN_NODE, True, f"{OWN_NODE_VARIABLE} turns it on")
+    """Whether ``Flash.autograd_forward`` offers the op's node on this installation."""
+    if os.environ.get(OWN_NODE_VARIABLE) is not None:
+        on = adb.env_flag(OWN_NODE_VARIABLE, False)
+        return adb.FastPath(OWN_NODE, on, f"{OWN_NODE_VARIABLE} turns it {'on' if on else 'off'}")
+    version = torch_version()
+    here = f"torch {version.major}.{version.minor}"
+    proven = ", ".join(f"{major}.{minor}" for major, minor in OWN_NODE_TORCH)
+    if torch.version.hip is not None:
+        return adb.FastPath(
+            OWN_NODE, False, f"not yet run on a ROCm GPU ({OWN_NODE_VARIABLE}=1 turns it on)"
+        )
+    if (version.major, version.minor) in OWN_NODE_TORCH:
+        return adb.FastPath(OWN_NODE, True, f"{here} is a release it was proven on")
     return adb.FastPath(
         OWN_NODE,
         False,
-        f"opt-in ({OWN_NODE_VARIABLE}=1) until a GPU run proves it; eager attention calls run "
-        "the library's Python node",
+        f"{here} is installed; it was proven on torch {proven} only ({OWN_NODE_VARIABLE}=1 "
+        "turns it on); eager attention calls run the library's Python node",
     )
 
 

@@ -111,21 +111,6 @@ class Cudnn(c.SdpaImplementation):
         lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()
         return out.transpose(1, 2), lse
 
-    def fast_paths(self) -> list[adb.FastPath]:
-        """PyTorch's own autograd node for eager ``attention`` calls (opt-in, ``_common``)."""
-        return [c.own_node_path()]
-
-    def autograd_forward(self, inp: adb.ForwardInputs):
-        """The forward op itself, whose PyTorch autograd node runs
-        ``_scaled_dot_product_cudnn_attention_backward`` as :meth:`backward` does (non-empty
-        calls: every row sees a key under the top-left mask), where cuDNN reads the output
-        gradient with its own strides (the node hands it on as autograd made it)."""
-        if c.is_empty(inp) or not c.own_node_path().on:
-            return None
-        if _cudnn_version() < OWN_GRAD_STRIDES_CUDNN:
-            return None
-        return _differentiable_forward
-
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
         if c.is_empty(inp):
@@ -148,8 +133,3 @@ def _forward_op(inp: adb.ForwardInputs) -> tuple:
         False,
         scale=inp.scale,
     )
-
-
-def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
-    """``Cudnn.forward(inp)``'s output, recording the op's own autograd node."""
-    return _forward_op(inp)[0].transpose(1, 2)

@@ -190,13 +190,13 @@ class Flash(c.SdpaImplementation):
         return c.clean_empty_rows(out, lse, inp)
 
     def fast_paths(self) -> list[adb.FastPath]:
-        """PyTorch's own autograd node for eager ``attention`` calls (opt-in, ``_common``)."""
+        """PyTorch's own autograd node for eager ``attention`` calls (``_common``'s gate)."""
         return [c.own_node_path()]
 
     def autograd_forward(self, inp: adb.ForwardInputs):
         """The forward op itself, whose PyTorch autograd node runs ``_flash_attention_backward``
         as :meth:`backward` does: for dense calls where every row sees a key (elsewhere the
-        forward's clean-up of such rows is not the op's)."""
+        forward's clean-up of such rows is not the op's), where the gate allows it."""
         if inp.is_varlen or c.is_empty(inp) or c.may_have_empty_rows(inp):
             return None
         return _differentiable_forward if c.own_node_path().on else None

@@ -1,14 +1,15 @@
-"""torch_sdpa's own-autograd-node path on the CPU: the opt-in gate and the signatures it
-covers (its numerics on the GPU are in test_sdpa_own_node_gpu.py)."""
+"""torch_sdpa's own-autograd-node path on the CPU: its gate and the signatures it covers (its
+numerics on the GPU are in test_sdpa_own_node_gpu.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from attn_dispatch_torch_sdpa import _common, cudnn
+from attn_dispatch_torch_sdpa import _common
 from attn_dispatch_torch_sdpa.cudnn import Cudnn
 from attn_dispatch_torch_sdpa.efficient import Efficient
 from attn_dispatch_torch_sdpa.flash import Flash
+from packaging.version import Version
 
 from attn_dispatch import backend as adb
 
@@ -21,25 +22,47 @@ def _inputs(sq=128, sk=None, **flags) -> adb.ForwardInputs:
 
 
 @pytest.fixture
-def cudnn_version(monkeypatch):
-    """Sets the cuDNN version the backend reads (this CPU build has none)."""
-
-    def set_version(version: int) -> None:
-        monkeypatch.setattr(cudnn, "_cudnn_version", lambda: version)
-
-    set_version(cudnn.OWN_GRAD_STRIDES_CUDNN)
-    return set_version
-
-
-@pytest.mark.parametrize("impl", [Flash(), Cudnn()], ids=["flash", "cudnn"])
-def test_the_own_node_is_offered_only_when_turned_on(impl, monkeypatch, cudnn_version):
+def torch_release(monkeypatch):
+    """Sets the torch release and build the gate reads (default: the proven one, CUDA)."""
     monkeypatch.delenv(_common.OWN_NODE_VARIABLE, raising=False)
-    assert impl.autograd_forward(_inputs(causal=True)) is None
-    assert impl.fast_paths() == [_common.own_node_path()]
-    assert not impl.fast_paths()[0].on
+
+    def set_release(version: str, hip: str | None = None) -> None:
+        monkeypatch.setattr(_common, "torch_version", lambda: Version(version))
+        monkeypatch.setattr(torch.version, "hip", hip)
+
+    major, minor = _common.OWN_NODE_TORCH[0]
+    set_release(f"{major}.{minor}.0")
+    return set_release
+
+
+def _offered() -> bool:
+    on = callable(Flash().autograd_forward(_inputs(causal=True)))
+    assert Flash().fast_paths()[0].on == on
+    return on
+
+
+def test_the_own_node_is_on_with_a_proven_torch_on_nvidia(torch_release):
+    assert _offered()
+    assert "proven on" in Flash().fast_paths()[0].reason
+
+
+def test_the_own_node_is_off_with_another_torch_or_on_rocm(torch_release):
+    torch_release("2.13.0")
+    assert not _offered()
+    assert "proven on torch 2.11 only" in Flash().fast_paths()[0].reason
+    torch_release("2.11.0", hip="7.0")
+    assert not _offered()
+
+
+def test_the_variable_turns_it_on_or_off_anywhere(torch_release, monkeypatch):
+    monkeypatch.setenv(_common.OWN_NODE_VARIABLE, "0")
+    assert not _offered()
+    torch_release("2.13.0")
     monkeypatch.setenv(_common.OWN_NODE_VARIABLE, "1")
-    assert callable(impl.autograd_forward(_inputs(causal=True)))
-    assert impl.fast_paths()[0].on
+    assert _offered()
+    monkeypatch.setenv(_common.OWN_NODE_VARIABLE, "maybe")
+    with pytest.raises(ValueError, match=_common.OWN_NODE_VARIABLE):
+        _offered()
 
 
 @pytest.mark.parametrize(
@@ -51,20 +74,13 @@ def test_the_own_node_is_offered_only_when_turned_on(impl, monkeypatch, cudnn_ve
     ],
     ids=["rows-without-keys", "window", "no-keys"],
 )
-def test_flash_keeps_the_library_node_where_its_forward_cleans_rows_up(flags, monkeypatch):
-    monkeypatch.setenv(_common.OWN_NODE_VARIABLE, "1")
+def test_flash_keeps_the_library_node_where_its_forward_cleans_rows_up(flags, torch_release):
     sk = flags.pop("sk", None)
     assert Flash().autograd_forward(_inputs(sk=sk, **flags)) is None
 
 
-def test_efficient_offers_no_own_node(monkeypatch):
+@pytest.mark.parametrize("impl", [Cudnn(), Efficient()], ids=["cudnn", "efficient"])
+def test_cudnn_and_efficient_offer_no_own_node(impl, torch_release, monkeypatch):
+    # cuDNN's own PyTorch node returned wrong dq and dk on [B, H, S, D] memory (docs/experiments.md)
     monkeypatch.setenv(_common.OWN_NODE_VARIABLE, "1")
-    assert Efficient().autograd_forward(_inputs(causal=True)) is None
-
-
-def test_cudnn_before_it_reads_the_gradients_own_strides_keeps_the_library_node(
-    monkeypatch, cudnn_version
-):
-    monkeypatch.setenv(_common.OWN_NODE_VARIABLE, "1")
-    cudnn_version(cudnn.OWN_GRAD_STRIDES_CUDNN - 1)
-    assert Cudnn().autograd_forward(_inputs(causal=True)) is None
+    assert impl.autograd_forward(_inputs(causal=True)) is None

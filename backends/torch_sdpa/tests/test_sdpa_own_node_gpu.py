@@ -1,5 +1,5 @@
-"""``torch_sdpa:flash`` and ``:cudnn`` through their own autograd nodes (``autograd_forward``)
-on a CUDA GPU.
+"""``torch_sdpa:flash`` through PyTorch's own autograd node of its forward op
+(``autograd_forward``) on a CUDA GPU.
 
 Eager ``ad.attention`` calls after a signature's first record the forward operator's node,
 whose backward is PyTorch's; their output and gradients must be those of the library's node (the
@@ -37,13 +37,13 @@ def _nodes(out: torch.Tensor) -> set[str]:
     return names
 
 
-NODES = {"flash": "FlashAttentionBackward0", "cudnn": "ScaledDotProductCudnnAttentionBackward0"}
+FLASH_NODE = "FlashAttentionBackward0"
 
 
-def _step(q, k, v, grad, layout, impl="flash", **flags):
+def _step(q, k, v, grad, layout, **flags):
     for t in (q, k, v):
         t.grad = None
-    out = ad.attention(q, k, v, layout=layout, backend=f"torch_sdpa:{impl}", **flags)
+    out = ad.attention(q, k, v, layout=layout, backend="torch_sdpa:flash", **flags)
     nodes = _nodes(out)
     (out * grad).sum().backward() if grad is not None else out.sum().backward()
     return out.detach().float(), nodes, [t.grad.float() for t in (q, k, v)]
@@ -68,28 +68,31 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     "shape", [(1, 128, 32, 8, 128), (2, 77, 6, 2, 64)], ids=["llama-128", "odd-77"]
 )
 @pytest.mark.parametrize("grad_kind", ["random", "broadcast"])
-@pytest.mark.parametrize("impl", ["flash", "cudnn"])
-def test_calls_after_the_first_run_through_the_operators_own_node(impl, layout, shape, grad_kind):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_calls_after_the_first_run_through_the_operators_own_node(
+    layout, shape, grad_kind, dtype, causal
+):
     batch, seqlen, heads, kv_heads, d = shape
     gen = torch.Generator(device="cuda").manual_seed(seqlen)
 
     def leaf(h: int) -> torch.Tensor:
         dims = (batch, h, seqlen, d) if layout == "bhsd" else (batch, seqlen, h, d)
-        t = torch.randn(dims, generator=gen, device="cuda", dtype=torch.bfloat16)
+        t = torch.randn(dims, generator=gen, device="cuda", dtype=dtype)
         return t.requires_grad_()
 
     q, k, v = leaf(heads), leaf(kv_heads), leaf(kv_heads)
     grad = None if grad_kind == "broadcast" else torch.randn_like(q)
-    want_out, want_grads = _math(q, k, v, grad, layout, True)
-    first = _step(q, k, v, grad, layout, impl, causal=True)
-    later = [_step(q, k, v, grad, layout, impl, causal=True) for _ in range(2)]
-    assert NODES[impl] not in first[1]
+    want_out, want_grads = _math(q, k, v, grad, layout, causal)
+    first = _step(q, k, v, grad, layout, causal=causal)
+    later = [_step(q, k, v, grad, layout, causal=causal) for _ in range(2)]
+    assert FLASH_NODE not in first[1]
     for out, _, grads in (first, *later):
         _close(out, want_out)
         for g, w in zip(grads, want_grads):
             _close(g, w)
     for _, nodes, _ in later:
-        assert NODES[impl] in nodes, nodes
+        assert FLASH_NODE in nodes, nodes
 
 
 def test_a_second_differentiation_through_the_own_node_raises():
@@ -102,7 +105,7 @@ def test_a_second_differentiation_through_the_own_node_raises():
     )
     for _ in range(2):
         out = ad.attention(q, k, v, causal=True, backend="torch_sdpa:flash")
-    assert NODES["flash"] in _nodes(out)
+    assert FLASH_NODE in _nodes(out)
     (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="_flash_attention_backward"):
         dq.sum().backward()
@@ -121,5 +124,5 @@ def test_rows_that_see_no_key_keep_the_library_node():
         out = ad.attention(
             q, k, v, causal=True, causal_align="bottom_right", backend="torch_sdpa:flash"
         )
-        assert "FlashAttentionBackward0" not in _nodes(out)
+        assert FLASH_NODE not in _nodes(out)
         out.sum().backward()
