@@ -38,7 +38,9 @@ ints and no tensor value is read on the host (CUDA-graph capturable once warmed 
 Outputs and gradients are always fresh, contiguous tensors (the eager node hands gradients of
 ``layout="bhsd"`` inputs back contiguous in that layout, as autograd stores them). The fake
 implementations promise exactly that, and a compiler plans the following kernels on the
-promised strides.
+promised strides. An eager call through an implementation's own node (``_own_node``) returns
+that operator's output as the operator lays it out (flash: like q, so on q in [B, H, S, D]
+memory the output is too, as sdpa's is), from the second call of its signature on.
 """
 
 import contextlib
@@ -510,7 +512,7 @@ def _through_own_node(
             out = _eager_apply(q, k, v, None, None, None, heads_first, (None, None), flags, call)
             with torch.no_grad():
                 tensors = _bshd(q, k, v) if heads_first else (q, k, v)
-                node = _own_node.verdict(settings, call, tensors)
+                node = _own_node.verdict(settings, call, tensors, heads_first)
             _guards.remember(table, key, (q, k, v), node)
             return out
         return None
@@ -519,7 +521,11 @@ def _through_own_node(
     ):
         return None
     tensors = _bshd(q, k, v) if heads_first else (q, k, v)
-    return node.run(ForwardInputs(*tensors, None, None, call, node.facts, None, node.plan))
+    try:
+        return node.run(ForwardInputs(*tensors, None, None, call, node.facts, None, node.plan))
+    except Exception as exc:
+        exc.add_note(f"(raised by {node.impl.full_name} in attn_dispatch.attention)")
+        raise
 
 
 def attention(

@@ -227,12 +227,15 @@ class Implementation:
         node (compiled, as PyTorch's attention operators have) computes what ``backward``
         computes (optional hook; default ``None``: not for this signature).
 
-        The core asks once per cached forward decision (``inp.plan`` is the decision's plan), and
-        only for dense calls without sinks, where the backward decisions, eager and under graphs,
-        pick this implementation too: those calls then record that node instead of the library's
-        Python one, whose host cost is several times a compiled node's. The function receives
-        each call's inputs (with the plan) and must return exactly what ``forward`` would (the
-        same values, the output's layout), differentiable in ``inp.q``, ``inp.k`` and ``inp.v``.
+        The core asks once per eager signature (its tensors' metadata, the layout, which inputs
+        require grad; at most ``_guards.MAX_GUARDS_PER_FLAGS`` signatures per flag combination,
+        the later ones keep the library's node) after its first call, with the forward
+        decision's plan as ``inp.plan``, and only for dense calls without sinks, where the
+        backward decisions, eager and under graphs, pick this implementation too: those calls
+        then record that node instead of the library's Python one, whose host cost is several
+        times a compiled node's. The function receives each call's inputs (with the plan) and
+        must return ``forward``'s output values (a fresh tensor; its layout may be the
+        operator's own), differentiable in ``inp.q``, ``inp.k`` and ``inp.v``.
         """
         return None
 

@@ -33,11 +33,12 @@ from ._validation import build_inputs
 
 
 class OwnNode(NamedTuple):
-    """What an eager ``attention`` signature runs: ``run`` (``None``: the library's node) on
-    inputs built from the forward decision's ``facts`` and ``plan``, where q, k and v have the
-    pointer residues the forward decision read (``pointers``; ``None``: it read none)."""
+    """What an eager ``attention`` signature runs: ``run`` (``None``: the library's node), the
+    ``impl``'s, on inputs built from the forward decision's ``facts`` and ``plan``, where q, k
+    and v have the pointer residues the decisions read (``pointers``; ``None``: none read)."""
 
     run: Callable[[ForwardInputs], torch.Tensor] | None
+    impl: Implementation | None = None
     facts: Facts | None = None
     plan: object = None
     pointers: tuple | None = None
@@ -47,9 +48,10 @@ LIBRARY_NODE = OwnNode(None)
 _EXECUTIONS = ("eager", "graph")
 
 
-def verdict(settings: _settings.Settings, call: Call, tensors: tuple) -> OwnNode:
+def verdict(settings: _settings.Settings, call: Call, tensors: tuple, heads_first: bool) -> OwnNode:
     """The node for forward ``call`` of ``tensors`` (q, k, v as the forward runs them, after a
-    call of the signature cached its decision): the implementation's, or :data:`LIBRARY_NODE`."""
+    call of the signature cached its decision; ``heads_first``: the caller's layout is
+    [B, H, S, D]): the implementation's, or :data:`LIBRARY_NODE`."""
     q, k = tensors[:2]
     if settings.autotune is not None or q.device.type == "meta" or 0 in (q.numel(), k.numel()):
         return LIBRARY_NODE
@@ -57,20 +59,21 @@ def verdict(settings: _settings.Settings, call: Call, tensors: tuple) -> OwnNode
     decision = None if key is None else settings.decisions.get(key)
     if decision is None or type(decision.impl).autograd_forward is Implementation.autograd_forward:
         return LIBRARY_NODE
+    residues = _dispatch.pointer_residues(tensors, None, None)
+    if decision.pointers is not None and decision.pointers != residues:
+        return LIBRARY_NODE  # the decision of another alignment than these tensors'
     impl, pointers = decision.impl, decision.pointers
-    out = q.new_empty((*q.shape[:-1], decision.facts.head_dim_v))
-    lse = q.new_empty(lse_shape(q.shape, False), dtype=lse_dtype(q.dtype))
-    backward = (*tensors, out, lse, torch.empty_like(out))
     for execution in _EXECUTIONS:
         backward_call = call._replace(kind=Kind.BACKWARD, execution=execution)
+        backward = _backward_tensors(tensors, decision.facts.head_dim_v, heads_first)
         inp = build_inputs(backward_call, backward, None, None, None, None, settings.debug)
         _, chosen, read_pointers = _dispatch.select(settings, inp, backward_call)
         if chosen is not impl:
             return LIBRARY_NODE
-        if read_pointers and pointers is None:
+        if read_pointers:
             # q, k and v's alignment could change the backward's choice: calls of other
             # residues keep the library's node
-            pointers = _dispatch.pointer_residues(tensors, None, None)
+            pointers = residues
     forward = ForwardInputs(*tensors, None, None, call, decision.facts, None, decision.plan)
     try:
         run = impl.autograd_forward(forward)
@@ -79,4 +82,19 @@ def verdict(settings: _settings.Settings, call: Call, tensors: tuple) -> OwnNode
         raise
     if run is None:
         return LIBRARY_NODE
-    return OwnNode(run, decision.facts, decision.plan, pointers)
+    return OwnNode(run, impl, decision.facts, decision.plan, pointers)
+
+
+def _backward_tensors(tensors: tuple, head_dim_v: int, heads_first: bool) -> tuple:
+    """q, k, v with fresh stand-ins of what the library's node hands its backward: the output
+    (contiguous) and its lse, and the gradient as the node passes a freshly allocated one on
+    (``_autograd._plain_gradient``: [B, H, S, D]-contiguous, through a transposed view, where the
+    caller's q is [B, H, S, D]-contiguous; else contiguous)."""
+    q = tensors[0]
+    out = q.new_empty((*q.shape[:-1], head_dim_v))
+    lse = q.new_empty(lse_shape(q.shape, False), dtype=lse_dtype(q.dtype))
+    if heads_first and q.transpose(1, 2).is_contiguous():
+        grad = out.new_empty(out.transpose(1, 2).shape).transpose(1, 2)
+    else:
+        grad = torch.empty_like(out)
+    return (*tensors, out, lse, grad)

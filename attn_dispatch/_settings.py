@@ -132,7 +132,7 @@ class Settings:
     # flags -> [(guard, Decision)]: the C-level front of ``decisions`` (see _guards).
     guarded: dict = field(default_factory=dict)
     # (forward Call, heads_first) -> [(guard, OwnNode)]: which eager ``attention`` signatures
-    # record their implementation's own autograd node (see _dispatch.own_node).
+    # record their implementation's own autograd node (see _own_node).
     own_nodes: dict = field(default_factory=dict)
 
     def forget(self) -> None:

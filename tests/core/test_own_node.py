@@ -91,7 +91,7 @@ def test_a_backward_decided_for_another_implementation_keeps_the_library_node(en
     noded.RUNS.clear()
 
 
-def test_a_call_aligned_otherwise_or_of_another_signature_learns_its_own(noded_env):
+def test_another_signature_gets_its_own_verdict(noded_env):
     q, k, v = leaves()
     grad = torch.ones(q.shape, dtype=q.dtype)
     step(q, k, v, grad, False)
@@ -102,6 +102,49 @@ def test_a_call_aligned_otherwise_or_of_another_signature_learns_its_own(noded_e
     assert noded.RUNS == ["forward", "backward noded:oracle", "node"] * 2
 
 
+def _offset(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """``t``'s values in memory ``elements`` further on (16 bytes for 2 float64)."""
+    base = torch.empty(t.numel() + elements, dtype=t.dtype)
+    moved = base[elements:].view(t.shape)
+    return moved.copy_(t.detach()).requires_grad_()
+
+
+def test_a_call_aligned_otherwise_than_the_first_keeps_the_library_node(noded_env):
+    q, k, v = leaves()
+    grad = torch.ones(q.shape, dtype=q.dtype)
+    step(q, k, v, grad, False)
+    own = step(q, k, v, grad, False)
+    moved = [_offset(t, 2) for t in (q, k, v)]  # aligned to 16 bytes, another residue
+    assert moved[0].data_ptr() % 256 != q.data_ptr() % 256
+    noded.RUNS.clear()
+    other = step(*moved, grad, False)
+    assert other[1] == LIBRARY_NODE
+    assert noded.RUNS == ["forward", "backward noded:oracle"]
+    for got, ref in zip((other[0], *other[2:]), (own[0], *own[2:])):
+        torch.testing.assert_close(got, ref)
+
+
+def test_a_scope_gets_its_own_verdict(noded_env):
+    q, k, v = leaves()
+    grad = torch.ones(q.shape, dtype=q.dtype)
+    step(q, k, v, grad, False)
+    with ad.use_backend("noded:oracle"):
+        first = step(q, k, v, grad, False)
+        later = step(q, k, v, grad, False)
+    assert (first[1], later[1] != LIBRARY_NODE) == (LIBRARY_NODE, True)
+
+
+def test_an_autograd_forward_that_raises_fails_the_call_naming_it(noded_env, monkeypatch):
+    def broken(self, inp):
+        raise ZeroDivisionError("bug in autograd_forward (on purpose)")
+
+    monkeypatch.setattr(noded.NodedOracle, "autograd_forward", broken)
+    q, k, v = leaves()
+    with pytest.raises(ZeroDivisionError) as raised:
+        ad.attention(q, k, v, causal=True)
+    assert "noded:oracle.autograd_forward" in str(raised.value.__notes__)
+
+
 def test_calls_without_gradients_take_the_node_too(noded_env):
     q, k, v = (t.detach() for t in leaves())
     with torch.no_grad():
@@ -110,7 +153,7 @@ def test_calls_without_gradients_take_the_node_too(noded_env):
     torch.testing.assert_close(outs[0], outs[2])
 
 
-def test_a_window_keeps_the_library_node(noded_env):
+def test_a_signature_the_implementation_declines_keeps_the_library_node(noded_env):
     q, k, v = leaves()
     for _ in range(3):
         out = ad.attention(q, k, v, causal=True, window=(3, 0))

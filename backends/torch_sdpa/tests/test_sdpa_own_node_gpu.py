@@ -23,7 +23,7 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def own_node_on(isolated_plugins):
-    """The opt-in on, with no decision or verdict cached from earlier tests."""
+    """The own node on (whatever the torch release), nothing cached from earlier tests."""
     isolated_plugins.set(**{_common.OWN_NODE_VARIABLE: "1"})
     return isolated_plugins
 

@@ -3,9 +3,9 @@
 
 Active only with ``ATTN_DISPATCH_TEST_PLUGINS=noded``:
 
-* ``noded:oracle`` — ``exact:oracle``'s forward and backward; its ``autograd_forward`` computes
-  the output with differentiable torch operators (their nodes are PyTorch's compiled ones), for
-  calls without a window, soft cap or sinks;
+* ``noded:oracle`` — ``exact:oracle``'s forward and backward, declaring a 16-byte alignment; its
+  ``autograd_forward`` computes the output with differentiable torch operators (their nodes are
+  PyTorch's compiled ones), for calls without a window, soft cap or sinks;
 * ``noded:backward`` — the same backward and no forward, ranked above ``noded:oracle``: where it
   is enabled, a call's backward decision differs from its forward's.
 
@@ -46,6 +46,7 @@ def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
 class NodedOracle(Oracle):
     backend, name = "noded", "oracle"
     priority = {"*": 50}
+    alignment = 16  # its decisions read pointers, as a GPU kernel's do
 
     def autograd_forward(self, inp: adb.ForwardInputs):
         if inp.window is not None or inp.softcap is not None or inp.sinks is not None:
