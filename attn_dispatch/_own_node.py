@@ -63,9 +63,9 @@ def verdict(settings: _settings.Settings, call: Call, tensors: tuple, heads_firs
     if decision.pointers is not None and decision.pointers != residues:
         return LIBRARY_NODE  # the decision of another alignment than these tensors'
     impl, pointers = decision.impl, decision.pointers
+    backward = _backward_tensors(tensors, decision.facts.head_dim_v, heads_first)
     for execution in _EXECUTIONS:
         backward_call = call._replace(kind=Kind.BACKWARD, execution=execution)
-        backward = _backward_tensors(tensors, decision.facts.head_dim_v, heads_first)
         inp = build_inputs(backward_call, backward, None, None, None, None, settings.debug)
         _, chosen, read_pointers = _dispatch.select(settings, inp, backward_call)
         if chosen is not impl:

@@ -106,7 +106,17 @@ class Cudnn(c.SdpaImplementation):
         """``(out [B,Sq,H,Dv], lse [B,H,Sq])``."""
         if c.is_empty(inp):
             return c.empty_forward(inp)
-        res = _forward_op(inp)
+        res = aten(CUDNN_FWD)(
+            inp.q.transpose(1, 2),
+            inp.k.transpose(1, 2),
+            inp.v.transpose(1, 2),
+            None,
+            True,
+            0.0,
+            inp.causal,
+            False,
+            scale=inp.scale,
+        )
         out, lse = res[0], res[1]
         lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()
         return out.transpose(1, 2), lse
@@ -117,19 +127,3 @@ class Cudnn(c.SdpaImplementation):
             return c.zero_gradients(inp)
         dq, dk, dv = _run_backward(inp, inp.lse.contiguous())
         return ad.Gradients(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2))
-
-
-def _forward_op(inp: adb.ForwardInputs) -> tuple:
-    """The cuDNN op's results for ``inp`` ([B, H, S, D] views; recording the op's autograd node
-    where grad recording is on and an input requires grad)."""
-    return aten(CUDNN_FWD)(
-        inp.q.transpose(1, 2),
-        inp.k.transpose(1, 2),
-        inp.v.transpose(1, 2),
-        None,
-        True,
-        0.0,
-        inp.causal,
-        False,
-        scale=inp.scale,
-    )
