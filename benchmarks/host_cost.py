@@ -9,7 +9,8 @@ tensor, as a training step runs it) through one more layer of the stack than the
   autograd backward, the baseline;
 * ``ad.attention``: the automatic choice, then each installed implementation forced
   (``backend=``) that accepts the call; in eager mode one autograd node whose passes dispatch
-  as ``ad.forward`` and ``ad.backward`` do; then the automatic choice as the transformers
+  as ``ad.forward`` and ``ad.backward`` do, or, where the implementation offers one
+  (``torch_sdpa:flash``), the operator's own compiled node; then the automatic choice as the transformers
   integration calls it ([B, S, H, D] views in, the output used in that layout, so its gradient
   needs no copy), and the same call through a minimal autograd node over ``ad.forward`` /
   ``ad.backward`` (the transformers-layout row minus that row is ``ad.attention``'s own node's
