@@ -8,14 +8,15 @@ tensor, as a training step runs it) through one more layer of the stack than the
 * ``sdpa``: ``F.scaled_dot_product_attention(..., is_causal=True, enable_gqa=True)`` and its
   autograd backward, the baseline;
 * ``ad.attention``: the automatic choice, then each installed implementation forced
-  (``backend=``) that accepts the call; in eager mode one autograd node whose passes dispatch
-  as ``ad.forward`` and ``ad.backward`` do, or, where the implementation offers one
-  (``torch_sdpa:flash``), the operator's own compiled node; then the automatic choice as the transformers
-  integration calls it ([B, S, H, D] views in, the output used in that layout, so its gradient
-  needs no copy), and the same call through a minimal autograd node over ``ad.forward`` /
-  ``ad.backward`` (the transformers-layout row minus that row is ``ad.attention``'s own node's
-  cost), and a node over the same views that computes nothing, only allocating its results:
-  what any Python autograd node and the engine's walk around it cost;
+  (``backend=``) that accepts the call; in eager mode one autograd node whose passes dispatch as
+  ``ad.forward`` and ``ad.backward`` do, or, where the implementation offers one
+  (``torch_sdpa:flash``), the operator's own compiled node; then the automatic choice as the
+  transformers integration calls it ([B, S, H, D] views in, the output used in that layout, so
+  its gradient needs no copy), and the same call through a minimal autograd node over
+  ``ad.forward`` / ``ad.backward`` (the transformers-layout row minus that row is
+  ``ad.attention``'s own node's cost), and a node over the same views that computes nothing,
+  only allocating its results: what any Python autograd node and the engine's walk around it
+  cost;
 * ``custom ops``: the operators ``attn_dispatch::fwd`` and ``attn_dispatch::bwd`` called
   directly, without autograd: what a compiled or traced ``ad.attention`` runs (an eager call
   does not go through them);
