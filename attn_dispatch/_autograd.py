@@ -56,7 +56,7 @@ from torch._C._functorch import TransformType
 from . import _execution, _guards, _own_node, _settings
 from ._call import Call, Kind, OpFlags, of_schema
 from ._dispatch import BACKWARD, FORWARD, Mode, dispatch, pointer_residues
-from ._inputs import INT64_MAX, ForwardInputs, lse_dtype, lse_shape
+from ._inputs import INT64_MAX, lse_dtype, lse_shape
 from ._validation import (
     _require_tensor,
     build_inputs,
@@ -500,10 +500,10 @@ def _through_own_node(
     call: Call,
     settings: _settings.Settings,
 ) -> Tensor | None:
-    """The output (in the node's [B, S, H, D] order) of a dense eager call through its
-    implementation's own autograd node (``_own_node``), or ``None`` where the library's node
-    runs it. The first call of a signature takes the library's node, which caches the forward
-    decision; the verdict for the signature follows it and is guarded as decisions are."""
+    """The output (in the caller's layout) of a dense eager call through its implementation's
+    own autograd node (``_own_node``), or ``None`` where the library's node runs it. The first
+    call of a signature takes the library's node, which caches the forward decision; the
+    verdict for the signature follows it and is guarded as decisions are."""
     table, key = settings.own_nodes, (call, heads_first)
     entries = table.get(key)
     node = None if entries is None else _guards.match(entries, (q, k, v))
@@ -514,15 +514,14 @@ def _through_own_node(
                 tensors = _bshd(q, k, v) if heads_first else (q, k, v)
                 node = _own_node.verdict(settings, call, tensors, heads_first)
             _guards.remember(table, key, (q, k, v), node)
-            return out
+            return out.transpose(1, 2) if heads_first else out
         return None
     if node.run is None or (
         node.pointers is not None and node.pointers != pointer_residues((q, k, v), None, None)
     ):
         return None
-    tensors = _bshd(q, k, v) if heads_first else (q, k, v)
     try:
-        return node.run(ForwardInputs(*tensors, None, None, call, node.facts, None, node.plan))
+        return node.run(q, k, v)
     except Exception as exc:
         exc.add_note(f"(raised by {node.impl.full_name} in attn_dispatch.attention)")
         raise
@@ -623,19 +622,19 @@ def attention(
     if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
         settings = _settings.installed or _settings.current()
         call = of_schema(_FWD, flags, sinks, settings)
-        out = None
         if cu_seqlens_q is cu_seqlens_k is sinks is max_seqlen_q is max_seqlen_k is None:
             # dense: the implementation's own compiled node where it runs both passes
             out = _through_own_node(*_unwrapped(q, k, v), heads_first, flags, call, settings)
-        if out is None:
-            # eager: one autograd node, dispatching directly (see _Attention)
-            out = _eager_apply(
-                *_unwrapped(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks),
-                heads_first,
-                (max_seqlen_q, max_seqlen_k),
-                flags,
-                call,
-            )
+            if out is not None:
+                return out
+        # eager: one autograd node, dispatching directly (see _Attention)
+        out = _eager_apply(
+            *_unwrapped(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks),
+            heads_first,
+            (max_seqlen_q, max_seqlen_k),
+            flags,
+            call,
+        )
     else:
         # a functorch transform is one of the things _traced takes to the operators
         if not _is_compiling() and _functorch_active():

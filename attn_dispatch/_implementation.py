@@ -221,11 +221,15 @@ class Implementation:
         """
         return None
 
-    def autograd_forward(self, inp: ForwardInputs) -> Callable[[ForwardInputs], Tensor] | None:
-        """For ``attention``'s eager calls of ``inp``'s signature: a function that computes
-        ``forward(inp)``'s output with grad recording on, through an operator whose own autograd
-        node (compiled, as PyTorch's attention operators have) computes what ``backward``
-        computes (optional hook; default ``None``: not for this signature).
+    def autograd_forward(
+        self, inp: ForwardInputs, layout: str
+    ) -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
+        """For ``attention``'s eager calls of ``inp``'s signature made in ``layout`` (``"bshd"``
+        or ``"bhsd"``, as the caller passes q, k and v): a function of the caller's ``(q, k,
+        v)`` that returns ``forward(inp)``'s output in that layout with grad recording on,
+        through an operator whose own autograd node (compiled, as PyTorch's attention operators
+        have) computes what ``backward`` computes (optional hook; default ``None``: not for
+        this signature).
 
         The core asks once per eager signature (its tensors' metadata, the layout, which inputs
         require grad; at most ``_guards.MAX_GUARDS_PER_FLAGS`` signatures per flag combination,
@@ -233,9 +237,10 @@ class Implementation:
         decision's plan as ``inp.plan``, and only for dense calls without sinks, where the
         backward decisions, eager and under graphs, pick this implementation too: those calls
         then record that node instead of the library's Python one, whose host cost is several
-        times a compiled node's. The function receives each call's inputs (with the plan) and
-        must return ``forward``'s output values (a fresh tensor; its layout may be the
-        operator's own), differentiable in ``inp.q``, ``inp.k`` and ``inp.v``.
+        times a compiled node's. Every call it serves has ``inp``'s flags and tensor metadata,
+        so the function may keep what ``inp`` fixes (scale, lengths, the plan). It must return
+        ``forward``'s output values (a fresh tensor; its strides may be the operator's own),
+        differentiable in q, k and v.
         """
         return None
 

@@ -4,8 +4,9 @@ The library's eager node is a Python ``torch.autograd.Function``: its passes dis
 ``forward`` and ``backward`` do, and Python's own cost of such a node is several times that of
 the compiled node PyTorch's attention operators record (docs/benchmarks.md, section 8). Where
 an implementation records such a node itself (``Implementation.autograd_forward``), ``attention``
-calls it instead: the forward runs by the cached decision with its plan, and the backward is
-that node's, with nothing of the library in it.
+calls it instead, on the caller's tensors in the caller's layout: the forward runs the cached
+decision's implementation (with its plan), and the backward is that node's, with nothing of the
+library in it.
 
 That is the same computation only where the library's node would run that implementation's
 backward too. So the first eager call of a signature runs the library's node, and then
@@ -28,19 +29,17 @@ import torch
 from . import _dispatch, _settings
 from ._call import Call, Kind
 from ._implementation import Implementation
-from ._inputs import Facts, ForwardInputs, lse_dtype, lse_shape
+from ._inputs import ForwardInputs, lse_dtype, lse_shape
 from ._validation import build_inputs
 
 
 class OwnNode(NamedTuple):
     """What an eager ``attention`` signature runs: ``run`` (``None``: the library's node), the
-    ``impl``'s, on inputs built from the forward decision's ``facts`` and ``plan``, where q, k
-    and v have the pointer residues the decisions read (``pointers``; ``None``: none read)."""
+    ``impl``'s function of the caller's q, k and v, where they have the pointer residues the
+    decisions read (``pointers``; ``None``: none read)."""
 
-    run: Callable[[ForwardInputs], torch.Tensor] | None
+    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None
     impl: Implementation | None = None
-    facts: Facts | None = None
-    plan: object = None
     pointers: tuple | None = None
 
 
@@ -76,13 +75,13 @@ def verdict(settings: _settings.Settings, call: Call, tensors: tuple, heads_firs
             pointers = residues
     forward = ForwardInputs(*tensors, None, None, call, decision.facts, None, decision.plan)
     try:
-        run = impl.autograd_forward(forward)
+        run = impl.autograd_forward(forward, "bhsd" if heads_first else "bshd")
     except Exception as exc:
         exc.add_note(f"(raised by {impl.full_name}.autograd_forward in attn_dispatch.attention)")
         raise
     if run is None:
         return LIBRARY_NODE
-    return OwnNode(run, impl, decision.facts, decision.plan, pointers)
+    return OwnNode(run, impl, pointers)
 
 
 def _backward_tensors(tensors: tuple, head_dim_v: int, heads_first: bool) -> tuple:

@@ -135,7 +135,7 @@ def test_a_scope_gets_its_own_verdict(noded_env):
 
 
 def test_an_autograd_forward_that_raises_fails_the_call_naming_it(noded_env, monkeypatch):
-    def broken(self, inp):
+    def broken(self, inp, layout):
         raise ZeroDivisionError("bug in autograd_forward (on purpose)")
 
     monkeypatch.setattr(noded.NodedOracle, "autograd_forward", broken)

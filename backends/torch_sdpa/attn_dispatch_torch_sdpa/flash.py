@@ -21,6 +21,7 @@ ROCm builds route these ops to AOTriton; there only Sq == Sk causal masks are ac
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,6 +35,7 @@ from ._ops import (
     FLASH_BWD_WINDOW,
     FLASH_FWD,
     FLASH_FWD_WINDOW,
+    SDPA_FLASH_FWD,
     aten,
     empty_long,
     ops_problems,
@@ -193,13 +195,24 @@ class Flash(c.SdpaImplementation):
         """PyTorch's own autograd node for eager ``attention`` calls (``_common``'s gate)."""
         return [c.own_node_path()]
 
-    def autograd_forward(self, inp: adb.ForwardInputs):
+    def autograd_forward(self, inp: adb.ForwardInputs, layout: str):
         """The forward op itself, whose PyTorch autograd node runs ``_flash_attention_backward``
         as :meth:`backward` does: for dense calls where every row sees a key (elsewhere the
-        forward's clean-up of such rows is not the op's), where the gate allows it."""
+        forward's clean-up of such rows is not the op's), where the gate allows it. [B, H, S, D]
+        calls take sdpa's op, which transposes inside: no view of theirs records a node."""
         if inp.is_varlen or c.is_empty(inp) or c.may_have_empty_rows(inp):
             return None
-        return _differentiable_forward if c.own_node_path().on else None
+        if not c.own_node_path().on:
+            return None
+        if layout == "bhsd":
+            if ops_problems(SDPA_FLASH_FWD):
+                return None
+            return functools.partial(
+                _sdpa_flash_output, aten(SDPA_FLASH_FWD), causal=inp.causal, scale=inp.scale
+            )
+        return functools.partial(
+            _flash_output, aten(FLASH_FWD), _varlen_args(inp), causal=inp.causal, scale=inp.scale
+        )
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
@@ -240,6 +253,13 @@ def _forward_op(inp: adb.ForwardInputs) -> tuple:
     )
 
 
-def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
-    """``Flash.forward(inp)``'s output, recording the op's own autograd node."""
-    return _forward_op(inp)[0]
+def _flash_output(op, varlen_args: tuple, q, k, v, *, causal: bool, scale: float) -> torch.Tensor:
+    """The output of ``aten::_flash_attention_forward`` (``op``) for dense [B, S, H, D] q, k, v,
+    recording the op's autograd node."""
+    return op(q, k, v, *varlen_args, 0.0, causal, False, scale=scale)[0]
+
+
+def _sdpa_flash_output(op, q, k, v, *, causal: bool, scale: float) -> torch.Tensor:
+    """The [B, H, S, D] output of ``aten::_scaled_dot_product_flash_attention`` (``op``) for
+    [B, H, S, D] q, k, v, recording the op's autograd node."""
+    return op(q, k, v, 0.0, causal, False, scale=scale)[0]

@@ -13,6 +13,8 @@ from packaging.version import Version
 
 from attn_dispatch import backend as adb
 
+LAYOUTS = ("bshd", "bhsd")
+
 
 def _inputs(sq=128, sk=None, **flags) -> adb.ForwardInputs:
     sk = sq if sk is None else sk
@@ -36,8 +38,9 @@ def torch_release(monkeypatch):
 
 
 def _offered() -> bool:
-    on = callable(Flash().autograd_forward(_inputs(causal=True)))
-    assert Flash().fast_paths()[0].on == on
+    offers = [callable(Flash().autograd_forward(_inputs(causal=True), lay)) for lay in LAYOUTS]
+    on = offers[0]
+    assert offers == [on, on] and Flash().fast_paths()[0].on == on
     return on
 
 
@@ -76,11 +79,12 @@ def test_the_variable_turns_it_on_or_off_anywhere(torch_release, monkeypatch):
 )
 def test_flash_keeps_the_library_node_where_its_forward_cleans_rows_up(flags, torch_release):
     sk = flags.pop("sk", None)
-    assert Flash().autograd_forward(_inputs(sk=sk, **flags)) is None
+    for layout in LAYOUTS:
+        assert Flash().autograd_forward(_inputs(sk=sk, **flags), layout) is None
 
 
 @pytest.mark.parametrize("impl", [Cudnn(), Efficient()], ids=["cudnn", "efficient"])
 def test_cudnn_and_efficient_offer_no_own_node(impl, torch_release, monkeypatch):
     # cuDNN's own PyTorch node returned wrong dq and dk on [B, H, S, D] memory (docs/experiments.md)
     monkeypatch.setenv(_common.OWN_NODE_VARIABLE, "1")
-    assert impl.autograd_forward(_inputs(causal=True)) is None
+    assert impl.autograd_forward(_inputs(causal=True), "bshd") is None

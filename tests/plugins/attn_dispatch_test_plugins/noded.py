@@ -15,6 +15,7 @@ Active only with ``ATTN_DISPATCH_TEST_PLUGINS=noded``:
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -32,10 +33,11 @@ def active() -> bool:
     return os.environ.get("ATTN_DISPATCH_TEST_PLUGINS") == "noded"
 
 
-def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
+def _differentiable_forward(inp: adb.ForwardInputs, q, k, v) -> torch.Tensor:
+    """The output for [B, S, H, D] q, k, v with ``inp``'s flags, in differentiable operators."""
     RUNS.append("node")
     group = inp.heads // inp.kv_heads
-    q, k, v = (t.double() for t in (inp.q, inp.k, inp.v))
+    q, k, v = (t.double() for t in (q, k, v))
     k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * inp.scale
     mask = visible_mask(inp.seqlen_q, inp.seqlen_k, inp.causal, inp.causal_align, q.device)
@@ -43,15 +45,20 @@ def _differentiable_forward(inp: adb.ForwardInputs) -> torch.Tensor:
     return torch.einsum("bhqk,bkhd->bqhd", probs, v).to(inp.dtype)
 
 
+def _heads_first(run, q, k, v) -> torch.Tensor:
+    return run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
 class NodedOracle(Oracle):
     backend, name = "noded", "oracle"
     priority = {"*": 50}
     alignment = 16  # its decisions read pointers, as a GPU kernel's do
 
-    def autograd_forward(self, inp: adb.ForwardInputs):
+    def autograd_forward(self, inp: adb.ForwardInputs, layout: str):
         if inp.window is not None or inp.softcap is not None or inp.sinks is not None:
             return None
-        return _differentiable_forward
+        run = functools.partial(_differentiable_forward, inp)
+        return run if layout == "bshd" else functools.partial(_heads_first, run)
 
     def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         RUNS.append("forward")
