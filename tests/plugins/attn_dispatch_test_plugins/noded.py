@@ -33,20 +33,21 @@ def active() -> bool:
     return os.environ.get("ATTN_DISPATCH_TEST_PLUGINS") == "noded"
 
 
-def _differentiable_forward(inp: adb.ForwardInputs, q, k, v) -> torch.Tensor:
-    """The output for [B, S, H, D] q, k, v with ``inp``'s flags, in differentiable operators."""
+def _differentiable_forward(inp: adb.ForwardInputs, layout: str, q, k, v) -> torch.Tensor:
+    """The output for q, k, v in ``layout`` with ``inp``'s flags, in differentiable operators
+    (no transposes: ``layout`` is each einsum's own)."""
     RUNS.append("node")
+    seq, heads = (2, 1) if layout == "bhsd" else (1, 2)
     group = inp.heads // inp.kv_heads
     q, k, v = (t.double() for t in (q, k, v))
-    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * inp.scale
+    k, v = (t.repeat_interleave(group, dim=heads) for t in (k, v))
+    spec = "bhqd,bhkd->bhqk" if layout == "bhsd" else "bqhd,bkhd->bhqk"
+    scores = torch.einsum(spec, q, k) * inp.scale
     mask = visible_mask(inp.seqlen_q, inp.seqlen_k, inp.causal, inp.causal_align, q.device)
     probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-    return torch.einsum("bhqk,bkhd->bqhd", probs, v).to(inp.dtype)
-
-
-def _heads_first(run, q, k, v) -> torch.Tensor:
-    return run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+    spec = "bhqk,bhkd->bhqd" if layout == "bhsd" else "bhqk,bkhd->bqhd"
+    assert q.shape[seq] == inp.seqlen_q
+    return torch.einsum(spec, probs, v).to(inp.dtype)
 
 
 class NodedOracle(Oracle):
@@ -57,8 +58,7 @@ class NodedOracle(Oracle):
     def autograd_forward(self, inp: adb.ForwardInputs, layout: str):
         if inp.window is not None or inp.softcap is not None or inp.sinks is not None:
             return None
-        run = functools.partial(_differentiable_forward, inp)
-        return run if layout == "bshd" else functools.partial(_heads_first, run)
+        return functools.partial(_differentiable_forward, inp, layout)
 
     def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         RUNS.append("forward")
