@@ -46,11 +46,6 @@ FLASH_BWD = OpSpec(
     "_flash_attention_backward",
     (*(_T,) * 8, "SymInt", "SymInt", "float", "bool", _T, _T),
 )
-#: sdpa's FlashAttention op on [B, H, S, D] tensors: ``_flash_attention_forward`` between
-#: transposes made inside the op, so its autograd node is the only one a call records.
-SDPA_FLASH_FWD = OpSpec(
-    "_scaled_dot_product_flash_attention", (_T, _T, _T, "float", "bool", "bool")
-)
 EFFICIENT_FWD = OpSpec(
     "_efficient_attention_forward",
     (_T, _T, _T, "Tensor?", "Tensor?", "Tensor?", "SymInt?", "SymInt?", "float", "int", "bool"),

@@ -35,7 +35,6 @@ from ._ops import (
     FLASH_BWD_WINDOW,
     FLASH_FWD,
     FLASH_FWD_WINDOW,
-    SDPA_FLASH_FWD,
     aten,
     empty_long,
     ops_problems,
@@ -198,21 +197,15 @@ class Flash(c.SdpaImplementation):
     def autograd_forward(self, inp: adb.ForwardInputs, layout: str):
         """The forward op itself, whose PyTorch autograd node runs ``_flash_attention_backward``
         as :meth:`backward` does: for dense calls where every row sees a key (elsewhere the
-        forward's clean-up of such rows is not the op's), where the gate allows it. [B, H, S, D]
-        calls take sdpa's op, which transposes inside: no view of theirs records a node."""
+        forward's clean-up of such rows is not the op's), where the gate allows it."""
         if inp.is_varlen or c.is_empty(inp) or c.may_have_empty_rows(inp):
             return None
         if not c.own_node_path().on:
             return None
-        if layout == "bhsd":
-            if ops_problems(SDPA_FLASH_FWD):
-                return None
-            return functools.partial(
-                _sdpa_flash_output, aten(SDPA_FLASH_FWD), causal=inp.causal, scale=inp.scale
-            )
-        return functools.partial(
+        run = functools.partial(
             _flash_output, aten(FLASH_FWD), _varlen_args(inp), causal=inp.causal, scale=inp.scale
         )
+        return run if layout == "bshd" else functools.partial(_heads_first, run)
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
@@ -259,7 +252,6 @@ def _flash_output(op, varlen_args: tuple, q, k, v, *, causal: bool, scale: float
     return op(q, k, v, *varlen_args, 0.0, causal, False, scale=scale)[0]
 
 
-def _sdpa_flash_output(op, q, k, v, *, causal: bool, scale: float) -> torch.Tensor:
-    """The [B, H, S, D] output of ``aten::_scaled_dot_product_flash_attention`` (``op``) for
-    [B, H, S, D] q, k, v, recording the op's autograd node."""
-    return op(q, k, v, 0.0, causal, False, scale=scale)[0]
+def _heads_first(run, q, k, v) -> torch.Tensor:
+    """``run``'s output for [B, H, S, D] q, k, v, through [B, S, H, D] views."""
+    return run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
