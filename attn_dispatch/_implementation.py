@@ -238,7 +238,8 @@ class Implementation:
         backward decisions, eager and under graphs, pick this implementation too: those calls
         then record that node instead of the library's Python one, whose host cost is several
         times a compiled node's. Every call it serves has ``inp``'s flags and tensor metadata,
-        so the function may keep what ``inp`` fixes (scale, lengths, the plan). It must return
+        so the function may keep what ``inp`` fixes (scale, lengths, the plan), but never ``inp`` or
+        its tensors: it lives as long as the signature's verdict. It must return
         ``forward``'s output values (a fresh tensor; its strides may be the operator's own),
         differentiable in q, k and v.
         """

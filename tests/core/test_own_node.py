@@ -50,13 +50,12 @@ def step(q, k, v, grad, heads_first: bool):
     for t in (q, k, v):
         t.grad = None
     out = ad.attention(q, k, v, causal=True, layout="bhsd" if heads_first else "bshd")
-    producer = out.grad_fn
-    if type(producer).__name__ == "TransposeBackward0":
-        # the library's node takes a heads-first call through transposed views
-        producer = producer.next_functions[0][0]
-        if type(producer).__name__ != LIBRARY_NODE:
-            return out.detach(), "TransposeBackward0"  # a view of the library's around another node
-    node = type(producer).__name__
+    node = type(out.grad_fn).__name__
+    if node == "TransposeBackward0":
+        below = type(out.grad_fn.next_functions[0][0]).__name__
+        # the library's node takes a heads-first call through transposed views; any other node
+        # under a view is reported as that view
+        node = below if below == LIBRARY_NODE else node
     out.backward(grad)
     return out.detach(), node, q.grad, k.grad, v.grad
 

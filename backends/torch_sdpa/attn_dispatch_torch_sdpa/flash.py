@@ -248,7 +248,8 @@ def _forward_op(inp: adb.ForwardInputs) -> tuple:
 
 def _flash_output(op, varlen_args: tuple, q, k, v, *, causal: bool, scale: float) -> torch.Tensor:
     """The output of ``aten::_flash_attention_forward`` (``op``) for dense [B, S, H, D] q, k, v,
-    recording the op's autograd node."""
+    recording the op's autograd node. No window keywords: a windowed call may have rows that
+    see no key, which keep the library's node (``autograd_forward``)."""
     return op(q, k, v, *varlen_args, 0.0, causal, False, scale=scale)[0]
 
 

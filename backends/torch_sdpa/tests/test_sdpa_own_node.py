@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attn_dispatch_torch_sdpa import _common
+from attn_dispatch_torch_sdpa import _common, flash
 from attn_dispatch_torch_sdpa.cudnn import Cudnn
 from attn_dispatch_torch_sdpa.efficient import Efficient
 from attn_dispatch_torch_sdpa.flash import Flash
@@ -88,3 +88,31 @@ def test_cudnn_and_efficient_offer_no_own_node(impl, torch_release, monkeypatch)
     # cuDNN's own PyTorch node returned wrong dq and dk on [B, H, S, D] memory (docs/experiments.md)
     monkeypatch.setenv(_common.OWN_NODE_VARIABLE, "1")
     assert impl.autograd_forward(_inputs(causal=True), "bshd") is None
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_flash_node_function_calls_the_op_as_its_forward_does(layout, torch_release, monkeypatch):
+    # the op needs a CUDA GPU: record its arguments instead (numerics: test_sdpa_own_node_gpu.py)
+    calls = []
+
+    def op(*args, **kwargs):
+        calls.append((args, kwargs))
+        return (torch.empty_like(args[0]),)
+
+    monkeypatch.setattr(flash, "aten", lambda spec: op)
+    inp = _inputs(causal=True)
+    flash._forward_op(inp)
+    run = Flash().autograd_forward(inp, layout)
+    given = (inp.q, inp.k, inp.v)
+    if layout == "bhsd":
+        given = tuple(t.transpose(1, 2) for t in given)
+    out = run(*given)
+    (forward_args, forward_kwargs), (node_args, node_kwargs) = calls
+    assert node_kwargs == forward_kwargs
+    assert len(node_args) == len(forward_args)
+    for got, want in zip(node_args, forward_args):
+        if isinstance(want, torch.Tensor):
+            assert (got.shape, got.stride()) == (want.shape, want.stride())
+        else:
+            assert got == want
+    assert out.shape == given[0].shape  # the caller's layout

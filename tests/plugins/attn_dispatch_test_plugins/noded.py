@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -33,21 +34,32 @@ def active() -> bool:
     return os.environ.get("ATTN_DISPATCH_TEST_PLUGINS") == "noded"
 
 
-def _differentiable_forward(inp: adb.ForwardInputs, layout: str, q, k, v) -> torch.Tensor:
-    """The output for q, k, v in ``layout`` with ``inp``'s flags, in differentiable operators
+class _Signature(NamedTuple):
+    """What the node's function keeps of a signature's inputs: numbers, never their tensors
+    (the function lives as long as the signature's verdict)."""
+
+    group: int
+    scale: float
+    seqlen_q: int
+    seqlen_k: int
+    causal: bool
+    causal_align: str
+    dtype: torch.dtype
+
+
+def _differentiable_forward(sig: _Signature, layout: str, q, k, v) -> torch.Tensor:
+    """The output for q, k, v in ``layout`` with ``sig``'s flags, in differentiable operators
     (no transposes: ``layout`` is each einsum's own)."""
     RUNS.append("node")
-    seq, heads = (2, 1) if layout == "bhsd" else (1, 2)
-    group = inp.heads // inp.kv_heads
+    heads = 1 if layout == "bhsd" else 2
     q, k, v = (t.double() for t in (q, k, v))
-    k, v = (t.repeat_interleave(group, dim=heads) for t in (k, v))
+    k, v = (t.repeat_interleave(sig.group, dim=heads) for t in (k, v))
     spec = "bhqd,bhkd->bhqk" if layout == "bhsd" else "bqhd,bkhd->bhqk"
-    scores = torch.einsum(spec, q, k) * inp.scale
-    mask = visible_mask(inp.seqlen_q, inp.seqlen_k, inp.causal, inp.causal_align, q.device)
+    scores = torch.einsum(spec, q, k) * sig.scale
+    mask = visible_mask(sig.seqlen_q, sig.seqlen_k, sig.causal, sig.causal_align, q.device)
     probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
     spec = "bhqk,bhkd->bhqd" if layout == "bhsd" else "bhqk,bkhd->bqhd"
-    assert q.shape[seq] == inp.seqlen_q
-    return torch.einsum(spec, probs, v).to(inp.dtype)
+    return torch.einsum(spec, probs, v).to(sig.dtype)
 
 
 class NodedOracle(Oracle):
@@ -58,7 +70,16 @@ class NodedOracle(Oracle):
     def autograd_forward(self, inp: adb.ForwardInputs, layout: str):
         if inp.window is not None or inp.softcap is not None or inp.sinks is not None:
             return None
-        return functools.partial(_differentiable_forward, inp, layout)
+        sig = _Signature(
+            inp.heads // inp.kv_heads,
+            inp.scale,
+            inp.seqlen_q,
+            inp.seqlen_k,
+            inp.causal,
+            inp.causal_align,
+            inp.dtype,
+        )
+        return functools.partial(_differentiable_forward, sig, layout)
 
     def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         RUNS.append("forward")
