@@ -202,9 +202,7 @@ class Flash(c.SdpaImplementation):
             return None
         if not c.own_node_path().on:
             return None
-        run = functools.partial(
-            _flash_output, aten(FLASH_FWD), _varlen_args(inp), causal=inp.causal, scale=inp.scale
-        )
+        run = functools.partial(_op_output, *_op_arguments(inp))
         return run if layout == "bshd" else functools.partial(_heads_first, run)
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
@@ -233,24 +231,23 @@ class Flash(c.SdpaImplementation):
 def _forward_op(inp: adb.ForwardInputs) -> tuple:
     """``aten::_flash_attention_forward``'s results for ``inp`` (recording the op's autograd node
     where grad recording is on and an input requires grad)."""
-    return aten(FLASH_FWD)(
-        inp.q,
-        inp.k,
-        inp.v,
-        *_varlen_args(inp),
-        0.0,
-        inp.causal,
-        False,
-        scale=inp.scale,
-        **_window_kwargs(inp),
-    )
+    return _op_results(*_op_arguments(inp), inp.q, inp.k, inp.v)
 
 
-def _flash_output(op, varlen_args: tuple, q, k, v, *, causal: bool, scale: float) -> torch.Tensor:
-    """The output of ``aten::_flash_attention_forward`` (``op``) for dense [B, S, H, D] q, k, v,
-    recording the op's autograd node. No window keywords: a windowed call may have rows that
-    see no key, which keep the library's node (``autograd_forward``)."""
-    return op(q, k, v, *varlen_args, 0.0, causal, False, scale=scale)[0]
+def _op_arguments(inp: adb.ForwardInputs) -> tuple:
+    """What the forward op takes besides q, k and v for ``inp``'s signature: the op, its
+    arguments after q, k and v, and its keywords."""
+    after_qkv = (*_varlen_args(inp), 0.0, inp.causal, False)
+    return aten(FLASH_FWD), after_qkv, {"scale": inp.scale, **_window_kwargs(inp)}
+
+
+def _op_results(op, after_qkv: tuple, keywords: dict, q, k, v) -> tuple:
+    return op(q, k, v, *after_qkv, **keywords)
+
+
+def _op_output(op, after_qkv: tuple, keywords: dict, q, k, v) -> torch.Tensor:
+    """The output of the forward op for dense [B, S, H, D] q, k, v."""
+    return _op_results(op, after_qkv, keywords, q, k, v)[0]
 
 
 def _heads_first(run, q, k, v) -> torch.Tensor:
