@@ -46,6 +46,8 @@ FLASH_BWD = OpSpec(
     "_flash_attention_backward",
     (*(_T,) * 8, "SymInt", "SymInt", "float", "bool", _T, _T),
 )
+#: sdpa's own FlashAttention op, on [B, H, S, D] tensors (the own node of heads-first calls).
+SDPA_FLASH = OpSpec("_scaled_dot_product_flash_attention", (_T, _T, _T, "float", "bool", "bool"))
 EFFICIENT_FWD = OpSpec(
     "_efficient_attention_forward",
     (_T, _T, _T, "Tensor?", "Tensor?", "Tensor?", "SymInt?", "SymInt?", "float", "int", "bool"),

@@ -35,8 +35,10 @@ from ._ops import (
     FLASH_BWD_WINDOW,
     FLASH_FWD,
     FLASH_FWD_WINDOW,
+    SDPA_FLASH,
     aten,
     empty_long,
+    op_problem,
     ops_problems,
 )
 
@@ -195,15 +197,20 @@ class Flash(c.SdpaImplementation):
         return [c.own_node_path()]
 
     def autograd_forward(self, inp: adb.ForwardInputs, layout: str):
-        """The forward op itself, whose PyTorch autograd node runs ``_flash_attention_backward``
-        as :meth:`backward` does: for dense calls where every row sees a key (elsewhere the
-        forward's clean-up of such rows is not the op's), where the gate allows it."""
+        """The forward op itself, whose PyTorch autograd node runs the flash backward as
+        :meth:`backward` does: for dense calls where every row sees a key (elsewhere the
+        forward's clean-up of such rows is not the op's), where the gate allows it. On
+        [B, H, S, D] tensors the op is sdpa's own, which takes them as they are: one node, the
+        one sdpa records, where views into the op's layout would record four more."""
         if inp.is_varlen or c.is_empty(inp) or c.may_have_empty_rows(inp):
             return None
         if not c.own_node_path().on:
             return None
-        run = functools.partial(_op_output, *_op_arguments(inp))
-        return run if layout == "bshd" else functools.partial(_heads_first, run)
+        if layout == "bshd":
+            return functools.partial(_op_output, *_op_arguments(inp))
+        if op_problem(SDPA_FLASH) is not None:
+            return None
+        return functools.partial(_sdpa_output, aten(SDPA_FLASH), inp.causal, inp.scale)
 
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
@@ -250,6 +257,6 @@ def _op_output(op, after_qkv: tuple, keywords: dict, q, k, v) -> torch.Tensor:
     return _op_results(op, after_qkv, keywords, q, k, v)[0]
 
 
-def _heads_first(run, q, k, v) -> torch.Tensor:
-    """``run``'s output for [B, H, S, D] q, k, v, through [B, S, H, D] views."""
-    return run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+def _sdpa_output(op, causal: bool, scale: float, q, k, v) -> torch.Tensor:
+    """sdpa's flash op's output for [B, H, S, D] q, k, v (no dropout, no debug mask)."""
+    return op(q, k, v, 0.0, causal, False, scale=scale)[0]

@@ -90,24 +90,31 @@ def test_cudnn_and_efficient_offer_no_own_node(impl, torch_release, monkeypatch)
     assert impl.autograd_forward(_inputs(causal=True), "bshd") is None
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_flash_node_function_calls_the_op_as_its_forward_does(layout, torch_release, monkeypatch):
-    # the op needs a CUDA GPU: record its arguments instead (numerics: test_sdpa_own_node_gpu.py)
-    calls = []
+class _RecordedOps:
+    """Stands in for ``flash.aten``: each op records its name, arguments and keywords (the ops
+    need a CUDA GPU; their numerics are in test_sdpa_own_node_gpu.py)."""
 
-    def op(*args, **kwargs):
-        calls.append((args, kwargs))
-        return (torch.empty_like(args[0]),)
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
 
-    monkeypatch.setattr(flash, "aten", lambda spec: op)
-    inp = _inputs(causal=True)
+    def __call__(self, spec):
+        def op(*args, **kwargs):
+            self.calls.append((spec.name, args, kwargs))
+            return (torch.empty_like(args[0]),)
+
+        return op
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_node_function_calls_the_op_as_its_forward_does(causal, torch_release, monkeypatch):
+    ops = _RecordedOps()
+    monkeypatch.setattr(flash, "aten", ops)
+    inp = _inputs(causal=causal, scale=0.3)
     flash._forward_op(inp)
-    run = Flash().autograd_forward(inp, layout)
     given = (inp.q, inp.k, inp.v)
-    if layout == "bhsd":
-        given = tuple(t.transpose(1, 2) for t in given)
-    out = run(*given)
-    (forward_args, forward_kwargs), (node_args, node_kwargs) = calls
+    out = Flash().autograd_forward(inp, "bshd")(*given)
+    (name, forward_args, forward_kwargs), (node_name, node_args, node_kwargs) = ops.calls
+    assert node_name == name == "_flash_attention_forward"
     assert node_kwargs == forward_kwargs
     assert len(node_args) == len(forward_args)
     for got, want in zip(node_args, forward_args):
@@ -115,4 +122,20 @@ def test_flash_node_function_calls_the_op_as_its_forward_does(layout, torch_rele
             assert (got.shape, got.stride()) == (want.shape, want.stride())
         else:
             assert got == want
-    assert out.shape == given[0].shape  # the caller's layout
+    assert out.shape == given[0].shape
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_node_function_on_heads_first_tensors_is_sdpa_s_flash_op(
+    causal, torch_release, monkeypatch
+):
+    ops = _RecordedOps()
+    monkeypatch.setattr(flash, "aten", ops)
+    inp = _inputs(causal=causal, scale=0.3)
+    given = tuple(t.transpose(1, 2) for t in (inp.q, inp.k, inp.v))
+    out = Flash().autograd_forward(inp, "bhsd")(*given)
+    ((name, args, kwargs),) = ops.calls
+    assert name == "_scaled_dot_product_flash_attention"
+    assert all(got is want for got, want in zip(args[:3], given))  # no views of the caller's
+    assert args[3:] == (0.0, causal, False) and kwargs == {"scale": 0.3}
+    assert out.shape == given[0].shape

@@ -38,6 +38,8 @@ def _nodes(out: torch.Tensor) -> set[str]:
 
 
 FLASH_NODE = "FlashAttentionBackward0"
+#: the node each layout's later calls record: the flash op's, or sdpa's own on [B, H, S, D]
+OWN_NODES = {"bshd": FLASH_NODE, "bhsd": "ScaledDotProductFlashAttentionBackward0"}
 
 
 def _step(q, k, v, grad, layout, **flags):
@@ -49,10 +51,10 @@ def _step(q, k, v, grad, layout, **flags):
     return out.detach().float(), nodes, [t.grad.float() for t in (q, k, v)]
 
 
-def _math(q, k, v, grad, layout, causal):
+def _math(q, k, v, grad, layout, causal, scale=None):
     leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
     views = leaves if layout == "bhsd" else [t.transpose(1, 2) for t in leaves]
-    out = F.scaled_dot_product_attention(*views, is_causal=causal, enable_gqa=True)
+    out = F.scaled_dot_product_attention(*views, is_causal=causal, scale=scale, enable_gqa=True)
     out = out if layout == "bhsd" else out.transpose(1, 2)
     (out * grad.float()).sum().backward() if grad is not None else out.sum().backward()
     return out.detach(), [t.grad for t in leaves]
@@ -86,13 +88,31 @@ def test_calls_after_the_first_run_through_the_operators_own_node(
     want_out, want_grads = _math(q, k, v, grad, layout, causal)
     first = _step(q, k, v, grad, layout, causal=causal)
     later = [_step(q, k, v, grad, layout, causal=causal) for _ in range(2)]
-    assert FLASH_NODE not in first[1]
+    assert not set(OWN_NODES.values()) & first[1]
     for out, _, grads in (first, *later):
         _close(out, want_out)
         for g, w in zip(grads, want_grads):
             _close(g, w)
     for _, nodes, _ in later:
-        assert FLASH_NODE in nodes, nodes
+        assert OWN_NODES[layout] in nodes, nodes
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_the_own_node_takes_the_call_s_scale(layout):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    dims = (2, 4, 96, 64) if layout == "bhsd" else (2, 96, 4, 64)
+    q, k, v = (
+        torch.randn(dims, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        for _ in range(3)
+    )
+    grad = torch.randn_like(q)
+    want_out, want_grads = _math(q, k, v, grad, layout, True, scale=0.3)
+    for _ in range(2):
+        out, nodes, grads = _step(q, k, v, grad, layout, causal=True, scale=0.3)
+    assert OWN_NODES[layout] in nodes
+    _close(out, want_out)
+    for g, w in zip(grads, want_grads):
+        _close(g, w)
 
 
 def test_a_second_differentiation_through_the_own_node_raises():
@@ -124,5 +144,5 @@ def test_rows_that_see_no_key_keep_the_library_node():
         out = ad.attention(
             q, k, v, causal=True, causal_align="bottom_right", backend="torch_sdpa:flash"
         )
-        assert FLASH_NODE not in _nodes(out)
+        assert not set(OWN_NODES.values()) & _nodes(out)
         out.sum().backward()
