@@ -17,6 +17,9 @@ Layouts (how q, k, v, out, grad_out and lse sit in memory):
   by ``x.transpose(1, 2)`` of a BHSD tensor;
 * ``strided`` — the last dim has stride 2 (many kernels reject this; the reasons are checked
   to be given, and the result compared when accepted).
+
+A case's ``grad_layout`` puts grad_out in a layout of its own, so that its strides differ from
+out's (a loss that reads the output through a transposed view hands such a gradient back).
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ class Case:
     2 into tensors twice as long (valid input, which a kernel indexing them as ``X + i``
     misreads); the values are the same. A varlen case whose ``seqlens_q == seqlens_k`` passes
     one cu_seqlens tensor (or one strided view) as both ``cu_seqlens_q`` and ``cu_seqlens_k``,
-    as self-attention callers do; unequal lengths get two."""
+    as self-attention callers do; unequal lengths get two. ``grad_layout``: grad_out's layout
+    (``None``: ``layout``, as every other tensor's)."""
 
     seqlens_q: tuple[int, ...]
     seqlens_k: tuple[int, ...]
@@ -99,6 +103,7 @@ class Case:
     softcap: float | None = None
     sinks: bool = False
     strided_vectors: bool = False
+    grad_layout: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.seqlens_q) != len(self.seqlens_k) or not self.seqlens_q:
@@ -114,6 +119,10 @@ class Case:
             )
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout: expected one of {LAYOUTS}, got {self.layout!r}")
+        if self.grad_layout is not None and self.grad_layout not in LAYOUTS:
+            raise ValueError(
+                f"grad_layout: expected one of {LAYOUTS} or None, got {self.grad_layout!r}"
+            )
         if self.window is not None and (
             len(self.window) != 2 or any(s is not None and s < 0 for s in self.window)
         ):
@@ -171,6 +180,7 @@ class Case:
         cap = "" if self.softcap is None else f"-cap{self.softcap:g}"
         cap += "-sinks" if self.sinks else ""
         cap += "-svec" if self.strided_vectors and (self.sinks or self.varlen) else ""
+        cap += "" if self.grad_layout is None else f"-grad_{self.grad_layout}"
         return (
             f"{lens}-h{self.heads}kv{self.kv_heads}-d{self.head_dim}v{self.dv}-{mask}"
             f"-{self.layout}{scale}{cap}-s{self.seed}"
@@ -192,9 +202,13 @@ class Case:
                 "v": (b, sk, hkv, dv),
                 "do": (b, sq, h, dv),
             }
+        layouts = {"do": self.grad_layout or self.layout}
         made = {
             name: place(
-                torch.randn(shape, generator=gen, dtype=torch.float64), self.layout, dtype, device
+                torch.randn(shape, generator=gen, dtype=torch.float64),
+                layouts.get(name, self.layout),
+                dtype,
+                device,
             )
             for name, shape in shapes.items()
         }
@@ -385,6 +399,17 @@ def standard_cases() -> list[Case]:
             layout="strided",
             seed=11,
             tags=("noncontig", "strided"),
+        ),
+        c(
+            (77, 77),
+            (77, 77),
+            heads=6,
+            kv_heads=2,
+            head_dim=64,
+            causal=True,
+            grad_layout="transposed",
+            seed=36,
+            tags=("noncontig", "grad_layout"),
         ),
         c(
             (17, 0, 40, 9),

@@ -62,6 +62,9 @@ DTYPES = (torch.bfloat16, torch.bfloat16, torch.float16)
 # v, out, grad_out and lse with a last-dim stride of 2, and sinks and cu_seqlens of stride 2
 # (of the cases that have them).
 STRIDED_LAYOUT, STRIDED_VECTORS = 0.1, 0.3
+#: Share of the cases whose grad_out has a layout unlike out's, and the layouts it takes.
+GRAD_LAYOUT = 0.25
+GRAD_LAYOUTS = ("contiguous", "sliced", "transposed")
 
 
 @dataclass(frozen=True)
@@ -197,11 +200,14 @@ def draw_cases(
     each case is unchanged): in :data:`STRIDED_LAYOUT` of the cases q, k, v, out, grad_out and
     lse have a last-dim stride of 2 (layout ``"strided"``; an implementation that needs a
     contiguous last dim refuses them), and in :data:`STRIDED_VECTORS` of the cases with sinks or
-    varlen, sinks and cu_seqlens are views of stride 2.
+    varlen, sinks and cu_seqlens are views of stride 2. From a fourth: in :data:`GRAD_LAYOUT`
+    of the cases grad_out has a layout of its own (``Case.grad_layout``), so that its strides
+    differ from out's.
     """
     rng = random.Random(seed)
     sinks_rng = random.Random(seed * 1_000_003 + 7)
     views_rng = random.Random(seed * 1_000_003 + 13)
+    grads_rng = random.Random(seed * 1_000_003 + 17)
     pool = head_dim_pool(rng, largest_head_dim)
     groups = group_pool(rng, max_group)
     unequal = tuple(rng.sample(pool, 2)) if len(pool) > 1 else (pool[0], pool[0])
@@ -241,6 +247,9 @@ def draw_cases(
             args["layout"] = "strided"
         strided_vectors = views_rng.random() < STRIDED_VECTORS
         args["strided_vectors"] = strided_vectors and (args["sinks"] or varlen)
+        if grads_rng.random() < GRAD_LAYOUT and args["layout"] != "strided":
+            others = [lay for lay in GRAD_LAYOUTS if lay != args["layout"]]
+            args["grad_layout"] = grads_rng.choice(others)
         deterministic = True if rng.random() < 0.1 else None
         dtype = dtypes.setdefault((d, dv), rng.choice(DTYPES))
         drawn.append(SweepCase(Case(**args), dtype, deterministic, index, seed))

@@ -222,6 +222,18 @@ def test_cases_are_seeded():
     assert torch.equal(x.q, y.q) and torch.equal(x.grad_out, y.grad_out)
 
 
+def test_a_case_lays_the_gradient_out_on_its_own_where_asked():
+    base = Case((12, 12), (12, 12), heads=4, kv_heads=2, seed=3)
+    plain = base.make_inputs()
+    apart = dataclasses.replace(base, grad_layout="transposed").make_inputs()
+    assert torch.equal(plain.q, apart.q) and torch.equal(plain.grad_out, apart.grad_out)
+    assert plain.grad_out.is_contiguous() and apart.q.is_contiguous()
+    assert apart.grad_out.transpose(1, 2).is_contiguous()  # [B, H, S, D] memory
+    assert "grad_transposed" in dataclasses.replace(base, grad_layout="transposed").id
+    with pytest.raises(ValueError, match="grad_layout"):
+        dataclasses.replace(base, grad_layout="diagonal")
+
+
 @pytest.mark.parametrize("strided_vectors", [False, True])
 def test_varlen_cases_pass_one_cu_seqlens_tensor_for_equal_lengths(strided_vectors):
     """Self-attention callers pass one offsets tensor as both (some kernels take varlen only

@@ -418,3 +418,13 @@ def test_the_gpu_sweep_collects_its_largest_compile_groups_first() -> None:
     assert sorted(indices) == list(range(300)), ids[:3]
     assert [sizes[g] for g in groups] == sorted((sizes[g] for g in groups), reverse=True)
     assert len([g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]) == len(sizes)
+
+
+def test_the_distribution_draws_gradients_laid_out_unlike_the_output() -> None:
+    """grad_out in a layout of its own in some cases (never the case's, never beside a strided
+    case), from a stream of its own."""
+    cases = [d.case for seed in range(4) for d in sweep.draw_cases(200, seed)]
+    apart = [c for c in cases if c.grad_layout is not None]
+    assert abs(len(apart) / len(cases) - sweep.GRAD_LAYOUT) < 0.06
+    assert all(c.grad_layout != c.layout and c.layout != "strided" for c in apart)
+    assert {c.grad_layout for c in apart} == set(sweep.GRAD_LAYOUTS)

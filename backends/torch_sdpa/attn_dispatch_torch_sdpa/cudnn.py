@@ -2,6 +2,7 @@
 
 Layout: cuDNN takes BHSD *views*; our BSHD tensors are passed as ``transpose(1, 2)`` (no copy)
 and the gradients come back in the inputs' memory order, so transposing them back is free.
+The output gradient goes as contiguous rows (copied where it is not: ``grad_rows``).
 GQA: native (cuDNN reads K/V with Hkv heads and writes Hkv-head dK/dV).
 lse: cuDNN's softmax statistics are the natural-log logsumexp, shape [B, H, Sq, 1]. Whether
 the backward op takes them as [B, H, Sq] (it adds the unit dim itself) or [B, H, Sq, 1] changed
@@ -15,8 +16,6 @@ op exposes no deterministic mode), ROCm, head dims above 128, float32.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 import attn_dispatch as ad
@@ -26,31 +25,18 @@ from . import _common as c
 from ._ops import CUDNN_BWD, CUDNN_FWD, aten, empty_long, ops_problems
 
 _stats_rank: list[int] = [4, 3]  # ranks of lse to try for the backward, working one first
-# cuDNN before 9.5.1 reads dO with O's strides: PyTorch then copies dO with a warning or, in
-# some releases, fails an internal assert (pytorch/pytorch#134001). Such a cuDNN gets dO in O's
-# layout from here; from 9.5.1 each is read with its own strides.
-OWN_GRAD_STRIDES_CUDNN = 90501
 
 
-@functools.cache
-def _cudnn_version() -> int:
-    return torch.backends.cudnn.version() or 0
-
-
-def grad_in_out_layout(grad_out: torch.Tensor, out: torch.Tensor, cudnn_version: int):
-    """``grad_out`` as this cuDNN reads it: itself, or a copy with ``out``'s strides where the
-    two differ and cuDNN predates 9.5.1."""
-    if grad_out.stride() == out.stride() or cudnn_version >= OWN_GRAD_STRIDES_CUDNN:
-        return grad_out
-    like_out = torch.empty_strided(
-        out.shape, out.stride(), dtype=grad_out.dtype, device=grad_out.device
-    )
-    return like_out.copy_(grad_out)
+def grad_rows(grad_out: torch.Tensor) -> torch.Tensor:
+    """``grad_out`` as contiguous [B, S, H, D] rows (a copy where it is not): PyTorch's cuDNN
+    backward returns wrong gradients for a dO in other memory, even one laid out like O, and
+    right ones for such rows whatever the layout of q and O (docs/experiments.md)."""
+    return grad_out if grad_out.is_contiguous() else grad_out.contiguous()
 
 
 def _run_backward(inp: adb.BackwardInputs, lse: torch.Tensor):
     seed = empty_long(inp.q.device)
-    grad_out = grad_in_out_layout(inp.grad_out, inp.out, _cudnn_version())
+    grad_out = grad_rows(inp.grad_out)
     for attempt, rank in enumerate(list(_stats_rank)):
         stats = lse.unsqueeze(-1) if rank == 4 else lse
         try:

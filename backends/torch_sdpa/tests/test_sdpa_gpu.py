@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import attn_dispatch as ad
 from attn_dispatch.testing import TF32, make_conformance_tests
 
 pytestmark = pytest.mark.gpu
@@ -35,8 +37,6 @@ test_efficient = make_conformance_tests(
 @pytest.mark.parametrize("impl", ["cudnn", "flash", "efficient"])
 def test_seed_shape_gqa_against_reference(impl):
     """A seed-sized GQA problem (H=64, Hkv=8, D=128, 1K, causal) against float32 math."""
-    import attn_dispatch as ad
-
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape_q, shape_k = (1, 1024, 64, 128), (1, 1024, 8, 128)
     q, do = (
@@ -101,3 +101,27 @@ def test_efficient_refuses_the_varlen_case_it_faulted_on():
     case = Case((0, 4, 0, 1201), (673, 0, 1, 3), 48, 4, 120, varlen=True)
     with pytest.raises(Unsupported, match="distinct cu_seqlens_q"):
         check_backward("torch_sdpa:efficient", case, dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("q_memory", ["bshd", "bhsd"])
+@pytest.mark.parametrize("grad_memory", ["bshd", "bhsd"])
+def test_cudnn_backward_takes_a_gradient_in_either_memory_order(q_memory, grad_memory):
+    # PyTorch's cuDNN backward got a dO in [B, H, S, D] memory wrong (docs/experiments.md)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rows(heads: int, memory: str) -> torch.Tensor:
+        shape = (1, 128, heads, 128) if memory == "bshd" else (1, heads, 128, 128)
+        t = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+        return t if memory == "bshd" else t.transpose(1, 2)
+
+    q, k, v = rows(32, q_memory), rows(8, q_memory), rows(8, q_memory)
+    grad = rows(32, grad_memory)
+    out, lse = ad.forward(q, k, v, causal=True, backend="torch_sdpa:cudnn")
+    got = ad.backward(q, k, v, out, lse, grad, causal=True, backend="torch_sdpa:cudnn")
+    leaves = [t.detach().float().transpose(1, 2).requires_grad_() for t in (q, k, v)]
+    math = F.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True)
+    math.backward(grad.float().transpose(1, 2))
+    for g, leaf in zip(got, leaves, strict=True):
+        want = leaf.grad.transpose(1, 2)
+        assert ((g.float() - want).norm() / want.norm()).item() < 1e-2

@@ -251,16 +251,13 @@ def test_size_one_dims_get_packed_strides_and_keep_their_values():
     assert packed_unit_strides(wide[:1]).stride() == (240, 80, 1)
 
 
-def test_cudnn_before_9_5_1_gets_the_gradient_in_the_outputs_layout():
-    from attn_dispatch_torch_sdpa.cudnn import OWN_GRAD_STRIDES_CUDNN, grad_in_out_layout
+def test_cudnn_gets_the_gradient_as_contiguous_rows():
+    from attn_dispatch_torch_sdpa.cudnn import grad_rows
 
-    out = torch.randn(2, 16, 4, 8)  # [B, S, H, D], as the forward returns it
-    grad = torch.randn(2, 4, 16, 8).transpose(1, 2)  # the caller's [B, H, S, D] gradient
-    old = grad_in_out_layout(grad, out, OWN_GRAD_STRIDES_CUDNN - 1)
-    assert old.stride() == out.stride() and torch.equal(old, grad)
-    sliced = torch.randn(2, 16, 6, 8)[:, :, :4]  # an out with gaps: its strides all the same
-    assert grad_in_out_layout(grad, sliced, 90100).stride() == sliced.stride()
-    assert grad_in_out_layout(grad, out, OWN_GRAD_STRIDES_CUDNN) is grad  # reads its strides
-    assert grad_in_out_layout(out.clone(), out, 90100).stride() == out.stride()
-    same = torch.randn(out.shape)
-    assert grad_in_out_layout(same, out, 90100) is same
+    grad = torch.randn(2, 4, 16, 8).transpose(1, 2)  # a caller's [B, H, S, D] gradient
+    rows = grad_rows(grad)
+    assert rows.is_contiguous() and torch.equal(rows, grad)
+    sliced = torch.randn(2, 16, 6, 8)[:, :, :4]
+    assert grad_rows(sliced).is_contiguous() and torch.equal(grad_rows(sliced), sliced)
+    plain = torch.randn(2, 16, 4, 8)
+    assert grad_rows(plain) is plain
