@@ -69,7 +69,7 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize(
     "shape", [(1, 128, 32, 8, 128), (2, 77, 6, 2, 64)], ids=["llama-128", "odd-77"]
 )
-@pytest.mark.parametrize("grad_kind", ["random", "broadcast"])
+@pytest.mark.parametrize("grad_kind", ["random", "other-memory", "broadcast"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_calls_after_the_first_run_through_the_operators_own_node(
@@ -85,6 +85,8 @@ def test_calls_after_the_first_run_through_the_operators_own_node(
 
     q, k, v = leaf(heads), leaf(kv_heads), leaf(kv_heads)
     grad = None if grad_kind == "broadcast" else torch.randn_like(q)
+    if grad_kind == "other-memory":  # q's shape in the other order of memory
+        grad = grad.transpose(1, 2).contiguous().transpose(1, 2)
     want_out, want_grads = _math(q, k, v, grad, layout, causal)
     first = _step(q, k, v, grad, layout, causal=causal)
     later = [_step(q, k, v, grad, layout, causal=causal) for _ in range(2)]
