@@ -119,9 +119,12 @@ class Case:
             )
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout: expected one of {LAYOUTS}, got {self.layout!r}")
-        if self.grad_layout is not None and self.grad_layout not in LAYOUTS:
+        if self.grad_layout is not None and (
+            self.grad_layout not in LAYOUTS or self.grad_layout == self.layout
+        ):
             raise ValueError(
-                f"grad_layout: expected one of {LAYOUTS} or None, got {self.grad_layout!r}"
+                f"grad_layout: expected one of {LAYOUTS} other than layout={self.layout!r}, "
+                f"or None, got {self.grad_layout!r}"
             )
         if self.window is not None and (
             len(self.window) != 2 or any(s is not None and s < 0 for s in self.window)

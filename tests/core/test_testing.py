@@ -230,8 +230,9 @@ def test_a_case_lays_the_gradient_out_on_its_own_where_asked():
     assert plain.grad_out.is_contiguous() and apart.q.is_contiguous()
     assert apart.grad_out.transpose(1, 2).is_contiguous()  # [B, H, S, D] memory
     assert "grad_transposed" in dataclasses.replace(base, grad_layout="transposed").id
-    with pytest.raises(ValueError, match="grad_layout"):
-        dataclasses.replace(base, grad_layout="diagonal")
+    for bad in ("diagonal", "contiguous"):  # unknown, or the layout itself
+        with pytest.raises(ValueError, match="grad_layout"):
+            dataclasses.replace(base, grad_layout=bad)
 
 
 @pytest.mark.parametrize("strided_vectors", [False, True])

@@ -425,6 +425,8 @@ def test_the_distribution_draws_gradients_laid_out_unlike_the_output() -> None:
     case), from a stream of its own."""
     cases = [d.case for seed in range(4) for d in sweep.draw_cases(200, seed)]
     apart = [c for c in cases if c.grad_layout is not None]
-    assert abs(len(apart) / len(cases) - sweep.GRAD_LAYOUT) < 0.06
+    # drawn beside every layout but the strided one
+    share = sweep.GRAD_LAYOUT * (1 - sweep.STRIDED_LAYOUT)
+    assert abs(len(apart) / len(cases) - share) < 0.04
     assert all(c.grad_layout != c.layout and c.layout != "strided" for c in apart)
     assert {c.grad_layout for c in apart} == set(sweep.GRAD_LAYOUTS)

@@ -2,7 +2,8 @@
 
 Layout: cuDNN takes BHSD *views*; our BSHD tensors are passed as ``transpose(1, 2)`` (no copy)
 and the gradients come back in the inputs' memory order, so transposing them back is free.
-The output gradient goes as contiguous rows (copied where it is not: ``grad_rows``).
+The output and its gradient go in q's memory order, copied where they are not (see
+``_run_backward``).
 GQA: native (cuDNN reads K/V with Hkv heads and writes Hkv-head dK/dV).
 lse: cuDNN's softmax statistics are the natural-log logsumexp, shape [B, H, Sq, 1]. Whether
 the backward op takes them as [B, H, Sq] (it adds the unit dim itself) or [B, H, Sq, 1] changed
@@ -27,16 +28,28 @@ from ._ops import CUDNN_BWD, CUDNN_FWD, aten, empty_long, ops_problems
 _stats_rank: list[int] = [4, 3]  # ranks of lse to try for the backward, working one first
 
 
-def grad_rows(grad_out: torch.Tensor) -> torch.Tensor:
-    """``grad_out`` as contiguous [B, S, H, D] rows (a copy where it is not): PyTorch's cuDNN
-    backward returns wrong gradients for a dO in other memory, even one laid out like O, and
-    right ones for such rows whatever the layout of q and O (docs/experiments.md)."""
-    return grad_out if grad_out.is_contiguous() else grad_out.contiguous()
+def heads_first_memory(q: torch.Tensor) -> bool:
+    """Whether q's memory runs [B, H, S, D] (its sequence stride below its head stride)."""
+    return q.stride(1) < q.stride(2)
+
+
+def in_memory_order(t: torch.Tensor, heads_first: bool) -> torch.Tensor:
+    """``t`` ([B, S, H, D]) itself where its memory is contiguous in that order, else a copy
+    that is ([B, H, S, D] memory where ``heads_first``, rows otherwise)."""
+    if not heads_first:
+        return t if t.is_contiguous() else t.contiguous()
+    heads = t.transpose(1, 2)
+    return t if heads.is_contiguous() else heads.contiguous().transpose(1, 2)
 
 
 def _run_backward(inp: adb.BackwardInputs, lse: torch.Tensor):
     seed = empty_long(inp.q.device)
-    grad_out = grad_rows(inp.grad_out)
+    # PyTorch caches the backward graph it builds for cuDNN under q, k and v's layouts, and a
+    # graph built for one layout of O and dO returned wrong gradients for another (benchmarks.md
+    # section 9): O and dO go in q's memory order, so one layout of q, k, v brings one of them.
+    heads_first = heads_first_memory(inp.q)
+    grad_out = in_memory_order(inp.grad_out, heads_first)
+    out = in_memory_order(inp.out, heads_first)
     for attempt, rank in enumerate(list(_stats_rank)):
         stats = lse.unsqueeze(-1) if rank == 4 else lse
         try:
@@ -45,7 +58,7 @@ def _run_backward(inp: adb.BackwardInputs, lse: torch.Tensor):
                 inp.q.transpose(1, 2),
                 inp.k.transpose(1, 2),
                 inp.v.transpose(1, 2),
-                inp.out.transpose(1, 2),
+                out.transpose(1, 2),
                 stats,
                 seed,
                 seed,

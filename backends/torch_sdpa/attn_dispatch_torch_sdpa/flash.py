@@ -1,6 +1,8 @@
 """``torch_sdpa:flash``: PyTorch's vendored FlashAttention-2 (``aten::_flash_attention_*``).
 
 Layout: the ops take BSHD (dense) and THD (varlen) tensors, exactly our layouts: no copies.
+The own node of ``layout="bhsd"`` calls is sdpa's flash op, which takes BHSD tensors and runs
+the same kernels (``autograd_forward``).
 lse: natural log, [B, H, Sq] dense and [H, Tq] varlen (unpadded), as ours; rows that see no
 key hold ``+inf`` (converted at the boundary, see ``_common``).
 GQA: native; the kernel writes H-head dK/dV and sums each group (an extra 2·(H/Hkv)·|dK|

@@ -251,13 +251,17 @@ def test_size_one_dims_get_packed_strides_and_keep_their_values():
     assert packed_unit_strides(wide[:1]).stride() == (240, 80, 1)
 
 
-def test_cudnn_gets_the_gradient_as_contiguous_rows():
-    from attn_dispatch_torch_sdpa.cudnn import grad_rows
+def test_cudnn_gets_out_and_its_gradient_in_q_s_memory_order():
+    from attn_dispatch_torch_sdpa.cudnn import heads_first_memory, in_memory_order
 
-    grad = torch.randn(2, 4, 16, 8).transpose(1, 2)  # a caller's [B, H, S, D] gradient
-    rows = grad_rows(grad)
-    assert rows.is_contiguous() and torch.equal(rows, grad)
+    rows = torch.randn(2, 16, 4, 8)  # [B, S, H, D] memory
+    heads = torch.randn(2, 4, 16, 8).transpose(1, 2)  # [B, H, S, D] memory
+    assert not heads_first_memory(rows) and heads_first_memory(heads)
+    assert in_memory_order(rows, False) is rows and in_memory_order(heads, True) is heads
+    as_heads = in_memory_order(rows, True)
+    assert as_heads.transpose(1, 2).is_contiguous() and torch.equal(as_heads, rows)
+    as_rows = in_memory_order(heads, False)
+    assert as_rows.is_contiguous() and torch.equal(as_rows, heads)
     sliced = torch.randn(2, 16, 6, 8)[:, :, :4]
-    assert grad_rows(sliced).is_contiguous() and torch.equal(grad_rows(sliced), sliced)
-    plain = torch.randn(2, 16, 4, 8)
-    assert grad_rows(plain) is plain
+    assert in_memory_order(sliced, False).is_contiguous()
+    assert torch.equal(in_memory_order(sliced, True), sliced)
