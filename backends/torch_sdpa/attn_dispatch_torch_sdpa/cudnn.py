@@ -2,7 +2,7 @@
 
 Layout: cuDNN takes BHSD *views*; our BSHD tensors are passed as ``transpose(1, 2)`` (no copy)
 and the gradients come back in the inputs' memory order, so transposing them back is free.
-The output and its gradient go in q's memory order, copied where they are not (see
+The output and its gradient go with strides that q's decide, copied where they differ (see
 ``_run_backward``).
 GQA: native (cuDNN reads K/V with Hkv heads and writes Hkv-head dK/dV).
 lse: cuDNN's softmax statistics are the natural-log logsumexp, shape [B, H, Sq, 1]. Whether
@@ -28,28 +28,37 @@ from ._ops import CUDNN_BWD, CUDNN_FWD, aten, empty_long, ops_problems
 _stats_rank: list[int] = [4, 3]  # ranks of lse to try for the backward, working one first
 
 
-def heads_first_memory(q: torch.Tensor) -> bool:
-    """Whether q's memory runs [B, H, S, D] (its sequence stride below its head stride)."""
-    return q.stride(1) < q.stride(2)
+def strides_like(shape: torch.Size, like: torch.Tensor) -> tuple[int, ...]:
+    """Packed strides for ``shape`` with its dims in the memory order of ``like``'s (largest
+    stride outermost; equal strides, as size-1 dims may have, in dim order)."""
+    order = sorted(range(like.dim()), key=lambda dim: (-like.stride(dim), dim))
+    strides, inner = [0] * len(shape), 1
+    for dim in reversed(order):
+        strides[dim] = inner
+        inner *= shape[dim]
+    return tuple(strides)
 
 
-def in_memory_order(t: torch.Tensor, heads_first: bool) -> torch.Tensor:
-    """``t`` ([B, S, H, D]) itself where its memory is contiguous in that order, else a copy
-    that is ([B, H, S, D] memory where ``heads_first``, rows otherwise)."""
-    if not heads_first:
-        return t if t.is_contiguous() else t.contiguous()
-    heads = t.transpose(1, 2)
-    return t if heads.is_contiguous() else heads.contiguous().transpose(1, 2)
+def laid_out_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` with :func:`strides_like` strides: itself where it has them, else a copy (a view
+    where only size-1 dims' strides differ)."""
+    strides = strides_like(t.shape, like)
+    if t.stride() == strides:
+        return t
+    fixed = [s for s, n in zip(t.stride(), t.shape, strict=True) if n != 1]
+    if fixed == [s for s, n in zip(strides, t.shape, strict=True) if n != 1]:
+        return t.as_strided(t.shape, strides)  # same memory and values
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _run_backward(inp: adb.BackwardInputs, lse: torch.Tensor):
     seed = empty_long(inp.q.device)
-    # PyTorch caches the backward graph it builds for cuDNN under q, k and v's layouts, and a
-    # graph built for one layout of O and dO returned wrong gradients for another (benchmarks.md
-    # section 9): O and dO go in q's memory order, so one layout of q, k, v brings one of them.
-    heads_first = heads_first_memory(inp.q)
-    grad_out = in_memory_order(inp.grad_out, heads_first)
-    out = in_memory_order(inp.out, heads_first)
+    # By its source PyTorch caches the backward graph it builds for cuDNN under q, k and v's
+    # layouts, and gradients came back wrong for a second layout of dO at one layout of q, k, v
+    # (benchmarks.md section 9): O and dO go with strides that q's alone decide, so one layout
+    # of q, k, v always brings the same ones.
+    grad_out = laid_out_like(inp.grad_out, inp.q)
+    out = laid_out_like(inp.out, inp.q)
     for attempt, rank in enumerate(list(_stats_rank)):
         stats = lse.unsqueeze(-1) if rank == 4 else lse
         try:

@@ -108,8 +108,9 @@ def test_efficient_refuses_the_varlen_case_it_faulted_on():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("q_memory", ["bshd", "bhsd"])
 def test_cudnn_backward_is_right_for_each_layout_of_out_and_its_gradient(q_memory):
-    # PyTorch caches cuDNN's backward graph under q, k and v's layouts: every layout of out and
-    # grad_out in turn on one q, k, v, at a shape no other test runs (benchmarks.md section 9)
+    # by its source, PyTorch caches cuDNN's backward graph under q, k and v's layouts: every
+    # layout of out and grad_out in turn on one q, k, v, at a shape no other test runs
+    # (benchmarks.md section 9)
     gen = torch.Generator(device="cuda").manual_seed(0)
     batch, seqlen, heads, kv_heads, d = 1, 136, 12, 4, 96
 

@@ -251,17 +251,47 @@ def test_size_one_dims_get_packed_strides_and_keep_their_values():
     assert packed_unit_strides(wide[:1]).stride() == (240, 80, 1)
 
 
-def test_cudnn_gets_out_and_its_gradient_in_q_s_memory_order():
-    from attn_dispatch_torch_sdpa.cudnn import heads_first_memory, in_memory_order
+def _memory(shape: tuple, order: str) -> torch.Tensor:
+    """A [B, S, H, D] tensor of ``shape`` whose memory runs in ``order`` (e.g. "bhsd")."""
+    dims = ["bshd".index(c) for c in order]
+    t = torch.randn([shape[d] for d in dims])
+    return t.permute([order.index(c) for c in "bshd"])
 
-    rows = torch.randn(2, 16, 4, 8)  # [B, S, H, D] memory
-    heads = torch.randn(2, 4, 16, 8).transpose(1, 2)  # [B, H, S, D] memory
-    assert not heads_first_memory(rows) and heads_first_memory(heads)
-    assert in_memory_order(rows, False) is rows and in_memory_order(heads, True) is heads
-    as_heads = in_memory_order(rows, True)
-    assert as_heads.transpose(1, 2).is_contiguous() and torch.equal(as_heads, rows)
-    as_rows = in_memory_order(heads, False)
-    assert as_rows.is_contiguous() and torch.equal(as_rows, heads)
-    sliced = torch.randn(2, 16, 6, 8)[:, :, :4]
-    assert in_memory_order(sliced, False).is_contiguous()
-    assert torch.equal(in_memory_order(sliced, True), sliced)
+
+def _cudnn_backward_layouts(monkeypatch, q, out, grad_out) -> tuple:
+    """The strides of O and dO as ``torch_sdpa:cudnn``'s backward hands them to the op (the op
+    needs a CUDA GPU: recorded instead), checking their values."""
+    from attn_dispatch_torch_sdpa import cudnn
+
+    seen = []
+
+    def op(grad, q_, k_, v_, out_, *rest, **kwargs):
+        assert torch.equal(grad.transpose(1, 2), grad_out) and torch.equal(
+            out_.transpose(1, 2), out
+        )
+        seen.append((grad.transpose(1, 2).stride(), out_.transpose(1, 2).stride()))
+        return q_.clone(), k_.clone(), v_.clone()
+
+    monkeypatch.setattr(cudnn, "aten", lambda spec: op)
+    k = v = q[:, :, :2]
+    lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+    Cudnn().backward(adb.make_inputs(q, k, v, out, lse, grad_out))
+    return seen[0]
+
+
+@pytest.mark.parametrize("q_order", ["bshd", "bhsd", "sbhd"])
+@pytest.mark.parametrize("seqlen", [7, 1])
+def test_cudnn_hands_the_backward_o_and_do_laid_out_as_q_alone_decides(
+    q_order, seqlen, monkeypatch
+):
+    # by its source, PyTorch caches cuDNN's backward graph under q, k and v's layouts alone
+    shape = (2, seqlen, 4, 8)
+    q = _memory(shape, q_order)
+    given = [
+        (_memory(shape, o), _memory(shape, g))
+        for o, g in (("bshd", "bshd"), ("bhsd", "bshd"), ("bshd", "bhsd"), ("sbhd", "hbsd"))
+    ]
+    given.append((_memory(shape, "bshd"), torch.randn(1, 1, 1, 8).expand(shape)))  # broadcast
+    given.append((torch.randn(2, seqlen, 6, 8)[:, :, :4], _memory(shape, "bhsd")))  # sliced
+    layouts = {_cudnn_backward_layouts(monkeypatch, q, o, g) for o, g in given}
+    assert len(layouts) == 1, layouts
