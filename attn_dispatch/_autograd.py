@@ -39,8 +39,8 @@ Outputs and gradients are always fresh, contiguous tensors (the eager node hands
 ``layout="bhsd"`` inputs back contiguous in that layout, as autograd stores them). The fake
 implementations promise exactly that, and a compiler plans the following kernels on the
 promised strides. An eager call through an implementation's own node (``_own_node``) returns
-that operator's output as the operator lays it out (flash: like q, so on q in [B, H, S, D]
-memory the output is too, as sdpa's is), from the second call of its signature on.
+that operator's output as the operator lays it out (flash on ``layout="bhsd"``: sdpa's own
+flash op, so the output is laid out as sdpa's is), from the second call of its signature on.
 """
 
 import contextlib

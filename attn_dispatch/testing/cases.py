@@ -205,11 +205,10 @@ class Case:
                 "v": (b, sk, hkv, dv),
                 "do": (b, sq, h, dv),
             }
-        layouts = {"do": self.grad_layout or self.layout}
         made = {
             name: place(
                 torch.randn(shape, generator=gen, dtype=torch.float64),
-                layouts.get(name, self.layout),
+                (self.grad_layout or self.layout) if name == "do" else self.layout,
                 dtype,
                 device,
             )

@@ -2,8 +2,8 @@
 
 Layout: cuDNN takes BHSD *views*; our BSHD tensors are passed as ``transpose(1, 2)`` (no copy)
 and the gradients come back in the inputs' memory order, so transposing them back is free.
-The output and its gradient go with strides that q's decide, copied where they differ (see
-``_run_backward``).
+The output and its gradient go with strides that q's decide, copied where they differ
+(``BackwardLayouts``, worked out once per signature).
 GQA: native (cuDNN reads K/V with Hkv heads and writes Hkv-head dK/dV).
 lse: cuDNN's softmax statistics are the natural-log logsumexp, shape [B, H, Sq, 1]. Whether
 the backward op takes them as [B, H, Sq] (it adds the unit dim itself) or [B, H, Sq, 1] changed
@@ -16,6 +16,8 @@ op exposes no deterministic mode), ROCm, head dims above 128, float32.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -39,26 +41,39 @@ def strides_like(shape: torch.Size, like: torch.Tensor) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def laid_out_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``t`` with :func:`strides_like` strides: itself where it has them, else a copy (a view
-    where only size-1 dims' strides differ)."""
-    strides = strides_like(t.shape, like)
-    if t.stride() == strides:
+class BackwardLayouts(NamedTuple):
+    """The strides O and dO go to the backward with, for one signature (``None``: their own).
+
+    By its source PyTorch caches the backward graph it builds for cuDNN under q, k and v's
+    layouts, and gradients came back wrong for a second layout of dO at one layout of q, k, v
+    (benchmarks.md section 9): O and dO go with strides that q's alone decide
+    (:func:`strides_like`), so one layout of q, k, v always brings the same ones."""
+
+    out: tuple[int, ...] | None
+    grad_out: tuple[int, ...] | None
+
+
+def backward_layouts(inp: adb.BackwardInputs) -> BackwardLayouts:
+    """What ``inp``'s signature needs (the plan :meth:`Cudnn.prepare` makes of it)."""
+    wanted = (strides_like(t.shape, inp.q) for t in (inp.out, inp.grad_out))
+    given = (inp.out.stride(), inp.grad_out.stride())
+    return BackwardLayouts(*(w if w != g else None for w, g in zip(wanted, given, strict=True)))
+
+
+def with_strides(t: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tensor:
+    """``t`` with ``strides`` (``None``: itself): a view where only size-1 dims' strides
+    differ, else a copy."""
+    if strides is None:
         return t
-    fixed = [s for s, n in zip(t.stride(), t.shape, strict=True) if n != 1]
-    if fixed == [s for s, n in zip(strides, t.shape, strict=True) if n != 1]:
+    if all(s == w for s, w, n in zip(t.stride(), strides, t.shape, strict=True) if n != 1):
         return t.as_strided(t.shape, strides)  # same memory and values
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def _run_backward(inp: adb.BackwardInputs, lse: torch.Tensor):
+def _run_backward(inp: adb.BackwardInputs, lse: torch.Tensor, layouts: BackwardLayouts):
     seed = empty_long(inp.q.device)
-    # By its source PyTorch caches the backward graph it builds for cuDNN under q, k and v's
-    # layouts, and gradients came back wrong for a second layout of dO at one layout of q, k, v
-    # (benchmarks.md section 9): O and dO go with strides that q's alone decide, so one layout
-    # of q, k, v always brings the same ones.
-    grad_out = laid_out_like(inp.grad_out, inp.q)
-    out = laid_out_like(inp.out, inp.q)
+    grad_out = with_strides(inp.grad_out, layouts.grad_out)
+    out = with_strides(inp.out, layouts.out)
     for attempt, rank in enumerate(list(_stats_rank)):
         stats = lse.unsqueeze(-1) if rank == 4 else lse
         try:
@@ -129,9 +144,14 @@ class Cudnn(c.SdpaImplementation):
         lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()
         return out.transpose(1, 2), lse
 
+    def prepare(self, inp: adb.ForwardInputs) -> BackwardLayouts | None:
+        """A backward signature's :class:`BackwardLayouts` (forward signatures need none)."""
+        return backward_layouts(inp) if isinstance(inp, adb.BackwardInputs) else None
+
     def backward(self, inp: adb.BackwardInputs) -> ad.Gradients:
         """``(dq, dk, dv)`` from the caller's out and lse (no recomputation)."""
         if c.is_empty(inp):
             return c.zero_gradients(inp)
-        dq, dk, dv = _run_backward(inp, inp.lse.contiguous())
+        layouts = inp.plan if inp.plan is not None else backward_layouts(inp)
+        dq, dk, dv = _run_backward(inp, inp.lse.contiguous(), layouts)
         return ad.Gradients(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2))

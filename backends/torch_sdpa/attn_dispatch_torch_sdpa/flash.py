@@ -240,7 +240,8 @@ class Flash(c.SdpaImplementation):
 def _forward_op(inp: adb.ForwardInputs) -> tuple:
     """``aten::_flash_attention_forward``'s results for ``inp`` (recording the op's autograd node
     where grad recording is on and an input requires grad)."""
-    return _op_results(*_op_arguments(inp), inp.q, inp.k, inp.v)
+    op, after_qkv, keywords = _op_arguments(inp)
+    return op(inp.q, inp.k, inp.v, *after_qkv, **keywords)
 
 
 def _op_arguments(inp: adb.ForwardInputs) -> tuple:
@@ -250,13 +251,9 @@ def _op_arguments(inp: adb.ForwardInputs) -> tuple:
     return aten(FLASH_FWD), after_qkv, {"scale": inp.scale, **_window_kwargs(inp)}
 
 
-def _op_results(op, after_qkv: tuple, keywords: dict, q, k, v) -> tuple:
-    return op(q, k, v, *after_qkv, **keywords)
-
-
 def _op_output(op, after_qkv: tuple, keywords: dict, q, k, v) -> torch.Tensor:
-    """The output of the forward op for dense [B, S, H, D] q, k, v."""
-    return _op_results(op, after_qkv, keywords, q, k, v)[0]
+    """The output of the forward op for dense [B, S, H, D] q, k, v (the own node's function)."""
+    return op(q, k, v, *after_qkv, **keywords)[0]
 
 
 def _sdpa_output(op, causal: bool, scale: float, q, k, v) -> torch.Tensor:

@@ -90,25 +90,9 @@ def test_cudnn_and_efficient_offer_no_own_node(impl, torch_release, monkeypatch)
     assert impl.autograd_forward(_inputs(causal=True), "bshd") is None
 
 
-class _RecordedOps:
-    """Stands in for ``flash.aten``: each op records its name, arguments and keywords (the ops
-    need a CUDA GPU; their numerics are in test_sdpa_own_node_gpu.py)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple, dict]] = []
-
-    def __call__(self, spec):
-        def op(*args, **kwargs):
-            self.calls.append((spec.name, args, kwargs))
-            return (torch.empty_like(args[0]),)
-
-        return op
-
-
 @pytest.mark.parametrize("causal", [True, False])
-def test_flash_node_function_calls_the_op_as_its_forward_does(causal, torch_release, monkeypatch):
-    ops = _RecordedOps()
-    monkeypatch.setattr(flash, "aten", ops)
+def test_flash_node_function_calls_the_op_as_its_forward_does(causal, torch_release, recorded_ops):
+    ops = recorded_ops(flash)
     inp = _inputs(causal=causal, scale=0.3)
     flash._forward_op(inp)
     given = (inp.q, inp.k, inp.v)
@@ -127,10 +111,9 @@ def test_flash_node_function_calls_the_op_as_its_forward_does(causal, torch_rele
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_node_function_on_heads_first_tensors_is_sdpa_s_flash_op(
-    causal, torch_release, monkeypatch
+    causal, torch_release, recorded_ops
 ):
-    ops = _RecordedOps()
-    monkeypatch.setattr(flash, "aten", ops)
+    ops = recorded_ops(flash)
     inp = _inputs(causal=causal, scale=0.3)
     given = tuple(t.transpose(1, 2) for t in (inp.q, inp.k, inp.v))
     out = Flash().autograd_forward(inp, "bhsd")(*given)

@@ -258,31 +258,32 @@ def _memory(shape: tuple, order: str) -> torch.Tensor:
     return t.permute([order.index(c) for c in "bshd"])
 
 
-def _cudnn_backward_layouts(monkeypatch, q, out, grad_out) -> tuple:
+def _cudnn_backward_layouts(recorded_ops, q, out, grad_out) -> tuple:
     """The strides of O and dO as ``torch_sdpa:cudnn``'s backward hands them to the op (the op
-    needs a CUDA GPU: recorded instead), checking their values."""
+    needs a CUDA GPU: recorded instead), checking their values, with and without the
+    signature's plan."""
     from attn_dispatch_torch_sdpa import cudnn
 
-    seen = []
-
-    def op(grad, q_, k_, v_, out_, *rest, **kwargs):
-        assert torch.equal(grad.transpose(1, 2), grad_out) and torch.equal(
-            out_.transpose(1, 2), out
-        )
-        seen.append((grad.transpose(1, 2).stride(), out_.transpose(1, 2).stride()))
-        return q_.clone(), k_.clone(), v_.clone()
-
-    monkeypatch.setattr(cudnn, "aten", lambda spec: op)
+    ops = recorded_ops(cudnn, lambda args: tuple(t.clone() for t in args[1:4]))
     k = v = q[:, :, :2]
     lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
-    Cudnn().backward(adb.make_inputs(q, k, v, out, lse, grad_out))
+    inp = adb.make_inputs(q, k, v, out, lse, grad_out)
+    Cudnn().backward(inp)  # without a plan, as outside dispatch
+    inp.plan = Cudnn().prepare(inp)  # with the one a cached decision hands it
+    Cudnn().backward(inp)
+    seen = []
+    for _, args, _ in ops.calls:
+        grad, given_out = args[0].transpose(1, 2), args[4].transpose(1, 2)
+        assert torch.equal(grad, grad_out) and torch.equal(given_out, out)
+        seen.append((grad.stride(), given_out.stride()))
+    assert seen[0] == seen[1]
     return seen[0]
 
 
 @pytest.mark.parametrize("q_order", ["bshd", "bhsd", "sbhd"])
 @pytest.mark.parametrize("seqlen", [7, 1])
 def test_cudnn_hands_the_backward_o_and_do_laid_out_as_q_alone_decides(
-    q_order, seqlen, monkeypatch
+    q_order, seqlen, recorded_ops
 ):
     # by its source, PyTorch caches cuDNN's backward graph under q, k and v's layouts alone
     shape = (2, seqlen, 4, 8)
@@ -293,5 +294,5 @@ def test_cudnn_hands_the_backward_o_and_do_laid_out_as_q_alone_decides(
     ]
     given.append((_memory(shape, "bshd"), torch.randn(1, 1, 1, 8).expand(shape)))  # broadcast
     given.append((torch.randn(2, seqlen, 6, 8)[:, :, :4], _memory(shape, "bhsd")))  # sliced
-    layouts = {_cudnn_backward_layouts(monkeypatch, q, o, g) for o, g in given}
+    layouts = {_cudnn_backward_layouts(recorded_ops, q, o, g) for o, g in given}
     assert len(layouts) == 1, layouts
