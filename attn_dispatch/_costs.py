@@ -6,15 +6,17 @@ package's, or the one an implementation names in ``cost_tables``: :func:`tables_
 and commands, the versions of the distributions its kernels come from (``requires``: under
 other versions the rows still rank, and ``explain`` names the drift), and one row per
 (implementation, kind, grid point) with the median microseconds per call eager (``eager_us``,
-host work included) and under CUDA graphs (``graph_us``, the GPU's time). The format, and what
-a malformed table or row costs, are documented in docs/design.md ("Recorded cost tables");
-:func:`parse` validates a table against it when it is read. The user's own tables
+host work included) and under CUDA graphs (``graph_us``, the GPU's time); an ``attention``
+row times a forward and its backward through eager ``attention`` (``eager_us`` only). The
+format, and what a malformed table or row costs, are documented in docs/design.md ("Recorded
+cost tables"); :func:`parse` validates a table against it when it is read. The user's tables
 (``attn-dispatch tune --grid``: ``<cache dir>/costs/<arch>/<package>.json``, :func:`user_path`)
 have the same format and outrank the shipped one call by call: a call the user's table covers
 is ranked by it, any other by the shipped table where that covers it (:func:`predict`).
 
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
-for a call, each implementation's rows of the same kind (forward or backward), mask class
+for a call, each implementation's rows of the same kind (forward, backward, or for a pass of
+an eager ``attention`` call the ``attention`` rows: see ``_selection.evaluate``), mask class
 (``none``, ``causal``, ``window``), sinks, soft cap and packing (varlen: a packed call counts as
 its sequences at their mean lengths) are its candidates; the *nearest* of them
 by :func:`distance` (the sum of ``|log2|`` ratios of batch, query heads, GQA group, lengths,
@@ -46,9 +48,11 @@ if TYPE_CHECKING:
     from ._implementation import Implementation
 
 COSTS_DIR = "costs"
-# The table format this module reads (``format`` in a table; docs/design.md, "Recorded cost
-# tables"). A table of a newer format fails its implementations with a reason, not silently.
-FORMAT = 1
+# The table format this module writes and the newest it reads (``format`` in a table;
+# docs/design.md, "Recorded cost tables"): format 2 added the ``attention`` rows, so a reader
+# of format 1 fails a table that may hold them with a reason, not silently. A table of a newer
+# format fails its implementations the same way.
+FORMAT = 2
 # The log2 distance (see ``distance``) within which a measured row predicts a call: a factor of 2
 # in two of batch, heads, group, length, head dim and window width, or of 4 in one.
 # Batch and heads count as much as the other features: their time does not scale with the work
@@ -57,6 +61,10 @@ FORMAT = 1
 # benchmarks.md section 11).
 COVERAGE = 2.0
 KINDS = ("forward", "backward")
+# A forward and its backward through eager ``attention``, the implementation forced for both:
+# what such a call costs with its autograd node (the implementation's own or the library's)
+ATTENTION = "attention"
+ROW_KINDS = (*KINDS, ATTENTION)
 
 
 @dataclass(frozen=True)
@@ -239,7 +247,7 @@ class CostTable:
         per_work = sum(r.us[execution] / work(r.shape) for r in nearest) / len(nearest)
         shapes = tuple(r.shape for r in nearest)
         user = self.source if self.user else None
-        return Prediction(per_work * work(shape), best, shapes, self.drift, user)
+        return Prediction(per_work * work(shape), best, shapes, self.drift, user, kind=kind)
 
     def check(self, impl: str) -> None:
         """:class:`CostTableError` when ``impl``'s rows in this table cannot be read."""
@@ -261,6 +269,7 @@ class Prediction:
     # for a shipped table's prediction: the user's table that holds rows of the implementation
     # but does not cover this call (so the shipped table ranked it), else ``None``
     beyond: str | None = None
+    kind: str = "forward"  # the rows' kind (one of ROW_KINDS)
 
     @property
     def source(self) -> str:
@@ -269,7 +278,8 @@ class Prediction:
         table = f"user cost table {self.user_table}" if self.user_table else "cost table"
         if self.beyond:
             table += f" (the user cost table {self.beyond} does not cover the call)"
-        note = f"{table}: nearest measured {near} (distance {self.distance:.2f})"
+        rows = ", attention rows" if self.kind == ATTENTION else ""
+        note = f"{table}{rows}: nearest measured {near} (distance {self.distance:.2f})"
         return note + (f"; {self.drift}" if self.drift else "")
 
 
@@ -331,8 +341,8 @@ def validated_row(entry: dict, impl: str) -> Row:
     if unknown:
         raise ValueError(f"unknown fields {unknown}")
     kind = entry.get("kind")
-    if kind not in KINDS:
-        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    if kind not in ROW_KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {ROW_KINDS}")
     mask = entry.get("mask")
     if mask not in MASKS:
         raise ValueError(f"mask {mask!r} is not one of {MASKS}")

@@ -149,7 +149,7 @@ def select(
         raise TypeError("argument 'out': expected a torch.Tensor, got NoneType")
     forced = _settings.resolve_forced(call.backend, call.forced_by)
     target = arch or arch_for(settings, inp.device)
-    return evaluate(settings, inp, target, call.kind.value, forced, call.execution)
+    return evaluate(settings, inp, target, call.kind.value, forced, call.execution, call.attention)
 
 
 def pointer_residues(tensors: Tensors, cu_q, cu_k, sinks=None) -> tuple:

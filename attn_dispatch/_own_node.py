@@ -8,14 +8,15 @@ calls it instead, on the caller's tensors in the caller's layout: the forward ru
 decision's implementation (with its plan), and the backward is that node's, with nothing of the
 library in it.
 
-That is the same computation only where the library's node would run that implementation's
-backward too. So the first eager call of a signature runs the library's node, and then
-:func:`verdict` makes the backward decision for the signature, under the call's scope, for a
-gradient laid out like the output (a fresh allocation, as autograd's are), in both execution
-modes (a backward may run captured where its forward did not); only where each picks the
-forward's implementation does the signature get the implementation's node, and a call of it
-takes that node only with q, k and v aligned as that first call's were, where a decision read
-their alignment.
+That is the call the library's node would make only where that node would run the
+implementation's backward too. So the first eager call of a signature runs the library's node,
+and then :func:`verdict` makes the backward decision for the signature, under the call's scope,
+for a gradient laid out like the output (a fresh allocation, as autograd's are): only where the
+decision in the call's execution mode picks the forward's implementation, and the one in the
+other mode (a backward may run captured where its forward did not) accepts it, does the
+signature get the implementation's node (a pass of an eager call is ranked by the whole call's
+measured cost, node included: ``_selection``), and a call of it takes that node only with q, k
+and v aligned as that first call's were, where a decision read their alignment.
 Autotune measures each pass's candidates apart, so under autotune the library's node stays.
 """
 
@@ -30,6 +31,7 @@ from . import _dispatch, _settings
 from ._call import Call, Kind
 from ._implementation import Implementation
 from ._inputs import ForwardInputs, lse_dtype, lse_shape
+from ._report import SELECTED, SUPPORTED
 from ._validation import build_inputs
 
 
@@ -44,6 +46,7 @@ class OwnNode(NamedTuple):
 
 
 LIBRARY_NODE = OwnNode(None)
+SERVING = (SELECTED, SUPPORTED)
 _EXECUTIONS = ("eager", "graph")
 
 
@@ -66,8 +69,10 @@ def verdict(settings: _settings.Settings, call: Call, tensors: tuple, heads_firs
     for execution in _EXECUTIONS:
         backward_call = call._replace(kind=Kind.BACKWARD, execution=execution)
         inp = build_inputs(backward_call, backward, None, None, None, None, settings.debug)
-        _, chosen, read_pointers = _dispatch.select(settings, inp, backward_call)
-        if chosen is not impl:
+        report, chosen, read_pointers = _dispatch.select(settings, inp, backward_call)
+        # the forward's execution must choose it; the other (a backward captured where its
+        # forward was not, or the reverse) must accept it
+        if not (chosen is impl if execution == call.execution else _serves(report, impl)):
             return LIBRARY_NODE
         if read_pointers:
             # q, k and v's alignment could change the backward's choice: calls of other
@@ -82,6 +87,11 @@ def verdict(settings: _settings.Settings, call: Call, tensors: tuple, heads_firs
     if run is None:
         return LIBRARY_NODE
     return OwnNode(run, impl, pointers)
+
+
+def _serves(report, impl: Implementation) -> bool:
+    """Whether ``report``'s decision would run ``impl`` or could (it supports the call)."""
+    return any(c.name == impl.full_name and c.status in SERVING for c in report.candidates)
 
 
 def _backward_tensors(tensors: tuple, head_dim_v: int, heads_first: bool) -> tuple:

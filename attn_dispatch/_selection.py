@@ -4,8 +4,11 @@ Precedence of a forced name: ``backend=`` > ``use_backend()`` > ``ATTN_DISPATCH_
 Automatic choice: among enabled, unblocked implementations with a priority for the arch and no
 rejection reasons, the highest priority wins (ties: alphabetical), except that those a recorded
 cost table predicts (``_costs``) rank among themselves by predicted time, in the place of the
-best priority among them; the others keep their places by priority. A forced choice never
-falls back and needs no priority entry.
+best priority among them; the others keep their places by priority. A pass of an eager
+``attention`` call is ranked by the tables' ``attention`` rows (a forward and its backward
+through that call, autograd node included) where they cover every candidate that its pass rows
+cover, else by its pass rows (:func:`_as_attention`). A forced choice never falls back and
+needs no priority entry.
 
 The decision is cached per input signature, so what ``supports`` and ``priority_for_inputs`` read
 must be part of it. They see the call's tensors as :class:`Probe` views: metadata as is, and
@@ -260,6 +263,35 @@ def _with_prediction(
     return replace(candidate, predicted_us=p.us, prediction=p.source)
 
 
+def _as_attention(
+    verdicts: list[Candidate], registry, inp: ForwardInputs, arch: Arch
+) -> list[Candidate]:
+    """``verdicts`` predicted by the ``attention`` rows where those cover every candidate that
+    the pass's rows predict (one kind of time ranks them all), else as they are. An eager
+    ``attention`` call pays its autograd node's host work beside the two passes', which an
+    implementation with its own node (``Implementation.autograd_forward``) does not; the
+    ``attention`` rows time the whole call, so they rank that too."""
+    ranked = [c for c in verdicts if c.predicted_us is not None and c.priority is not None]
+    if not ranked:
+        return verdicts
+    whole = {}
+    for c in ranked:
+        try:
+            package, user = cost_tables_of(registry.implementations[c.name])
+            p = _costs.predict(package, c.name, _costs.ATTENTION, EAGER, arch, inp, user)
+        except _costs.CostTableError:
+            p = None  # the pass's prediction read the same tables: it would have failed too
+        if p is None:
+            return verdicts
+        whole[c.name] = p
+    return [
+        replace(c, predicted_us=whole[c.name].us, prediction=whole[c.name].source)
+        if c.name in whole
+        else c
+        for c in verdicts
+    ]
+
+
 def _ranking(candidates: list[Candidate]) -> Callable[[Candidate], tuple]:
     """The sort key of automatic selection (lowest first; see the module docstring)."""
     predicted = [c for c in candidates if c.predicted_us is not None and c.priority is not None]
@@ -280,11 +312,13 @@ def evaluate(
     mode: str,
     forced: str | None,
     execution: str = EAGER,
+    attention: bool = False,
 ) -> tuple[Report, Implementation | None, bool]:
     """Every implementation's verdict, the winner (``None`` when nothing can run), and whether
     a verdict read data pointers (then the decision holds only for the same residues).
     ``execution`` (``"eager"`` or ``"graph"``, see ``_execution``) is passed to the
-    implementations' ``priority_for_execution``."""
+    implementations' ``priority_for_execution``; ``attention``: the call is a pass of an eager
+    ``attention`` call (``Call.attention``)."""
     registry = settings.registry
     probe = probed(inp)
     verdicts, readers = [], set()
@@ -300,6 +334,8 @@ def evaluate(
             else c
             for c in verdicts
         ]
+        if attention and execution == EAGER:
+            verdicts = _as_attention(verdicts, registry, inp, arch)
         pool = [c for c in verdicts if c.status == SUPPORTED and c.priority is not None]
     else:
         pool = [

@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows = measure_point(
                 point,
-                ("forward", "backward") if args.step == "measure" else ("backward",),
+                _grid.ROW_KINDS if args.step == "measure" else ("backward",),
                 timed=not args.warm,
                 autotune=args.step == "evaluate" and not args.warm,
                 tuned=not args.without_autotune,

@@ -37,12 +37,17 @@ SINK_WINDOW = 128  # GPT-OSS's sliding layers
 SOFTCAP = 50.0  # Gemma-2's attention logit cap
 MAX_WORK = 64 * 16384 * 16384 * 128  # B*H*S*S*D of the largest seed shape
 KINDS = ("forward", "backward")
+# What a point measures: each pass, then both through eager ``attention`` (``_costs.ATTENTION``)
+ROW_KINDS = _costs.ROW_KINDS
 # The default grid's axes: GQA groups 1, 4 and 8, the two common head dims, short to long
 # lengths a factor of 4 apart, so that every length between lies within the tables' coverage
 # (a log2 distance of 1 in each of Sq and Sk: ``_costs.COVERAGE``) of a measured one
 DEFAULT_HEADS = ((1, 8, 8), (4, 32, 8), (1, 64, 8))
 DEFAULT_HEAD_DIMS = (64, 128)
 DEFAULT_SEQLENS = (1024, 4096, 16384)
+# (batch, query heads, kv heads, length) of the default grid's short points: their rows cover
+# lengths 128 to 512 at these heads (a log2 distance of 1 in each of Sq and Sk)
+SHORT = (1, 32, 8, 256)
 # Seconds per row (one implementation's forward or backward at one point: its answer checked,
 # then timed eager and under CUDA graphs), compile caches warm: 290 s for 1116 rows on an H200
 # (the grid's first 105 points, commit 6384643); an H100 took 636 s for the whole grid's 1996
@@ -163,7 +168,9 @@ def default_grid() -> list[Point]:
     (1K, 4K, 16K) x mask (none, causal), capped at :data:`MAX_WORK`, then one windowed point,
     GPT-OSS's two sink layers (causal, sliding window 128), Gemma-2's two soft-capped ones
     (causal, window): a model with sinks or a soft cap has both kinds of layer, and a table
-    ranks only the mask class it measured; and one of packed documents (8 of 2K, causal)."""
+    ranks only the mask class it measured; one of packed documents (8 of 2K, causal); and
+    Llama-3-8B's attention (32/8 heads) at a length of 256, where the host's work per call
+    outweighs the kernels' (:data:`SHORT`)."""
     points = [
         Point(b, h, hkv, s, d, mask)
         for b, h, hkv in DEFAULT_HEADS
@@ -179,6 +186,7 @@ def default_grid() -> list[Point]:
         Point(1, 64, 8, 4096, 128, "causal", softcap=True),
         Point(1, 64, 8, 4096, 128, "window", WINDOW, softcap=True),
         Point(8, 32, 8, 2048, 128, "causal", varlen=True),
+        *(Point(*SHORT, d, mask) for d in DEFAULT_HEAD_DIMS for mask in ("none", "causal")),
     ]
 
 
@@ -231,7 +239,22 @@ def call(kind: str, t: dict, backend: str | None) -> Any:
     f = t["flags"]
     if kind == "forward":
         return ad.forward(t["q"], t["k"], t["v"], backend=backend, **f)
+    if kind == _costs.ATTENTION:
+        return attention_step(t, backend)
     return ad.backward(t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], backend=backend, **f)
+
+
+def attention_step(t: dict, backend: str | None) -> tuple:
+    """The gradients (dq, dk, dv, and dsinks with sinks) of one eager ``attention`` call and
+    its backward, as a training step runs it: q, k and v (and the sinks) are leaves over the
+    point's tensors, and the gradients are returned, not accumulated."""
+    if "leaves" not in t:
+        sinks = () if "sinks" not in t["flags"] else (t["flags"]["sinks"],)
+        t["leaves"] = tuple(x.detach().requires_grad_() for x in (t["q"], t["k"], t["v"], *sinks))
+    leaves = t["leaves"]
+    flags = dict(t["flags"], sinks=leaves[3]) if len(leaves) > 3 else t["flags"]
+    out = ad.attention(*leaves[:3], backend=backend, **flags)
+    return torch.autograd.grad(out, leaves, t["dout"])
 
 
 def tensors(kind: str, t: dict) -> tuple:
@@ -242,7 +265,11 @@ def tensors(kind: str, t: dict) -> tuple:
 
 def candidates(kind: str, t: dict, reference: bool = False) -> list[str]:
     """The implementations that accept this call and have a priority on its arch; the
-    reference backend only with ``reference`` (on a GPU it is slow and never the fastest)."""
+    reference backend only with ``reference`` (on a GPU it is slow and never the fastest).
+    Through ``attention``: those that accept both passes."""
+    if kind == _costs.ATTENTION:
+        backward = candidates("backward", t, reference)
+        return [name for name in candidates("forward", t, reference) if name in backward]
     return measured(ad.explain(*tensors(kind, t), **t["flags"]), reference)
 
 
@@ -310,13 +337,16 @@ def estimate(points: Iterable[Point], arch: str, reference: bool = False) -> Est
     points = list(points)
     rows, variants = 0, set()
     for point in points:
+        names = {}
         for kind in KINDS:
             args, flags = meta_call(point, kind)
-            names = measured(ad.explain(*args, **flags, arch=arch), reference)
-            rows += len(names)
+            names[kind] = measured(ad.explain(*args, **flags, arch=arch), reference)
             shape = (point.head_dim, point.mask, point.window, point.sinks, point.softcap)
             shape += (point.varlen,)
-            variants.update((name, kind, *shape) for name in names)
+            variants.update((name, kind, *shape) for name in names[kind])
+        # the attention rows: the implementations of both passes, their kernels compiled
+        both = [name for name in names["forward"] if name in names["backward"]]
+        rows += len(names["forward"]) + len(names["backward"]) + len(both)
     return Estimate(len(points), rows, len(variants))
 
 
@@ -337,13 +367,15 @@ def time_graph(fn: Callable[[], Any], device: torch.device, timing: Timing = FUL
 def timed_rows(
     kind: str, t: dict, names: list[str], device: torch.device, timing: Timing = FULL
 ) -> dict[str, dict]:
-    """Each of ``names``'s row status and times, eager and under CUDA graphs on CUDA: one
+    """Each of ``names``'s row status and times, eager and under CUDA graphs on CUDA (an
+    ``attention`` row eager only: what it adds to the passes is its node's host work): one
     warm-up call each, then the candidates timed in rounds (``_measure.seconds_per_call_each``:
     a device whose speed drifts during the point moves them alike). The graphs are captured
     after the eager times, and released before the rows return. A failure is a row, not the
     end of the run."""
     rows = {name: {"status": "ok"} for name in names}
-    for key in ("eager_us", "graph_us") if device.type == "cuda" else ("eager_us",):
+    graphs = device.type == "cuda" and kind != _costs.ATTENTION  # the node is host work
+    for key in ("eager_us", "graph_us") if graphs else ("eager_us",):
         fns = {}
         for name in [name for name in names if rows[name]["status"] == "ok"]:
             try:
@@ -407,7 +439,7 @@ def measure_kind(
 
 def measure_point(
     point: Point,
-    kinds: Iterable[str] = KINDS,
+    kinds: Iterable[str] = ROW_KINDS,
     *,
     device: str | torch.device = "cuda",
     timed: bool = True,

@@ -313,9 +313,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_file(run: dict) -> Path:
-    """The rows file of a grid run: one per arch, device and versions (a rerun under the same
-    ones resumes it; other ones start afresh)."""
-    key = json.dumps({k: run[k] for k in ("arch", "device", "versions")}, sort_keys=True)
+    """The rows file of a grid run: one per arch, device, versions and table format (a rerun
+    under the same ones resumes it; other ones start afresh: an older format's points lack
+    rows of this one's kinds)."""
+    key = {k: run[k] for k in ("arch", "device", "versions")}
+    key = json.dumps(dict(key, format=_costs.FORMAT), sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return _settings.costs_directory() / "runs" / f"{run['arch']}-{digest}.jsonl"
 
@@ -343,7 +345,7 @@ def _read_run(path: Path) -> list[dict]:
 def _resumable(entry: dict) -> bool:
     """Whether ``entry`` is a row a grid run writes (an agreeing one: with valid times)."""
     named = all(isinstance(entry.get(k), str) for k in ("impl", "label"))
-    if not named or entry.get("kind") not in cost_grid.KINDS:
+    if not named or entry.get("kind") not in cost_grid.ROW_KINDS:
         return False
     if entry.get("status") != "ok":
         return True
@@ -357,7 +359,7 @@ def _resumable(entry: dict) -> bool:
 def _fastest(rows: list[dict]) -> str:
     """Per kind, the fastest agreeing implementation eager (and under graphs, when timed)."""
     phrases = []
-    for kind in cost_grid.KINDS:
+    for kind in cost_grid.ROW_KINDS:
         ok = [r for r in rows if r["kind"] == kind and r.get("status") == "ok"]
         if not ok:
             phrases.append(f"{kind}: none agreed" if any(r["kind"] == kind for r in rows) else "")

@@ -60,7 +60,8 @@ def costed(plugins, env, tmp_path):
         hook = "\n\n@adb.hookimpl\ndef attn_dispatch_implementations():\n"
         body += hook + "    return [Quick(), Steady(), Plain(), Fallback()]\n"
         (package / "__init__.py").write_text(body)
-        table = text if text is not None else json.dumps({"format": 1, "arch": arch, "rows": rows})
+        table = {"format": _costs.FORMAT, "arch": arch, "rows": rows}
+        table = text if text is not None else json.dumps(table)
         path = package / "costs" / f"{arch}.json"
         path.write_bytes(table if isinstance(table, bytes) else table.encode())
         _costs.load.cache_clear()
@@ -274,7 +275,7 @@ MALFORMED_TABLES = {
     "an unknown field": '{"format": 1, "arch": "cpu", "rows": [], "costs": []}',
     "no format": '{"arch": "cpu", "rows": []}',
     "a format as text": '{"format": "1", "arch": "cpu", "rows": []}',
-    "a newer format": '{"format": 2, "arch": "cpu", "rows": []}',
+    "a newer format": json.dumps({"format": _costs.FORMAT + 1, "arch": "cpu", "rows": []}),
 }
 
 
@@ -336,10 +337,67 @@ def test_an_empty_call_is_outside_every_table(costed) -> None:
 
 
 def test_a_newer_format_is_refused_with_a_reason(costed) -> None:
-    costed([], text=json.dumps({"format": 2, "arch": "cpu", "rows": [], "v2": {}}))
+    newer = _costs.FORMAT + 1
+    costed([], text=json.dumps({"format": newer, "arch": "cpu", "rows": [], "v3": {}}))
     report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
     reason = statuses(report)["costed:quick"][1][0]
-    assert "format 2 is newer than this attn_dispatch reads (1): upgrade it" in reason
+    assert f"format {newer} is newer than this attn_dispatch reads ({_costs.FORMAT})" in reason
+
+
+def test_a_table_of_the_first_format_is_read() -> None:
+    text = json.dumps({"format": 1, "arch": "cpu", "rows": [row("costed:quick", 90.0)]})
+    assert _costs.parse(text, "t").rows[0].us == {"eager": 90.0}
+
+
+def attention_step(**flags) -> float:
+    """The tag of the implementation whose output one eager ``attention`` call returned, after
+    its backward checked that the same one made the gradients."""
+    q, k, v = (t.requires_grad_() for t in make_inputs(b=1, sq=512, h=8, hkv=8, d=64)[:3])
+    out = ad.attention(q, k, v, causal=True, **flags)
+    out.backward(torch.ones_like(out))
+    assert tag_of((q.grad,)) == tag_of((out,))
+    return tag_of((out,))
+
+
+# quick's passes are faster, steady's call through attention is (its node costs less)
+PASSES = [
+    row("costed:quick", 20.0, kind="forward"),
+    row("costed:quick", 50.0),
+    row("costed:steady", 30.0, kind="forward"),
+    row("costed:steady", 60.0),
+]
+
+
+def test_an_eager_attention_call_is_ranked_by_its_attention_rows(costed) -> None:
+    costed(
+        [*PASSES, row("costed:quick", 300.0, kind="attention")]
+        + [row("costed:steady", 100.0, kind="attention")]
+    )
+    assert attention_step() == 2.0  # steady, both passes
+    assert run() == 1.0  # a plain backward: its pass rows
+    with ad.execution_mode("graph"):  # no attention row times a captured call
+        assert attention_step() == 1.0
+    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
+    assert report.selected == "costed:quick"
+
+
+def test_attention_rows_rank_only_where_they_cover_every_measured_candidate(costed) -> None:
+    costed([*PASSES, row("costed:steady", 100.0, kind="attention")])
+    assert attention_step() == 1.0  # quick has none: both ranked by their pass rows
+    far = dict(seqlen_q=4096, seqlen_k=4096)  # steady's attention row covers no 512 call
+    costed(
+        [*PASSES, row("costed:steady", 100.0, kind="attention", **far)]
+        + [row("costed:quick", 300.0, kind="attention", **far)]
+    )
+    assert attention_step() == 1.0
+
+
+def test_an_attention_prediction_names_its_rows() -> None:
+    text = json.dumps({"format": 2, "arch": "cpu", "rows": [row("x:y", 5.0, kind="attention")]})
+    found = _costs.parse(text, "t").predict("x:y", "attention", "eager", shape())
+    assert found.us == 5.0
+    assert found.source.startswith("cost table, attention rows: nearest measured"), found.source
+    assert _costs.parse(text, "t").predict("x:y", "backward", "eager", shape()) is None
 
 
 class Lone(adb.Implementation):

@@ -95,6 +95,19 @@ def test_a_backward_decided_for_another_implementation_keeps_the_library_node(en
     noded.RUNS.clear()
 
 
+def test_a_backward_another_implementation_would_take_captured_keeps_the_own_node(noded_env):
+    # noded:captured outranks noded:oracle under CUDA graphs only: an eager call's node is its
+    # forward's implementation's where that would also run a captured backward
+    q, k, v = leaves()
+    grad = torch.ones(q.shape, dtype=q.dtype)
+    with ad.execution_mode("graph"):
+        lse = torch.zeros(2, 4, 7, dtype=q.dtype)
+        backward = ad.explain(q, k, v, q, lse, grad, causal=True)
+    assert backward.selected == "noded:captured"
+    nodes = [step(q, k, v, grad, False)[1] for _ in range(2)]
+    assert nodes[0] == LIBRARY_NODE and nodes[1] != LIBRARY_NODE, nodes
+
+
 def test_another_signature_gets_its_own_verdict(noded_env):
     q, k, v = leaves()
     grad = torch.ones(q.shape, dtype=q.dtype)

@@ -89,8 +89,9 @@ def test_tune_grid_writes_a_table_per_backend_package_with_provenance(measured, 
     assert exact.parent == measured / "costs" / "cpu"
     table = _costs.parse(exact.read_bytes(), str(exact))
     assert {r.impl for r in table.rows} == {"exact:oracle"}
-    assert {r.kind for r in table.rows} == {"forward", "backward"}
+    assert {r.kind for r in table.rows} == {"forward", "backward", "attention"}
     assert all(set(r.us) == {"eager"} for r in table.rows)  # no CUDA graphs on a CPU
+    assert "; attention fastest " in lines[0]
     info = table.provenance
     assert info["command"] == "attn-dispatch tune --grid --device cpu --quick"
     assert info["device"] and info["versions"]["torch"] and info["arch"] == "cpu"
@@ -251,14 +252,19 @@ def test_tune_grid_prints_its_estimate_first_and_the_time_so_far_per_point(
 # --- the grids ----------------------------------------------------------------------------------
 
 
-def test_the_default_grid_covers_each_class_in_40_points() -> None:
+def test_the_default_grid_covers_each_class_in_44_points() -> None:
     points = grid.default_grid()
-    assert len(points) == len({p.label for p in points}) == 40
+    assert len(points) == len({p.label for p in points}) == 44
     assert len(grid.grid()) == len({p.label for p in grid.grid()}) == 218
     assert all(p.batch * p.heads * p.seqlen**2 * p.head_dim <= grid.MAX_WORK for p in points)
     assert [p.label for p in points if p.varlen] == ["B=8 H=32/8 S=2048 D=128 causal varlen"]
     assert sum(p.varlen for p in grid.grid()) == 6
-    dense = [p for p in points if not (p.sinks or p.softcap or p.varlen)]
+    short = [p for p in points if p.seqlen < 1024]
+    assert {(p.batch, p.heads, p.kv_heads, p.seqlen) for p in short} == {grid.SHORT}
+    assert {(p.head_dim, p.mask) for p in short} == {
+        (d, m) for d in (64, 128) for m in ("none", "causal")
+    }
+    dense = [p for p in points if not (p.sinks or p.softcap or p.varlen) and p not in short]
     for mask in ("none", "causal"):
         of_mask = [p for p in dense if p.mask == mask]
         assert {p.heads // p.kv_heads for p in of_mask} == {1, 4, 8}
@@ -275,8 +281,9 @@ def test_the_default_grid_covers_each_class_in_40_points() -> None:
 def test_the_default_grid_is_estimated_within_ten_minutes_of_an_h200() -> None:
     default = grid.estimate(grid.default_grid(), "sm_90")
     full = grid.estimate(grid.grid(), "sm_90")
-    # the installed GPU backends accept most points: several implementations a point
-    assert default.rows >= 4 * 2 * default.points
+    # the installed GPU backends accept most points: several implementations a point, each
+    # measured forward, backward and through attention
+    assert default.rows >= 4 * 3 * default.points
     assert default.seconds <= 600 < full.seconds
     assert default.seconds == pytest.approx(
         default.rows * grid.ROW_SECONDS + default.variants * grid.COMPILE_SECONDS

@@ -153,6 +153,9 @@ class Plan:
     kwargs: dict
     replay: bool = True
     first_done: bool = False
+    # the signature's backward tensors need :func:`packed_strides` (its own plan's; one made
+    # without the tensors' strides in its key leaves it False and checks every call)
+    restride: bool = False
 
 
 # Plans of inputs without one of the dispatcher's (``inp.plan`` is None: built outside dispatch)
@@ -169,7 +172,40 @@ _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device
 def prepare(kind: str, inp: adb.ForwardInputs) -> Ready:
     """A new :class:`Ready` of ``inp``'s signature for the dispatcher's decision (the
     implementation's ``prepare``): its plan, with the replay setting in force now."""
-    return Ready(Plan(kind, variant_of(inp, kind), _fixed_kwargs(kind, inp), replay_enabled()))
+    plan = Plan(kind, variant_of(inp, kind), _fixed_kwargs(kind, inp), replay_enabled())
+    if isinstance(inp, adb.BackwardInputs):
+        plan.restride = any(_odd_unit_strides(t) for t in backward_tensors(inp))
+    return Ready(plan)
+
+
+def backward_tensors(inp: adb.BackwardInputs) -> tuple[torch.Tensor, ...]:
+    """The tensors FA4's backward takes, in its order."""
+    return (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
+
+
+def _odd_unit_strides(t: torch.Tensor) -> bool:
+    """Whether ``t`` is contiguous to torch (which ignores the strides of size-1 dims) with a
+    size-1 dim's stride other than a packed tensor's."""
+    return t.is_contiguous() and t.stride() != _packed(t.shape)
+
+
+def _packed(shape: torch.Size) -> tuple[int, ...]:
+    strides, inner = [], 1
+    for size in reversed(shape):
+        strides.append(inner)
+        inner *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def packed_strides(tensors: tuple) -> tuple:
+    """``tensors`` with those of :func:`_odd_unit_strides` as views with packed strides (the
+    same elements). FA4's backward faulted on such a tensor (an illegal address: one varlen
+    sequence of one token and one head, q, k, v, out and grad_out slices of wider rows;
+    docs/benchmarks.md section 9): ``contiguous()``, which it uses to fix strides it cannot
+    take, leaves these as they are."""
+    return tuple(
+        [t.as_strided(t.shape, _packed(t.shape)) if _odd_unit_strides(t) else t for t in tensors]
+    )
 
 
 def plan_of(kind: str, inp: adb.ForwardInputs) -> Plan:
@@ -436,7 +472,7 @@ def _sinks_backward(inp: adb.BackwardInputs) -> ad.Gradients:
     fa = _interface or interface()
     plan = plan_of("backward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
-    tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
+    tensors = packed_strides(backward_tensors(inp))
     sinks = _contiguous_sinks(inp)
     dq, dk, dv, dsinks = _run(
         plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs, learnable_sink=sinks
@@ -480,6 +516,8 @@ def backward(inp: adb.BackwardInputs) -> ad.Gradients:
     r = inp.plan
     if r is not None and r.hot and inp.q.get_device() == _current_device():
         tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
+        if r.plan.restride:
+            tensors = packed_strides(tensors)
         # as in forward: real tensors, 16-byte-aligned pointers
         if not (
             isinstance(tensors[0], FakeTensor)
@@ -507,7 +545,9 @@ def backward(inp: adb.BackwardInputs) -> ad.Gradients:
     fa = _interface or interface()
     plan = plan_of("backward", inp)
     kwargs = plan.kwargs | _varlen_args(inp) if inp.is_varlen else plan.kwargs
-    tensors = (inp.q, inp.k, inp.v, inp.out, inp.grad_out, inp.lse)
+    tensors = backward_tensors(inp)
+    if inp.plan is None or plan.restride:
+        tensors = packed_strides(tensors)
     dq, dk, dv = _run(plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs)
     _remember(inp, plan)
     return ad.Gradients(dq, dk, dv)

@@ -87,6 +87,20 @@ test_conformance_strided_sinks = make_conformance_tests(
     cases=STRIDED_SINK_CASES,
     checks=("backward", "forward"),
 )
+# one token of one head, q, k, v, out and grad_out slices of wider rows (size-1 dims with the
+# wider rows' strides): FA4's backward faulted on them (an illegal address) until the backend
+# passed them with packed strides (_fa4.packed_strides)
+UNIT_SLICED_CASES = [
+    Case((1,), (1,), heads=1, kv_heads=1, head_dim=96, layout="sliced", varlen=True, **kw)
+    for kw in (dict(causal=True, causal_align="bottom_right", seed=5), dict(seed=6))
+] + [Case((1,), (1,), heads=1, kv_heads=1, head_dim=64, layout="sliced", seed=7)]
+test_conformance_unit_sliced = make_conformance_tests(
+    "flash_attn_cute",
+    dtypes=("float16", "bfloat16"),
+    device="cuda",
+    cases=UNIT_SLICED_CASES,
+    checks=("backward", "forward"),
+)
 test_deterministic_bf16 = make_conformance_tests(
     "flash_attn_cute",
     dtypes=("bfloat16",),

@@ -251,3 +251,49 @@ def test_sinks_without_keys_give_the_sink_all_the_mass(recording_fa4):
     assert (out == 0).all() and torch.equal(lse, sinks[None, :, None].expand(1, 2, 4))
     grads = _fa4.backward(make_inputs(q, k, k, out, lse, out, sinks=sinks))
     assert (grads.dsinks == 0).all() and not recording_fa4.calls
+
+
+class StrideRecordingFA4(RecordingFA4):
+    """Records the strides of the tensors FA4's backward gets."""
+
+    def __init__(self):
+        super().__init__()
+        self.strides = []
+
+    def _flash_attn_bwd(self, *tensors, **kwargs):
+        self.strides.append([t.stride() for t in tensors])
+        return super()._flash_attn_bwd(*tensors, **kwargs)
+
+
+def unit_sliced_inputs() -> adb.BackwardInputs:
+    """Backward inputs of one token and one head, q, k, v, out and grad_out slices of wider
+    rows: contiguous to torch, with size-1 dims whose strides are the wider rows'."""
+    row = torch.randn(1, 1, 2, 11)[:, :, :1, :8]  # [B, S, H, D], strides (22, 22, 11, 1)
+    assert row.is_contiguous() and row.stride() != (8, 8, 8, 1)
+    flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
+    return make_inputs(row, row, row, row, torch.zeros(1, 1, 1), row, **flags)
+
+
+@pytest.mark.parametrize("plan", [True, False], ids=["dispatcher-plan", "no-plan"])
+def test_the_backward_gets_packed_strides_where_size_1_dims_have_others(monkeypatch, plan):
+    fa4 = StrideRecordingFA4()
+    monkeypatch.setattr(_fa4, "_interface", fa4)
+    monkeypatch.setattr(_fa4, "_current_device", lambda: -1)
+    inp = unit_sliced_inputs()
+    if plan:
+        planned(inp)
+        assert inp.plan.plan.restride
+    for _ in range(3):  # the first call, then the hot path (where the plan marks it)
+        _fa4.backward(inp)
+    assert [strides[0] for strides in fa4.strides] == [(8, 8, 8, 1)] * 3
+    assert [strides[5] for strides in fa4.strides] == [(1, 1, 1)] * 3  # lse: already packed
+
+
+def test_packed_strides_are_views_of_the_same_elements():
+    wide = torch.randn(1, 2, 11)
+    t = wide[:, :1, :8]
+    (packed,) = _fa4.packed_strides((t,))
+    assert packed.stride() == (8, 8, 1) and packed.data_ptr() == t.data_ptr()
+    assert torch.equal(packed, t)
+    other = torch.randn(3, 4)[:, :2]  # not contiguous: FA4's own business, untouched
+    assert _fa4.packed_strides((other,))[0] is other

@@ -7,7 +7,9 @@ Active only with ``ATTN_DISPATCH_TEST_PLUGINS=noded``:
   ``autograd_forward`` computes the output with differentiable torch operators (their nodes are
   PyTorch's compiled ones), for calls without a window, soft cap or sinks;
 * ``noded:backward`` — the same backward and no forward, ranked above ``noded:oracle``: where it
-  is enabled, a call's backward decision differs from its forward's.
+  is enabled, a call's backward decision differs from its forward's;
+* ``noded:captured`` — the same backward and no forward, with a priority under CUDA graphs
+  only, above ``noded:oracle``'s: a captured backward's decision differs from an eager one's.
 
 ``RUNS`` records which ran, in order: ``"forward"``, ``"backward"`` (either implementation's
 ``backward``, with its name) and ``"node"`` (a forward through ``autograd_forward``).
@@ -100,6 +102,12 @@ class BackwardOnly(adb.Implementation):
         return Oracle.backward(self, inp)
 
 
+class CapturedBackward(BackwardOnly):
+    name = "captured"
+    priority = {}
+    priority_rules = (adb.PriorityRule("*", 70, execution="graph"),)
+
+
 @adb.hookimpl
 def attn_dispatch_implementations() -> list[adb.Implementation]:
-    return [NodedOracle(), BackwardOnly()] if active() else []
+    return [NodedOracle(), BackwardOnly(), CapturedBackward()] if active() else []
