@@ -462,7 +462,7 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     else:
         tensors = (q, k, v, out, lse, grad_out)
         settings = _settings.installed or _settings.current()
-        call = of_schema(_BWD, flags, sinks, settings, attention=True)
+        call = of_schema(_BWD, flags, sinks, settings, _LAYOUTS[heads_first])
         grads = dispatch(
             BACKWARD, tensors, cu_seqlens_q, cu_seqlens_k, *max_seqlens, call, settings, sinks
         )
@@ -621,7 +621,7 @@ def attention(
     )
     if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
         settings = _settings.installed or _settings.current()
-        call = of_schema(_FWD, flags, sinks, settings, attention=True)
+        call = of_schema(_FWD, flags, sinks, settings, _LAYOUTS[heads_first])
         if cu_seqlens_q is cu_seqlens_k is sinks is max_seqlen_q is max_seqlen_k is None:
             # dense: the implementation's own compiled node where it runs both passes
             out = _through_own_node(*_unwrapped(q, k, v), heads_first, flags, call, settings)

@@ -46,9 +46,10 @@ class Call(NamedTuple):
     # where ``backend`` came from, as its check names it: "backend" (the argument),
     # "use_backend" or the environment variable; None when nothing is forced
     forced_by: str | None = None
-    # a pass of an eager ``attention`` call: ranked by the cost tables' attention rows, which
-    # time the whole call (``_selection.evaluate``), so its decisions are its own
-    attention: bool = False
+    # the layout of the eager ``attention`` call this is a pass of ("bshd" or "bhsd"; None: any
+    # other call): ranked by the cost tables' attention rows of that layout, which time the
+    # whole call (``_selection.evaluate``), so its decisions are its own
+    attention: str | None = None
 
 
 class OpFlags(NamedTuple):
@@ -123,19 +124,23 @@ def parse(
             _execution.current_execution(),
             sinks is not None,
             forced_by,
-            False,
+            None,
         ),
     )
 
 
 def of_schema(
-    kind: Kind, flags: OpFlags, sinks, settings: _settings.Settings, attention: bool = False
+    kind: Kind,
+    flags: OpFlags,
+    sinks,
+    settings: _settings.Settings,
+    attention: str | None = None,
 ) -> Call:
     """The ``Call`` of the operators' flags. Their schema typed every flag and ``attention``
     checked them before the operator ran, so nothing is checked again (values still are, with
     the tensors, on a signature's first call). Both unbounded sides mean no window; the context
-    adds what it adds to :func:`parse`'s. ``attention``: a pass of the eager node
-    (``Call.attention``), not of the operators."""
+    adds what it adds to :func:`parse`'s. ``attention``: the layout of the eager node's call
+    whose pass this is (``Call.attention``); ``None`` for the operators'."""
     left, right = flags.window_left, flags.window_right
     backend, forced_by = _forced(flags.backend, settings)
     return _new_call(

@@ -6,8 +6,9 @@ package's, or the one an implementation names in ``cost_tables``: :func:`tables_
 and commands, the versions of the distributions its kernels come from (``requires``: under
 other versions the rows still rank, and ``explain`` names the drift), and one row per
 (implementation, kind, grid point) with the median microseconds per call eager (``eager_us``,
-host work included) and under CUDA graphs (``graph_us``, the GPU's time); an ``attention``
-row times a forward and its backward through eager ``attention`` (``eager_us`` only). The
+host work included) and under CUDA graphs (``graph_us``, the GPU's time); an attention row
+(kinds ``attention_bshd``, ``attention_bhsd``) times a forward and its backward through eager
+``attention`` with that ``layout`` (``eager_us`` only). The
 format, and what a malformed table or row costs, are documented in docs/design.md ("Recorded
 cost tables"); :func:`parse` validates a table against it when it is read. The user's tables
 (``attn-dispatch tune --grid``: ``<cache dir>/costs/<arch>/<package>.json``, :func:`user_path`)
@@ -16,7 +17,7 @@ is ranked by it, any other by the shipped table where that covers it (:func:`pre
 
 The model that turns rows into a prediction, kept small so that it can be stated in a line:
 for a call, each implementation's rows of the same kind (forward, backward, or for a pass of
-an eager ``attention`` call the ``attention`` rows: see ``_selection.evaluate``), mask class
+an eager ``attention`` call the attention rows of its layout: ``_selection.evaluate``), mask class
 (``none``, ``causal``, ``window``), sinks, soft cap and packing (varlen: a packed call counts as
 its sequences at their mean lengths) are its candidates; the *nearest* of them
 by :func:`distance` (the sum of ``|log2|`` ratios of batch, query heads, GQA group, lengths,
@@ -61,10 +62,16 @@ FORMAT = 2
 # benchmarks.md section 11).
 COVERAGE = 2.0
 KINDS = ("forward", "backward")
-# A forward and its backward through eager ``attention``, the implementation forced for both:
-# what such a call costs with its autograd node (the implementation's own or the library's)
-ATTENTION = "attention"
-ROW_KINDS = (*KINDS, ATTENTION)
+# A forward and its backward through eager ``attention`` with each layout, the implementation
+# forced for both: what such a call costs with its autograd node (the implementation's own or
+# the library's), whose form depends on the layout
+ATTENTION_KINDS = ("attention_bshd", "attention_bhsd")
+ROW_KINDS = (*KINDS, *ATTENTION_KINDS)
+
+
+def attention_kind(layout: str) -> str:
+    """The kind of the attention rows of ``attention(..., layout=layout)`` calls."""
+    return f"attention_{layout}"
 
 
 @dataclass(frozen=True)
@@ -278,7 +285,7 @@ class Prediction:
         table = f"user cost table {self.user_table}" if self.user_table else "cost table"
         if self.beyond:
             table += f" (the user cost table {self.beyond} does not cover the call)"
-        rows = ", attention rows" if self.kind == ATTENTION else ""
+        rows = f", {self.kind} rows" if self.kind in ATTENTION_KINDS else ""
         note = f"{table}{rows}: nearest measured {near} (distance {self.distance:.2f})"
         return note + (f"; {self.drift}" if self.drift else "")
 

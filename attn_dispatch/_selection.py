@@ -5,8 +5,9 @@ Automatic choice: among enabled, unblocked implementations with a priority for t
 rejection reasons, the highest priority wins (ties: alphabetical), except that those a recorded
 cost table predicts (``_costs``) rank among themselves by predicted time, in the place of the
 best priority among them; the others keep their places by priority. A pass of an eager
-``attention`` call is ranked by the tables' ``attention`` rows (a forward and its backward
-through that call, autograd node included) where they cover every candidate that its pass rows
+``attention`` call is ranked by the tables' attention rows of its layout (a forward and its
+backward through such a call, autograd node included) where they cover every candidate that its
+pass rows
 cover, else by its pass rows (:func:`_as_attention`). A forced choice never falls back and
 needs no priority entry.
 
@@ -264,13 +265,13 @@ def _with_prediction(
 
 
 def _as_attention(
-    verdicts: list[Candidate], registry, inp: ForwardInputs, arch: Arch
+    verdicts: list[Candidate], registry, inp: ForwardInputs, arch: Arch, layout: str
 ) -> list[Candidate]:
-    """``verdicts`` predicted by the ``attention`` rows where those cover every candidate that
-    the pass's rows predict (one kind of time ranks them all), else as they are. An eager
-    ``attention`` call pays its autograd node's host work beside the two passes', which an
-    implementation with its own node (``Implementation.autograd_forward``) does not; the
-    ``attention`` rows time the whole call, so they rank that too."""
+    """``verdicts`` predicted by the attention rows of ``layout`` where those cover every
+    candidate that the pass's rows predict (one kind of time ranks them all), else as they are.
+    An eager ``attention`` call pays its autograd node's host work beside the two passes', less
+    with an implementation's own node (``Implementation.autograd_forward``), whose form depends
+    on the layout; the attention rows time the whole call, so they rank that too."""
     ranked = [c for c in verdicts if c.predicted_us is not None and c.priority is not None]
     if not ranked:
         return verdicts
@@ -278,7 +279,8 @@ def _as_attention(
     for c in ranked:
         try:
             package, user = cost_tables_of(registry.implementations[c.name])
-            p = _costs.predict(package, c.name, _costs.ATTENTION, EAGER, arch, inp, user)
+            kind = _costs.attention_kind(layout)
+            p = _costs.predict(package, c.name, kind, EAGER, arch, inp, user)
         except _costs.CostTableError:
             p = None  # the pass's prediction read the same tables: it would have failed too
         if p is None:
@@ -312,13 +314,13 @@ def evaluate(
     mode: str,
     forced: str | None,
     execution: str = EAGER,
-    attention: bool = False,
+    attention: str | None = None,
 ) -> tuple[Report, Implementation | None, bool]:
     """Every implementation's verdict, the winner (``None`` when nothing can run), and whether
     a verdict read data pointers (then the decision holds only for the same residues).
     ``execution`` (``"eager"`` or ``"graph"``, see ``_execution``) is passed to the
-    implementations' ``priority_for_execution``; ``attention``: the call is a pass of an eager
-    ``attention`` call (``Call.attention``)."""
+    implementations' ``priority_for_execution``; ``attention``: the layout of the eager
+    ``attention`` call this is a pass of (``Call.attention``), ``None`` for any other call."""
     registry = settings.registry
     probe = probed(inp)
     verdicts, readers = [], set()
@@ -334,8 +336,8 @@ def evaluate(
             else c
             for c in verdicts
         ]
-        if attention and execution == EAGER:
-            verdicts = _as_attention(verdicts, registry, inp, arch)
+        if attention is not None and execution == EAGER:
+            verdicts = _as_attention(verdicts, registry, inp, arch, attention)
         pool = [c for c in verdicts if c.status == SUPPORTED and c.priority is not None]
     else:
         pool = [

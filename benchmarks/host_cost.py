@@ -208,7 +208,7 @@ def attention_choice(layer: Layer) -> str:
     of such a call (by the cost tables' attention rows where they cover it), which
     ``ad.decide`` does not do."""
     q, k, v = layer.bshd()
-    call = Call(Kind.FORWARD, True, "top_left", None, False, attention=True)
+    call = Call(Kind.FORWARD, True, "top_left", None, False, attention="bhsd")
     inp = build_inputs(call, (q, k, v), None, None, None, None)
     return _dispatch.select(_settings.current(), inp, call)[0].selected
 

@@ -37,8 +37,14 @@ SINK_WINDOW = 128  # GPT-OSS's sliding layers
 SOFTCAP = 50.0  # Gemma-2's attention logit cap
 MAX_WORK = 64 * 16384 * 16384 * 128  # B*H*S*S*D of the largest seed shape
 KINDS = ("forward", "backward")
-# What a point measures: each pass, then both through eager ``attention`` (``_costs.ATTENTION``)
+# What a point measures: each pass, then both through eager ``attention`` in each layout
+# (``_costs.ATTENTION_KINDS``)
 ROW_KINDS = _costs.ROW_KINDS
+ATTENTION_LAYOUTS = {_costs.attention_kind(layout): layout for layout in ("bshd", "bhsd")}
+# The longest length at which a point measures attention rows: beyond it the kernels' time
+# outweighs the host's work per call, and the pass rows rank as the attention rows would (an
+# uncovered call is ranked by its pass rows)
+ATTENTION_SEQLEN = 1024
 # The default grid's axes: GQA groups 1, 4 and 8, the two common head dims, short to long
 # lengths a factor of 4 apart, so that every length between lies within the tables' coverage
 # (a log2 distance of 1 in each of Sq and Sk: ``_costs.COVERAGE``) of a measured one
@@ -239,22 +245,28 @@ def call(kind: str, t: dict, backend: str | None) -> Any:
     f = t["flags"]
     if kind == "forward":
         return ad.forward(t["q"], t["k"], t["v"], backend=backend, **f)
-    if kind == _costs.ATTENTION:
-        return attention_step(t, backend)
+    if kind in ATTENTION_LAYOUTS:
+        return attention_step(t, backend, ATTENTION_LAYOUTS[kind])
     return ad.backward(t["q"], t["k"], t["v"], t["out"], t["lse"], t["dout"], backend=backend, **f)
 
 
-def attention_step(t: dict, backend: str | None) -> tuple:
+def attention_step(t: dict, backend: str | None, layout: str = "bshd") -> tuple:
     """The gradients (dq, dk, dv, and dsinks with sinks) of one eager ``attention`` call and
     its backward, as a training step runs it: q, k and v (and the sinks) are leaves over the
-    point's tensors, and the gradients are returned, not accumulated."""
+    point's tensors, and the gradients are returned, not accumulated. ``layout="bhsd"`` calls
+    on [B, H, S, D] views of the point's rows, as the transformers integration does (dense
+    points only; packed ones have no such layout)."""
     if "leaves" not in t:
         sinks = () if "sinks" not in t["flags"] else (t["flags"]["sinks"],)
         t["leaves"] = tuple(x.detach().requires_grad_() for x in (t["q"], t["k"], t["v"], *sinks))
     leaves = t["leaves"]
     flags = dict(t["flags"], sinks=leaves[3]) if len(leaves) > 3 else t["flags"]
-    out = ad.attention(*leaves[:3], backend=backend, **flags)
-    return torch.autograd.grad(out, leaves, t["dout"])
+    q, k, v = leaves[:3]
+    if layout == "bhsd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    out = ad.attention(q, k, v, backend=backend, layout=layout, **flags)
+    dout = t["dout"].transpose(1, 2) if layout == "bhsd" else t["dout"]
+    return torch.autograd.grad(out, leaves, dout)
 
 
 def tensors(kind: str, t: dict) -> tuple:
@@ -267,7 +279,7 @@ def candidates(kind: str, t: dict, reference: bool = False) -> list[str]:
     """The implementations that accept this call and have a priority on its arch; the
     reference backend only with ``reference`` (on a GPU it is slow and never the fastest).
     Through ``attention``: those that accept both passes."""
-    if kind == _costs.ATTENTION:
+    if kind in ATTENTION_LAYOUTS:
         backward = candidates("backward", t, reference)
         return [name for name in candidates("forward", t, reference) if name in backward]
     return measured(ad.explain(*tensors(kind, t), **t["flags"]), reference)
@@ -346,7 +358,8 @@ def estimate(points: Iterable[Point], arch: str, reference: bool = False) -> Est
             variants.update((name, kind, *shape) for name in names[kind])
         # the attention rows: the implementations of both passes, their kernels compiled
         both = [name for name in names["forward"] if name in names["backward"]]
-        rows += len(names["forward"]) + len(names["backward"]) + len(both)
+        layouts = len(kinds_of(point)) - len(KINDS)
+        rows += len(names["forward"]) + len(names["backward"]) + layouts * len(both)
     return Estimate(len(points), rows, len(variants))
 
 
@@ -374,7 +387,7 @@ def timed_rows(
     after the eager times, and released before the rows return. A failure is a row, not the
     end of the run."""
     rows = {name: {"status": "ok"} for name in names}
-    graphs = device.type == "cuda" and kind != _costs.ATTENTION  # the node is host work
+    graphs = device.type == "cuda" and kind not in ATTENTION_LAYOUTS  # the node is host work
     for key in ("eager_us", "graph_us") if graphs else ("eager_us",):
         fns = {}
         for name in [name for name in names if rows[name]["status"] == "ok"]:
@@ -437,6 +450,14 @@ def measure_kind(
     return rows
 
 
+def kinds_of(point: Point) -> tuple[str, ...]:
+    """The row kinds ``point`` has: attention rows up to :data:`ATTENTION_SEQLEN` only, and a
+    packed point's calls have no [B, H, S, D] layout."""
+    if point.seqlen > ATTENTION_SEQLEN:
+        return KINDS
+    return tuple(k for k in ROW_KINDS if not (point.varlen and k == "attention_bhsd"))
+
+
 def measure_point(
     point: Point,
     kinds: Iterable[str] = ROW_KINDS,
@@ -453,7 +474,7 @@ def measure_point(
     rows = []
     try:
         t = _made(point, device)
-        for kind in kinds:
+        for kind in [kind for kind in kinds if kind in kinds_of(point)]:
             rows += measure_kind(point, kind, t, timed=timed, timing=timing, reference=reference)
             if extra is not None:
                 rows += extra(point, kind, t)

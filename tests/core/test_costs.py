@@ -353,6 +353,8 @@ def attention_step(**flags) -> float:
     """The tag of the implementation whose output one eager ``attention`` call returned, after
     its backward checked that the same one made the gradients."""
     q, k, v = (t.requires_grad_() for t in make_inputs(b=1, sq=512, h=8, hkv=8, d=64)[:3])
+    if flags.get("layout") == "bhsd":
+        q, k, v = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
     out = ad.attention(q, k, v, causal=True, **flags)
     out.backward(torch.ones_like(out))
     assert tag_of((q.grad,)) == tag_of((out,))
@@ -370,10 +372,11 @@ PASSES = [
 
 def test_an_eager_attention_call_is_ranked_by_its_attention_rows(costed) -> None:
     costed(
-        [*PASSES, row("costed:quick", 300.0, kind="attention")]
-        + [row("costed:steady", 100.0, kind="attention")]
+        [*PASSES, row("costed:quick", 300.0, kind="attention_bshd")]
+        + [row("costed:steady", 100.0, kind="attention_bshd")]
     )
     assert attention_step() == 2.0  # steady, both passes
+    assert attention_step(layout="bhsd") == 1.0  # no rows of that layout: the pass rows
     assert run() == 1.0  # a plain backward: its pass rows
     with ad.execution_mode("graph"):  # no attention row times a captured call
         assert attention_step() == 1.0
@@ -382,21 +385,23 @@ def test_an_eager_attention_call_is_ranked_by_its_attention_rows(costed) -> None
 
 
 def test_attention_rows_rank_only_where_they_cover_every_measured_candidate(costed) -> None:
-    costed([*PASSES, row("costed:steady", 100.0, kind="attention")])
+    costed([*PASSES, row("costed:steady", 100.0, kind="attention_bshd")])
     assert attention_step() == 1.0  # quick has none: both ranked by their pass rows
     far = dict(seqlen_q=4096, seqlen_k=4096)  # steady's attention row covers no 512 call
     costed(
-        [*PASSES, row("costed:steady", 100.0, kind="attention", **far)]
-        + [row("costed:quick", 300.0, kind="attention", **far)]
+        [*PASSES, row("costed:steady", 100.0, kind="attention_bshd", **far)]
+        + [row("costed:quick", 300.0, kind="attention_bshd", **far)]
     )
     assert attention_step() == 1.0
 
 
 def test_an_attention_prediction_names_its_rows() -> None:
-    text = json.dumps({"format": 2, "arch": "cpu", "rows": [row("x:y", 5.0, kind="attention")]})
-    found = _costs.parse(text, "t").predict("x:y", "attention", "eager", shape())
+    rows = [row("x:y", 5.0, kind="attention_bshd")]
+    text = json.dumps({"format": 2, "arch": "cpu", "rows": rows})
+    found = _costs.parse(text, "t").predict("x:y", "attention_bshd", "eager", shape())
     assert found.us == 5.0
-    assert found.source.startswith("cost table, attention rows: nearest measured"), found.source
+    assert found.source.startswith("cost table, attention_bshd rows: nearest measured B=1 ")
+    assert _costs.parse(text, "t").predict("x:y", "attention_bhsd", "eager", shape()) is None
     assert _costs.parse(text, "t").predict("x:y", "backward", "eager", shape()) is None
 
 

@@ -89,9 +89,9 @@ def test_tune_grid_writes_a_table_per_backend_package_with_provenance(measured, 
     assert exact.parent == measured / "costs" / "cpu"
     table = _costs.parse(exact.read_bytes(), str(exact))
     assert {r.impl for r in table.rows} == {"exact:oracle"}
-    assert {r.kind for r in table.rows} == {"forward", "backward", "attention"}
+    assert {r.kind for r in table.rows} == set(_costs.ROW_KINDS)
     assert all(set(r.us) == {"eager"} for r in table.rows)  # no CUDA graphs on a CPU
-    assert "; attention fastest " in lines[0]
+    assert "; attention_bhsd fastest " in lines[0]
     info = table.provenance
     assert info["command"] == "attn-dispatch tune --grid --device cpu --quick"
     assert info["device"] and info["versions"]["torch"] and info["arch"] == "cpu"
