@@ -7,11 +7,12 @@ with a priority on the arch runs forced, forward and backward, bf16; the answers
 cross-checked as autotune cross-checks them (``attn_dispatch._measure``: twice the bf16
 tolerance; one that disagrees with the consensus is left out and named); then each is timed
 eager (back-to-back calls: host work included) and, on CUDA, as replays of a CUDA graph (the
-GPU's time). Medians of 3 blocks.
+GPU's time); at lengths up to :data:`ATTENTION_SEQLEN` each that runs both passes is also
+timed through eager ``attention`` in each layout (the attention rows). Medians of 3 blocks.
 
-Three grids: :func:`grid`, the full one (the shipped tables' points: about 20 minutes of an
+Three grids: :func:`grid`, the full one (the shipped tables' points: about 23 minutes of an
 H200 by :func:`estimate`); :func:`default_grid`, ``tune --grid``'s: each class of call the seed
-shapes and real models fall in, in about 7 minutes; :func:`quick_grid`, a few tiny points for a
+shapes and real models fall in, in at most 9 minutes; :func:`quick_grid`, a few tiny points for a
 CPU.
 """
 

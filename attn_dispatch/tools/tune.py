@@ -13,13 +13,14 @@ one per line in ``--shapes FILE`` (blank lines and ``#`` comments are skipped). 
 (dtype, causal, window, soft cap, determinism, execution mode) apply to every shape.
 
 ``--grid`` measures a cost grid instead on this device with the installed versions: by
-default 40 points covering each class of call (GQA groups 1, 4, 8; head dims 64, 128; lengths
-1K to 16K; no mask and causal; a window, sinks, soft caps and packed documents), about 8
-minutes on an H200; ``--full``: the full grid's 218 points (the shipped tables' 202, then 16 of
+default 44 points covering each class of call (GQA groups 1, 4, 8; head dims 64, 128; lengths
+1K to 16K; no mask and causal; a window, sinks, soft caps and packed documents; 32/8 heads at
+length 256), at most 9 minutes on an H200 by its estimate; ``--full``: the full grid's 218 points (the shipped tables' 202, then 16 of
 a tensor-parallel shard's layout); ``--quick``: a few tiny ones,
 for a CPU or a smoke test. Every implementation with a priority on the arch runs forced,
 forward and backward, cross-checked (one that disagrees is left out), timed eager and on CUDA
-under CUDA graphs. The run first prints its estimate (rows, minutes), then one line per point.
+under CUDA graphs, and at lengths up to 1024 through eager ``attention`` in each layout (the
+attention rows, eager only). The run first prints its estimate (rows, minutes), then one line per point.
 Each point's rows are appended to a JSON-lines file in the cache directory as it finishes, so
 that a rerun with the same device and versions measures only what is missing; then one cost
 table per backend package is written to ``<cache directory>/costs/<arch>/<package>.json``.
@@ -141,12 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--quick",
         action="store_true",
-        help="with --grid: a few tiny points, for a CPU or a smoke test (default: 40 points)",
+        help="with --grid: a few tiny points, for a CPU or a smoke test (default: 44 points)",
     )
     size.add_argument(
         "--full",
         action="store_true",
-        help="with --grid: the full grid, 218 points (default: 40 points)",
+        help="with --grid: the full grid, 218 points (default: 44 points)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(
