@@ -8,9 +8,9 @@ other versions the rows still rank, and ``explain`` names the drift), and one ro
 (implementation, kind, grid point) with the median microseconds per call eager (``eager_us``,
 host work included) and under CUDA graphs (``graph_us``, the GPU's time); an attention row
 (kinds ``attention_bshd``, ``attention_bhsd``) times a forward and its backward through eager
-``attention`` with that ``layout`` (``eager_us`` only). The
-format, and what a malformed table or row costs, are documented in docs/design.md ("Recorded
-cost tables"); :func:`parse` validates a table against it when it is read. The user's tables
+``attention`` with that ``layout`` (``eager_us`` only). The format, and what a malformed table
+or row costs, are documented in docs/design.md ("Recorded cost tables"); :func:`parse`
+validates a table against it when it is read. The user's tables
 (``attn-dispatch tune --grid``: ``<cache dir>/costs/<arch>/<package>.json``, :func:`user_path`)
 have the same format and outrank the shipped one call by call: a call the user's table covers
 is ranked by it, any other by the shipped table where that covers it (:func:`predict`).
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 COSTS_DIR = "costs"
 # The table format this module writes and the newest it reads (``format`` in a table;
-# docs/design.md, "Recorded cost tables"): format 2 added the ``attention`` rows, so a reader
+# docs/design.md, "Recorded cost tables"): format 2 added the attention rows, so a reader
 # of format 1 fails a table that may hold them with a reason, not silently. A table of a newer
 # format fails its implementations the same way.
 FORMAT = 2

@@ -7,9 +7,8 @@ cost table predicts (``_costs``) rank among themselves by predicted time, in the
 best priority among them; the others keep their places by priority. A pass of an eager
 ``attention`` call is ranked by the tables' attention rows of its layout (a forward and its
 backward through such a call, autograd node included) where they cover every candidate that its
-pass rows
-cover, else by its pass rows (:func:`_as_attention`). A forced choice never falls back and
-needs no priority entry.
+pass rows cover, else by its pass rows (:func:`_as_attention`). A forced choice never falls
+back and needs no priority entry.
 
 The decision is cached per input signature, so what ``supports`` and ``priority_for_inputs`` read
 must be part of it. They see the call's tensors as :class:`Probe` views: metadata as is, and
@@ -275,11 +274,10 @@ def _as_attention(
     ranked = [c for c in verdicts if c.predicted_us is not None and c.priority is not None]
     if not ranked:
         return verdicts
-    whole = {}
+    whole, kind = {}, _costs.attention_kind(layout)
     for c in ranked:
         try:
             package, user = cost_tables_of(registry.implementations[c.name])
-            kind = _costs.attention_kind(layout)
             p = _costs.predict(package, c.name, kind, EAGER, arch, inp, user)
         except _costs.CostTableError:
             p = None  # the pass's prediction read the same tables: it would have failed too
