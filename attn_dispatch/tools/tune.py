@@ -397,7 +397,7 @@ def _estimate_line(estimate: cost_grid.Estimate, device: torch.device) -> str:
     """The run's size and, on a GPU, its time (from an H200's: ``cost_grid.ROW_SECONDS``)."""
     text = (
         f"estimate: {estimate.points} points to measure, {estimate.rows} rows (an "
-        "implementation's forward or backward at a point)"
+        "implementation's forward, backward or attention call at a point)"
     )
     if device.type != "cuda":
         return text

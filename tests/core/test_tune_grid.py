@@ -242,7 +242,7 @@ def test_tune_grid_prints_its_estimate_first_and_the_time_so_far_per_point(
     rows = len(run.read_text().splitlines())
     # counted on meta tensors before any point runs, it is the number of rows measured
     assert err[1] == f"estimate: 3 points to measure, {rows} rows (an implementation's " + (
-        "forward or backward at a point)"
+        "forward, backward or attention call at a point)"
     )
     assert all(re.search(r" \[\d+ s\]$", line) for line in progress_of(err))
     assert cli.main(GRID) == 0
