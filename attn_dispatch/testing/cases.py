@@ -413,6 +413,21 @@ def standard_cases() -> list[Case]:
             seed=36,
             tags=("noncontig", "grad_layout"),
         ),
+        # one token of one head sliced from wider rows: contiguous to torch, whose size-1 dims
+        # keep the wider rows' strides (a kernel that reads them faulted: benchmarks.md §9)
+        c(
+            (1,),
+            (1,),
+            heads=1,
+            kv_heads=1,
+            head_dim=64,
+            causal=True,
+            causal_align="bottom_right",
+            varlen=True,
+            layout="sliced",
+            seed=37,
+            tags=("noncontig", "single_token"),
+        ),
         c(
             (17, 0, 40, 9),
             (23, 5, 40, 0),
