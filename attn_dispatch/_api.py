@@ -137,6 +137,7 @@ def explain(
     sinks=None,
     arch=None,
     execution=None,
+    attention=None,
 ) -> Report:
     """Why each implementation would or would not run these inputs; ``str()`` is a table.
 
@@ -144,9 +145,12 @@ def explain(
     tensors may then live on the ``meta`` device. Without ``out``/``lse``/``grad_out`` the
     forward is explained. ``execution`` (``"eager"``, also what a ``torch.compile``d program
     runs, or ``"graph"``: captured into a CUDA graph) asks for the decision of that execution
-    mode, whose priorities may differ; default: the mode of the calling context. Never raises for a
-    rejection; malformed input still raises. The report is ``decide(...).report`` where an
-    implementation is chosen.
+    mode, whose priorities may differ; default: the mode of the calling context. ``attention``
+    (``"bshd"`` or ``"bhsd"``) explains the pass as one of an eager ``attention(...,
+    layout=attention)`` call, which the cost tables' attention rows rank (q, k, v as that call
+    hands them on: [B, S, H, D], views of a ``"bhsd"`` call's). Never raises for a rejection;
+    malformed input still raises. The report is ``decide(...).report`` where an implementation
+    is chosen.
     """
     tensors = (q, k, v, out, lse, grad_out)
     seqlens = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -155,7 +159,18 @@ def explain(
     call = parse(
         kind, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
     )
+    if attention is not None:
+        if attention not in ATTENTION_LAYOUTS:
+            raise ValueError(
+                f"argument 'attention': expected None or one of {ATTENTION_LAYOUTS}, "
+                f"got {attention!r}"
+            )
+        call = call._replace(attention=attention)
     return _decision(call, tensors, seqlens, sinks, arch, execution, debug=False)[0]
+
+
+# The layouts of ``attention`` calls whose passes ``explain`` explains
+ATTENTION_LAYOUTS = ("bshd", "bhsd")
 
 
 @dataclass(frozen=True)

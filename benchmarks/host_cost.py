@@ -58,9 +58,7 @@ from _provenance import git_commit
 from _timing import interleaved_medians, sync
 
 import attn_dispatch as ad
-from attn_dispatch import NoBackendError, _dispatch, _settings
-from attn_dispatch._call import Call, Kind
-from attn_dispatch._validation import build_inputs
+from attn_dispatch import NoBackendError
 
 # (batch, query heads, KV heads, sequence length, head dim)
 GPU_SHAPE = (1, 32, 8, 128, 128)
@@ -205,12 +203,8 @@ def chosen(layer: Layer) -> tuple[ad.Choice, ad.Choice]:
 
 def attention_choice(layer: Layer) -> str:
     """What eager ``ad.attention``'s forward runs for this layer: its pass is ranked as a pass
-    of such a call (by the cost tables' attention rows where they cover it), which
-    ``ad.decide`` does not do."""
-    q, k, v = layer.bshd()
-    call = Call(Kind.FORWARD, True, "top_left", None, False, attention="bhsd")
-    inp = build_inputs(call, (q, k, v), None, None, None, None)
-    return _dispatch.select(_settings.current(), inp, call)[0].selected
+    of such a call (by the cost tables' attention rows where they cover it)."""
+    return ad.explain(*layer.bshd(), causal=True, attention="bhsd").selected
 
 
 def direct_step(fwd: ad.Choice, bwd: ad.Choice) -> Callable[[], None]:

@@ -380,8 +380,14 @@ def test_an_eager_attention_call_is_ranked_by_its_attention_rows(costed) -> None
     assert run() == 1.0  # a plain backward: its pass rows
     with ad.execution_mode("graph"):  # no attention row times a captured call
         assert attention_step() == 1.0
-    report = ad.explain(*make_inputs(b=1, sq=512, h=8, hkv=8, d=64), causal=True)
-    assert report.selected == "costed:quick"
+    args = make_inputs(b=1, sq=512, h=8, hkv=8, d=64)
+    assert ad.explain(*args, causal=True).selected == "costed:quick"
+    report = ad.explain(*args, causal=True, attention="bshd")  # explained as the call ran
+    assert report.selected == "costed:steady"
+    assert "attention_bshd rows: nearest measured" in str(report)
+    assert ad.explain(*args, causal=True, attention="bhsd").selected == "costed:quick"
+    with pytest.raises(ValueError, match="argument 'attention': expected None or one of"):
+        ad.explain(*args, causal=True, attention="thd")
 
 
 def test_attention_rows_rank_only_where_they_cover_every_measured_candidate(costed) -> None:
