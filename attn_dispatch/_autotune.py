@@ -184,8 +184,9 @@ def _plain(value: Any) -> Any:
 
 
 # Call fields a measurement does not depend on: the kind is the key's "mode", the forced name
-# (and its source) skips measuring, and the sinks' presence is their metadata's field.
-_NOT_MEASURED = ("backend", "kind", "sinks", "forced_by")
+# (and its source) skips measuring, the sinks' presence is their metadata's field, and autotune
+# times each pass alone, whether or not it is one of an eager attention call's.
+_NOT_MEASURED = ("backend", "kind", "sinks", "forced_by", "attention")
 
 
 def signature_key(

@@ -46,7 +46,6 @@ class OwnNode(NamedTuple):
 
 
 LIBRARY_NODE = OwnNode(None)
-SERVING = (SELECTED, SUPPORTED)
 _EXECUTIONS = ("eager", "graph")
 
 
@@ -90,8 +89,13 @@ def verdict(settings: _settings.Settings, call: Call, tensors: tuple, heads_firs
 
 
 def _serves(report, impl: Implementation) -> bool:
-    """Whether ``report``'s decision would run ``impl`` or could (it supports the call)."""
-    return any(c.name == impl.full_name and c.status in SERVING for c in report.candidates)
+    """Whether ``report``'s decision would run ``impl`` or could: it supports the call and has
+    a priority there (without one it is never chosen automatically)."""
+    return any(
+        c.name == impl.full_name
+        and (c.status == SELECTED or (c.status == SUPPORTED and c.priority is not None))
+        for c in report.candidates
+    )
 
 
 def _backward_tensors(tensors: tuple, head_dim_v: int, heads_first: bool) -> tuple:

@@ -255,8 +255,8 @@ def attention_step(t: dict, backend: str | None, layout: str = "bshd") -> tuple:
     """The gradients (dq, dk, dv, and dsinks with sinks) of one eager ``attention`` call and
     its backward, as a training step runs it: q, k and v (and the sinks) are leaves over the
     point's tensors, and the gradients are returned, not accumulated. ``layout="bhsd"`` calls
-    on [B, H, S, D] views of the point's rows, as the transformers integration does (dense
-    points only; packed ones have no such layout)."""
+    on [B, H, S, D] views of the point's rows (dense points only; packed ones have no such
+    layout)."""
     if "leaves" not in t:
         sinks = () if "sinks" not in t["flags"] else (t["flags"]["sinks"],)
         t["leaves"] = tuple(x.detach().requires_grad_() for x in (t["q"], t["k"], t["v"], *sinks))

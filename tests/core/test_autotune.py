@@ -854,3 +854,28 @@ def test_a_fault_shown_only_at_the_measurement_s_end_is_charged_to_the_measureme
         f"AcceleratorError: {ILLEGAL_ACCESS}"
     )
     assert len(asked) == 1
+
+
+def test_a_pass_of_an_eager_attention_call_keeps_the_measurement_key_of_a_plain_call(timed_env):
+    """Autotune times each pass alone: an eager ``attention`` call's pass (``Call.attention``,
+    which the cost tables rank apart) finds the measurements of the same plain call."""
+    from attn_dispatch import _call
+    from attn_dispatch import backend as adb
+
+    q, k, v, out, lse, grad_out = inputs()
+    flags = dict(causal=True, causal_align="top_left", scale=None, deterministic=False)
+    tensors = (q, k, v, out, lse, grad_out)
+    inp = adb.make_inputs(*tensors, **flags)
+    keys = [
+        _autotune.signature_key(
+            ad._settings.current(),
+            "backward",
+            _call.Call(_call.Kind.BACKWARD, **flags, attention=layout),
+            tensors,
+            (None, None, None, None),
+            inp,
+            [],
+        )
+        for layout in (None, "bshd", "bhsd")
+    ]
+    assert keys[0] == keys[1] == keys[2]

@@ -108,6 +108,21 @@ def test_a_backward_another_implementation_would_take_captured_keeps_the_own_nod
     assert nodes[0] == LIBRARY_NODE and nodes[1] != LIBRARY_NODE, nodes
 
 
+def test_an_implementation_without_a_priority_under_graphs_keeps_the_library_node(
+    noded_env, monkeypatch
+):
+    # a captured backward would never choose it there (noded:captured disabled too)
+    noded_env.set(ATTN_DISPATCH_DISABLE="noded:backward,noded:captured")
+
+    def eager_only(self, inp, arch, execution):
+        return None if execution == "graph" else 50
+
+    monkeypatch.setattr(noded.NodedOracle, "priority_for_execution", eager_only)
+    q, k, v = leaves()
+    grad = torch.ones(q.shape, dtype=q.dtype)
+    assert [step(q, k, v, grad, False)[1] for _ in range(3)] == [LIBRARY_NODE] * 3
+
+
 def test_another_signature_gets_its_own_verdict(noded_env):
     q, k, v = leaves()
     grad = torch.ones(q.shape, dtype=q.dtype)
