@@ -110,6 +110,26 @@ def lse_shape(q_shape: tuple[int, ...], varlen: bool) -> tuple[int, int] | tuple
     return (q_shape[0], q_shape[2], q_shape[1])
 
 
+def packed_unit_strides(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the stride of each size-1 dim set to what a packed tensor would have there.
+
+    A size-1 dim is never stepped, so its stride is free (the core's alignment check ignores
+    it, and torch calls a tensor contiguous whatever it is), but a kernel that reads every
+    stride may test it for alignment or address with it (backends/*: PyTorch's
+    memory-efficient kernels, FlashAttention-4's backward). Same memory and values; ``t``
+    itself when nothing changes."""
+    if 1 not in t.shape:  # the usual call: nothing to pack, one check
+        return t
+    strides, inner = list(t.stride()), 1
+    for dim in reversed(range(t.dim())):
+        if t.shape[dim] == 1:
+            strides[dim] = inner
+        inner = strides[dim] * t.shape[dim]
+    if strides == list(t.stride()):
+        return t
+    return t.as_strided(t.shape, strides)
+
+
 class Facts(NamedTuple):
     """Derived, validated facts about one input signature (shared by every call with it)."""
 

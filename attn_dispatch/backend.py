@@ -29,6 +29,7 @@ from ._inputs import (
     Window,
     lse_dtype,
     lse_shape,
+    packed_unit_strides,
 )
 from ._priorities import PriorityRule
 from ._requirements import missing_requirement
@@ -54,6 +55,7 @@ __all__ = [
     "env_flag",
     "make_inputs",
     "missing_requirement",
+    "packed_unit_strides",
 ]
 
 

@@ -346,3 +346,14 @@ def test_inputs_repr_and_describe_carry_the_variants():
     assert "window=(3, None), softcap=7.0" in repr(inp)
     assert "window=(3, None) softcap=7.0" in inp.describe()
     assert math.isclose(inp.scale, 8**-0.5)
+
+
+def test_size_one_dims_get_packed_strides_and_keep_their_values():
+    base = torch.randn(1, 150, dtype=torch.bfloat16)
+    t = base[0, :144].as_strided((1, 1, 72), (150, 75, 1))  # a sliced single token
+    packed = adb.packed_unit_strides(t)
+    assert packed.stride() == (72, 72, 1)
+    assert packed.data_ptr() == t.data_ptr() and torch.equal(packed, t)
+    wide = torch.randn(2, 3, 80)[:, :, :72]  # no size-1 dim: returned as given
+    assert adb.packed_unit_strides(wide) is wide
+    assert adb.packed_unit_strides(wide[:1]).stride() == (240, 80, 1)

@@ -186,15 +186,7 @@ def backward_tensors(inp: adb.BackwardInputs) -> tuple[torch.Tensor, ...]:
 def _odd_unit_strides(t: torch.Tensor) -> bool:
     """Whether ``t`` is contiguous to torch (which ignores the strides of size-1 dims) with a
     size-1 dim's stride other than a packed tensor's."""
-    return t.is_contiguous() and t.stride() != _packed(t.shape)
-
-
-def _packed(shape: torch.Size) -> tuple[int, ...]:
-    strides, inner = [], 1
-    for size in reversed(shape):
-        strides.append(inner)
-        inner *= max(size, 1)
-    return tuple(reversed(strides))
+    return t.is_contiguous() and adb.packed_unit_strides(t) is not t
 
 
 def packed_strides(tensors: tuple) -> tuple:
@@ -203,9 +195,7 @@ def packed_strides(tensors: tuple) -> tuple:
     sequence of one token and one head, q, k, v, out and grad_out slices of wider rows;
     docs/benchmarks.md section 9): ``contiguous()``, which it uses to fix strides it cannot
     take, leaves these as they are."""
-    return tuple(
-        [t.as_strided(t.shape, _packed(t.shape)) if _odd_unit_strides(t) else t for t in tensors]
-    )
+    return tuple([adb.packed_unit_strides(t) if t.is_contiguous() else t for t in tensors])
 
 
 def plan_of(kind: str, inp: adb.ForwardInputs) -> Plan:

@@ -128,25 +128,6 @@ def clean_empty_rows(out: torch.Tensor, lse: torch.Tensor, inp: adb.ForwardInput
     return out.masked_fill(rows.unsqueeze(-1), 0), lse
 
 
-def packed_unit_strides(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with the stride of each size-1 dim set to what a packed tensor would have there.
-
-    A size-1 dim is never stepped, so its stride is free (the core's alignment check ignores
-    it), but PyTorch's memory-efficient kernels test every stride for alignment, and for an
-    unaligned one the backward has no kernel to launch. Same memory and values; ``t`` itself
-    when nothing changes."""
-    if 1 not in t.shape:  # the usual call: nothing to pack, one check
-        return t
-    strides, inner = list(t.stride()), 1
-    for dim in reversed(range(t.dim())):
-        if t.shape[dim] == 1:
-            strides[dim] = inner
-        inner = strides[dim] * t.shape[dim]
-    if strides == list(t.stride()):
-        return t
-    return t.as_strided(t.shape, strides)
-
-
 def expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
     """``[..., Hkv, D]`` -> ``[..., Hkv*group, D]`` (query head h reads kv head h // group)."""
     if group == 1:

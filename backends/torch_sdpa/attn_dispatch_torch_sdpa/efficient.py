@@ -145,7 +145,7 @@ class Efficient(c.SdpaImplementation):
         q, k, v = inp.q, c.expand_kv(inp.k, group), c.expand_kv(inp.v, group)
         if inp.is_varlen:
             q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-        return c.packed_unit_strides(q), c.packed_unit_strides(k), c.packed_unit_strides(v)
+        return adb.packed_unit_strides(q), adb.packed_unit_strides(k), adb.packed_unit_strides(v)
 
     def forward(self, inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, lse)`` in our layout."""
@@ -185,7 +185,7 @@ class Efficient(c.SdpaImplementation):
         out, grad_out = inp.out.contiguous(), inp.grad_out  # the op assumes out's row pitch
         if inp.is_varlen:
             out, grad_out = out.unsqueeze(0), grad_out.unsqueeze(0)
-        out, grad_out = c.packed_unit_strides(out), c.packed_unit_strides(grad_out)
+        out, grad_out = adb.packed_unit_strides(out), adb.packed_unit_strides(grad_out)
         seed = empty_long(inp.q.device)
         splits = 1 if inp.deterministic else None
         dq, dk, dv, _ = aten(EFFICIENT_BWD)(

@@ -238,19 +238,6 @@ def test_conformance_suite_collects_variant_cases_only_where_declared():
     assert len(cudnn) < len(_conformance_cases("reference"))
 
 
-def test_size_one_dims_get_packed_strides_and_keep_their_values():
-    from attn_dispatch_torch_sdpa._common import packed_unit_strides
-
-    base = torch.randn(1, 150, dtype=torch.bfloat16)
-    t = base[0, :144].as_strided((1, 1, 72), (150, 75, 1))  # a sliced single token
-    packed = packed_unit_strides(t)
-    assert packed.stride() == (72, 72, 1)
-    assert packed.data_ptr() == t.data_ptr() and torch.equal(packed, t)
-    wide = torch.randn(2, 3, 80)[:, :, :72]  # no size-1 dim: returned as given
-    assert packed_unit_strides(wide) is wide
-    assert packed_unit_strides(wide[:1]).stride() == (240, 80, 1)
-
-
 def _memory(shape: tuple, order: str) -> torch.Tensor:
     """A [B, S, H, D] tensor of ``shape`` whose memory runs in ``order`` (e.g. "bhsd")."""
     dims = ["bshd".index(c) for c in order]
