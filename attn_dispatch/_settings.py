@@ -134,16 +134,22 @@ class Settings:
     # (forward Call, heads_first) -> [(guard, OwnNode)]: which eager ``attention`` signatures
     # record their implementation's own autograd node (see _own_node).
     own_nodes: dict = field(default_factory=dict)
+    # (signature key, heads_first) -> OwnNode: the verdicts of signatures the guards have no
+    # room for (or that a guard cannot hold).
+    own_node_keys: dict = field(default_factory=dict)
 
     def forget(self) -> None:
         """Drop every cached decision."""
         self.decisions.clear()
         self.guarded.clear()
         self.own_nodes.clear()
+        self.own_node_keys.clear()
 
     def fresh(self, **changes) -> Settings:
         """A copy with ``changes`` and empty caches."""
-        return dataclasses.replace(self, decisions={}, guarded={}, own_nodes={}, **changes)
+        return dataclasses.replace(
+            self, decisions={}, guarded={}, own_nodes={}, own_node_keys={}, **changes
+        )
 
     def matches(self, names: set[str], full_name: str) -> bool:
         """Whether ``full_name`` (``backend:impl``) or its backend is in ``names``."""

@@ -13,7 +13,7 @@ import torch
 from attn_dispatch_test_plugins import noded
 
 import attn_dispatch as ad
-from attn_dispatch import _autograd
+from attn_dispatch import _autograd, _guards
 
 NODED = {"ATTN_DISPATCH_TEST_PLUGINS": "noded", "ATTN_DISPATCH_PLUGINS": "noded"}
 
@@ -131,6 +131,30 @@ def test_another_signature_gets_its_own_verdict(noded_env):
     shorter = [t[:, :5].detach().requires_grad_() for t in (q, k, v)]
     step(*shorter, torch.ones(shorter[0].shape, dtype=q.dtype), False)
     step(*shorter, torch.ones(shorter[0].shape, dtype=q.dtype), False)
+    assert noded.RUNS == ["forward", "backward noded:oracle", "node"] * 2
+
+
+def _two_calls_per_length(q, k, v, lengths) -> None:
+    for length in lengths:
+        shorter = [t[:, :length].detach().requires_grad_() for t in (q, k, v)]
+        grad = torch.ones(shorter[0].shape, dtype=q.dtype)
+        step(*shorter, grad, False)
+        step(*shorter, grad, False)
+
+
+def test_signatures_beyond_the_guards_room_get_the_own_node_too(noded_env):
+    # one flag combination has room for MAX_GUARDS_PER_FLAGS guards; later signatures keep
+    # their verdicts under their dictionary keys
+    q, k, v = leaves()
+    lengths = range(7, 7 - _guards.MAX_GUARDS_PER_FLAGS - 2, -1)
+    _two_calls_per_length(q, k, v, lengths)
+    assert noded.RUNS == ["forward", "backward noded:oracle", "node"] * len(lengths)
+
+
+def test_without_guards_the_own_node_is_kept_by_signature(noded_env, monkeypatch):
+    monkeypatch.setattr(_guards, "_guard_class", lambda: None)
+    q, k, v = leaves()
+    _two_calls_per_length(q, k, v, (7, 5))
     assert noded.RUNS == ["forward", "backward noded:oracle", "node"] * 2
 
 
