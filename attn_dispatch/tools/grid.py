@@ -126,9 +126,10 @@ class Point:
 
 def grid() -> list[Point]:
     """The full grid: batch x heads x GQA group x length x head dim x mask, capped at
-    :data:`MAX_WORK`, with attention sinks and soft-capped points, then packed documents and a
-    tensor-parallel shard's layout (the points a run added are appended, so that ``--skip``
-    measures them alone)."""
+    :data:`MAX_WORK`, with attention sinks and soft-capped points, then packed documents, a
+    tensor-parallel shard's layout and the default grid's short points (:data:`SHORT`, where
+    the attention rows rank an eager call by its host's work); the points a run added are
+    appended, so that ``--skip`` measures them alone."""
     points = []
     for b, h, hkv in HEADS:
         for d in HEAD_DIMS:
@@ -144,7 +145,7 @@ def grid() -> list[Point]:
     for (b, h, hkv, d), s in itertools.product(((1, 64, 8, 128), (2, 16, 8, 256)), (2048, 8192)):
         points.append(Point(b, h, hkv, s, d, "causal", softcap=True))
         points.append(Point(b, h, hkv, s, d, "window", 4096 if s > 4096 else WINDOW, softcap=True))
-    return points + packed_points() + shard_points()
+    return points + packed_points() + shard_points() + short_points()
 
 
 def shard_points() -> list[Point]:
@@ -158,6 +159,12 @@ def shard_points() -> list[Point]:
         for mask in ("none", "causal", "window")
         if mask != "window" or s > WINDOW
     ]
+
+
+def short_points() -> list[Point]:
+    """Llama-3-8B's attention (32/8 heads) at length :data:`SHORT`'s, D 64 and 128, no mask and
+    causal: where a call's host work outweighs its kernels (both grids end with them)."""
+    return [Point(*SHORT, d, mask) for d in DEFAULT_HEAD_DIMS for mask in ("none", "causal")]
 
 
 def packed_points() -> list[Point]:
@@ -193,7 +200,7 @@ def default_grid() -> list[Point]:
         Point(1, 64, 8, 4096, 128, "causal", softcap=True),
         Point(1, 64, 8, 4096, 128, "window", WINDOW, softcap=True),
         Point(8, 32, 8, 2048, 128, "causal", varlen=True),
-        *(Point(*SHORT, d, mask) for d in DEFAULT_HEAD_DIMS for mask in ("none", "causal")),
+        *short_points(),
     ]
 
 

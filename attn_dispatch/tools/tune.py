@@ -15,8 +15,8 @@ one per line in ``--shapes FILE`` (blank lines and ``#`` comments are skipped). 
 ``--grid`` measures a cost grid instead on this device with the installed versions: by
 default 44 points covering each class of call (GQA groups 1, 4, 8; head dims 64, 128; lengths
 1K to 16K; no mask and causal; a window, sinks, soft caps and packed documents; 32/8 heads at
-length 256), at most 9 minutes on an H200 by its estimate; ``--full``: the full grid's 218
-points (the shipped tables' 202, then 16 of a tensor-parallel shard's layout); ``--quick``: a
+length 256), at most 9 minutes on an H200 by its estimate; ``--full``: the full grid's 222
+points (the shipped tables': 202, 16 of a tensor-parallel shard's layout, the 4 short ones); ``--quick``: a
 few tiny ones, for a CPU or a smoke test. Every implementation with a priority on the arch runs
 forced, forward and backward, cross-checked (one that disagrees is left out), timed eager and
 on CUDA under CUDA graphs, and at lengths up to 1024 through eager ``attention`` in each layout
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--full",
         action="store_true",
-        help="with --grid: the full grid, 218 points (default: 44 points)",
+        help="with --grid: the full grid, 222 points (default: 44 points)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(

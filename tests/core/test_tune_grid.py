@@ -255,7 +255,7 @@ def test_tune_grid_prints_its_estimate_first_and_the_time_so_far_per_point(
 def test_the_default_grid_covers_each_class_in_44_points() -> None:
     points = grid.default_grid()
     assert len(points) == len({p.label for p in points}) == 44
-    assert len(grid.grid()) == len({p.label for p in grid.grid()}) == 218
+    assert len(grid.grid()) == len({p.label for p in grid.grid()}) == 222
     assert all(p.batch * p.heads * p.seqlen**2 * p.head_dim <= grid.MAX_WORK for p in points)
     assert [p.label for p in points if p.varlen] == ["B=8 H=32/8 S=2048 D=128 causal varlen"]
     assert sum(p.varlen for p in grid.grid()) == 6
