@@ -12,18 +12,18 @@ optionally ``B,S,H,HKV,D,SK`` for another key length; give them with repeated ``
 one per line in ``--shapes FILE`` (blank lines and ``#`` comments are skipped). The flags
 (dtype, causal, window, soft cap, determinism, execution mode) apply to every shape.
 
-``--grid`` measures a cost grid instead on this device with the installed versions: by
-default 44 points covering each class of call (GQA groups 1, 4, 8; head dims 64, 128; lengths
-1K to 16K; no mask and causal; a window, sinks, soft caps and packed documents; 32/8 heads at
-length 256), at most 9 minutes on an H200 by its estimate; ``--full``: the full grid's 222
-points (the shipped tables': 202, 16 of a tensor-parallel shard's layout, the 4 short ones); ``--quick``: a
+``--grid`` measures a cost grid instead on this device with the installed versions: by default
+44 points covering each class of call (GQA groups 1, 4, 8; head dims 64, 128; lengths 1K to 16K;
+no mask and causal; a window, sinks, soft caps and packed documents; 32/8 heads at length 256),
+at most 9 minutes on an H200 by its estimate; ``--full``: the full grid's 222 points (the
+shipped tables': 202, 16 of a tensor-parallel shard's layout, the 4 short ones); ``--quick``: a
 few tiny ones, for a CPU or a smoke test. Every implementation with a priority on the arch runs
-forced, forward and backward, cross-checked (one that disagrees is left out), timed eager and
-on CUDA under CUDA graphs, and at lengths up to 1024 through eager ``attention`` in each layout
+forced, forward and backward, cross-checked (one that disagrees is left out), timed eager and on
+CUDA under CUDA graphs, and at lengths up to 1024 through eager ``attention`` in each layout
 (the attention rows, eager only). The run first prints its estimate (rows, minutes), then one
-line per point. Each point's rows are appended to a JSON-lines file in the cache directory as
-it finishes, so that a rerun with the same device, versions and table format measures only
-what is missing; then one cost table per backend package is written to
+line per point. Each point's rows are appended to a JSON-lines file in the cache directory as it
+finishes, so that a rerun with the same device, versions and table format measures only what is
+missing; then one cost table per backend package is written to
 ``<cache directory>/costs/<arch>/<package>.json``.
 Such a user table ranks the calls it covers of the implementations it holds in the place of the
 shipped one (which still ranks the calls outside the user table's coverage), and ``explain``
