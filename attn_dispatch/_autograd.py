@@ -55,7 +55,15 @@ from torch._C._functorch import TransformType
 
 from . import _execution, _guards, _own_node, _settings
 from ._call import Call, Kind, OpFlags, of_schema
-from ._dispatch import BACKWARD, FORWARD, Mode, dispatch, pointer_residues, signature_key
+from ._dispatch import (
+    BACKWARD,
+    FORWARD,
+    MAX_CACHED_DECISIONS,
+    Mode,
+    dispatch,
+    pointer_residues,
+    signature_key,
+)
 from ._inputs import INT64_MAX, lse_dtype, lse_shape
 from ._validation import (
     _require_tensor,
@@ -503,27 +511,25 @@ def _through_own_node(
     """The output (in the caller's layout) of a dense eager call through its implementation's
     own autograd node (``_own_node``), or ``None`` where the library's node runs it. The first
     call of a signature takes the library's node, which caches the forward decision; the
-    verdict for the signature follows it and is kept as decisions are: under a guard, or, past
-    the guards a flag combination has room for, under the signature's dictionary key."""
+    verdict for the signature follows it and is kept as decisions are: under the signature's
+    dictionary key, with a guard in front where the flag combination has room for one."""
     table, key = settings.own_nodes, (call, heads_first)
     entries = table.get(key)
     node = None if entries is None else _guards.match(entries, (q, k, v))
     if node is None:
-        guarded = _guards.can_remember(table, key, (q, k, v))
-        signature = None if guarded else _own_node_signature(q, k, v, heads_first, call)
-        if signature is not None:
-            node = settings.own_node_keys.get(signature)
+        signature = _own_node_signature(q, k, v, heads_first, call)
+        if signature is None:
+            return None  # a tensor subclass or an unhashable key: the library's node
+        node = settings.own_node_keys.get(signature)
         if node is None:
-            if not guarded and signature is None:
-                return None
             out = _eager_apply(q, k, v, None, None, None, heads_first, (None, None), flags, call)
             with torch.no_grad():
                 tensors = _bshd(q, k, v) if heads_first else (q, k, v)
                 node = _own_node.verdict(settings, call, tensors, heads_first)
-            if guarded:
-                _guards.remember(table, key, (q, k, v), node)
-            else:
-                settings.own_node_keys[signature] = node
+            if len(settings.own_node_keys) >= MAX_CACHED_DECISIONS:
+                settings.own_node_keys.clear()  # the guards' verdicts stay, as decisions' do
+            settings.own_node_keys[signature] = node
+            _guards.remember(table, key, (q, k, v), node)
             return out.transpose(1, 2) if heads_first else out
     if node.run is None or (
         node.pointers is not None and node.pointers != pointer_residues((q, k, v), None, None)
@@ -537,12 +543,14 @@ def _through_own_node(
 
 
 def _own_node_signature(q: Tensor, k: Tensor, v: Tensor, heads_first: bool, call: Call):
-    """The dictionary key of an eager call's own-node verdict (``None``: it has none): plain
-    tensors only, as the guards take them."""
+    """The dictionary key of an eager call's own-node verdict: the decisions' key, the layout
+    and which inputs require grad (``None``: none, for tensor subclasses, as for the guards)."""
     if not (type(q) is type(k) is type(v) is Tensor):
         return None
     key = signature_key(call, (q, k, v))
-    return None if key is None else (key, heads_first)
+    if key is None:
+        return None
+    return key, heads_first, q.requires_grad, k.requires_grad, v.requires_grad
 
 
 def attention(

@@ -232,8 +232,7 @@ class Implementation:
         this signature).
 
         The core asks once per eager signature (its tensors' metadata, the layout, which inputs
-        require grad; at most ``_guards.MAX_GUARDS_PER_FLAGS`` signatures per flag combination,
-        the later ones keep the library's node) after its first call, with the forward
+        require grad; plain tensors only) after its first call, with the forward
         decision's plan as ``inp.plan``, and only for dense calls without sinks, where the
         backward decisions, eager and under graphs, pick this implementation too: those calls
         then record that node instead of the library's Python one, whose host cost is several

@@ -158,6 +158,18 @@ def test_without_guards_the_own_node_is_kept_by_signature(noded_env, monkeypatch
     assert noded.RUNS == ["forward", "backward noded:oracle", "node"] * 2
 
 
+def test_which_inputs_require_grad_is_part_of_the_signature(noded_env, monkeypatch):
+    monkeypatch.setattr(_guards, "_guard_class", lambda: None)  # the dictionary alone
+    q, k, v = leaves()
+    grad = torch.ones(q.shape, dtype=q.dtype)
+    step(q, k, v, grad, False)
+    step(q, k, v, grad, False)
+    fixed_q = q.detach()
+    step(fixed_q, k, v, grad, False)
+    step(fixed_q, k, v, grad, False)
+    assert noded.RUNS == ["forward", "backward noded:oracle", "node"] * 2
+
+
 def _offset(t: torch.Tensor, elements: int) -> torch.Tensor:
     """``t``'s values in memory ``elements`` further on (16 bytes for 2 float64)."""
     base = torch.empty(t.numel() + elements, dtype=t.dtype)
