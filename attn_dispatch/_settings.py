@@ -134,8 +134,8 @@ class Settings:
     # (forward Call, heads_first) -> [(guard, OwnNode)]: which eager ``attention`` signatures
     # record their implementation's own autograd node (see _own_node).
     own_nodes: dict = field(default_factory=dict)
-    # (signature key, heads_first) -> OwnNode: the verdicts of signatures the guards have no
-    # room for (or that a guard cannot hold).
+    # (signature key, heads_first, which inputs require grad) -> OwnNode: every eager
+    # ``attention`` signature's verdict; ``own_nodes``' guards are the faster front of it.
     own_node_keys: dict = field(default_factory=dict)
 
     def forget(self) -> None:
