@@ -119,7 +119,7 @@ def test_bottom_right_causal_with_sq_ne_sk():
     assert tl.selected == "torch_sdpa:cudnn"
     # Sq == Sk: the two alignments agree, so every kernel takes both.
     sq = ad.explain(*_dense(sq=256), causal=True, causal_align="bottom_right", arch="sm_90")
-    assert sq.selected == "torch_sdpa:cudnn"
+    assert all(status in ("selected", "supported") for status, _ in _status(sq).values())
 
 
 def test_varlen_support():
