@@ -17,7 +17,7 @@ from ._call import Call, Kind, parse
 from ._dispatch import BACKWARD, FORWARD, Mode, dispatch, select
 from ._execution import check_execution
 from ._implementation import Gradients, Implementation, lookup_priority
-from ._inputs import ForwardInputs
+from ._inputs import LAYOUTS, ForwardInputs
 from ._registry import BackendRecord, _declaration_problems
 from ._report import Report
 from ._selection import no_backend_error
@@ -160,17 +160,12 @@ def explain(
         kind, causal, causal_align, scale, deterministic, backend, window, softcap, sinks, settings
     )
     if attention is not None:
-        if attention not in ATTENTION_LAYOUTS:
+        if attention not in LAYOUTS:
             raise ValueError(
-                f"argument 'attention': expected None or one of {ATTENTION_LAYOUTS}, "
-                f"got {attention!r}"
+                f"argument 'attention': expected None or one of {LAYOUTS}, got {attention!r}"
             )
         call = call._replace(attention=attention)
     return _decision(call, tensors, seqlens, sinks, arch, execution, debug=False)[0]
-
-
-# The layouts of ``attention`` calls whose passes ``explain`` explains
-ATTENTION_LAYOUTS = ("bshd", "bhsd")
 
 
 @dataclass(frozen=True)

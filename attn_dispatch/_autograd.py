@@ -64,7 +64,7 @@ from ._dispatch import (
     pointer_residues,
     signature_key,
 )
-from ._inputs import INT64_MAX, lse_dtype, lse_shape
+from ._inputs import INT64_MAX, LAYOUTS, lse_dtype, lse_shape
 from ._validation import (
     _require_tensor,
     build_inputs,
@@ -470,7 +470,7 @@ def _eager_gradients(ctx, grad_out: Tensor) -> tuple:
     else:
         tensors = (q, k, v, out, lse, grad_out)
         settings = _settings.installed or _settings.current()
-        call = of_schema(_BWD, flags, sinks, settings, _LAYOUTS[heads_first])
+        call = of_schema(_BWD, flags, sinks, settings, LAYOUTS[heads_first])
         grads = dispatch(
             BACKWARD, tensors, cu_seqlens_q, cu_seqlens_k, *max_seqlens, call, settings, sinks
         )
@@ -647,7 +647,7 @@ def attention(
     )
     if not _traced(q, k, v, cu_seqlens_q, cu_seqlens_k, sinks):
         settings = _settings.installed or _settings.current()
-        call = of_schema(_FWD, flags, sinks, settings, _LAYOUTS[heads_first])
+        call = of_schema(_FWD, flags, sinks, settings, LAYOUTS[heads_first])
         if cu_seqlens_q is cu_seqlens_k is sinks is max_seqlen_q is max_seqlen_k is None:
             # dense: the implementation's own compiled node where it runs both passes
             out = _through_own_node(*_unwrapped(q, k, v), heads_first, flags, call, settings)
@@ -733,15 +733,12 @@ def _capped_max_seqlen(value, t: Tensor):
     return value
 
 
-_LAYOUTS = ("bshd", "bhsd")
-
-
 def _heads_first(layout: object, cu_seqlens_q, cu_seqlens_k, tensors) -> bool:
     """Whether ``layout`` says [B, H, S, D]; a bad value or a layout varlen cannot take raises."""
     if not isinstance(layout, str):
         raise TypeError(f"argument 'layout': expected a str, got {type(layout).__name__}")
-    if layout not in _LAYOUTS:
-        raise ValueError(f"argument 'layout': expected one of {_LAYOUTS}, got {layout!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"argument 'layout': expected one of {LAYOUTS}, got {layout!r}")
     if layout == "bshd":
         return False
     if cu_seqlens_q is not None or cu_seqlens_k is not None:

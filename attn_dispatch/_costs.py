@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._arch import Arch
-from ._inputs import ForwardInputs
+from ._inputs import LAYOUTS, ForwardInputs
 
 if TYPE_CHECKING:
     from ._implementation import Implementation
@@ -62,16 +62,18 @@ FORMAT = 2
 # benchmarks.md section 11).
 COVERAGE = 2.0
 KINDS = ("forward", "backward")
-# A forward and its backward through eager ``attention`` with each layout, the implementation
-# forced for both: what such a call costs with its autograd node (the implementation's own or
-# the library's), whose form depends on the layout
-ATTENTION_KINDS = ("attention_bshd", "attention_bhsd")
-ROW_KINDS = (*KINDS, *ATTENTION_KINDS)
 
 
 def attention_kind(layout: str) -> str:
     """The kind of the attention rows of ``attention(..., layout=layout)`` calls."""
     return f"attention_{layout}"
+
+
+# A forward and its backward through eager ``attention`` with each layout, the implementation
+# forced for both: what such a call costs with its autograd node (the implementation's own or
+# the library's), whose form depends on the layout
+ATTENTION_KINDS = tuple(attention_kind(layout) for layout in LAYOUTS)
+ROW_KINDS = (*KINDS, *ATTENTION_KINDS)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ Window = tuple[int | None, int | None]
 QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # A window side beyond int64 cannot be a tensor extent: it bounds nothing and means unbounded.
 INT64_MAX = 2**63 - 1
+# ``attention``'s layouts of dense q, k, v: [B, S, H, D] and [B, H, S, D]
+LAYOUTS = ("bshd", "bhsd")
 # ``scale`` and ``softcap`` stay in this range so that they, their reciprocals and their products
 # with log2(e) are normal float32 numbers in every kernel (1e39 is inf in float32, 1e-39 is
 # subnormal and flushes to zero on GPUs: either turns scores into inf or NaN).

@@ -29,6 +29,7 @@ import torch
 
 import attn_dispatch as ad
 from attn_dispatch import _costs, _measure, _settings
+from attn_dispatch._inputs import LAYOUTS
 
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 HEADS = ((1, 8, 8), (1, 64, 8), (4, 32, 8), (4, 16, 16))  # (batch, query heads, kv heads)
@@ -41,7 +42,7 @@ KINDS = ("forward", "backward")
 # What a point measures: each pass, then both through eager ``attention`` in each layout
 # (``_costs.ATTENTION_KINDS``)
 ROW_KINDS = _costs.ROW_KINDS
-ATTENTION_LAYOUTS = {_costs.attention_kind(layout): layout for layout in ("bshd", "bhsd")}
+ATTENTION_LAYOUTS = {_costs.attention_kind(layout): layout for layout in LAYOUTS}
 # The longest length at which a point measures attention rows: beyond it the kernels' time
 # outweighs the host's work per call, and the pass rows rank as the attention rows would (an
 # uncovered call is ranked by its pass rows)
