@@ -3,7 +3,9 @@
 Layout: cuDNN takes BHSD *views*; our BSHD tensors are passed as ``transpose(1, 2)`` (no copy)
 and the gradients come back in the inputs' memory order, so transposing them back is free.
 The output and its gradient go with strides that q's decide, copied where they differ
-(``BackwardLayouts``, worked out once per signature).
+(``BackwardLayouts``, worked out once per signature). Eager ``attention`` calls record the
+forward op's own PyTorch node (``autograd_forward``), with a hook that hands its backward the
+gradient in those strides too.
 GQA: native (cuDNN reads K/V with Hkv heads and writes Hkv-head dK/dV).
 lse: cuDNN's softmax statistics are the natural-log logsumexp, shape [B, H, Sq, 1]. Whether
 the backward op takes them as [B, H, Sq] (it adds the unit dim itself) or [B, H, Sq, 1] changed
@@ -17,6 +19,7 @@ op exposes no deterministic mode), ROCm, head dims above 128, float32.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -65,7 +68,7 @@ def with_strides(t: torch.Tensor, strides: tuple[int, ...] | None) -> torch.Tens
     differ, else a copy."""
     if strides is None:
         return t
-    if all(s == w for s, w, n in zip(t.stride(), strides, t.shape, strict=True) if n != 1):
+    if _same_memory(t.stride(), strides, t.shape):
         return t.as_strided(t.shape, strides)  # same memory and values
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
 
@@ -144,6 +147,26 @@ class Cudnn(c.SdpaImplementation):
         lse = lse.reshape(inp.batch, inp.heads, inp.seqlen_q).contiguous()
         return out.transpose(1, 2), lse
 
+    def fast_paths(self) -> list[adb.FastPath]:
+        """PyTorch's own autograd node for eager ``attention`` calls (``_common``'s gate)."""
+        return [c.own_node_path()]
+
+    def autograd_forward(self, inp: adb.ForwardInputs, layout: str):
+        """The forward op itself, whose PyTorch autograd node runs cuDNN's backward with O and
+        dO in the strides :meth:`backward` gives them (a pre-hook on the node lays dO out so):
+        for dense calls whose output q's layout alone decides (q packed, Dv = D), where the
+        gate allows it."""
+        if c.is_empty(inp) or not c.own_node_path().on:
+            return None
+        q = inp.q.transpose(1, 2)  # as the op takes it
+        strides = strides_like(q.shape, q)
+        if inp.head_dim_v != inp.head_dim or not _same_memory(q.stride(), strides, q.shape):
+            # PyTorch allocates O otherwise than :func:`strides_like` would
+            return None
+        return functools.partial(
+            _own_node_output, aten(CUDNN_FWD), inp.causal, inp.scale, strides, layout == "bshd"
+        )
+
     def prepare(self, inp: adb.ForwardInputs) -> BackwardLayouts | None:
         """A backward signature's :class:`BackwardLayouts` (forward signatures need none)."""
         return backward_layouts(inp) if isinstance(inp, adb.BackwardInputs) else None
@@ -155,3 +178,29 @@ class Cudnn(c.SdpaImplementation):
         layouts = inp.plan if inp.plan is not None else backward_layouts(inp)
         dq, dk, dv = _run_backward(inp, inp.lse.contiguous(), layouts)
         return ad.Gradients(dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2))
+
+
+def _same_memory(strides: tuple[int, ...], wanted: tuple[int, ...], shape: torch.Size) -> bool:
+    """Whether ``strides`` lay ``shape`` out in memory as ``wanted`` do (size-1 dims aside)."""
+    return all(s == w for s, w, n in zip(strides, wanted, shape, strict=True) if n != 1)
+
+
+def _own_node_output(op, causal: bool, scale: float, strides, rows: bool, q, k, v):
+    """The forward op's output for the caller's q, k, v ([B, S, H, D] where ``rows``, else
+    [B, H, S, D]), its node's dO laid out in ``strides`` (O's, which q's decide)."""
+    if rows:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    out = op(q, k, v, None, True, 0.0, causal, False, scale=scale)[0]
+    if out.grad_fn is not None:
+        out.grad_fn.register_prehook(functools.partial(_gradient_in, strides))
+    return out.transpose(1, 2) if rows else out
+
+
+def _gradient_in(strides: tuple[int, ...], grads: tuple):
+    """The node's output gradients with dO in ``strides`` (``None``: as they are). PyTorch
+    keeps one backward graph per layout of q, k and v, which fixes dO's: another layout of dO
+    would run that graph on the wrong memory (benchmarks.md section 9)."""
+    grad_out = grads[0]
+    if grad_out is None or grad_out.stride() == strides:
+        return None
+    return (with_strides(grad_out, strides), *grads[1:])

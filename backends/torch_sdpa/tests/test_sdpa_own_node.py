@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attn_dispatch_torch_sdpa import _common, flash
+from attn_dispatch_torch_sdpa import _common, cudnn, flash
 from attn_dispatch_torch_sdpa.cudnn import Cudnn
 from attn_dispatch_torch_sdpa.efficient import Efficient
 from attn_dispatch_torch_sdpa.flash import Flash
@@ -38,9 +38,13 @@ def torch_release(monkeypatch):
 
 
 def _offered() -> bool:
-    offers = [callable(Flash().autograd_forward(_inputs(causal=True), lay)) for lay in LAYOUTS]
+    offers = [
+        callable(impl.autograd_forward(_inputs(causal=True), lay))
+        for impl in (Flash(), Cudnn())
+        for lay in LAYOUTS
+    ]
     on = offers[0]
-    assert offers == [on, on] and Flash().fast_paths()[0].on == on
+    assert offers == [on] * 4 and Flash().fast_paths()[0].on == Cudnn().fast_paths()[0].on == on
     return on
 
 
@@ -83,11 +87,89 @@ def test_flash_keeps_the_library_node_where_its_forward_cleans_rows_up(flags, to
         assert Flash().autograd_forward(_inputs(sk=sk, **flags), layout) is None
 
 
-@pytest.mark.parametrize("impl", [Cudnn(), Efficient()], ids=["cudnn", "efficient"])
-def test_cudnn_and_efficient_offer_no_own_node(impl, torch_release, monkeypatch):
-    # cuDNN's own PyTorch node returned wrong dq and dk on [B, H, S, D] memory (docs/experiments.md)
+def test_efficient_offers_no_own_node(torch_release, monkeypatch):
     monkeypatch.setenv(_common.OWN_NODE_VARIABLE, "1")
-    assert impl.autograd_forward(_inputs(causal=True), "bshd") is None
+    assert Efficient().autograd_forward(_inputs(causal=True), "bshd") is None
+
+
+def test_cudnn_keeps_the_library_node_where_q_does_not_decide_the_output_s_layout(
+    torch_release,
+):
+    # the library's backward hands cuDNN O in strides that q's decide; PyTorch allocates O
+    # like q only for packed q with Dv = D, so elsewhere the two nodes' O would differ
+    wide = torch.empty(1, 128, 8, 128, dtype=torch.bfloat16, device="meta")
+    k, v = (torch.empty(1, 128, 2, 64, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    sliced = adb.make_inputs(wide[..., :64], k, v, causal=True)
+    q = torch.empty(1, 128, 8, 64, dtype=torch.bfloat16, device="meta")
+    narrow_v = torch.empty(1, 128, 2, 32, dtype=torch.bfloat16, device="meta")
+    other_dv = adb.make_inputs(q, k, narrow_v, causal=True)
+    for inp in (sliced, other_dv):
+        for layout in LAYOUTS:
+            assert Cudnn().autograd_forward(inp, layout) is None
+
+
+class _Recording(torch.autograd.Function):
+    """Stands in for the op's node: records the strides of the gradient it is handed."""
+
+    strides: list[tuple[int, ...]] = []
+
+    @staticmethod
+    def forward(ctx, q):
+        return q.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _Recording.strides.append(grad.stride())
+        return grad
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cudnn_node_function_calls_the_op_as_its_forward_does_and_lays_do_out_like_o(
+    layout, torch_release, recorded_ops
+):
+    def results(args):
+        batch, heads, seqlen, _ = args[0].shape
+        return _Recording.apply(args[0]), torch.zeros(batch, heads, seqlen, 1)
+
+    ops = recorded_ops(cudnn, results)
+    dims = {"bshd": ((1, 16, 8, 64), (1, 16, 2, 64)), "bhsd": ((1, 8, 16, 64), (1, 2, 16, 64))}
+    q = torch.randn(dims[layout][0]).requires_grad_()
+    k, v = (torch.randn(dims[layout][1]).requires_grad_() for _ in range(2))
+    rows = (q, k, v) if layout == "bshd" else (t.transpose(1, 2) for t in (q, k, v))
+    inp = adb.make_inputs(*rows, causal=True, scale=0.3)
+    with torch.no_grad():
+        Cudnn().forward(inp)
+    out = Cudnn().autograd_forward(inp, layout)(q, k, v)
+    (name, forward_args, forward_kwargs), (node_name, node_args, node_kwargs) = ops.calls
+    assert node_name == name == "_scaled_dot_product_cudnn_attention"
+    assert node_kwargs == forward_kwargs == {"scale": 0.3}
+    assert node_args[3:] == forward_args[3:] == (None, True, 0.0, True, False)
+    for got, want in zip(node_args[:3], forward_args[:3]):
+        assert (got.shape, got.stride()) == (want.shape, want.stride())
+    assert out.shape == q.shape
+    op_q = node_args[0]  # [B, H, S, D], as the op takes q and allocates O
+    wanted = cudnn.strides_like(op_q.shape, op_q)
+    _Recording.strides.clear()
+    for grad in (
+        torch.randn(out.shape),
+        torch.randn(out.shape).transpose(1, 2).contiguous().transpose(1, 2),
+        torch.ones(()).expand(out.shape),
+    ):
+        out = Cudnn().autograd_forward(inp, layout)(q, k, v)
+        out.backward(grad)
+        assert torch.equal(q.grad, grad) and q.grad.shape == q.shape
+        q.grad = None
+    assert _Recording.strides == [wanted] * 3
+
+
+def test_the_gradient_hook_keeps_the_memory_where_only_size_1_dims_differ():
+    grad = torch.randn(1, 4, 6, 8)
+    strides = (999, 48, 8, 1)
+    (moved,) = cudnn._gradient_in(strides, (grad,))
+    assert moved.stride() == strides and moved.data_ptr() == grad.data_ptr()
+    assert torch.equal(moved, grad)
+    assert cudnn._gradient_in(grad.stride(), (grad,)) is None
+    assert cudnn._gradient_in(strides, (None,)) is None
 
 
 @pytest.mark.parametrize("causal", [True, False])
