@@ -48,6 +48,7 @@ import functools
 import numbers
 import sys
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -322,8 +323,15 @@ def _traced(*tensors) -> bool:
     for t in tensors:
         if t is not None and t.__class__ not in _PLAIN:
             return True
-    if tensors[0].is_meta:
-        return True
+    return tensors[0].is_meta or _pre_dispatch_tracing()
+
+
+def _modes_active() -> bool:
+    """:func:`_traced`'s questions besides compiling that do not depend on the tensors."""
+    return _dispatch_modes() or _functorch_active() or _pre_dispatch_tracing()
+
+
+def _pre_dispatch_tracing() -> bool:
     # make_fx's pre-dispatch tracing keeps its modes on a stack of their own, with a torch
     # function mode on; ``torch.device(...)`` blocks also enable one, but push no dispatch mode.
     return _function_modes() and torch._ops._len_torch_dispatch_stack_pre_dispatch() > 0
@@ -531,6 +539,12 @@ def _through_own_node(
             settings.own_node_keys[signature] = node
             _guards.remember(table, key, (q, k, v), node)
             return out.transpose(1, 2) if heads_first else out
+    return _run_own_node(node, q, k, v)
+
+
+def _run_own_node(node: _own_node.OwnNode, q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+    """The output of ``node``'s function of q, k and v, or ``None`` where the library's node
+    runs the call (its verdict, or q, k and v aligned otherwise than its decisions read)."""
     if node.run is None or (
         node.pointers is not None and node.pointers != pointer_residues((q, k, v), None, None)
     ):
@@ -540,6 +554,43 @@ def _through_own_node(
     except Exception as exc:
         exc.add_note(f"(raised by {node.impl.full_name} in attn_dispatch.attention)")
         raise
+
+
+class _Front(NamedTuple):
+    """What the dense eager calls of one flag combination, layout and scope share, once a call
+    of them has checked it all: the forward ``Call``, the operators' flags, the layout and the
+    guarded own-node verdicts of its signatures (``settings.own_nodes``' list for the call)."""
+
+    call: Call
+    flags: OpFlags
+    heads_first: bool
+    verdicts: list
+
+
+def _through_front(front: _Front, q, k, v) -> Tensor | None:
+    """The output of a dense eager call whose flags and scope a call checked before
+    (``front``), where a guard of its verdicts accepts q, k and v (plain tensors of a signature
+    that call saw, no mode or transform active; the caller is not compiling); else ``None``,
+    and :func:`attention` checks it all."""
+    node = _guards.match(front.verdicts, (q, k, v))
+    if node is None or _modes_active():
+        return None
+    out = _run_own_node(node, q, k, v)
+    if out is not None:
+        return out
+    out = _eager_apply(
+        q, k, v, None, None, None, front.heads_first, (None, None), front.flags, front.call
+    )
+    return out.transpose(1, 2) if front.heads_first else out
+
+
+def _remember_front(settings: _settings.Settings, key, call: Call, flags: OpFlags, heads_first):
+    """Keep the :class:`_Front` of a dense eager call that passed every check (``key``: its
+    flags as given and its scope; ``None``: none), where its flag combination has guarded
+    verdicts."""
+    verdicts = settings.own_nodes.get((call, heads_first))
+    if key is not None and verdicts is not None:
+        settings.fronts[key] = _Front(call, flags, heads_first, verdicts)
 
 
 def _own_node_signature(q: Tensor, k: Tensor, v: Tensor, heads_first: bool, call: Call):
@@ -587,6 +638,27 @@ def attention(
     output as [B, H, Sq, Dv]: the tensors are used through transposed views, never copied. The
     layout is declared, never guessed from the shapes.
     """
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    front_key = None
+    plain = window is None and softcap is None and sinks is None
+    if (
+        plain
+        and cu_seqlens_q is cu_seqlens_k is max_seqlen_q is max_seqlen_k is None
+        # each flag of its plain type (any other gets every check), so that its value is a key
+        and causal.__class__ is deterministic.__class__ is bool
+        and causal_align.__class__ is layout.__class__ is str
+        and (scale is None or scale.__class__ is float)
+        and (backend is None or backend.__class__ is str)
+        and not _is_compiling()
+    ):
+        # the common case: a dense call whose flags, as given, and scope a call checked before
+        scope = (_settings.forced_var.get(), _execution.current_execution())
+        front_key = (causal, causal_align, scale, deterministic, backend, layout, *scope)
+        settings = _settings.installed or _settings.current()
+        front = settings.fronts.get(front_key)
+        if front is not None and (out := _through_front(front, q, k, v)) is not None:
+            return out
     # The operator schema would reject a non-tensor (a numpy array, a list) with a RuntimeError
     # that prints its value: the dispatcher's TypeError instead.
     _require_tensor("q", q)
@@ -601,8 +673,6 @@ def attention(
             if t is not None:
                 _require_tensor(name, t)
     heads_first = _heads_first(layout, cu_seqlens_q, cu_seqlens_k, (q, k, v))
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
     # The operator schema would coerce or reject these with its own error; say it the library's
     # way instead (the rest is validated by the dispatcher, on a signature's first call).
     check_causal(causal)
@@ -651,6 +721,8 @@ def attention(
         if cu_seqlens_q is cu_seqlens_k is sinks is max_seqlen_q is max_seqlen_k is None:
             # dense: the implementation's own compiled node where it runs both passes
             out = _through_own_node(*_unwrapped(q, k, v), heads_first, flags, call, settings)
+            if plain:
+                _remember_front(settings, front_key, call, flags, heads_first)
             if out is not None:
                 return out
         # eager: one autograd node, dispatching directly (see _Attention)

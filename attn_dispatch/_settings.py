@@ -137,6 +137,9 @@ class Settings:
     # (signature key, heads_first, which inputs require grad) -> OwnNode: every eager
     # ``attention`` signature's verdict; ``own_nodes``' guards are the faster front of it.
     own_node_keys: dict = field(default_factory=dict)
+    # the flags of a dense eager ``attention`` call as given, with its scope -> what an earlier
+    # call of them checked (``_autograd._Front``): their calls skip the checks
+    fronts: dict = field(default_factory=dict)
 
     def forget(self) -> None:
         """Drop every cached decision."""
@@ -144,11 +147,12 @@ class Settings:
         self.guarded.clear()
         self.own_nodes.clear()
         self.own_node_keys.clear()
+        self.fronts.clear()
 
     def fresh(self, **changes) -> Settings:
         """A copy with ``changes`` and empty caches."""
         return dataclasses.replace(
-            self, decisions={}, guarded={}, own_nodes={}, own_node_keys={}, **changes
+            self, decisions={}, guarded={}, own_nodes={}, own_node_keys={}, fronts={}, **changes
         )
 
     def matches(self, names: set[str], full_name: str) -> bool:

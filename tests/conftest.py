@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from dispatch_helpers import TOYS, Plugins
+from noded_helpers import NODED
 
 from attn_dispatch.testing.fixtures import IsolatedEnv, add_plugin_path, isolated_plugins
 
@@ -16,7 +17,7 @@ from attn_dispatch.testing.fixtures import IsolatedEnv, add_plugin_path, isolate
 TEST_PLUGINS_PATH = Path(__file__).resolve().parent / "plugins"
 add_plugin_path(TEST_PLUGINS_PATH)
 
-__all__ = ["env", "isolated_plugins", "plugins", "toys"]
+__all__ = ["env", "isolated_plugins", "noded_env", "plugins", "toys"]
 
 
 @pytest.fixture
@@ -50,3 +51,14 @@ def plugins(env, tmp_path, monkeypatch):
     yield made
     for module in made.modules:
         sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def noded_env(env):
+    """``noded:oracle`` alone (``noded:backward`` disabled), with an empty record."""
+    from attn_dispatch_test_plugins import noded  # importable once the plugin path is set
+
+    noded.RUNS.clear()
+    env.set(**NODED, ATTN_DISPATCH_DISABLE="noded:backward")
+    yield env
+    noded.RUNS.clear()
