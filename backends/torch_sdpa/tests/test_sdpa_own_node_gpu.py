@@ -191,6 +191,8 @@ def test_cudnn_own_node_is_right_for_each_layout_of_its_gradient_in_turn(q_memor
     kinds = ("bshd", "bhsd", "broadcast", "sliced")
     paths = ("bshd", "bhsd", "library")
     for path, kind in itertools.product(paths, kinds):
+        if path == "library" and kind == "broadcast":
+            continue  # ad.backward takes no gradient without a contiguous last dim
         grad = gradient(kind)
         for t in leaves:
             t.grad = None
