@@ -24,7 +24,10 @@ compiled autograd traces it. Autograd links the operators as it links the eager 
 
 ``attention`` checks its flags once, for both paths; the dispatcher's ``Call`` is built from
 them without checking them again (``_call.of_schema``), and a signature's first call validates
-their values with the tensors, as for any call.
+their values with the tensors, as for any call. A dense eager call whose flags (as given) and
+scope a call checked before skips even that: its front (``_Front``, in ``settings.fronts``)
+holds that call's ``Call`` and operator flags, and a guard of the signatures it saw admits q,
+k and v.
 
 Both forwards save ``q, k, v, out, lse`` (and the cu_seqlens and sinks). The backward decides
 under the scope its forward ran in (``use_backend``, ``execution_mode``: the context variables a
@@ -653,8 +656,8 @@ def attention(
         and not _is_compiling()
     ):
         # the common case: a dense call whose flags, as given, and scope a call checked before
-        scope = (_settings.forced_var.get(), _execution.current_execution())
-        front_key = (causal, causal_align, scale, deterministic, backend, layout, *scope)
+        read_in = (_settings.forced_var.get(), _execution.current_execution())
+        front_key = (causal, causal_align, scale, deterministic, backend, layout, *read_in)
         settings = _settings.installed or _settings.current()
         front = settings.fronts.get(front_key)
         if front is not None and (out := _through_front(front, q, k, v)) is not None:

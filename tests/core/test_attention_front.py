@@ -39,21 +39,23 @@ def test_later_calls_of_checked_flags_skip_the_checks(noded_env, monkeypatch, he
 
 
 @pytest.mark.parametrize(
-    ("flags", "error"),
+    ("checked", "given", "error"),
     [
-        ({"causal": 1}, "causal"),
-        ({"scale": True}, "scale"),
-        ({"deterministic": 0}, "deterministic"),
-        ({"backend": ["noded:oracle"]}, "backend"),
-        ({"layout": ["bshd"]}, "layout"),
-        ({"causal_align": ("top_left",)}, "causal_align"),
+        ({}, {"causal": 1}, "causal"),
+        ({"scale": 1.0}, {"scale": True}, "scale"),
+        ({}, {"deterministic": 0}, "deterministic"),
+        ({}, {"backend": ["noded:oracle"]}, "backend"),
+        ({}, {"layout": ["bshd"]}, "layout"),
+        ({}, {"causal_align": ["top_left"]}, "causal_align"),
     ],
 )
-def test_flags_that_equal_checked_ones_are_checked_all_the_same(noded_env, flags, error):
+def test_flags_that_equal_checked_ones_are_checked_all_the_same(noded_env, checked, given, error):
+    # each bad value equals (or, unhashable, would fail to look up) the checked flags' key
     q, k, v, _ = _checked_twice()
-    given = {"causal": True, **flags}
+    for _ in range(2):
+        ad.attention(q, k, v, causal=True, **checked)
     with pytest.raises((TypeError, ValueError), match=error):
-        ad.attention(q, k, v, **given)
+        ad.attention(q, k, v, **{"causal": True, **checked, **given})
 
 
 def test_a_checked_scale_serves_only_its_own_value(noded_env):
@@ -66,7 +68,7 @@ def test_a_checked_scale_serves_only_its_own_value(noded_env):
     assert noded.RUNS == []
 
 
-@pytest.mark.parametrize("change", ["execution_mode", "deterministic", "forget"])
+@pytest.mark.parametrize("change", ["use_backend", "execution_mode", "deterministic", "forget"])
 def test_a_changed_scope_or_cache_gets_a_fresh_decision(noded_env, change):
     q, k, v, grad = _checked_twice()
     if change == "execution_mode":
@@ -75,7 +77,10 @@ def test_a_changed_scope_or_cache_gets_a_fresh_decision(noded_env, change):
             assert step(q, k, v, grad, False)[1] == LIBRARY_NODE
         assert noded.RUNS == ["forward", "backward noded:captured"]
         return
-    if change == "deterministic":
+    if change == "use_backend":
+        with ad.use_backend("noded:oracle"):
+            node = step(q, k, v, grad, False)[1]
+    elif change == "deterministic":
         before = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(True)
         try:
@@ -100,19 +105,11 @@ def test_other_tensors_than_a_guard_s_take_the_checks(noded_env):
         ad.attention(q.tolist(), k, v, causal=True)
 
 
-def test_a_dispatch_mode_sees_the_operators_after_a_checked_call(noded_env):
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recording(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
+def test_a_tracer_sees_the_operators_after_a_checked_call(noded_env):
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     q, k, v, _ = _checked_twice()
-    with Recording() as mode:
-        ad.attention(q, k, v, causal=True)
-    assert any(op.startswith("attn_dispatch.fwd") for op in mode.ops), mode.ops
+    graph = make_fx(lambda q, k, v: ad.attention(q, k, v, causal=True))(q, k, v)
+    targets = {str(node.target) for node in graph.graph.nodes}
+    assert any(t.startswith("attn_dispatch.fwd") for t in targets), targets
+    assert "node" not in noded.RUNS

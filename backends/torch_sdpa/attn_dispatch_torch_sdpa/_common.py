@@ -31,9 +31,9 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 INF = math.inf
 
 
-#: ``torch_sdpa:flash``'s eager ``ad.attention`` calls through PyTorch's own autograd node of
-#: ``aten::_flash_attention_forward`` (``Flash.autograd_forward``): on by default with the torch
-#: releases it was proven on, on NVIDIA GPUs (``tests/test_sdpa_own_node_gpu.py``); this
+#: ``torch_sdpa:flash``'s and ``torch_sdpa:cudnn``'s eager ``ad.attention`` calls through
+#: PyTorch's own autograd node of their forward op (``autograd_forward``): on by default with the
+#: torch releases it was proven on, on NVIDIA GPUs (``tests/test_sdpa_own_node_gpu.py``); this
 #: boolean variable turns it on or off anywhere.
 OWN_NODE_VARIABLE = "ATTN_DISPATCH_SDPA_OWN_NODE"
 OWN_NODE = "PyTorch's own autograd node (eager attention)"
@@ -41,7 +41,8 @@ OWN_NODE_TORCH = ((2, 11),)
 
 
 def own_node_path() -> adb.FastPath:
-    """Whether ``Flash.autograd_forward`` offers the op's node on this installation."""
+    """Whether ``Flash.autograd_forward`` and ``Cudnn.autograd_forward`` offer their op's node
+    on this installation."""
     if os.environ.get(OWN_NODE_VARIABLE) is not None:
         on = adb.env_flag(OWN_NODE_VARIABLE, False)
         return adb.FastPath(OWN_NODE, on, f"{OWN_NODE_VARIABLE} turns it {'on' if on else 'off'}")
