@@ -321,12 +321,12 @@ def _traced(*tensors) -> bool:
     transformed, rather than run: compiling or exporting, a dispatch mode (``FakeTensorMode``,
     ``make_fx``'s proxy modes, pre-dispatch tracing), a functorch transform, meta or subclass
     tensors. Cheap: the eager path asks it once per pass."""
-    if _is_compiling() or _dispatch_modes() or _functorch_active():
+    if _is_compiling() or _modes_active():
         return True
     for t in tensors:
         if t is not None and t.__class__ not in _PLAIN:
             return True
-    return tensors[0].is_meta or _pre_dispatch_tracing()
+    return tensors[0].is_meta
 
 
 def _modes_active() -> bool:
@@ -533,7 +533,7 @@ def _through_own_node(
             return None  # a tensor subclass or an unhashable key: the library's node
         node = settings.own_node_keys.get(signature)
         if node is None:
-            out = _eager_apply(q, k, v, None, None, None, heads_first, (None, None), flags, call)
+            out = _dense_library_node(q, k, v, heads_first, flags, call)
             with torch.no_grad():
                 tensors = _bshd(q, k, v) if heads_first else (q, k, v)
                 node = _own_node.verdict(settings, call, tensors, heads_first)
@@ -541,8 +541,14 @@ def _through_own_node(
                 settings.own_node_keys.clear()  # the guards' verdicts stay, as decisions' do
             settings.own_node_keys[signature] = node
             _guards.remember(table, key, (q, k, v), node)
-            return out.transpose(1, 2) if heads_first else out
+            return out
     return _run_own_node(node, q, k, v)
+
+
+def _dense_library_node(q, k, v, heads_first: bool, flags: OpFlags, call: Call) -> Tensor:
+    """The output (in the caller's layout) of a dense eager call through the library's node."""
+    out = _eager_apply(q, k, v, None, None, None, heads_first, (None, None), flags, call)
+    return out.transpose(1, 2) if heads_first else out
 
 
 def _run_own_node(node: _own_node.OwnNode, q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
@@ -581,10 +587,7 @@ def _through_front(front: _Front, q, k, v) -> Tensor | None:
     out = _run_own_node(node, q, k, v)
     if out is not None:
         return out
-    out = _eager_apply(
-        q, k, v, None, None, None, front.heads_first, (None, None), front.flags, front.call
-    )
-    return out.transpose(1, 2) if front.heads_first else out
+    return _dense_library_node(q, k, v, front.heads_first, front.flags, front.call)
 
 
 def _remember_front(settings: _settings.Settings, key, call: Call, flags: OpFlags, heads_first):
