@@ -2,7 +2,8 @@
 implementation ``explain`` selects, with every shipped backend installed and nothing enabled, for
 representative calls on each arch. Tensors live on ``meta``; ``arch=`` names the chip.
 
-FA4 is read as release 4.0.0b36 (the one its sm_90 table was proven on) whichever is installed.
+FA4 is read as release 4.0.0b36 (the one its sm_90 table was proven on) whichever is installed;
+a case FA4 should win is skipped where its distribution is absent (the set-up always installs it).
 On sm_90 the recorded cost tables rank the implementations they cover by measured time, and a
 table is used only with the versions it was measured with: where one predicts FA4 too, the test
 checks the measured order instead of the declared one.
@@ -93,5 +94,8 @@ def test_explain_selects_the_intended_winner(arch, name):
     args, flags = case(name)
     report = ad.explain(*args, arch=arch, **flags)
     expected = INTENDED[arch][CASES.index(name)]
+    if expected == FA4 and (problem := _support.fa4_problem()):
+        # the backend package without FA4's own distribution (or with its files replaced)
+        pytest.skip(f"FA4 is this case's intended winner, and {problem}")
     measured = measured_winner(report) if arch == "sm_90" else None
     assert report.selected == (measured or expected), str(report)

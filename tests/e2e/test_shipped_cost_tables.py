@@ -56,6 +56,14 @@ SEEDS = [
 ]
 
 
+def fa4_installed() -> bool:
+    """Whether FA4's own distribution is installed (its backend package may be, without it)."""
+    return (
+        importlib.import_module("attn_dispatch_flash_attn_cute._support").installed_version()
+        is not None
+    )
+
+
 def drift_of(package: str) -> str | None:
     """The shipped table's drift, which ``explain`` notes beside its predictions, checked to
     name each distribution the table requires whose installed release differs from the
@@ -79,6 +87,8 @@ def test_the_shipped_tables_rank_the_seed_shapes_under_the_installed_versions(
     names how the versions drifted."""
     for package in SHIPPED:
         pytest.importorskip(package)
+    if not fa4_installed():
+        pytest.skip("flash-attn-4 is not installed: its backend refuses every call")
     q = torch.empty(1, seqlen, heads, 128, dtype=torch.bfloat16, device="meta")
     k = torch.empty(1, seqlen, kv_heads, 128, dtype=torch.bfloat16, device="meta")
     out, dout = torch.empty_like(q), torch.empty_like(q)
