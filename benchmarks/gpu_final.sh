@@ -4,7 +4,7 @@
 # Installs every package editable (--no-deps), then runs the steps named in STEPS (a comma list;
 # default all of them, in this order):
 #   tests     the whole test suite with the GPU tests, in parallel workers (pytest -n $WORKERS;
-#             TEST_PATHS: only these paths)
+#             TEST_PATHS: only these paths), the 30 slowest tests listed at the end
 #   bench     `attn-dispatch bench --repeats 41` eager, the 20 seed shapes, every implementation
 #   graphs    the same under CUDA graphs (the GPU's time alone)
 #   overhead  the dispatcher's cost (CPU and CUDA) and flash_attn_cute's cost over FA4 called
@@ -58,7 +58,7 @@ if step tests; then
   # TEST_PATHS narrows the run (the whole suite takes more than one 10-minute call: split it)
   # shellcheck disable=SC2086
   capped_pytest "${TESTS_TIMEOUT:-420}" "$OUT/gpu_tests.txt" "${workers[@]}" \
-    ${TEST_PATHS:-tests backends/*/tests benchmarks} --tb=short -rfE
+    ${TEST_PATHS:-tests backends/*/tests benchmarks} --tb=short -rfE --durations=30
   echo "tests rc=$?"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20
   tail -1 "$OUT/gpu_tests.txt"
