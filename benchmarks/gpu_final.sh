@@ -55,7 +55,9 @@ head -8 "$OUT/env.txt"
 if step tests; then
   echo "== tests (GPU included)"
   xdist_workers 14
-  # TEST_PATHS narrows the run (the whole suite takes more than one 10-minute call: split it)
+  # TEST_PATHS narrows the run (the whole suite takes more than one 10-minute call: split it).
+  # The suite holds the randomized sweep (tests/sweep: 311 cases from a fresh seed, 2-4 minutes
+  # on 16 workers by itself, docs/benchmarks.md section 9); the sweep step runs it alone, logged.
   # shellcheck disable=SC2086
   capped_pytest "${TESTS_TIMEOUT:-420}" "$OUT/gpu_tests.txt" "${workers[@]}" \
     ${TEST_PATHS:-tests backends/*/tests benchmarks} --tb=short -rfE --durations=30
