@@ -592,10 +592,9 @@ def _through_front(front: _Front, q, k, v) -> Tensor | None:
 
 def _remember_front(settings: _settings.Settings, key, call: Call, flags: OpFlags, heads_first):
     """Keep the :class:`_Front` of a dense eager call that passed every check (``key``: its
-    flags as given and its scope; ``None``: none), where its flag combination has guarded
-    verdicts."""
+    flags as given and its scope), where its flag combination has guarded verdicts."""
     verdicts = settings.own_nodes.get((call, heads_first))
-    if key is not None and verdicts is not None:
+    if verdicts is not None:
         settings.fronts[key] = _Front(call, flags, heads_first, verdicts)
 
 
@@ -647,9 +646,10 @@ def attention(
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     front_key = None
-    plain = window is None and softcap is None and sinks is None
     if (
-        plain
+        window is None
+        and softcap is None
+        and sinks is None
         and cu_seqlens_q is cu_seqlens_k is max_seqlen_q is max_seqlen_k is None
         # each flag of its plain type (any other gets every check), so that its value is a key
         and causal.__class__ is deterministic.__class__ is bool
@@ -727,7 +727,7 @@ def attention(
         if cu_seqlens_q is cu_seqlens_k is sinks is max_seqlen_q is max_seqlen_k is None:
             # dense: the implementation's own compiled node where it runs both passes
             out = _through_own_node(*_unwrapped(q, k, v), heads_first, flags, call, settings)
-            if plain:
+            if front_key is not None:
                 _remember_front(settings, front_key, call, flags, heads_first)
             if out is not None:
                 return out
