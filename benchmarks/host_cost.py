@@ -25,7 +25,9 @@ tensor, as a training step runs it) through one more layer of the stack than the
 * ``direct``: the chosen implementations' ``forward(inp)`` and ``backward(inp)`` on the inputs
   objects ``ad.decide`` returns, with the plan each implementation prepares for the signature
   (as a cached decision hands it): no dispatch, no autograd; ``ad.attention`` minus this row is
-  the library's own cost.
+  the library's own cost. On a GPU, the same for the implementation that calls the operators
+  of the kernels sdpa picks (``torch._fused_sdp_choice``) comes first: ``sdpa`` minus that row
+  is what sdpa's own node and autograd's engine cost around its kernels.
 
 Each row: median over rounds of the wall time of N back-to-back calls, synchronised only at a
 round's end, divided by N (host-bound calls: the wall time is the host's). The rounds go across
@@ -185,14 +187,15 @@ def public_step(layer: Layer) -> Callable[[], None]:
     return _no_grad(fwd_bwd)
 
 
-def chosen(layer: Layer) -> tuple[ad.Choice, ad.Choice]:
-    """What ``ad.attention``'s forward and backward run for this layer, with their inputs."""
+def chosen(layer: Layer, backend: str | None = None) -> tuple[ad.Choice, ad.Choice]:
+    """What ``ad.attention``'s forward and backward run for this layer (or ``backend``'s
+    implementation forced), with their inputs."""
     q, k, v = layer.bshd()
     grad = layer.grad.transpose(1, 2)
-    fwd = ad.decide(q, k, v, mode="forward", causal=True)
+    fwd = ad.decide(q, k, v, mode="forward", causal=True, backend=backend)
     with torch.no_grad():
-        out, lse = ad.forward(q, k, v, causal=True)
-    bwd = ad.decide(q, k, v, out, lse, grad, causal=True)
+        out, lse = ad.forward(q, k, v, causal=True, backend=backend)
+    bwd = ad.decide(q, k, v, out, lse, grad, causal=True, backend=backend)
     for choice in (fwd, bwd):
         # a cached decision hands its implementation the plan prepared for the signature;
         # ``decide`` prepares none (nothing runs), and without it an implementation redoes
@@ -205,6 +208,21 @@ def attention_choice(layer: Layer) -> str:
     """What eager ``ad.attention``'s forward runs for this layer: its pass is ranked as a pass
     of such a call (by the cost tables' attention rows where they cover it)."""
     return ad.explain(*layer.bshd(), causal=True, attention="bhsd").selected
+
+
+# sdpa's kernel choice (``torch._fused_sdp_choice``, an ``SDPBackend`` value) and the
+# implementation that calls the same PyTorch operators
+SDPA_KERNELS = {1: "torch_sdpa:flash", 2: "torch_sdpa:efficient", 3: "torch_sdpa:cudnn"}
+
+
+def sdpa_kernels(layer: Layer, accepting: list[str]) -> str | None:
+    """The implementation that runs the kernels sdpa picks for this layer, if it is among
+    ``accepting`` (``None`` otherwise: on a CPU sdpa runs kernels none of ours calls)."""
+    choice = int(
+        torch._fused_sdp_choice(layer.q, layer.k, layer.v, is_causal=True, enable_gqa=True)
+    )
+    name = SDPA_KERNELS.get(choice)
+    return name if name in accepting else None
 
 
 def direct_step(fwd: ad.Choice, bwd: ad.Choice) -> Callable[[], None]:
@@ -345,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         "sdpa": sdpa_step(layer),
         f"ad.attention (automatic: {attention_choice(layer)})": attention_step(layer),
     }
-    for name in forced_names(layer):
+    accepting = forced_names(layer)
+    for name in accepting:
         autograd_steps[f"ad.attention forced {name}"] = attention_step(layer, name)
     autograd_steps["ad.attention as transformers calls it (bshd views)"] = transformers_step(layer)
     autograd_steps["a minimal node over ad.forward + ad.backward"] = minimal_node_step(layer)
@@ -354,8 +373,13 @@ def main(argv: list[str] | None = None) -> int:
         **autograd_steps,
         "custom ops fwd + bwd, no autograd": custom_ops_step(layer),
         "ad.forward + ad.backward": public_step(layer),
-        "direct: implementations' forward + backward": direct_step(fwd, bwd),
     }
+    sdpa_impl = sdpa_kernels(layer, accepting)
+    if sdpa_impl is not None:
+        steps[f"direct: sdpa's kernels ({sdpa_impl}) forward + backward"] = direct_step(
+            *chosen(layer, sdpa_impl)
+        )
+    steps["direct: implementations' forward + backward"] = direct_step(fwd, bwd)
     seconds = interleaved_medians(
         steps, device, warmup, rounds, number, lambda line: print(line, file=sys.stderr)
     )

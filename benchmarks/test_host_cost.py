@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,6 +45,15 @@ def test_smoke_run_times_every_layer_and_writes_json(tmp_path, capsys):
     assert "cProfile of 3 ad.attention forward+backward calls" in captured
     assert "sdpa: events of 3 calls" in captured and "aten::" in captured
     assert "direct: implementations' forward + backward: events" not in captured
+
+
+def test_sdpa_kernels_names_the_implementation_of_sdpa_choice_only_where_it_accepts():
+    layer = host_cost.Layer(host_cost.CPU_SHAPE, torch.device("cpu"), torch.float32)
+    # on a CPU sdpa picks its flash kernel (SDPBackend.FLASH_ATTENTION), which torch_sdpa:flash
+    # calls on a GPU only
+    assert host_cost.sdpa_kernels(layer, host_cost.forced_names(layer)) is None
+    assert host_cost.sdpa_kernels(layer, ["torch_sdpa:flash"]) == "torch_sdpa:flash"
+    assert host_cost.sdpa_kernels(layer, ["torch_sdpa:cudnn"]) is None
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--number", "0"], ["--warmup", "-1"]])
