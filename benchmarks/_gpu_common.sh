@@ -29,11 +29,13 @@ xdist_workers() {
 
 # Runs pytest capped at $1 seconds, its output into the file $2; the rest are pytest's arguments.
 # SIGINT at the cap: pytest still prints its summary of what ran. Returns pytest's status.
-# OMP_NUM_THREADS=1 unless set: each parallel worker, and each process a test starts, would
-# otherwise run PyTorch's CPU operations on one thread per core, many times more threads than
-# cores.
+# A parallel run (-n) gets OMP_NUM_THREADS=1 unless it is set: each worker, and each process a
+# test starts, would otherwise run PyTorch's CPU operations on one thread per core, many times
+# more threads than cores.
 capped_pytest() {
   local cap=$1 out=$2; shift 2
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} timeout -s INT -k 15 "$cap" $PY -m pytest -q \
-    -p no:cacheprovider "$@" > "$out" 2>&1
+  local threads=()
+  if [[ -z ${OMP_NUM_THREADS:-} && " $* " == *" -n "* ]]; then threads=(OMP_NUM_THREADS=1); fi
+  env "${threads[@]}" timeout -s INT -k 15 "$cap" $PY -m pytest -q -p no:cacheprovider "$@" \
+    > "$out" 2>&1
 }
