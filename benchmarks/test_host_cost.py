@@ -56,6 +56,25 @@ def test_sdpa_kernels_names_the_implementation_of_sdpa_choice_only_where_it_acce
     assert host_cost.sdpa_kernels(layer, ["torch_sdpa:cudnn"]) is None
 
 
+def test_the_sdpa_kernels_row_comes_before_the_direct_row(monkeypatch, tmp_path):
+    """Where an implementation runs sdpa's kernel choice (on a GPU), its direct calls are timed
+    too; on the CPU that choice is stood in for by the first implementation that accepts."""
+
+    def first_accepting(layer, accepting):
+        return accepting[0]
+
+    monkeypatch.setattr(host_cost, "sdpa_kernels", first_accepting)
+    out = tmp_path / "host.json"
+    assert host_cost.main(["--smoke", "--device", "cpu", "--json", str(out)]) == 0
+    paths = [row["path"] for row in json.loads(out.read_text())["rows"]]
+    layer = host_cost.Layer(host_cost.CPU_SHAPE, torch.device("cpu"), torch.float32)
+    name = host_cost.forced_names(layer)[0]
+    assert paths[-2:] == [
+        f"direct: sdpa's kernels ({name}) forward + backward",
+        "direct: implementations' forward + backward",
+    ]
+
+
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--number", "0"], ["--warmup", "-1"]])
 def test_bad_counts_are_refused(argv, capsys):
     with pytest.raises(SystemExit) as exc:
