@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from _minimal_node import EmptyNode, minimal_node
 from _provenance import git_commit
 from _timing import interleaved_medians, sync
+from torch.nn.attention import SDPBackend
 
 import attn_dispatch as ad
 from attn_dispatch import NoBackendError
@@ -210,9 +211,13 @@ def attention_choice(layer: Layer) -> str:
     return ad.explain(*layer.bshd(), causal=True, attention="bhsd").selected
 
 
-# sdpa's kernel choice (``torch._fused_sdp_choice``, an ``SDPBackend`` value) and the
+# sdpa's kernel choice (``torch._fused_sdp_choice`` returns an ``SDPBackend`` value) and the
 # implementation that calls the same PyTorch operators
-SDPA_KERNELS = {1: "torch_sdpa:flash", 2: "torch_sdpa:efficient", 3: "torch_sdpa:cudnn"}
+SDPA_KERNELS = {
+    SDPBackend.FLASH_ATTENTION.value: "torch_sdpa:flash",
+    SDPBackend.EFFICIENT_ATTENTION.value: "torch_sdpa:efficient",
+    SDPBackend.CUDNN_ATTENTION.value: "torch_sdpa:cudnn",
+}
 
 
 def sdpa_kernels(layer: Layer, accepting: list[str]) -> str | None:
