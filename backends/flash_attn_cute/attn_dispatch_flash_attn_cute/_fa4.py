@@ -30,8 +30,9 @@ soft cap, determinism), the variant; the device is switched only when it is not 
 implementation's ``prepare`` makes a signature's :class:`Ready` (its plan, and its replay once
 learned) once per dispatcher decision, which hands it to every call as ``inp.plan``. A dense
 call whose signature already ran on the current device reads it there; its second and third
-calls are recorded (:mod:`._replay`); when the two did the same work, every later call with
-16-byte-aligned inputs replays it (FA4's allocations and kernel launches, none of its Python):
+calls are recorded (:mod:`._replay`; a call's attention sinks are one more input); when the
+two did the same work, every later call with 16-byte-aligned inputs replays it (FA4's
+allocations and kernel launches, none of its Python):
 less host time per call than FA4's own entry points. Inputs without a plan (built outside the
 dispatcher) find theirs in a cache keyed on their facts and flags, and are never replayed.
 """
@@ -434,9 +435,42 @@ def _contiguous_sinks(inp: adb.ForwardInputs) -> torch.Tensor:
     return sinks if sinks.stride(0) == 1 else sinks.clone(memory_format=torch.contiguous_format)
 
 
+def _forward_with_sinks(q, k, v, sinks, **kwargs):
+    """FA4's forward with the sinks as a positional input, so that a recording sees them among
+    the call's inputs (the replay hands each call's sinks to the kernels)."""
+    return _interface._flash_attn_fwd(q, k, v, learnable_sink=sinks, **kwargs)
+
+
+def _backward_with_sinks(q, k, v, out, grad_out, lse, sinks, **kwargs):
+    """FA4's backward with the sinks as a positional input (see :func:`_forward_with_sinks`)."""
+    return _interface._flash_attn_bwd(q, k, v, out, grad_out, lse, learnable_sink=sinks, **kwargs)
+
+
+def _aligned(tensors: tuple) -> bool:
+    """Real tensors whose pointers are all 16-byte aligned: FA4 copies an input whose pointer
+    is not (a step its recording would not hold), and launches nothing for fake tensors."""
+    if isinstance(tensors[0], FakeTensor):
+        return False
+    pointers = 0
+    for t in tensors:
+        pointers |= t.data_ptr()
+    return not pointers & 15
+
+
 def _sinks_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of a call with attention sinks: FA4's ``learnable_sink`` (its lse includes
-    them). Never replayed: the sinks are a tensor the replay's recorded inputs do not have."""
+    them); dense calls of a signature FA4 ran are replayed as calls without sinks are, the
+    sinks one more input."""
+    r = inp.plan
+    if r is not None and r.hot and inp.q.get_device() == _current_device():
+        tensors = (inp.q, inp.k, inp.v, _contiguous_sinks(inp))
+        if _aligned(tensors):
+            if r.replay is not None:
+                return r.replay(tensors)
+            if r.learning:
+                return _learn(r, _forward_with_sinks, tensors, (0, 1))
+        out, lse, *_ = _forward_with_sinks(*tensors, **r.plan.kwargs)
+        return out, lse
     if has_no_work(inp):
         out, lse = empty_forward(inp)
         if lse.numel():  # no keys: each row's mass is its sink's
@@ -450,12 +484,28 @@ def _sinks_forward(inp: adb.ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse, *_ = _run(
         plan, inp.q, fa._flash_attn_fwd, inp.q, inp.k, inp.v, **kwargs, learnable_sink=sinks
     )
+    _remember(inp, plan)
     return out, lse
 
 
 def _sinks_backward(inp: adb.BackwardInputs) -> ad.Gradients:
-    """``(dq, dk, dv)`` and ``dsinks`` from FA4's backward with ``learnable_sink`` (not
-    replayed, as the forward)."""
+    """``(dq, dk, dv)`` and ``dsinks`` from FA4's backward with ``learnable_sink``, replayed
+    as the forward is."""
+    r = inp.plan
+    if r is not None and r.hot and inp.q.get_device() == _current_device():
+        tensors = backward_tensors(inp)
+        if r.plan.restride:
+            tensors = packed_strides(tensors)
+        tensors = (*tensors, _contiguous_sinks(inp))
+        if not _aligned(tensors):
+            dq, dk, dv, dsinks = _backward_with_sinks(*tensors, **r.plan.kwargs)
+        elif r.replay is not None:
+            dq, dk, dv, dsinks = r.replay(tensors)
+        elif r.learning:
+            dq, dk, dv, dsinks = _learn(r, _backward_with_sinks, tensors, (0, 1, 2, 3))
+        else:
+            dq, dk, dv, dsinks = _backward_with_sinks(*tensors, **r.plan.kwargs)
+        return ad.Gradients(dq, dk, dv, dsinks.to(inp.sinks.dtype))
     if has_no_work(inp):  # out is 0 where there is no work: the sinks' gradient is 0
         zeros = (torch.zeros_like(t) for t in (inp.q, inp.k, inp.v, inp.sinks))
         return ad.Gradients(*zeros)
@@ -467,6 +517,7 @@ def _sinks_backward(inp: adb.BackwardInputs) -> ad.Gradients:
     dq, dk, dv, dsinks = _run(
         plan, inp.q, fa._flash_attn_bwd, *tensors, **kwargs, learnable_sink=sinks
     )
+    _remember(inp, plan)
     return ad.Gradients(dq, dk, dv, dsinks.to(inp.sinks.dtype))
 
 

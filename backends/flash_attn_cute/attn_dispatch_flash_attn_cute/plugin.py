@@ -14,9 +14,8 @@ varlen, GQA/MQA native (K/V read with Hkv heads, dK/dV returned with Hkv heads),
 alignments: FA4's causal mask is bottom-right aligned, and a top-left mask with Sq != Sk is
 passed as FA4's window ``(None, Sq - Sk)``, which is exactly the top-left mask; sliding windows
 (the top-left diagonal shifted onto FA4's the same way), soft caps and attention sinks (FA4's
-``learnable_sink``, forward and backward; such calls run FA4's host code every time, never a
-replay, and rank below triton where no cost table covers them, as calls with a soft cap
-do). On
+``learnable_sink``, forward and backward; such calls rank below triton where no cost table
+covers them, as calls with a soft cap do). On
 sm_90 only the head dims D = Dv that the installed release's row of ``_releases.RELEASES``
 proves (the head-dim GPU test, tests/test_flash_attn_cute_head_dims_gpu.py, showed the output
 and every gradient correct): FA4's sm_90 backward returns wrong dQ (and dK/dV with GQA) at D =
@@ -34,11 +33,12 @@ Priorities (design and measurements: docs/backends/flash_attn_cute.md, docs/benc
 (``costs/sm_90.json``, ``cost_tables`` below) covers a call, the measured implementations rank
 by predicted time instead (``attn_dispatch._costs``). Outside its coverage on sm_90: a call
 with attention sinks or a soft cap ranks ``VARIANT_PRIORITY`` (44, below triton:fused), and in
-eager execution a short backward whose every call runs FA4's host code (varlen, sinks, the replay
+eager execution a short backward whose every call runs FA4's host code (varlen, the replay
 switched off, or a release the replay was not proven on; B*H <= 8, Sk <= 2048) ranks
 ``EAGER_HOST_BOUND_PRIORITY`` (42, below every other GPU implementation). Dense calls otherwise
-rank the same in every execution mode: FA4's host code is replayed per signature (``_replay``),
-so a call costs less host time than any other GPU implementation's. 60 on sm_100/sm_103,
+(attention sinks included) rank the same in every execution mode: FA4's host code is replayed
+per signature (``_replay``), so a call costs less host time than any other GPU
+implementation's. 60 on sm_100/sm_103,
 opt-in: FA4 is written for Blackwell; not run or measured by this project there.
 """
 
@@ -81,13 +81,13 @@ EAGER_HOST_BOUND_SK = 2048  # ... and Sk at most this
 
 def replay_off() -> bool:
     """Whether dense calls run FA4's host code every time: ``ATTN_DISPATCH_FA4_REPLAY=0`` or a
-    release the replay was not proven on (varlen calls and calls with sinks always do)."""
+    release the replay was not proven on (varlen calls always do)."""
     return not _fa4.replay_enabled()
 
 
 # A short eager backward (B*H <= 8, Sk <= 2048) on sm_90 whose every call runs FA4's host code:
-# varlen, attention sinks, or a dense call with the replay off. Dense calls with the replay on
-# never match: ``replay_off`` is asked only for them.
+# varlen, or a dense call with the replay off. Dense calls with the replay on never match:
+# ``replay_off`` is asked only for them.
 _HOST_BOUND = dict(
     arch="sm_90",
     priority=EAGER_HOST_BOUND_PRIORITY,
@@ -98,8 +98,7 @@ _HOST_BOUND = dict(
 )
 SM90_PRIORITY_RULES = (
     adb.PriorityRule(**_HOST_BOUND, varlen=True),
-    adb.PriorityRule(**_HOST_BOUND, sinks=True),
-    adb.PriorityRule(**_HOST_BOUND, varlen=False, sinks=False, when=replay_off),
+    adb.PriorityRule(**_HOST_BOUND, varlen=False, when=replay_off),
     adb.PriorityRule("sm_90", VARIANT_PRIORITY, sinks=True),
     adb.PriorityRule("sm_90", VARIANT_PRIORITY, softcap=True),
 )

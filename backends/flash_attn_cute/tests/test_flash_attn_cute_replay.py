@@ -184,15 +184,16 @@ def toy_fa4(monkeypatch):
     return fa4
 
 
-def signature_inputs(tensors: tuple, like=None):
+def signature_inputs(tensors: tuple, like=None, sinks=None):
     """Backend inputs of ``tensors`` (q, k, v[, out, dout, lse]: FA4's order), bottom-right
-    causal; with ``like``, sharing its facts and plan, as the dispatcher's calls of one decision
-    do; else with a new plan, as the first call of a decision has."""
+    causal, with ``sinks`` if given; with ``like``, sharing its facts and plan, as the
+    dispatcher's calls of one decision do; else with a new plan, as the first call of a
+    decision has."""
     if len(tensors) == 6:
         q, k, v, out, dout, lse = tensors
         tensors = (q, k, v, out, lse, dout)
     flags = dict(causal=True, causal_align="bottom_right", scale=None, deterministic=False)
-    inp = make_inputs(*tensors, **flags)
+    inp = make_inputs(*tensors, **flags, sinks=sinks)
     if like is None:
         kind = "backward" if isinstance(inp, adb.BackwardInputs) else "forward"
         inp.plan = _fa4.prepare(kind, inp)
@@ -222,6 +223,57 @@ def test_the_backend_replays_forward_calls_too(toy_fa4, capsys):
         want = oracle(inp.q, inp.k, inp.v, causal=True, causal_align="bottom_right")
         assert_close(out, want.out)
     assert toy_fa4.host_calls == ["fwd"] * 3 and toy_fa4.launches == ["fwd"] * 4
+
+
+def sinks_of(seed: int, stride: int = 1) -> torch.Tensor:
+    """Fresh sink logits of H heads (a strided view with ``stride`` > 1)."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+    return torch.randn(H * stride, generator=gen).to(torch.bfloat16)[::stride]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_the_backend_replays_forward_calls_with_sinks_on_each_calls_sinks(toy_fa4, stride):
+    """The sinks are one more input of the recording: each replayed call computes with its own
+    sinks (a strided view is copied to contiguous first, a new tensor every call)."""
+    first = signature_inputs(qkv(0), sinks=sinks_of(0, stride))
+    for seed in range(5):
+        sinks = sinks_of(seed, stride)
+        inp = first if seed == 0 else signature_inputs(qkv(seed), like=first, sinks=sinks)
+        out, lse = _fa4.forward(inp)
+        want = oracle(inp.q, inp.k, inp.v, causal=True, causal_align="bottom_right", sinks=sinks)
+        assert_close(out, want.out)
+        assert torch.allclose(lse.double(), want.lse, atol=1e-3), seed
+    assert toy_fa4.host_calls == ["fwd"] * 3 and toy_fa4.launches == ["fwd"] * 5
+
+
+def test_the_backend_replays_backward_calls_with_sinks_and_their_gradient(toy_fa4):
+    first = None
+    for seed in range(5):
+        sinks = sinks_of(seed)
+        inp = signature_inputs(backward_tensors(seed), like=first, sinks=sinks)
+        first = first or inp
+        grads = _fa4.backward(inp)
+        want = oracle(
+            inp.q, inp.k, inp.v, inp.grad_out, causal=True, causal_align="bottom_right", sinks=sinks
+        )
+        for got, ref in zip((*grads, grads.dsinks), (*want[2:], want.dsinks), strict=True):
+            assert_close(got, ref)
+        assert grads.dsinks.dtype == sinks.dtype and len(grads) == 3
+    assert toy_fa4.host_calls == ["bwd"] * 3
+    assert toy_fa4.launches == ["pre", "bwd", "post"] * 5
+
+
+def test_a_misaligned_sinks_tensor_runs_the_host_code(toy_fa4):
+    first = signature_inputs(qkv(0), sinks=sinks_of(0))
+    for seed in range(3):
+        inp = first if seed == 0 else signature_inputs(qkv(seed), like=first, sinks=sinks_of(seed))
+        _fa4.forward(inp)
+    q, k, v = qkv(7)
+    sinks = misaligned(sinks_of(7))
+    out, _ = _fa4.forward(signature_inputs((q, k, v), like=first, sinks=sinks))
+    want = oracle(q, k, v, causal=True, causal_align="bottom_right", sinks=sinks)
+    assert_close(out, want.out)
+    assert toy_fa4.host_calls == ["fwd"] * 4
 
 
 def misaligned(t: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,10 @@ VARIANTS = {
     "gqa-causal": (2, 700, 700, 8, 2, 128, dict(causal=True)),
     "gqa-causal-deterministic": (1, 600, 600, 8, 2, 64, dict(causal=True, deterministic=True)),
     "mha-window-softcap": (1, 900, 900, 4, 4, 96, dict(window=(255, 0), softcap=30.0)),
+    # GPT-OSS's attention (64/8 heads, D=64, sinks; its layers alternate a 128-token window
+    # and full causal), each call with fresh sinks
+    "gqa-causal-sinks": (1, 1000, 1000, 64, 8, 64, dict(causal=True, sinks=True)),
+    "gqa-window-sinks": (1, 1000, 1000, 64, 8, 64, dict(causal=True, window=(127, 0), sinks=True)),
     "mqa-bottom-right-d256": (
         1,
         300,
@@ -105,6 +109,8 @@ def test_replayed_calls_match_the_oracle_and_fa4(variant):
     def rnd(*shape):
         return torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
 
+    flags = dict(flags)
+    with_sinks = flags.pop("sinks", False)
     oracle_flags = {k: v for k, v in flags.items() if k != "deterministic"}
     for call in range(CALLS):
         q, k, v, grad_out = (
@@ -113,20 +119,27 @@ def test_replayed_calls_match_the_oracle_and_fa4(variant):
             rnd(b, sk, hkv, d),
             rnd(b, sq, h, d),
         )
-        want = oracle(q, k, v, grad_out, **oracle_flags)
+        sinks = {"sinks": rnd(h)} if with_sinks else {}
+        # the backward is handed the forward's bf16 out: the oracle's gradients take the same
+        want = oracle(q, k, v, grad_out, **oracle_flags, **sinks, given_out_dtype=q.dtype)
         _poison_allocator(8 * q.numel() * q.element_size())
-        out, lse = ad.forward(q, k, v, backend="flash_attn_cute", **flags)
+        out, lse = ad.forward(q, k, v, backend="flash_attn_cute", **flags, **sinks)
         _poison_allocator(8 * q.numel() * q.element_size())
-        grads = ad.backward(q, k, v, out, lse, grad_out, backend="flash_attn_cute", **flags)
+        grads = ad.backward(
+            q, k, v, out, lse, grad_out, backend="flash_attn_cute", **flags, **sinks
+        )
         for name, got, ref in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads), want):
             _check(name, got, ref, call)
+        if with_sinks:
+            _check("dsinks", grads.dsinks, want.dsinks, call)
         if call >= 3:  # a replay: the same kernel as FA4's own call on these inputs
-            kwargs = _fa4.plan_for("forward", _inputs_of(q, k, v, flags)).kwargs
+            kwargs = _fa4.plan_for("forward", _inputs_of(q, k, v, flags, sinks)).kwargs
+            kwargs = kwargs | {"learnable_sink": sinks["sinks"]} if with_sinks else kwargs
             direct, direct_lse, *_ = _fa4.interface()._flash_attn_fwd(q, k, v, **kwargs)
             assert torch.equal(out, direct) and torch.equal(lse, direct_lse), call
     assert _replaying() == before + 2, "the forward and backward of this signature replay"
 
 
-def _inputs_of(q, k, v, flags):
+def _inputs_of(q, k, v, flags, sinks):
     base = dict(causal=False, causal_align="top_left", scale=None, deterministic=False)
-    return make_inputs(q, k, v, **(base | flags))
+    return make_inputs(q, k, v, **(base | flags), **sinks)

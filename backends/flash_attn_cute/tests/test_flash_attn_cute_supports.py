@@ -513,6 +513,22 @@ def test_sm90_short_backward_whose_host_code_runs_every_call_ranks_low_eager(mon
     assert verdicts(dense_eager)["flash_attn_cute:sm90"].priority == 42
 
 
+def test_sm90_short_eager_backward_with_sinks_ranks_low_only_where_the_replay_is_off(
+    monkeypatch,
+):
+    """Dense calls with sinks are replayed as other dense calls are: a short eager backward
+    keeps the rank of sink calls outside a cost table (44); with the replay off it pays FA4's
+    host code every call and ranks host-bound (42)."""
+    sinks = {"sinks": torch.empty(8, dtype=torch.float32, device="meta")}
+    args = dense(1024, h=8, hkv=8)
+    eager = explain(args, "sm_90", causal=True, execution="eager", **sinks)
+    assert verdicts(eager)["flash_attn_cute:sm90"].priority == plugin.VARIANT_PRIORITY
+    monkeypatch.setenv("ATTN_DISPATCH_FA4_REPLAY", "0")
+    ad.reload()
+    eager = explain(args, "sm_90", causal=True, execution="eager", **sinks)
+    assert verdicts(eager)["flash_attn_cute:sm90"].priority == plugin.EAGER_HOST_BOUND_PRIORITY
+
+
 @pytest.mark.parametrize("value", ["maybe", "", "2"])
 def test_a_bad_replay_setting_is_an_error_never_another_backend(monkeypatch, value):
     """FA4's priority reads the setting: a bad value must reach the caller rather than mark FA4

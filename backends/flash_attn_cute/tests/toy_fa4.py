@@ -67,32 +67,37 @@ class ToyFA4:
             owner.compile_cache[key] = _no_grad_arguments(make())
         return owner.compile_cache[key]
 
-    def _forward(self, q, k, v, softmax_scale=None, causal=False, return_lse=False, **_):
+    def _forward(self, q, k, v, softmax_scale=None, causal=False, learnable_sink=None, **_):
         self.host_calls.append("fwd")
         b, s, h, _d = q.shape
         out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
         lse = torch.empty(b, h, s, dtype=torch.float32)
-        kernel = self._kernel(
-            self._flash_attn_fwd, ("fwd", q.dtype, causal), lambda: self._fwd(causal)
-        )
-        kernel(q.detach(), k.detach(), v.detach(), out.detach(), lse, softmax_scale, None, Aux())
+        key = ("fwd", q.dtype, causal, learnable_sink is not None)
+        kernel = self._kernel(self._flash_attn_fwd, key, lambda: self._fwd(causal))
+        sinks = learnable_sink
+        kernel(q.detach(), k.detach(), v.detach(), out.detach(), lse, softmax_scale, sinks, Aux())
         return out, lse, None, None, None
 
     def _fwd(self, causal):
-        def kernel(q, k, v, out, lse, scale, _none, _aux):
+        def kernel(q, k, v, out, lse, scale, sinks, _aux):
             self.launches.append("fwd")
-            ref = oracle(q, k, v, causal=causal, causal_align="bottom_right", scale=scale)
+            ref = oracle(
+                q, k, v, causal=causal, causal_align="bottom_right", scale=scale, sinks=sinks
+            )
             out.copy_(ref.out)
             lse.copy_(ref.lse)
 
         return kernel
 
-    def _backward(self, q, k, v, out, dout, lse, softmax_scale=None, causal=False, **_):
+    def _backward(
+        self, q, k, v, out, dout, lse, softmax_scale=None, causal=False, learnable_sink=None, **_
+    ):
         self.host_calls.append("bwd")
         b, s, h, d = q.shape
         dpsum = torch.empty(b, h, s, dtype=torch.float32)
         dq_accum = torch.zeros(b, h, s * d, dtype=torch.float32)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dsink = None if learnable_sink is None else torch.empty_like(learnable_sink)
         pre = self._kernel(self._bwd_preprocess, ("pre",), self._pre)
         pre(out.detach(), dout.detach(), dpsum.transpose(1, 2))
         main = self._kernel(self._flash_attn_bwd, ("bwd", causal), lambda: self._main(causal))
@@ -107,10 +112,12 @@ class ToyFA4:
             dk,
             dv,
             softmax_scale,
+            learnable_sink,
+            dsink,
         )
         post = self._kernel(self._flash_attn_bwd, ("post",), self._post)
         post(dq_accum, dq)
-        return dq, dk, dv
+        return (dq, dk, dv) if learnable_sink is None else (dq, dk, dv, dsink)
 
     def _pre(self):
         def kernel(out, dout, dpsum_bsh):
@@ -120,9 +127,13 @@ class ToyFA4:
         return kernel
 
     def _main(self, causal):
-        def kernel(q, k, v, dout, lse, dpsum, dq_accum, dk, dv, scale):
+        def kernel(q, k, v, dout, lse, dpsum, dq_accum, dk, dv, scale, sinks, dsinks):
             self.launches.append("bwd")
-            ref = oracle(q, k, v, dout, causal=causal, causal_align="bottom_right", scale=scale)
+            ref = oracle(
+                q, k, v, dout, causal=causal, causal_align="bottom_right", scale=scale, sinks=sinks
+            )
+            if sinks is not None:
+                dsinks.copy_(ref.dsinks)
             # the accumulator must arrive zeroed: the kernel adds to it
             dq_accum.add_(ref.dq.transpose(1, 2).reshape(dq_accum.shape).float())
             dk.copy_(ref.dk)
