@@ -2,10 +2,11 @@
 
 For each variant, ``ad.forward`` / ``ad.backward`` forced to ``flash_attn_cute`` run six times
 on fresh random bf16 inputs of one signature (with attention sinks, fresh sinks too, and their
-gradient checked): the first call plans, the next two are recorded, the rest are replays. Every call is compared with the float64 oracle (the allocator poisoned
-with NaN first, so an element left unwritten fails), each replayed forward with FA4's own
-``_flash_attn_fwd`` on the same inputs (the same kernel: bitwise equal), and at the end the
-signature's forward and backward must be replaying.
+gradient checked): the first call plans, the next two are recorded, the rest are replays. Every
+call is compared with the float64 oracle (the allocator poisoned with NaN first, so an element
+left unwritten fails), each replayed forward with FA4's own ``_flash_attn_fwd`` on the same
+inputs (the same kernel: bitwise equal), and at the end the signature's forward and backward
+must be replaying.
 
 On a release whose row in ``_releases.RELEASES`` does not say the replay was proven there
 (``replay_tested``), these tests switch it on for themselves: their passing is the proof that
