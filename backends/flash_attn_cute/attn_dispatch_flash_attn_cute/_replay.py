@@ -14,7 +14,8 @@ What a trace cannot see, the caller must hold fixed: the signature (shapes, stri
 device, flags) and the 16-byte alignment of the inputs' data pointers (FA4 copies an input whose
 pointer is not aligned). A recording refuses, with the reason: an operation of another kind, a
 tensor argument it cannot trace back to an input or an allocation, a tensor inside a container
-argument, an argument that is not a plain value, an allocation on another device than the
+argument other than a named tuple of tensors and plain values, an argument that is not a plain
+value, an allocation on another device than the
 inputs'. It cannot see launches through a compile cache it was not given (the caller passes
 every one FA4 has) nor reads of tensor values that bypass PyTorch's dispatch, which is one more
 reason the backend trusts it only with the FA4 release its tests ran on.
@@ -58,8 +59,11 @@ class Trace:
     """What one call did, as plain data (two traces of the same work compare equal).
 
     ``steps``: ``("empty", size, stride, dtype, device)`` (a new slot), ``("fill", ref, value)``
-    or ``("call", kernel, args, fills, kwargs)``: ``args`` the kernel's positional arguments with
-    each tensor replaced by ``None`` and listed in ``fills`` as ``(position, ref)``.
+    or ``("call", kernel, args, fills, kwargs, records)``: ``args`` the kernel's positional
+    arguments with each tensor replaced by ``None`` and listed in ``fills`` as ``(position,
+    ref)``, and each named tuple holding tensors replaced by ``None`` and listed in ``records``
+    as ``(position, type, items, item_fills)``, its tensors ``None`` in ``items`` and listed in
+    ``item_fills`` as ``(index, ref)``.
     ``outputs``: a ref (or ``None``) per returned item kept."""
 
     n_inputs: int
@@ -170,15 +174,32 @@ class Recorder(TorchDispatchMode):
     def _note_kernel(self, fn: Callable, args: tuple, kwargs: dict) -> None:
         for name, value in kwargs.items():
             _require_constant(value, f"kernel keyword argument {name!r}")
-        template, fills = [], []
+        template, fills, records = [], [], []
         for position, value in enumerate(args):
             if isinstance(value, torch.Tensor):
                 fills.append((position, self.ref(value)))
                 template.append(None)
+            elif _is_record(value) and any(isinstance(item, torch.Tensor) for item in value):
+                records.append((position, type(value), *self._note_items(value, position)))
+                template.append(None)
             else:
                 _require_constant(value, f"kernel argument {position}")
                 template.append(value)
-        self.steps.append(("call", fn, tuple(template), tuple(fills), tuple(kwargs.items())))
+        step = ("call", fn, tuple(template), tuple(fills), tuple(kwargs.items()), tuple(records))
+        self.steps.append(step)
+
+    def _note_items(self, record: tuple, position: int) -> tuple[tuple, tuple]:
+        """A named tuple's items with each tensor replaced by ``None``, and ``(index, ref)`` of
+        each tensor."""
+        items, fills = [], []
+        for index, item in enumerate(record):
+            if isinstance(item, torch.Tensor):
+                fills.append((index, self.ref(item)))
+                items.append(None)
+            else:
+                _require_constant(item, f"kernel argument {position}, item {index}")
+                items.append(item)
+        return tuple(items), tuple(fills)
 
     def trace(self, result: Any, keep: Sequence[int]) -> Trace:
         """The trace of the call that returned ``result`` (items ``keep`` of it are kept)."""
@@ -193,6 +214,12 @@ class Recorder(TorchDispatchMode):
 # Plain values a kernel argument may hold: anything else (a stream, a device pointer, an object
 # of the kernel's runtime) could stand for state of the recorded call, not of its signature.
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype)
+
+
+def _is_record(value: Any) -> bool:
+    """A named tuple: FA4 hands a kernel tensors grouped in one (4.0.0b36's sinks' gradient,
+    ``LearnableSinkBwdTensors``); a replay builds a new one of the same type per launch."""
+    return isinstance(value, tuple) and hasattr(type(value), "_make")
 
 
 def _require_constant(value: Any, what: str) -> None:
@@ -297,13 +324,18 @@ def _step(step: tuple) -> Callable[[list], None]:
         if type(value) is int and value == 0:  # not -0.0, whose sign a fill keeps
             return lambda slots: _resolve(slots, ref).zero_()
         return lambda slots: _resolve(slots, ref).fill_(value)
-    _, kernel, template, fills, kwargs = step
+    _, kernel, template, fills, kwargs, records = step
     keywords = dict(kwargs)
 
     def launch(slots: list) -> None:
         args = list(template)
         for position, ref in fills:
             args[position] = _resolve(slots, ref)  # detached where needed by ``replay``
+        for position, cls, items, item_fills in records:
+            values = list(items)
+            for index, ref in item_fills:
+                values[index] = _resolve(slots, ref)
+            args[position] = cls._make(values)
         kernel(*args, **keywords)
 
     return launch

@@ -13,6 +13,7 @@ import functools
 import logging
 import sys
 import threading
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -34,9 +35,10 @@ def qkv(seed: int, dtype=torch.bfloat16) -> tuple[torch.Tensor, ...]:
     return q, k, v
 
 
-def backward_tensors(seed: int) -> tuple[torch.Tensor, ...]:
+def backward_tensors(seed: int, sinks=None) -> tuple[torch.Tensor, ...]:
+    """q, k, v, out, dout, lse (FA4's order) of a bottom-right causal call with ``sinks``."""
     q, k, v = qkv(seed)
-    ref = oracle(q, k, v, causal=True, causal_align="bottom_right")
+    ref = oracle(q, k, v, causal=True, causal_align="bottom_right", sinks=sinks)
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(q.dtype)
     return q, k, v, ref.out.to(q.dtype), dout, ref.lse.float()
 
@@ -116,6 +118,7 @@ FOREIGN = torch.zeros(4)
         (lambda q, launch: launch(q, FOREIGN), "neither an input nor made here"),
         (lambda q, launch: launch(q, object()), "kernel argument 1 is a object"),
         (lambda q, launch: launch((q, None)), "kernel argument 0 holds a tensor"),
+        (lambda q, launch: launch(Pair(q, [q])), "kernel argument 0, item 1 holds a tensor"),
         (lambda q, launch: launch(q.view(torch.int16)), "a view with another dtype"),
         (lambda q, launch: q.new_empty(3), "launched no kernel"),
         (lambda q, launch: launch(q, torch.empty(2, device="meta")), "a tensor on meta"),
@@ -125,6 +128,7 @@ FOREIGN = torch.zeros(4)
         "foreign-tensor",
         "object",
         "tensor-in-tuple",
+        "tensor-in-list-in-named-tuple",
         "dtype-view",
         "no-kernel",
         "other-device",
@@ -141,6 +145,35 @@ def test_a_call_a_replay_would_not_reproduce_is_refused_with_the_reason(host, re
         result = entry(q)
     with pytest.raises(_replay.Unreplayable, match=reason):
         recorder.trace(result, (0,))
+
+
+class Pair(NamedTuple):
+    first: Any
+    second: Any
+
+
+def test_a_named_tuple_argument_is_replayed_with_each_calls_tensors():
+    """A kernel argument that groups tensors in a named tuple (as FA4 4.0.0b36 hands the sinks'
+    gradient kernel its tensors) is rebuilt per replay, of its type, on that call's tensors."""
+
+    def entry(a, b):
+        out = torch.empty_like(a)
+        entry.compile_cache["kernel"](Pair(a, 2.0), Pair(b, out))
+        return (out,)
+
+    def kernel(scaled: Pair, into: Pair):
+        assert type(scaled) is Pair and type(into) is Pair
+        into.second.copy_(scaled.first * scaled.second + into.first)
+
+    entry.compile_cache = {"kernel": kernel}
+    a, b = torch.randn(3), torch.randn(3)
+    with _replay.recording((a, b), [entry]) as recorder:
+        result = entry(a, b)
+    replay = _replay.replayer(recorder.trace(result, (0,)))
+    for _ in range(2):
+        a, b = torch.randn(3), torch.randn(3)
+        (out,) = replay((a, b))
+        torch.testing.assert_close(out, a * 2.0 + b)
 
 
 def test_one_tensor_in_two_input_places_cannot_be_recorded():
@@ -250,7 +283,7 @@ def test_the_backend_replays_backward_calls_with_sinks_and_their_gradient(toy_fa
     first = None
     for seed in range(5):
         sinks = sinks_of(seed)
-        inp = signature_inputs(backward_tensors(seed), like=first, sinks=sinks)
+        inp = signature_inputs(backward_tensors(seed, sinks), like=first, sinks=sinks)
         first = first or inp
         grads = _fa4.backward(inp)
         want = oracle(

@@ -24,6 +24,15 @@ class Aux(NamedTuple):
     scalars: tuple | None = None
 
 
+class SinkGrad(NamedTuple):
+    """Like FA4's ``LearnableSinkBwdTensors``: one kernel argument holding tensors."""
+
+    dpsum: torch.Tensor
+    lse: torch.Tensor
+    sink: torch.Tensor
+    dsink: torch.Tensor
+
+
 def _no_grad_arguments(kernel):
     """A kernel that refuses tensors requiring grad, as a DLPack export does: FA4 detaches
     what it hands its kernels."""
@@ -113,10 +122,12 @@ class ToyFA4:
             dv,
             softmax_scale,
             learnable_sink,
-            dsink,
         )
+        # as FA4 4.0.0b36: the sinks' gradient comes from dQ's conversion kernel, handed the
+        # tensors it reads and writes in one named tuple
+        sink_grad = None if dsink is None else SinkGrad(dpsum, lse, learnable_sink, dsink)
         post = self._kernel(self._flash_attn_bwd, ("post",), self._post)
-        post(dq_accum, dq)
+        post(dq_accum, dq, sink_grad)
         return (dq, dk, dv) if learnable_sink is None else (dq, dk, dv, dsink)
 
     def _pre(self):
@@ -127,13 +138,11 @@ class ToyFA4:
         return kernel
 
     def _main(self, causal):
-        def kernel(q, k, v, dout, lse, dpsum, dq_accum, dk, dv, scale, sinks, dsinks):
+        def kernel(q, k, v, dout, lse, dpsum, dq_accum, dk, dv, scale, sinks):
             self.launches.append("bwd")
             ref = oracle(
                 q, k, v, dout, causal=causal, causal_align="bottom_right", scale=scale, sinks=sinks
             )
-            if sinks is not None:
-                dsinks.copy_(ref.dsinks)
             # the accumulator must arrive zeroed: the kernel adds to it
             dq_accum.add_(ref.dq.transpose(1, 2).reshape(dq_accum.shape).float())
             dk.copy_(ref.dk)
@@ -142,9 +151,14 @@ class ToyFA4:
         return kernel
 
     def _post(self):
-        def kernel(dq_accum, dq):
+        def kernel(dq_accum, dq, sink_grad):
             self.launches.append("post")
             b, s, h, d = dq.shape
             dq.copy_(dq_accum.view(b, h, s, d).transpose(1, 2))
+            if sink_grad is not None:
+                # each row's sink probability times the row's sum of dO * O, negated
+                dpsum, lse, sink, dsink = sink_grad
+                p_sink = torch.exp(sink.double()[None, :, None] - lse.double())
+                dsink.copy_(-(p_sink * dpsum.double()).sum(dim=(0, 2)))
 
         return kernel
