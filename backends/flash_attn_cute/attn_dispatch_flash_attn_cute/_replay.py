@@ -15,10 +15,10 @@ device, flags) and the 16-byte alignment of the inputs' data pointers (FA4 copie
 pointer is not aligned). A recording refuses, with the reason: an operation of another kind, a
 tensor argument it cannot trace back to an input or an allocation, a tensor inside a container
 argument other than a named tuple of tensors and plain values, an argument that is not a plain
-value, an allocation on another device than the
-inputs'. It cannot see launches through a compile cache it was not given (the caller passes
-every one FA4 has) nor reads of tensor values that bypass PyTorch's dispatch, which is one more
-reason the backend trusts it only with the FA4 release its tests ran on.
+value, an allocation on another device than the inputs'. It cannot see launches through a
+compile cache it was not given (the caller passes every one FA4 has) nor reads of tensor values
+that bypass PyTorch's dispatch, which is one more reason the backend trusts it only with the FA4
+release its tests ran on.
 """
 
 from __future__ import annotations
