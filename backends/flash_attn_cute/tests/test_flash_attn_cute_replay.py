@@ -279,10 +279,13 @@ def test_the_backend_replays_forward_calls_with_sinks_on_each_calls_sinks(toy_fa
     assert toy_fa4.host_calls == ["fwd"] * 3 and toy_fa4.launches == ["fwd"] * 5
 
 
-def test_the_backend_replays_backward_calls_with_sinks_and_their_gradient(toy_fa4):
+@pytest.mark.parametrize("sinks_grad", [False, True], ids=["plain", "requires-grad"])
+def test_the_backend_replays_backward_calls_with_sinks_and_their_gradient(toy_fa4, sinks_grad):
+    """Sinks that require grad (a parameter, as autograd's backward hands it on) are replayed
+    too: the replay hands the kernels detached tensors, as FA4 does."""
     first = None
     for seed in range(5):
-        sinks = sinks_of(seed)
+        sinks = sinks_of(seed).requires_grad_(sinks_grad)
         inp = signature_inputs(backward_tensors(seed, sinks), like=first, sinks=sinks)
         first = first or inp
         grads = _fa4.backward(inp)
@@ -307,6 +310,25 @@ def test_a_misaligned_sinks_tensor_runs_the_host_code(toy_fa4):
     want = oracle(q, k, v, causal=True, causal_align="bottom_right", sinks=sinks)
     assert_close(out, want.out)
     assert toy_fa4.host_calls == ["fwd"] * 4
+
+
+def test_a_misaligned_sinks_tensor_runs_the_backward_host_code(toy_fa4):
+    first = None
+    for seed in range(3):
+        sinks = sinks_of(seed)
+        inp = signature_inputs(backward_tensors(seed, sinks), like=first, sinks=sinks)
+        first = first or inp
+        _fa4.backward(inp)
+    sinks = misaligned(sinks_of(7))
+    assert sinks.data_ptr() % 16
+    inp = signature_inputs(backward_tensors(7, sinks), like=first, sinks=sinks)
+    grads = _fa4.backward(inp)
+    want = oracle(
+        inp.q, inp.k, inp.v, inp.grad_out, causal=True, causal_align="bottom_right", sinks=sinks
+    )
+    for got, ref in zip((*grads, grads.dsinks), (*want[2:], want.dsinks), strict=True):
+        assert_close(got, ref)
+    assert toy_fa4.host_calls == ["bwd"] * 4
 
 
 def misaligned(t: torch.Tensor) -> torch.Tensor:

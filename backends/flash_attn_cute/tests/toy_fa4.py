@@ -83,7 +83,7 @@ class ToyFA4:
         lse = torch.empty(b, h, s, dtype=torch.float32)
         key = ("fwd", q.dtype, causal, learnable_sink is not None)
         kernel = self._kernel(self._flash_attn_fwd, key, lambda: self._fwd(causal))
-        sinks = learnable_sink
+        sinks = None if learnable_sink is None else learnable_sink.detach()
         kernel(q.detach(), k.detach(), v.detach(), out.detach(), lse, softmax_scale, sinks, Aux())
         return out, lse, None, None, None
 
@@ -121,7 +121,7 @@ class ToyFA4:
             dk,
             dv,
             softmax_scale,
-            learnable_sink,
+            None if learnable_sink is None else learnable_sink.detach(),
         )
         # as FA4 4.0.0b36: the sinks' gradient comes from dQ's conversion kernel, handed the
         # tensors it reads and writes in one named tuple
