@@ -497,11 +497,10 @@ def _sinks_backward(inp: adb.BackwardInputs) -> ad.Gradients:
         if r.plan.restride:
             tensors = packed_strides(tensors)
         tensors = (*tensors, _contiguous_sinks(inp))
-        if not _aligned(tensors):
-            dq, dk, dv, dsinks = _backward_with_sinks(*tensors, **r.plan.kwargs)
-        elif r.replay is not None:
+        aligned = _aligned(tensors)
+        if aligned and r.replay is not None:
             dq, dk, dv, dsinks = r.replay(tensors)
-        elif r.learning:
+        elif aligned and r.learning:
             dq, dk, dv, dsinks = _learn(r, _backward_with_sinks, tensors, (0, 1, 2, 3))
         else:
             dq, dk, dv, dsinks = _backward_with_sinks(*tensors, **r.plan.kwargs)
